@@ -1,0 +1,57 @@
+# Two entry points, each doing all of its own set-up, idempotently, on a fresh
+# Debian 12 machine run as root:  `make demo`  and  `make test`.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
+	python3-bpfcc bpfcc-tools linux-headers-amd64 containernetworking-plugins \
+	iproute2 iputils-ping rsyslog procps python3-venv python3-dev gcc
+KREL  := $(shell uname -r)
+
+.PHONY: all setup system venv test test-unit test-integration demo bench clean
+
+all: test
+
+setup: system venv
+
+# apt only when something is missing, so a second run costs a dpkg query.
+system:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -q && apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+	@# bcc compiles against kernel headers; this VM kernel ships none, so point
+	@# bcc at Debian's generic headers (only when nothing is there already).
+	@mkdir -p /lib/modules/$(KREL)
+	@if [ ! -e /lib/modules/$(KREL)/build ]; then \
+		ln -sfn $$(ls -d /usr/src/linux-headers-*-amd64 | sort -V | tail -n1) /lib/modules/$(KREL)/build; fi
+	@if [ ! -e /lib/modules/$(KREL)/source ]; then \
+		ln -sfn $$(ls -d /usr/src/linux-headers-*-common | sort -V | tail -n1) /lib/modules/$(KREL)/source; fi
+
+$(VENV)/.stamp: pyproject.toml
+	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+venv: system $(VENV)/.stamp
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration tests/e2e
+
+demo: setup
+	$(VENV)/bin/npaudit demo
+
+bench: setup
+	$(PY) bench/packetin_throughput.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Audit log pipeline: record model, enrichment, aggregation, writers, syslog (issue 4)."""

@@ -1,0 +1,14 @@
+"""OpenFlow packet-in channel: connection, NXT_PACKET_IN2 decoding, demux by category."""
+
+from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
+from packetin.demux import Demux
+from packetin.errors import ChannelClosed, DecodeError, OpenFlowError, PacketInError
+from packetin.messages import Controller, FlowSpec, GroupSpec, MeterSpec, Output, Resubmit, SetField
+from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
+
+__all__ = [
+    "Category", "ChannelClosed", "ChannelSettings", "Controller", "DecodeError", "Demux",
+    "Disposition", "Flags", "FlowSpec", "GroupSpec", "MeterSpec", "MeterSupport",
+    "OpenFlowChannel", "OpenFlowError", "Output", "PacketIn", "PacketInError", "Resubmit",
+    "SetField", "Userdata",
+]

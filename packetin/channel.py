@@ -1,0 +1,453 @@
+"""asyncio OpenFlow 1.5 connection to one bridge: handshake, keepalive, confirmed batches, replay.
+
+The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
+packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
+on the event-loop thread. Flow, group and meter changes go out in batches that
+return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
+OpenFlowError naming the failing message. What the switch confirmed is kept as
+the desired state and replayed (meters, groups, then flows) after every
+reconnect, e.g. when ovs-vswitchd restarts and comes back with an empty table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from os_ken.ofproto import ofproto_v1_5 as ofp
+
+from packetin import messages as m
+from packetin import wire
+from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
+from packetin.model import PacketIn
+
+log = logging.getLogger(__name__)
+
+PacketInSink = Callable[[list[PacketIn], float], None]
+
+_OFPET_GROUP_MOD_FAILED = 6
+_OFPGMFC_GROUP_EXISTS = 0
+_OFPET_METER_MOD_FAILED = 12
+_OFPMMFC_METER_EXISTS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MeterSupport:
+    """What OFPMP_METER_FEATURES said; `supported` is False on datapaths without meters."""
+
+    max_meter: int
+    band_types: int
+    max_bands: int
+
+    @property
+    def supported(self) -> bool:
+        return self.max_meter > 0 and bool(self.band_types & (1 << ofp.OFPMBT_DROP))
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSettings:
+    target: str
+    echo_interval: float = 5.0
+    echo_timeout: float = 15.0
+    reconnect_min: float = 0.05
+    reconnect_max: float = 2.0
+    request_timeout: float = 10.0
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, owner: "OpenFlowChannel") -> None:
+        self._owner = owner
+        self._framer = wire.Framer()
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            msgs = self._framer.feed(data)
+        except DecodeError as exc:
+            log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting",
+                      self._owner.settings.target, exc)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self._owner._on_messages(msgs)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class OpenFlowChannel:
+    """One OpenFlow connection to one bridge, kept up until `close`."""
+
+    def __init__(self, settings: ChannelSettings, on_packet_ins: PacketInSink, *,
+                 on_malformed: Callable[[int], None] = lambda n: None,
+                 mono_clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self._sink = on_packet_ins
+        self._on_malformed = on_malformed
+        self._mono = mono_clock
+        self._wall = wall_clock
+        self._proto: _Protocol | None = None
+        self._xid = random.randrange(1 << 16, 1 << 24)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._multipart: dict[int, list[Any]] = {}
+        self._errors: dict[int, Any] = {}
+        self._hello: asyncio.Future[int] | None = None
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._last_rx = 0.0
+        # Desired state: what the switch confirmed, replayed after reconnects.
+        self._flows: dict[tuple[Any, ...], m.FlowSpec] = {}
+        self._meters: dict[int, m.MeterSpec] = {}
+        self._groups: dict[int, m.GroupSpec] = {}
+        self.datapath_id: int | None = None
+        self.meter_support: MeterSupport | None = None
+        self.connects = 0
+        self.packet_ins = 0
+        self.malformed = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="openflow-channel")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until connected, handshaken and replayed."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._fail_pending(ChannelClosed("channel closed"))
+
+    async def _run(self) -> None:
+        delay = self.settings.reconnect_min
+        while not self._closing:
+            try:
+                await self._connect_once()
+                delay = self.settings.reconnect_min
+            except (OSError, asyncio.TimeoutError, ChannelClosed, OpenFlowError) as exc:
+                log.warning("OpenFlow connection to %s: %s", self.settings.target, exc or type(exc).__name__)
+            finally:
+                self._ready.clear()
+                self._fail_pending(ChannelClosed(f"connection to {self.settings.target} lost"))
+                if self._proto is not None and self._proto.transport is not None:
+                    self._proto.transport.abort()
+                self._proto = None
+            if self._closing:
+                return
+            # Jittered exponential backoff: many agents restarting together spread out.
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(self.settings.reconnect_max, delay * 2)
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        target = self.settings.target
+        if target.startswith("tcp:"):
+            host, _, port = target[4:].rpartition(":")
+            _, proto = await loop.create_connection(lambda: _Protocol(self), host, int(port))
+        else:
+            path = target[5:] if target.startswith("unix:") else target
+            _, proto = await loop.create_unix_connection(lambda: _Protocol(self), path)
+        return proto
+
+    async def _connect_once(self) -> None:
+        self._hello = asyncio.get_running_loop().create_future()
+        proto = await asyncio.wait_for(self._open(), self.settings.request_timeout)
+        self._proto = proto
+        self._last_rx = self._mono()
+        self._send(m.hello())
+        version = await asyncio.wait_for(self._hello, self.settings.request_timeout)
+        if version < ofp.OFP_VERSION:
+            raise ChannelClosed(f"switch offers OpenFlow version {version}; need 0x06 (1.5): "
+                                "set protocols=OpenFlow15 on the bridge")
+        features = await self.request(m.features_request())
+        self.datapath_id = features.datapath_id
+        self._send(m.set_config())
+        self._send(m.set_packet_in_format_nxt2())
+        try:
+            parts = await self.multipart(m.meter_features_request())
+            max_meter, band_types, max_bands = m.parse_meter_features(parts[0])
+        except OpenFlowError as exc:  # a datapath without meters may refuse the request
+            log.debug("meter features request refused: %s", exc)
+            max_meter = band_types = max_bands = 0
+        self.meter_support = MeterSupport(max_meter=max_meter, band_types=band_types,
+                                          max_bands=max_bands)
+        await self._barrier()
+        await self._replay()
+        self.connects += 1
+        log.info("OpenFlow connected to %s (dpid %016x, connect #%d, meters %s)",
+                 self.settings.target, self.datapath_id or 0, self.connects,
+                 "supported" if self.meter_support.supported else "NOT supported")
+        self._ready.set()
+        echo = asyncio.get_running_loop().create_task(self._keepalive(proto))
+        try:
+            await proto.closed
+        finally:
+            echo.cancel()
+
+    async def _keepalive(self, proto: _Protocol) -> None:
+        interval = self.settings.echo_interval
+        while True:
+            await asyncio.sleep(interval)
+            if self._mono() - self._last_rx > self.settings.echo_timeout:
+                log.warning("no message from %s for %.1fs; reconnecting",
+                            self.settings.target, self.settings.echo_timeout)
+                if proto.transport is not None:
+                    proto.transport.abort()
+                return
+            self._send(m.echo_request())
+
+    async def _replay(self) -> None:
+        if self._meters:
+            await self._add_or_modify_meters(list(self._meters.values()))
+        if self._groups:
+            await self._add_or_modify_groups(list(self._groups.values()))
+        if self._flows:
+            await self._batch([(m.flow_add(f), f.describe()) for f in self._flows.values()])
+        if self._meters or self._groups or self._flows:
+            log.info("replayed %d meters, %d groups, %d flows to %s", len(self._meters),
+                     len(self._groups), len(self._flows), self.settings.target)
+
+    # --- public requests -------------------------------------------------------------
+
+    async def install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
+        """Add (or overwrite) flows; return once a barrier confirms every one."""
+        await self._batch([(m.flow_add(f), f.describe()) for f in flows])
+        for f in flows:
+            self._flows[f.key] = f
+
+    async def delete_flows(self, flows: Sequence[m.FlowSpec]) -> None:
+        await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
+        for f in flows:
+            self._flows.pop(f.key, None)
+
+    async def install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+        await self._add_or_modify_meters(meters)
+        for meter in meters:
+            self._meters[meter.meter_id] = meter
+
+    async def delete_meters(self, meter_ids: Iterable[int]) -> None:
+        ids = list(meter_ids)
+        await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
+        for i in ids:
+            self._meters.pop(i, None)
+
+    async def install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
+        await self._add_or_modify_groups(groups)
+        for g in groups:
+            self._groups[g.group_id] = g
+
+    async def delete_groups(self, group_ids: Iterable[int]) -> None:
+        ids = list(group_ids)
+        await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
+        for i in ids:
+            self._groups.pop(i, None)
+
+    @property
+    def desired_flows(self) -> list[m.FlowSpec]:
+        return list(self._flows.values())
+
+    async def request(self, msg: Any) -> Any:
+        """Send a request and return the single reply with the same xid."""
+        xid = self._send(msg)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[xid] = fut
+        try:
+            return await asyncio.wait_for(fut, self.settings.request_timeout)
+        finally:
+            self._pending.pop(xid, None)
+
+    async def multipart(self, msg: Any) -> list[bytes]:
+        """Send a multipart request; return every reply part as raw bytes.
+
+        Raw, because os-ken's OpenFlow 1.5 parsers do not read every reply OVS
+        sends (meter features come in the 16-byte OpenFlow 1.3 layout).
+        """
+        xid = self._send(msg)
+        self._multipart[xid] = []
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[xid] = fut
+        try:
+            await asyncio.wait_for(fut, self.settings.request_timeout)
+            return self._multipart[xid]
+        finally:
+            self._pending.pop(xid, None)
+            self._multipart.pop(xid, None)
+
+    def send_nowait(self, msg: Any) -> int:
+        """Fire-and-forget (packet-outs): returns the xid used."""
+        return self._send(msg)
+
+    # --- batches ---------------------------------------------------------------------
+
+    async def _add_or_modify_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+        errors = await self._batch(
+            [(m.meter_mod(x, ofp.OFPMC_ADD), x.describe()) for x in meters], tolerate=_meter_exists)
+        again = [meters[i] for i in errors]
+        if again:
+            await self._batch([(m.meter_mod(x, ofp.OFPMC_MODIFY), x.describe()) for x in again])
+
+    async def _add_or_modify_groups(self, groups: Sequence[m.GroupSpec]) -> None:
+        errors = await self._batch(
+            [(m.group_mod(g, ofp.OFPGC_ADD), g.describe()) for g in groups], tolerate=_group_exists)
+        again = [groups[i] for i in errors]
+        if again:
+            await self._batch([(m.group_mod(g, ofp.OFPGC_MODIFY), g.describe()) for g in again])
+
+    async def _barrier(self) -> None:
+        await self.request(m.barrier())
+
+    async def _batch(self, items: list[tuple[Any, str]],
+                     tolerate: Callable[[Any], bool] = lambda e: False) -> list[int]:
+        """Send messages and a barrier; return indexes of tolerated errors, raise on others."""
+        if not items:
+            return []
+        if self._proto is None:
+            raise ChannelClosed(f"not connected to {self.settings.target}")
+        xids = []
+        for msg, _ in items:  # no await in here: the batch stays contiguous on the wire
+            xid = self._send(msg)
+            self._errors[xid] = None
+            xids.append(xid)
+        try:
+            await self._barrier()
+        finally:
+            found = [(i, self._errors.pop(x, None)) for i, x in enumerate(xids)]
+        tolerated = []
+        for i, err in found:
+            if err is None:
+                continue
+            if tolerate(err):
+                tolerated.append(i)
+                continue
+            raise _openflow_error(err, items[i], xids[i])
+        return tolerated
+
+    # --- I/O -------------------------------------------------------------------------
+
+    def _next_xid(self) -> int:
+        self._xid = (self._xid + 1) & 0xFFFFFFFF or 1
+        return self._xid
+
+    def _send(self, msg: Any) -> int:
+        proto = self._proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            raise ChannelClosed(f"not connected to {self.settings.target}")
+        xid = self._next_xid()
+        proto.transport.write(m.serialize(msg, xid))
+        return xid
+
+    def _fail_pending(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(exc)
+
+    def _on_messages(self, msgs: list[bytes]) -> None:
+        now = self._mono()
+        self._last_rx = now
+        batch: list[PacketIn] = []
+        wall = None
+        for raw in msgs:
+            if raw[1] == wire.OFPT_EXPERIMENTER and wire.is_packet_in2(raw):
+                if wall is None:
+                    wall = self._wall()
+                try:
+                    batch.append(wire.decode_packet_in2(raw, wall))
+                except DecodeError as exc:
+                    self.malformed += 1
+                    self._on_malformed(1)
+                    log.debug("malformed NXT_PACKET_IN2 skipped: %s", exc)
+                continue
+            try:
+                self._on_control(raw)
+            except Exception:  # a message we cannot parse must not kill the reader
+                self.malformed += 1
+                self._on_malformed(1)
+                log.warning("could not handle OpenFlow message type %d", raw[1], exc_info=True)
+        if batch:
+            self.packet_ins += len(batch)
+            self._sink(batch, now)
+
+    def _on_control(self, raw: bytes) -> None:
+        msg_type = raw[1]
+        xid = int.from_bytes(raw[4:8], "big")
+        if msg_type == ofp.OFPT_HELLO:
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(raw[0])
+            return
+        if msg_type == ofp.OFPT_ECHO_REQUEST:
+            if self._proto is not None and self._proto.transport is not None:
+                reply = m.serialize(m.echo_reply(raw[8:]), xid)
+                self._proto.transport.write(reply)
+            return
+        if msg_type == ofp.OFPT_ECHO_REPLY:
+            return
+        if msg_type == ofp.OFPT_MULTIPART_REPLY:
+            parts = self._multipart.get(xid)
+            if parts is None:
+                return
+            parts.append(raw)
+            if m.multipart_more(raw):
+                return
+            fut = self._pending.get(xid)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            return
+        msg = m.parse(raw)
+        if msg is None:
+            raise DecodeError(f"os-ken could not parse message type {msg_type}")
+        if msg_type == ofp.OFPT_ERROR:
+            if xid in self._errors:
+                self._errors[xid] = msg
+            else:
+                fut = self._pending.get(xid)
+                if fut is not None and not fut.done():
+                    fut.set_exception(_openflow_error(msg, (None, "request"), xid))
+                else:
+                    log.warning("OpenFlow error for xid %d: type %d code %d", xid, msg.type, msg.code)
+            return
+        fut = self._pending.get(xid)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+
+def _meter_exists(err: Any) -> bool:
+    return err.type == _OFPET_METER_MOD_FAILED and err.code == _OFPMMFC_METER_EXISTS
+
+
+def _group_exists(err: Any) -> bool:
+    return err.type == _OFPET_GROUP_MOD_FAILED and err.code == _OFPGMFC_GROUP_EXISTS
+
+
+def _openflow_error(err: Any, item: tuple[Any, str], xid: int) -> OpenFlowError:
+    msg, what = item
+    kind = type(msg).__name__ if msg is not None else "request"
+    return OpenFlowError(
+        f"switch refused {kind} xid={xid} ({what}): error type {err.type} code {err.code}",
+        err_type=err.type, err_code=err.code, xid=xid, failed=f"{kind} {what}",
+    )

@@ -1,0 +1,169 @@
+"""Demultiplex packet-ins by category into bounded subscriber channels.
+
+The reader calls `dispatch` on the event-loop thread for each batch it decoded;
+`dispatch` never blocks and never raises: a packet-in either enters its
+category's channel or is counted as dropped (rate limit, full channel, no
+subscriber, unknown category). One consumer task per subscriber drains its
+channel and calls the handler; a handler exception is counted, logged at a
+limited rate, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from meters.token_bucket import TokenBucket
+from packetin.model import PacketIn
+from packetin.ratelimited_log import RateLimitedLog
+
+Handler = Callable[[PacketIn], None]
+
+# Outcomes counted per category (exported as npaudit_packetin_total{category,outcome}).
+RECEIVED = "received"
+DELIVERED = "delivered"
+DROPPED_RATE = "dropped_rate_limit"
+DROPPED_QUEUE = "dropped_queue_full"
+HANDLER_ERROR = "handler_error"
+OUTCOMES = (RECEIVED, DELIVERED, DROPPED_RATE, DROPPED_QUEUE, HANDLER_ERROR)
+
+# Packet-ins that never reach a category (npaudit_packetin_unroutable_total{reason}).
+UNKNOWN_CATEGORY = "unknown_category"
+NO_SUBSCRIBER = "no_subscriber"
+MALFORMED = "malformed"
+UNROUTABLE_REASONS = (UNKNOWN_CATEGORY, NO_SUBSCRIBER, MALFORMED)
+
+# How many items a consumer handles before yielding to the reader.
+_CONSUMER_SLICE = 512
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Subscription:
+    category: int
+    name: str
+    handler: Handler
+    bucket: TokenBucket
+    queue_size: int
+    queue: collections.deque[PacketIn] = field(default_factory=collections.deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    task: asyncio.Task[None] | None = None
+
+
+class Demux:
+    """Routes packet-ins to one subscriber per category."""
+
+    def __init__(self, *, error_log: RateLimitedLog | None = None) -> None:
+        self._subs: dict[int, _Subscription] = {}
+        self.unroutable: dict[str, int] = dict.fromkeys(UNROUTABLE_REASONS, 0)
+        self._errors = error_log or RateLimitedLog(log)
+        self._running = False
+
+    def subscribe(self, category: int, handler: Handler, *, rate: float, burst: float,
+                  queue_size: int, now: float, name: str | None = None) -> None:
+        """Register the handler for `category` with its own token bucket and channel."""
+        if category in self._subs:
+            raise ValueError(f"category {category} already has subscriber {self._subs[category].name!r}")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        sub = _Subscription(
+            category=category,
+            name=name or getattr(handler, "__qualname__", repr(handler)),
+            handler=handler,
+            bucket=TokenBucket(rate, burst, now),
+            queue_size=queue_size,
+        )
+        self._subs[category] = sub
+        if self._running:
+            sub.task = asyncio.get_running_loop().create_task(self._consume(sub))
+
+    def count_malformed(self, n: int = 1) -> None:
+        self.unroutable[MALFORMED] += n
+
+    def dispatch(self, batch: Iterable[PacketIn], now: float) -> None:
+        """Admit each packet-in to its category's channel, or count why not."""
+        subs = self._subs
+        for pin in batch:
+            category = pin.category
+            if category is None:
+                self.unroutable[UNKNOWN_CATEGORY] += 1
+                continue
+            sub = subs.get(category)
+            if sub is None:
+                self.unroutable[NO_SUBSCRIBER] += 1
+                continue
+            counts = sub.counts
+            counts[RECEIVED] += 1
+            if len(sub.queue) >= sub.queue_size:
+                counts[DROPPED_QUEUE] += 1
+                continue
+            if not sub.bucket.take(now):
+                counts[DROPPED_RATE] += 1
+                continue
+            sub.queue.append(pin)
+            sub.wake.set()
+
+    def start(self) -> None:
+        """Start one consumer task per subscriber (call from inside the event loop)."""
+        loop = asyncio.get_running_loop()
+        self._running = True
+        for sub in self._subs.values():
+            if sub.task is None:
+                sub.task = loop.create_task(self._consume(sub), name=f"demux-{sub.name}")
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop the consumers; with `drain`, hand every queued packet-in to its handler first."""
+        self._running = False
+        for sub in self._subs.values():
+            if sub.task is not None:
+                sub.task.cancel()
+                try:
+                    await sub.task
+                except asyncio.CancelledError:
+                    pass
+                sub.task = None
+            if drain:
+                self._drain(sub, len(sub.queue))
+
+    async def wait_idle(self) -> None:
+        """Return once every channel is empty (for tests and orderly shutdown)."""
+        while any(sub.queue for sub in self._subs.values()):
+            await asyncio.sleep(0.001)
+
+    def stats(self) -> dict[int, dict[str, int]]:
+        return {cat: dict(sub.counts) for cat, sub in self._subs.items()}
+
+    def queue_depths(self) -> dict[int, int]:
+        return {cat: len(sub.queue) for cat, sub in self._subs.items()}
+
+    def _drain(self, sub: _Subscription, limit: int) -> None:
+        queue = sub.queue
+        handler = sub.handler
+        counts = sub.counts
+        for _ in range(limit):
+            if not queue:
+                return
+            pin = queue.popleft()
+            try:
+                handler(pin)
+            except Exception:  # one bad packet must not stop the loop
+                counts[HANDLER_ERROR] += 1
+                self._errors.log(logging.WARNING, f"handler-{sub.category}",
+                                 "subscriber %s failed on a packet-in (category %d)",
+                                 sub.name, sub.category, exc_info=True)
+            else:
+                counts[DELIVERED] += 1
+
+    async def _consume(self, sub: _Subscription) -> None:
+        while True:
+            await sub.wake.wait()
+            sub.wake.clear()
+            while sub.queue:
+                self._drain(sub, _CONSUMER_SLICE)
+                if sub.queue:
+                    await asyncio.sleep(0)  # let the reader in between slices

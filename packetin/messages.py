@@ -1,0 +1,309 @@
+"""OpenFlow 1.5 messages built with os-ken, as pure functions (no switch attached).
+
+Desired state is described by frozen specs (FlowSpec, MeterSpec, GroupSpec) that
+the channel keeps and replays after a reconnect; the functions here turn specs
+into os-ken message objects and serialise them. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from os_ken.ofproto import nicira_ext
+from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+NXPIF_NXT_PACKET_IN2 = 2
+# Property of NXAST_CONTROLLER2 that os-ken does not know (OVS >= 2.16):
+# the meter that rate-limits this controller action's packet-ins.
+NXAC2PT_METER_ID = 5
+OFPM_ALL = 0xFFFFFFFF
+
+
+class _Codec:
+    """Stands in for an os-ken Datapath: serialisation only needs the modules."""
+
+    ofproto = ofp
+    ofproto_parser = parser
+
+
+CODEC = _Codec()
+
+
+# --- actions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    port: int
+
+    def to_ofp(self) -> Any:
+        return parser.OFPActionOutput(self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class SetField:
+    """Load `value` into a field, e.g. SetField("reg7", 1)."""
+
+    name: str
+    value: int
+
+    def to_ofp(self) -> Any:
+        return parser.OFPActionSetField(**{self.name: self.value})
+
+
+@dataclass(frozen=True, slots=True)
+class Resubmit:
+    table: int
+    in_port: int = 0xFFF8  # OFPP_IN_PORT: keep the packet's in_port
+
+    def to_ofp(self) -> Any:
+        return parser.NXActionResubmitTable(in_port=self.in_port, table_id=self.table)
+
+
+@dataclass(frozen=True, slots=True)
+class Controller:
+    """controller(reason=..., userdata=..., meter_id=..., max_len=...)."""
+
+    reason: int = 0  # OFPR_TABLE_MISS, "no_match" in ovs-ofctl
+    userdata: bytes = b""
+    meter_id: int | None = None
+    max_len: int = 0xFFFF
+
+    def to_ofp(self) -> Any:
+        return _NXActionController2Metered(self.reason, self.userdata, self.meter_id, self.max_len)
+
+
+class _NXActionController2Metered(parser.NXAction):
+    """NXAST_CONTROLLER2 with the meter_id property, serialised by hand."""
+
+    _subtype = nicira_ext.NXAST_CONTROLLER2
+
+    def __init__(self, reason: int, userdata: bytes, meter_id: int | None, max_len: int) -> None:
+        super().__init__()
+        self.reason = reason
+        self.userdata = bytes(userdata)
+        self.meter_id = meter_id
+        self.max_len = max_len
+
+    @staticmethod
+    def _prop(ptype: int, payload: bytes) -> bytes:
+        length = 4 + len(payload)
+        pad = (-length) % 8
+        return struct.pack("!HH", ptype, length) + payload + b"\0" * pad
+
+    def serialize_body(self) -> bytearray:
+        body = bytearray(6)  # pad after the subtype: 10 + 6 = 16
+        body += self._prop(nicira_ext.NXAC2PT_MAX_LEN, struct.pack("!H2x", self.max_len))
+        body += self._prop(nicira_ext.NXAC2PT_REASON, struct.pack("!B3x", self.reason))
+        if self.userdata:
+            body += self._prop(nicira_ext.NXAC2PT_USERDATA, self.userdata)
+        if self.meter_id is not None:
+            body += self._prop(NXAC2PT_METER_ID, struct.pack("!I", self.meter_id))
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class GotoTable:
+    table: int
+
+
+Action = Output | SetField | Resubmit | Controller
+
+
+# --- specs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSpec:
+    """One flow as the agent wants it. `match` uses os-ken OFPMatch field names."""
+
+    table: int
+    priority: int
+    match: tuple[tuple[str, Any], ...] = ()
+    actions: tuple[Action, ...] = ()
+    goto: GotoTable | None = None
+    cookie: int = 0
+
+    @staticmethod
+    def make(table: int, priority: int, match: Mapping[str, Any] | None = None,
+             actions: Iterable[Action] = (), goto: int | None = None, cookie: int = 0) -> "FlowSpec":
+        return FlowSpec(
+            table=table,
+            priority=priority,
+            match=tuple(sorted((match or {}).items())),
+            actions=tuple(actions),
+            goto=GotoTable(goto) if goto is not None else None,
+            cookie=cookie,
+        )
+
+    @property
+    def key(self) -> tuple[int, int, tuple[tuple[str, Any], ...]]:
+        """OpenFlow identity of a flow: table, priority, match."""
+        return (self.table, self.priority, self.match)
+
+    def describe(self) -> str:
+        match = ",".join(f"{k}={v}" for k, v in self.match) or "*"
+        return f"table={self.table} priority={self.priority} match={match}"
+
+
+@dataclass(frozen=True, slots=True)
+class MeterSpec:
+    """A packets-per-second drop meter with a burst, one band."""
+
+    meter_id: int
+    rate_pps: int
+    burst: int = 0
+    stats: bool = True
+
+    def describe(self) -> str:
+        return f"meter_id={self.meter_id} rate={self.rate_pps}pktps burst={self.burst}"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A group of buckets, each a tuple of actions (ALL or SELECT or INDIRECT)."""
+
+    group_id: int
+    group_type: int = ofp.OFPGT_ALL
+    buckets: tuple[tuple[Action, ...], ...] = field(default=())
+
+    def describe(self) -> str:
+        return f"group_id={self.group_id} type={self.group_type} buckets={len(self.buckets)}"
+
+
+# --- message builders --------------------------------------------------------------
+
+
+def serialize(msg: Any, xid: int) -> bytes:
+    msg.xid = xid
+    msg.serialize()
+    return bytes(msg.buf)
+
+
+def hello() -> Any:
+    return parser.OFPHello(CODEC, elements=[parser.OFPHelloElemVersionBitmap([ofp.OFP_VERSION])])
+
+
+def features_request() -> Any:
+    return parser.OFPFeaturesRequest(CODEC)
+
+
+def echo_request(data: bytes = b"") -> Any:
+    return parser.OFPEchoRequest(CODEC, data=data)
+
+
+def echo_reply(data: bytes) -> Any:
+    return parser.OFPEchoReply(CODEC, data=data)
+
+
+def barrier() -> Any:
+    return parser.OFPBarrierRequest(CODEC)
+
+
+def set_config(miss_send_len: int = 0xFFFF) -> Any:
+    # A client of the bridge's .mgmt socket gets no packet-ins until this is
+    # sent with a non-zero miss_send_len (DESIGN.md §9).
+    return parser.OFPSetConfig(CODEC, ofp.OFPC_FRAG_NORMAL, miss_send_len)
+
+
+def set_packet_in_format_nxt2() -> Any:
+    return parser.NXTSetPacketInFormatMsg(CODEC, NXPIF_NXT_PACKET_IN2)
+
+
+def meter_features_request() -> Any:
+    return parser.OFPMeterFeaturesStatsRequest(CODEC, 0)
+
+
+def _instructions(actions: Iterable[Action], goto: GotoTable | None) -> list[Any]:
+    out: list[Any] = []
+    acts = [a.to_ofp() for a in actions]
+    if acts:
+        out.append(parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, acts))
+    if goto is not None:
+        out.append(parser.OFPInstructionGotoTable(goto.table))
+    return out
+
+
+def flow_add(spec: FlowSpec) -> Any:
+    return parser.OFPFlowMod(
+        CODEC,
+        cookie=spec.cookie,
+        table_id=spec.table,
+        command=ofp.OFPFC_ADD,
+        priority=spec.priority,
+        buffer_id=ofp.OFP_NO_BUFFER,
+        out_port=ofp.OFPP_ANY,
+        out_group=ofp.OFPG_ANY,
+        match=parser.OFPMatch(**dict(spec.match)),
+        instructions=_instructions(spec.actions, spec.goto),
+    )
+
+
+def flow_delete_strict(spec: FlowSpec) -> Any:
+    return parser.OFPFlowMod(
+        CODEC,
+        table_id=spec.table,
+        command=ofp.OFPFC_DELETE_STRICT,
+        priority=spec.priority,
+        buffer_id=ofp.OFP_NO_BUFFER,
+        out_port=ofp.OFPP_ANY,
+        out_group=ofp.OFPG_ANY,
+        match=parser.OFPMatch(**dict(spec.match)),
+    )
+
+
+def meter_mod(spec: MeterSpec, command: int) -> Any:
+    flags = ofp.OFPMF_PKTPS | (ofp.OFPMF_BURST if spec.burst else 0) | (ofp.OFPMF_STATS if spec.stats else 0)
+    bands = [parser.OFPMeterBandDrop(rate=spec.rate_pps, burst_size=spec.burst)]
+    return parser.OFPMeterMod(CODEC, command=command, flags=flags, meter_id=spec.meter_id, bands=bands)
+
+
+def meter_delete(meter_id: int) -> Any:
+    return parser.OFPMeterMod(CODEC, command=ofp.OFPMC_DELETE, flags=0, meter_id=meter_id, bands=[])
+
+
+def group_mod(spec: GroupSpec, command: int) -> Any:
+    buckets = [
+        parser.OFPBucket(bucket_id=i, actions=[a.to_ofp() for a in acts], properties=[])
+        for i, acts in enumerate(spec.buckets)
+    ]
+    return parser.OFPGroupMod(
+        CODEC, command=command, type_=spec.group_type, group_id=spec.group_id, buckets=buckets
+    )
+
+
+def group_delete(group_id: int) -> Any:
+    return parser.OFPGroupMod(CODEC, command=ofp.OFPGC_DELETE, type_=ofp.OFPGT_ALL, group_id=group_id)
+
+
+_MULTIPART_HEADER = struct.Struct("!HH4x")  # type, flags, pad (after the OpenFlow header)
+_METER_FEATURES = struct.Struct("!IIIBB")  # max_meter, band_types, capabilities, max_bands, max_color
+
+
+def multipart_more(raw: bytes) -> bool:
+    """True when a multipart reply says more parts follow (OFPMPF_REPLY_MORE)."""
+    _, flags = _MULTIPART_HEADER.unpack_from(raw, 8)
+    return bool(flags & ofp.OFPMPF_REPLY_MORE)
+
+
+def parse_meter_features(raw: bytes) -> tuple[int, int, int]:
+    """(max_meter, band_types, max_bands) from an OFPMP_METER_FEATURES reply.
+
+    OVS answers with the OpenFlow 1.3 body layout (16 bytes) even on 1.5,
+    which os-ken's 1.5 parser rejects; the first fields agree in both layouts.
+    """
+    if len(raw) < 16 + _METER_FEATURES.size:
+        raise ValueError(f"meter features reply too short ({len(raw)} bytes)")
+    max_meter, band_types, _caps, max_bands, _color = _METER_FEATURES.unpack_from(raw, 16)
+    return max_meter, band_types, max_bands
+
+
+def parse(raw: bytes) -> Any:
+    """Parse any message with os-ken (slow path: everything but packet-ins)."""
+    from os_ken.ofproto import ofproto_parser
+
+    version, msg_type, msg_len, xid = struct.unpack_from("!BBHI", raw, 0)
+    return ofproto_parser.msg(CODEC, version, msg_type, msg_len, xid, bytearray(raw))

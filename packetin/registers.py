@@ -1,0 +1,24 @@
+"""The one place that says which OVS register and userdata byte carries what.
+
+DESIGN.md §3 fixes reg7[0..3] (disposition) and reg6 (rule id); every other
+register belongs to the agent and is allocated here so no two modules clash.
+"""
+
+from __future__ import annotations
+
+# reg7[0..3]: disposition of the rule that judged the packet (see Disposition).
+REG_DISPOSITION = 7
+DISPOSITION_BITS = 0xF
+# reg6: 32-bit rule id, unique per realised rule, stable across restarts for the
+# same policy revision.
+REG_RULE_ID = 6
+# reg0..reg5 are unallocated yet; claim them here with a comment before use.
+
+# OpenFlow 1.5 carries registers in packet-in metadata as 64-bit packet
+# registers: xreg N = (reg 2N << 32) | reg 2N+1, so reg6:reg7 arrive as xreg3.
+XREG_RULE_AND_DISPOSITION = 3
+
+# Layout of the controller action's userdata (DESIGN.md §3):
+#   byte 0 layout version, byte 1 category, byte 2 flags, bytes 3..6 rule id.
+USERDATA_VERSION = 1
+USERDATA_LENGTH = 7
