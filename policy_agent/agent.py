@@ -1,0 +1,101 @@
+"""The composition root: builds OVS, the OpenFlow channel, the demux and metrics, and runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from packetin.channel import ChannelSettings, OpenFlowChannel
+from packetin.demux import Demux, Handler
+from packetin.model import Category
+from policy_agent.config import AgentConfig, CategoryLimits
+from policy_agent.metrics import build_registry
+from policy_agent.ovs_embedded import EmbeddedOvs
+from policy_agent.ovsdb import Ovsdb
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """One node agent. `handlers` maps a packet-in category to its subscriber."""
+
+    def __init__(self, config: AgentConfig, handlers: dict[int, Handler] | None = None) -> None:
+        self.config = config
+        self._handlers = dict(handlers or {})
+        self.embedded: EmbeddedOvs | None = None
+        self.ovsdb: Ovsdb | None = None
+        self.demux = Demux()
+        self.channel = OpenFlowChannel(
+            ChannelSettings(target=config.openflow_target,
+                            echo_interval=config.openflow.echo_interval,
+                            echo_timeout=config.openflow.echo_timeout,
+                            reconnect_max=config.openflow.reconnect_max),
+            self.demux.dispatch,
+            on_malformed=self.demux.count_malformed,
+        )
+        self.registry: CollectorRegistry = build_registry(self.demux, self.channel)
+        self._metrics_server: Any = None
+        self.datapath_type: str | None = None
+
+    async def start(self, ready_timeout: float = 30.0) -> None:
+        """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
+        cfg = self.config
+        if cfg.ovs.mode == "embedded":
+            self.embedded = EmbeddedOvs(Path(cfg.ovs.run_dir), cfg.ovs.netns)
+            await asyncio.to_thread(self.embedded.up)
+        self.ovsdb = await asyncio.to_thread(Ovsdb, cfg.ovs.db_remote)
+        self.datapath_type = await asyncio.to_thread(self.ovsdb.choose_datapath_type, cfg.ovs.datapath_type)
+        await asyncio.to_thread(self.ovsdb.ensure_bridge, cfg.ovs.bridge, self.datapath_type)
+        if not cfg.openflow.target:
+            # Our own controller socket on the bridge, so the packet-in queue size is ours.
+            target = cfg.openflow_target
+            await asyncio.to_thread(self.ovsdb.ensure_controller, cfg.ovs.bridge, f"punix:{target}",
+                                    cfg.ovs.controller_queue_size)
+            await asyncio.to_thread(self.ovsdb.wait_socket, Path(target))
+        now = time.monotonic()
+        limits: dict[int, CategoryLimits] = {
+            Category.POLICY: cfg.packetin.policy, Category.TRACEFLOW: cfg.packetin.traceflow}
+        for category, handler in self._handlers.items():
+            lim = limits.get(category, cfg.packetin.traceflow)
+            self.demux.subscribe(category, handler, rate=lim.rate, burst=lim.burst,
+                                 queue_size=lim.queue_size, now=now)
+        self.demux.start()
+        self.channel.start()
+        if cfg.metrics.listen:
+            self._start_metrics(cfg.metrics.listen)
+        await self.channel.wait_ready(ready_timeout)
+        support = self.channel.meter_support
+        if support is not None and not support.supported:
+            log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
+                        "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
+
+    def _start_metrics(self, listen: str) -> None:
+        from prometheus_client import start_http_server
+
+        host, _, port = listen.rpartition(":")
+        self._metrics_server, _ = start_http_server(int(port), addr=host, registry=self.registry)
+        log.info("metrics on http://%s/metrics", listen)
+
+    async def stop(self) -> None:
+        """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
+        await self.channel.close()
+        await self.demux.stop(drain=True)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        if self.ovsdb is not None:
+            await asyncio.to_thread(self.ovsdb.close)
+            self.ovsdb = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

@@ -1,0 +1,144 @@
+"""The `npaudit` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import warnings
+from pathlib import Path
+
+from policy_agent import config as config_mod
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _load_config(path: str | None) -> config_mod.AgentConfig:
+    if path is None:
+        return config_mod.AgentConfig()
+    try:
+        return config_mod.load(path)
+    except config_mod.ConfigError as exc:
+        for line in exc.errors:
+            print(f"config error: {line}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        config_mod.load(args.file)
+    except config_mod.ConfigError as exc:
+        for line in exc.errors:
+            print(f"{args.file}: {line}")
+        return 1
+    print(f"{args.file}: OK")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from packetin.model import Category
+    from policy_agent.agent import Agent
+    from policy_agent.tap import JsonTap
+
+    cfg = _load_config(args.config)
+    _setup_logging(cfg.log_level)
+    tap_path = args.tap if args.tap is not None else cfg.packetin.tap
+    handlers = {}
+    tap_file = None
+    if tap_path:
+        tap_file = sys.stdout if tap_path == "-" else open(tap_path, "a", buffering=1)
+        tap = JsonTap(tap_file)
+        handlers = {Category.POLICY: tap, Category.TRACEFLOW: tap}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        agent = Agent(cfg, handlers)
+        await agent.run(stop)
+        logging.getLogger("npaudit").info("stopped cleanly: %s", json.dumps(agent.demux.stats()))
+
+    try:
+        asyncio.run(main())
+    finally:
+        if tap_file is not None and tap_file is not sys.stdout:
+            tap_file.close()
+    return 0
+
+
+def cmd_ovs(args: argparse.Namespace) -> int:
+    from policy_agent.errors import OvsError
+    from policy_agent.ovs_embedded import EmbeddedOvs
+
+    cfg = _load_config(args.config)
+    _setup_logging(cfg.log_level)
+    if cfg.ovs.mode != "embedded":
+        print("npaudit ovs manages the embedded OVS only (ovs.mode is external)", file=sys.stderr)
+        return 2
+    ovs = EmbeddedOvs(Path(args.run_dir or cfg.ovs.run_dir),
+                      cfg.ovs.netns if args.netns is None else args.netns)
+    try:
+        if args.action == "up":
+            ovs.up()
+        elif args.action == "down":
+            ovs.down(purge=args.purge)
+    except OvsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(ovs.status(), indent=2))
+    if args.action == "status":
+        return 0 if ovs.status()["ovs_vswitchd_pid"] else 3
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from policy_agent.demo import run_demo
+
+    _setup_logging("info")
+    return run_demo(duration=args.duration, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="npaudit", description="Network-policy audit trail for Open vSwitch")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("agent", help="run the node agent in the foreground (SIGTERM stops it)")
+    a.add_argument("--config", help="YAML config (default: built-in defaults, see config/npaudit.yaml)")
+    a.add_argument("--tap", help="write one JSON line per packet-in to this path ('-' = stdout)")
+    a.set_defaults(func=cmd_agent)
+
+    c = sub.add_parser("check-config", help="validate a config file; print each error with its field")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_check_config)
+
+    o = sub.add_parser("ovs", help="manage the embedded Open vSwitch")
+    o.add_argument("action", choices=["up", "down", "status"])
+    o.add_argument("--config")
+    o.add_argument("--run-dir", help="override ovs.run_dir")
+    o.add_argument("--netns", help="override ovs.netns ('' = current namespace)")
+    o.add_argument("--purge", action="store_true", help="with down: delete the run directory too")
+    o.set_defaults(func=cmd_ovs)
+
+    d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
+    d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")
+    d.add_argument("--keep", action="store_true", help="leave OVS and the Pod namespaces up afterwards")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    # ovs.poller probes for eventlet (it never monkey-patches); its import warning is noise.
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="ovs.poller")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Typed, frozen agent configuration, validated at load with errors that name the field.
+
+Every default is documented next to its field and in config/npaudit.yaml.
+Each component receives only its own section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import socket
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; `errors` lists "field.path: reason" lines."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def _check(fn: Callable[[Any], str | None]) -> dict[str, Any]:
+    return {"check": fn}
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be > 0, got {v}"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}; got {v!r}"
+    return check
+
+
+def _listen(v: str) -> str | None:
+    if v == "":
+        return None
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"must be HOST:PORT (or \"\" to disable), got {v!r}"
+    return None
+
+
+def _queue_size(v: int) -> str | None:
+    return None if 1 <= v <= 512 else f"must be between 1 and 512 (OVS limit), got {v}"
+
+
+@dataclass(frozen=True)
+class OvsConfig:
+    # embedded: the agent starts a private ovsdb-server + ovs-vswitchd (userspace
+    # datapath) in run_dir, never touching a system OVS. external: use the OVS at `db`.
+    mode: str = field(default="embedded", metadata=_check(_one_of("embedded", "external")))
+    # Where the embedded OVS keeps its database, sockets, pid and log files.
+    run_dir: str = "/var/run/npaudit/ovs"
+    # Network namespace the embedded ovs-vswitchd runs in, created if missing
+    # ("" = the agent's own). Each netdev vswitchd claims a tap named ovs-netdev,
+    # so two instances must not share a namespace.
+    netns: str = "npaudit-ovs"
+    # OVSDB remote. "" = <run_dir>/db.sock when embedded,
+    # unix:/var/run/openvswitch/db.sock when external.
+    db: str = ""
+    bridge: str = "br-int"
+    # auto = system when the openvswitch kernel module is loaded and vswitchd
+    # supports it, else netdev (userspace).
+    datapath_type: str = field(default="auto", metadata=_check(_one_of("auto", "netdev", "system")))
+    # Packet-ins OVS queues for the agent's connection before dropping
+    # (rconn_overflow). OVS allows 1..512; its own default is 100.
+    controller_queue_size: int = field(default=512, metadata=_check(_queue_size))
+
+    @property
+    def db_remote(self) -> str:
+        if self.db:
+            return self.db
+        if self.mode == "embedded":
+            return f"unix:{Path(self.run_dir) / 'db.sock'}"
+        return "unix:/var/run/openvswitch/db.sock"
+
+    @property
+    def ovs_rundir(self) -> Path:
+        return Path(self.run_dir) if self.mode == "embedded" else Path("/var/run/openvswitch")
+
+
+@dataclass(frozen=True)
+class OpenFlowConfig:
+    # Where the agent connects: a unix socket path or tcp:HOST:PORT.
+    # "" = a controller socket the agent configures on the bridge,
+    # <ovs rundir>/<bridge>.npaudit (punix, with controller_queue_size).
+    target: str = ""
+    # Seconds between echo requests; the connection is dropped after
+    # echo_timeout seconds without any message from the switch.
+    echo_interval: float = field(default=5.0, metadata=_check(_positive))
+    echo_timeout: float = field(default=15.0, metadata=_check(_positive))
+    # Reconnect backoff cap in seconds (jittered, doubling from 50 ms).
+    reconnect_max: float = field(default=2.0, metadata=_check(_positive))
+
+
+@dataclass(frozen=True)
+class CategoryLimits:
+    # Token bucket: packet-ins admitted per second and burst size.
+    rate: float = field(default=20000.0, metadata=_check(_positive))
+    burst: float = field(default=40000.0, metadata=_check(_positive))
+    # Bounded channel between the reader and the subscriber; full = drop and count.
+    queue_size: int = field(default=65536, metadata=_check(_positive))
+
+
+@dataclass(frozen=True)
+class PacketInConfig:
+    # Category 0, policy audit. Generous: OVS meters are the first limit.
+    policy: CategoryLimits = CategoryLimits()
+    # Category 1, traceflow: a few packets per trace.
+    traceflow: CategoryLimits = CategoryLimits(rate=100.0, burst=200.0, queue_size=1024)
+    # Debug tap: write one JSON line per delivered packet-in to this path
+    # ("-" = stdout, "" = off). Not the audit log.
+    tap: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    # Prometheus endpoint, HOST:PORT; "" disables it.
+    listen: str = field(default="127.0.0.1:9495", metadata=_check(_listen))
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    # Node name written into records; "" = this host's name.
+    node_name: str = ""
+    # Cluster name written into records; "" = omitted.
+    cluster_name: str = ""
+    log_level: str = field(default="info", metadata=_check(_one_of("debug", "info", "warning", "error")))
+    ovs: OvsConfig = OvsConfig()
+    openflow: OpenFlowConfig = OpenFlowConfig()
+    packetin: PacketInConfig = PacketInConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @property
+    def node(self) -> str:
+        return self.node_name or socket.gethostname()
+
+    @property
+    def openflow_target(self) -> str:
+        if self.openflow.target:
+            return self.openflow.target
+        return str(self.ovs.ovs_rundir / f"{self.ovs.bridge}.npaudit")
+
+
+def load(path: str | Path) -> AgentConfig:
+    """Read and validate a YAML config file; raise ConfigError listing every problem."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read ({exc.strerror})"]) from exc
+    return loads(text, source=str(path))
+
+
+def loads(text: str, source: str = "<config>") -> AgentConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: not valid YAML ({exc})"]) from exc
+    if data is None:
+        data = {}
+    errors: list[str] = []
+    config = _build(AgentConfig, data, "", errors)
+    if errors:
+        raise ConfigError(errors)
+    return config
+
+
+def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
+    where = path or "(top level)"
+    if not isinstance(data, dict):
+        errors.append(f"{where}: must be a mapping, got {type(data).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            errors.append(f"{path}{key}: unknown field{hint}")
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        value = data[name]
+        full = f"{path}{name}"
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _build(kind, value, full + ".", errors)
+            continue
+        coerced = _coerce(kind, value)
+        if coerced is _INVALID:
+            errors.append(f"{full}: must be {_type_name(kind)}, got {type(value).__name__} {value!r}")
+            continue
+        check = f.metadata.get("check")
+        problem = check(coerced) if check else None
+        if problem:
+            errors.append(f"{full}: {problem}")
+            continue
+        values[name] = coerced
+    return cls(**values)
+
+
+_INVALID = object()
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        return value if isinstance(value, bool) else _INVALID
+    if kind is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return _INVALID
+    if kind is str:
+        return value if isinstance(value, str) else _INVALID
+    return _INVALID
+
+
+def _type_name(kind: Any) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))

@@ -1,0 +1,71 @@
+"""Prometheus metrics for the agent, read from component counters at scrape time.
+
+The hot path keeps plain integer counters (a prometheus Counter.inc per
+packet-in would cost more than decoding it); this collector exports them.
+The registry is passed in, never the process-wide default.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from packetin.channel import OpenFlowChannel
+from packetin.demux import Demux
+from packetin.model import Category
+
+
+def _category_name(cat: int) -> str:
+    try:
+        return Category(cat).name.lower()
+    except ValueError:
+        return str(cat)
+
+
+class AgentCollector:
+    """Exports demux and channel statistics."""
+
+    def __init__(self, demux: Demux, channel: OpenFlowChannel) -> None:
+        self._demux = demux
+        self._channel = channel
+
+    def collect(self) -> Iterator[Metric]:
+        total = CounterMetricFamily(
+            "npaudit_packetin", "Packet-ins per category and outcome "
+            "(received = delivered + dropped_* + handler_error + queued)",
+            labels=["category", "outcome"])
+        for cat, counts in sorted(self._demux.stats().items()):
+            for outcome, n in counts.items():
+                total.add_metric([_category_name(cat), outcome], n)
+        yield total
+        unroutable = CounterMetricFamily(
+            "npaudit_packetin_unroutable", "Packet-ins that reached no category, by reason",
+            labels=["reason"])
+        for reason, n in self._demux.unroutable.items():
+            unroutable.add_metric([reason], n)
+        yield unroutable
+        depth = GaugeMetricFamily("npaudit_packetin_queue_depth", "Packet-ins waiting per category",
+                                  labels=["category"])
+        for cat, n in sorted(self._demux.queue_depths().items()):
+            depth.add_metric([_category_name(cat)], n)
+        yield depth
+        ch = self._channel
+        yield GaugeMetricFamily("npaudit_openflow_connected", "1 while the OpenFlow channel is ready",
+                                value=1 if ch.ready else 0)
+        yield CounterMetricFamily("npaudit_openflow_connects", "Successful OpenFlow handshakes",
+                                  value=ch.connects)
+        yield CounterMetricFamily("npaudit_openflow_malformed", "OpenFlow messages that could not be decoded",
+                                  value=ch.malformed)
+        support = ch.meter_support
+        yield GaugeMetricFamily(
+            "npaudit_datapath_meters_supported",
+            "1 if the datapath supports meters, 0 if not (packet-ins then rely on agent token buckets), "
+            "-1 before the first connection", value=-1 if support is None else int(support.supported))
+
+
+def build_registry(demux: Demux, channel: OpenFlowChannel) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(demux, channel))  # type: ignore[arg-type]
+    return registry
