@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from meters.token_bucket import TokenBucket
-from packetin.model import PacketIn
+from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 
 Handler = Callable[[PacketIn], None]
@@ -35,6 +35,8 @@ UNKNOWN_CATEGORY = "unknown_category"
 NO_SUBSCRIBER = "no_subscriber"
 MALFORMED = "malformed"
 UNROUTABLE_REASONS = (UNKNOWN_CATEGORY, NO_SUBSCRIBER, MALFORMED)
+
+_KNOWN = frozenset(int(c) for c in Category)
 
 # How many items a consumer handles before yielding to the reader.
 _CONSUMER_SLICE = 512
@@ -95,7 +97,7 @@ class Demux:
                 continue
             sub = subs.get(category)
             if sub is None:
-                self.unroutable[NO_SUBSCRIBER] += 1
+                self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += 1
                 continue
             counts = sub.counts
             counts[RECEIVED] += 1

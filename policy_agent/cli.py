@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # ovs.poller probes for eventlet (it never monkey-patches); its import warning is noise.
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="ovs.poller")
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -29,9 +29,13 @@ class Ovsdb:
             helper = idlutils.get_schema_helper(remote, "Open_vSwitch")
             helper.register_all()
             self._conn = connection.Connection(idl=connection.OvsdbIdl(remote, helper), timeout=timeout)
-            self.api = impl_idl.OvsdbIdl(self._conn)
+            # ovsdbapp keeps the connection in a class attribute (a process-wide
+            # singleton); a subclass per instance lets two Ovsdb objects coexist.
+            api_cls = type("OvsdbApi", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
+            self.api = api_cls(self._conn)
         except Exception as exc:  # ovsdbapp raises a variety of errors for "not there"
-            raise OvsError(f"cannot connect to OVSDB at {remote}: {exc}") from exc
+            cause = exc.__cause__ or exc
+            raise OvsError(f"cannot connect to OVSDB at {remote}: {type(cause).__name__}: {cause}") from exc
 
     def close(self) -> None:
         self._conn.stop()

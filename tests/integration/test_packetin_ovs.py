@@ -1,0 +1,171 @@
+"""Packet-ins from real packets on a real OVS bridge arrive typed, demultiplexed and metered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import subprocess
+import sys
+import time
+from typing import AsyncIterator
+
+from packetin import messages as m
+from packetin.channel import ChannelSettings, OpenFlowChannel
+from packetin.demux import DELIVERED, RECEIVED, Demux
+from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
+from policy_agent.podnet import PodNet, set_neighbor
+
+from tests.integration.conftest import OvsEnv, PodFactory
+
+RULE_ID = 0xC0FFEE01  # all 32 bits of reg6 matter
+COOKIE = 0x0123456789ABCDEF  # os-ken reads only half of this; we must not
+METER_POLICY = 7
+
+
+def _in(ns: str, *cmd: str, timeout: float = 15) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def send_udp(src: PodNet, dst: PodNet, port: int, count: int = 1) -> None:
+    code = (f"import socket\ns=socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"for i in range({count}): s.sendto(b'npaudit%d' % i, ('{dst.ip}', {port}))")
+    _in(src.netns, sys.executable, "-c", code).check_returncode()
+
+
+def ipv4_5tuple(frame: bytes) -> tuple[str, str, int]:
+    """(src, dst, protocol) of an untagged Ethernet/IPv4 frame."""
+    assert struct.unpack_from("!H", frame, 12)[0] == 0x0800, frame[:16].hex()
+    proto = frame[14 + 9]
+    src = ".".join(str(b) for b in frame[26:30])
+    dst = ".".join(str(b) for b in frame[30:34])
+    return src, dst, proto
+
+
+@contextlib.asynccontextmanager
+async def connected(target: str, got: dict[int, list[PacketIn]]) -> AsyncIterator[tuple[OpenFlowChannel, Demux]]:
+    demux = Demux()
+    now = time.monotonic()
+    for cat, sink in got.items():
+        demux.subscribe(cat, sink.append, rate=10000, burst=10000, queue_size=10000, now=now)
+    channel = OpenFlowChannel(ChannelSettings(target=target), demux.dispatch, on_malformed=demux.count_malformed)
+    demux.start()
+    channel.start()
+    try:
+        await channel.wait_ready(10)
+        yield channel, demux
+    finally:
+        await channel.close()
+        await demux.stop()
+
+
+async def wait_for(pred, timeout: float = 5.0, state=lambda: "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s: {state()}")
+        await asyncio.sleep(0.02)
+
+
+def two_pods(make_pod: PodFactory) -> tuple[PodNet, PodNet]:
+    a, b = make_pod("a", 1), make_pod("b", 2)
+    set_neighbor(a, b)
+    set_neighbor(b, a)
+    return a, b
+
+
+def logged_rule(a: PodNet, b: PodNet, disposition: Disposition, extra_match: dict) -> m.FlowSpec:
+    ud = Userdata(category=Category.POLICY, flags=int(Flags.LOG | Flags.REJECT), rule_id=RULE_ID)
+    return m.FlowSpec.make(0, 200, {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, **extra_match}, [
+        m.SetField("reg7", int(disposition)), m.SetField("reg6", RULE_ID),
+        m.Controller(reason=0, userdata=ud.encode(), meter_id=METER_POLICY)], cookie=COOKIE)
+
+
+def test_logged_policy_flow_yields_typed_packet_ins(ovs_env: OvsEnv, make_pod: PodFactory) -> None:
+    a, b = two_pods(make_pod)
+    got: dict[int, list[PacketIn]] = {Category.POLICY: [], Category.TRACEFLOW: []}
+
+    async def scenario() -> None:
+        async with connected(ovs_env.target, got) as (channel, demux):
+            assert channel.meter_support is not None and channel.meter_support.supported
+            await channel.install_meters([m.MeterSpec(METER_POLICY, rate_pps=1000, burst=100)])
+            await channel.install_flows([logged_rule(a, b, Disposition.REJECT, {"ip_proto": 1})])
+            res = await asyncio.to_thread(_in, a.netns, "ping", "-c", "3", "-i", "0.2", "-W", "1", b.ip)
+            assert res.returncode != 0  # the flow outputs nowhere: the ping really was dropped
+            await wait_for(lambda: len(got[Category.POLICY]) >= 3)
+            await asyncio.sleep(0.2)
+            assert demux.stats()[Category.POLICY][RECEIVED] == 3
+
+    asyncio.run(scenario())
+    assert got[Category.TRACEFLOW] == []
+    pins = got[Category.POLICY]
+    assert len(pins) == 3
+    for pin in pins:
+        assert pin.reason == 0
+        assert pin.table_id == 0
+        assert pin.cookie == COOKIE
+        assert pin.in_port == a.ofport
+        assert pin.rule_id == RULE_ID
+        assert pin.disposition == Disposition.REJECT
+        ud = pin.parsed_userdata
+        assert ud == Userdata(category=Category.POLICY, flags=int(Flags.LOG | Flags.REJECT), rule_id=RULE_ID)
+        assert ipv4_5tuple(pin.packet) == (a.ip, b.ip, 1)
+        assert pin.total_len == len(pin.packet) == 98
+        assert abs(pin.received_at - time.time()) < 30
+
+
+def test_traceflow_category_reaches_its_own_subscriber(ovs_env: OvsEnv, make_pod: PodFactory) -> None:
+    a, b = two_pods(make_pod)
+    got: dict[int, list[PacketIn]] = {Category.POLICY: [], Category.TRACEFLOW: []}
+    base = {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, "ip_proto": 17}
+    flows = [
+        # Traceflow with our userdata: category from userdata byte 1.
+        m.FlowSpec.make(0, 100, {**base, "udp_dst": 9}, [
+            m.Controller(reason=1, userdata=Userdata(category=Category.TRACEFLOW).encode()), m.Output(b.ofport)]),
+        # No userdata at all: demux falls back to the reason code (action -> traceflow).
+        m.FlowSpec.make(0, 100, {**base, "udp_dst": 10}, [m.Controller(reason=1), m.Output(b.ofport)]),
+        # Userdata claiming a category nobody knows: counted as unroutable, not delivered.
+        m.FlowSpec.make(0, 100, {**base, "udp_dst": 11}, [
+            m.Controller(reason=0, userdata=Userdata(category=9).encode())]),
+    ]
+
+    async def scenario() -> Demux:
+        async with connected(ovs_env.target, got) as (channel, demux):
+            await channel.install_flows(flows)
+            await asyncio.to_thread(send_udp, a, b, 9, 2)
+            await asyncio.to_thread(send_udp, a, b, 10, 1)
+            await asyncio.to_thread(send_udp, a, b, 11, 4)
+            await wait_for(lambda: len(got[Category.TRACEFLOW]) >= 3 and demux.unroutable["unknown_category"] >= 4,
+                           state=lambda: f"{demux.stats()} {demux.unroutable} {got}")
+            return demux
+
+    demux = asyncio.run(scenario())
+    assert got[Category.POLICY] == []
+    trace = got[Category.TRACEFLOW]
+    assert [p.reason for p in trace] == [1, 1, 1]
+    assert [struct.unpack_from("!H", p.packet, 36)[0] for p in trace] == [9, 9, 10]
+    assert demux.unroutable["unknown_category"] == 4
+    assert demux.stats()[Category.TRACEFLOW][DELIVERED] == 3
+
+
+def test_meter_caps_packet_ins_while_flow_counts_every_packet(ovs_env: OvsEnv, make_pod: PodFactory) -> None:
+    a, b = two_pods(make_pod)
+    got: dict[int, list[PacketIn]] = {Category.POLICY: []}
+    sent = 300
+
+    async def scenario() -> None:
+        async with connected(ovs_env.target, got) as (channel, _):
+            await channel.install_meters([m.MeterSpec(METER_POLICY, rate_pps=10, burst=10)])
+            await channel.install_flows([logged_rule(a, b, Disposition.DROP, {"ip_proto": 17})])
+            t0 = time.monotonic()
+            await asyncio.to_thread(send_udp, a, b, 5353, sent)
+            elapsed = time.monotonic() - t0
+            await asyncio.sleep(0.5)
+            # burst + rate * time (+1 for rounding), far below what was sent
+            assert len(got[Category.POLICY]) <= 10 + 10 * (elapsed + 0.5) + 1
+            assert len(got[Category.POLICY]) >= 5
+
+    asyncio.run(scenario())
+    stats = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", ovs_env.mgmt, "udp"],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"n_packets={sent}," in stats, stats
