@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class TokenBucket:
     """Admits `rate` items per second on average and bursts of up to `burst`.
@@ -13,10 +15,11 @@ class TokenBucket:
     __slots__ = ("rate", "burst", "_tokens", "_last")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
-        if rate <= 0:
-            raise ValueError(f"token bucket rate must be > 0, got {rate}")
-        if burst < 1:
-            raise ValueError(f"token bucket burst must be >= 1, got {burst}")
+        # Written as "not (ok)" so that NaN, which compares False to everything, is refused.
+        if not (0 < rate < math.inf):
+            raise ValueError(f"token bucket rate must be a finite number > 0, got {rate}")
+        if not (1 <= burst < math.inf):
+            raise ValueError(f"token bucket burst must be a finite number >= 1, got {burst}")
         self.rate = float(rate)
         self.burst = float(burst)
         self._tokens = float(burst)

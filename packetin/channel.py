@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -24,6 +25,7 @@ from packetin import messages as m
 from packetin import wire
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.model import PacketIn
+from packetin.netns_socket import socket_in_netns
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,11 @@ class MeterSupport:
 
 @dataclass(frozen=True, slots=True)
 class ChannelSettings:
+    # unix socket path (or unix:PATH), or tcp:HOST:PORT
     target: str
+    # For tcp targets: the network namespace to connect from ("" = ours). Lets the
+    # agent reach a controller port on 127.0.0.1 of the embedded OVS's namespace.
+    netns: str = ""
     echo_interval: float = 5.0
     echo_timeout: float = 15.0
     reconnect_min: float = 0.05
@@ -69,17 +75,29 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        framer = self._framer
         try:
-            msgs = self._framer.feed(data)
+            msgs = framer.feed(data)
         except DecodeError as exc:
-            log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting",
-                      self._owner.settings.target, exc)
-            if self.transport is not None:
-                self.transport.abort()
+            self._broken(exc)
             return
         self._owner._on_messages(msgs)
+        if framer.failed:
+            try:
+                framer.feed(b"")
+            except DecodeError as exc:
+                self._broken(exc)
+
+    def _broken(self, exc: DecodeError) -> None:
+        log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting",
+                  self._owner.settings.target, exc)
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # Fail waiting requests now: a handshake or replay must not sit out its timeout.
+        if self._owner._proto in (self, None):
+            self._owner._fail_pending(ChannelClosed(f"connection to {self._owner.settings.target} lost"))
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -148,7 +166,8 @@ class OpenFlowChannel:
                 await self._connect_once()
                 delay = self.settings.reconnect_min
             except (OSError, asyncio.TimeoutError, ChannelClosed, OpenFlowError) as exc:
-                log.warning("OpenFlow connection to %s: %s", self.settings.target, exc or type(exc).__name__)
+                log.warning("OpenFlow connection to %s: %s", self.settings.target,
+                            str(exc) or type(exc).__name__)
             finally:
                 self._ready.clear()
                 self._fail_pending(ChannelClosed(f"connection to {self.settings.target} lost"))
@@ -166,15 +185,26 @@ class OpenFlowChannel:
         target = self.settings.target
         if target.startswith("tcp:"):
             host, _, port = target[4:].rpartition(":")
-            _, proto = await loop.create_connection(lambda: _Protocol(self), host, int(port))
+            if self.settings.netns:
+                sock = socket_in_netns(self.settings.netns)
+                sock.setblocking(False)
+                try:
+                    await loop.sock_connect(sock, (host, int(port)))
+                except BaseException:
+                    sock.close()
+                    raise
+                _, proto = await loop.create_connection(lambda: _Protocol(self), sock=sock)
+            else:
+                _, proto = await loop.create_connection(lambda: _Protocol(self), host, int(port))
+            proto.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         else:
             path = target[5:] if target.startswith("unix:") else target
             _, proto = await loop.create_unix_connection(lambda: _Protocol(self), path)
         return proto
 
     async def _connect_once(self) -> None:
-        self._hello = asyncio.get_running_loop().create_future()
         proto = await asyncio.wait_for(self._open(), self.settings.request_timeout)
+        self._hello = asyncio.get_running_loop().create_future()
         self._proto = proto
         self._last_rx = self._mono()
         self._send(m.hello())
@@ -220,50 +250,92 @@ class OpenFlowChannel:
             self._send(m.echo_request())
 
     async def _replay(self) -> None:
-        if self._meters:
-            await self._add_or_modify_meters(list(self._meters.values()))
-        if self._groups:
-            await self._add_or_modify_groups(list(self._groups.values()))
-        if self._flows:
-            await self._batch([(m.flow_add(f), f.describe()) for f in self._flows.values()])
+        """Reinstall the desired state. A refused item is logged and forgotten, not retried
+        forever: the switch that refused it will refuse it again on every reconnect."""
+        for what, items, install in (
+            ("meter", list(self._meters.values()), self._install_meters),
+            ("group", list(self._groups.values()), self._install_groups),
+            ("flow", list(self._flows.values()), self._install_flows),
+        ):
+            if not items:
+                continue
+            try:
+                await install(items)
+            except OpenFlowError as exc:
+                log.error("replay to %s: %s was refused and is dropped from the desired state: %s",
+                          self.settings.target, what, exc)
         if self._meters or self._groups or self._flows:
             log.info("replayed %d meters, %d groups, %d flows to %s", len(self._meters),
                      len(self._groups), len(self._flows), self.settings.target)
 
     # --- public requests -------------------------------------------------------------
+    # Each returns once a barrier confirmed the whole batch. What the switch accepted
+    # becomes desired state (replayed after reconnects) even when another item of the
+    # same batch was refused; the first refusal is then raised as OpenFlowError.
 
     async def install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
-        """Add (or overwrite) flows; return once a barrier confirms every one."""
-        await self._batch([(m.flow_add(f), f.describe()) for f in flows])
-        for f in flows:
-            self._flows[f.key] = f
+        """Add (or overwrite) flows."""
+        await self._install_flows(flows)
 
     async def delete_flows(self, flows: Sequence[m.FlowSpec]) -> None:
-        await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
-        for f in flows:
-            self._flows.pop(f.key, None)
+        refused = await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
+        for i, f in enumerate(flows):
+            if i not in refused:
+                self._flows.pop(f.key, None)
+        self._raise_first(refused)
 
     async def install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
-        await self._add_or_modify_meters(meters)
-        for meter in meters:
-            self._meters[meter.meter_id] = meter
+        """Add meters, or modify the ones that already exist."""
+        await self._install_meters(meters)
 
     async def delete_meters(self, meter_ids: Iterable[int]) -> None:
         ids = list(meter_ids)
-        await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
-        for i in ids:
-            self._meters.pop(i, None)
+        refused = await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
+        for n, i in enumerate(ids):
+            if n not in refused:
+                self._meters.pop(i, None)
+        self._raise_first(refused)
 
     async def install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
-        await self._add_or_modify_groups(groups)
-        for g in groups:
-            self._groups[g.group_id] = g
+        """Add groups, or modify the ones that already exist."""
+        await self._install_groups(groups)
 
     async def delete_groups(self, group_ids: Iterable[int]) -> None:
         ids = list(group_ids)
-        await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
-        for i in ids:
-            self._groups.pop(i, None)
+        refused = await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
+        for n, i in enumerate(ids):
+            if n not in refused:
+                self._groups.pop(i, None)
+        self._raise_first(refused)
+
+    async def _install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
+        refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
+        for i, f in enumerate(flows):
+            if i in refused:
+                self._flows.pop(f.key, None)
+            else:
+                self._flows[f.key] = f
+        self._raise_first(refused)
+
+    async def _install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+        refused = await self._add_or_modify(
+            meters, lambda x, cmd: m.meter_mod(x, cmd), ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, _meter_exists)
+        for i, x in enumerate(meters):
+            if i in refused:
+                self._meters.pop(x.meter_id, None)
+            else:
+                self._meters[x.meter_id] = x
+        self._raise_first(refused)
+
+    async def _install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
+        refused = await self._add_or_modify(
+            groups, lambda g, cmd: m.group_mod(g, cmd), ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, _group_exists)
+        for i, g in enumerate(groups):
+            if i in refused:
+                self._groups.pop(g.group_id, None)
+            else:
+                self._groups[g.group_id] = g
+        self._raise_first(refused)
 
     @property
     def desired_flows(self) -> list[m.FlowSpec]:
@@ -302,28 +374,33 @@ class OpenFlowChannel:
 
     # --- batches ---------------------------------------------------------------------
 
-    async def _add_or_modify_meters(self, meters: Sequence[m.MeterSpec]) -> None:
-        errors = await self._batch(
-            [(m.meter_mod(x, ofp.OFPMC_ADD), x.describe()) for x in meters], tolerate=_meter_exists)
-        again = [meters[i] for i in errors]
+    async def _add_or_modify(self, specs: Sequence[Any], build: Callable[[Any, int], Any],
+                             add: int, modify: int, exists: Callable[[Any], bool]
+                             ) -> dict[int, OpenFlowError]:
+        """ADD each spec; MODIFY the ones the switch says exist. Returns refusals by index."""
+        refused = await self._batch([(build(x, add), x.describe()) for x in specs])
+        again = [i for i, err in refused.items() if exists(err.reply)]
         if again:
-            await self._batch([(m.meter_mod(x, ofp.OFPMC_MODIFY), x.describe()) for x in again])
+            retry = await self._batch([(build(specs[i], modify), specs[i].describe()) for i in again])
+            for n, i in enumerate(again):
+                if n in retry:
+                    refused[i] = retry[n]
+                else:
+                    del refused[i]
+        return refused
 
-    async def _add_or_modify_groups(self, groups: Sequence[m.GroupSpec]) -> None:
-        errors = await self._batch(
-            [(m.group_mod(g, ofp.OFPGC_ADD), g.describe()) for g in groups], tolerate=_group_exists)
-        again = [groups[i] for i in errors]
-        if again:
-            await self._batch([(m.group_mod(g, ofp.OFPGC_MODIFY), g.describe()) for g in again])
+    @staticmethod
+    def _raise_first(refused: dict[int, OpenFlowError]) -> None:
+        if refused:
+            raise refused[min(refused)]
 
     async def _barrier(self) -> None:
         await self.request(m.barrier())
 
-    async def _batch(self, items: list[tuple[Any, str]],
-                     tolerate: Callable[[Any], bool] = lambda e: False) -> list[int]:
-        """Send messages and a barrier; return indexes of tolerated errors, raise on others."""
+    async def _batch(self, items: list[tuple[Any, str]]) -> dict[int, OpenFlowError]:
+        """Send messages then a barrier; return the switch's refusals by item index."""
         if not items:
-            return []
+            return {}
         if self._proto is None:
             raise ChannelClosed(f"not connected to {self.settings.target}")
         xids = []
@@ -334,16 +411,9 @@ class OpenFlowChannel:
         try:
             await self._barrier()
         finally:
-            found = [(i, self._errors.pop(x, None)) for i, x in enumerate(xids)]
-        tolerated = []
-        for i, err in found:
-            if err is None:
-                continue
-            if tolerate(err):
-                tolerated.append(i)
-                continue
-            raise _openflow_error(err, items[i], xids[i])
-        return tolerated
+            replies = [self._errors.pop(x, None) for x in xids]
+        return {i: _openflow_error(err, items[i], xids[i])
+                for i, err in enumerate(replies) if err is not None}
 
     # --- I/O -------------------------------------------------------------------------
 
@@ -447,7 +517,9 @@ def _group_exists(err: Any) -> bool:
 def _openflow_error(err: Any, item: tuple[Any, str], xid: int) -> OpenFlowError:
     msg, what = item
     kind = type(msg).__name__ if msg is not None else "request"
-    return OpenFlowError(
+    exc = OpenFlowError(
         f"switch refused {kind} xid={xid} ({what}): error type {err.type} code {err.code}",
         err_type=err.type, err_code=err.code, xid=xid, failed=f"{kind} {what}",
     )
+    exc.reply = err
+    return exc

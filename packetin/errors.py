@@ -28,3 +28,4 @@ class OpenFlowError(PacketInError):
         self.err_code = err_code
         self.xid = xid
         self.failed = failed
+        self.reply: object = None  # the parsed OFPT_ERROR, when there is one

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from packetin.registers import USERDATA_LENGTH, USERDATA_VERSION
 
@@ -63,9 +64,13 @@ class Userdata:
         return cls(category=category, flags=flags, rule_id=rule_id, version=version)
 
 
-@dataclass(frozen=True, slots=True)
-class PacketIn:
-    """One NXT_PACKET_IN2, decoded. `received_at` is wall-clock seconds (UTC epoch)."""
+class PacketIn(NamedTuple):
+    """One NXT_PACKET_IN2, decoded. `received_at` is wall-clock seconds (UTC epoch).
+
+    A NamedTuple rather than a frozen dataclass: just as immutable, and built in
+    a fraction of the time (a frozen dataclass __init__ costs ~2 µs, which is
+    most of the decode budget at 100k packet-ins/s).
+    """
 
     reason: int
     table_id: int

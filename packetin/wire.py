@@ -42,17 +42,27 @@ _OFB_IN_PORT = 0
 class Framer:
     """Splits a byte stream into whole OpenFlow messages."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_error")
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._error: DecodeError | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True once the stream cannot be framed any more (drop the connection)."""
+        return self._error is not None
 
     def feed(self, data: bytes) -> list[bytes]:
         """Append `data`; return every complete message now buffered.
 
-        Raises DecodeError when a header announces a length below 8: the stream
-        can no longer be framed and the connection must be dropped.
+        A header announcing a length below 8 means the stream can no longer be
+        framed. The messages before it are still returned (chunking must not
+        decide what is delivered); `failed` turns True and the next call, or
+        this one when nothing preceded the bad header, raises DecodeError.
         """
+        if self._error is not None:
+            raise self._error
         buf = self._buf
         buf += data
         out: list[bytes] = []
@@ -61,7 +71,10 @@ class Framer:
         while end - off >= OFP_HEADER_LEN:
             length = (buf[off + 2] << 8) | buf[off + 3]
             if length < OFP_HEADER_LEN:
-                raise DecodeError(f"OpenFlow header announces length {length} (< 8)")
+                self._error = DecodeError(f"OpenFlow header announces length {length} (< 8)")
+                if not out:
+                    raise self._error
+                break
             if end - off < length:
                 break
             out.append(bytes(buf[off:off + length]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
@@ -112,6 +112,8 @@ class _Conn(asyncio.Protocol):
         self.buf += data
         while len(self.buf) >= 8 and not self.dropped:
             length = struct.unpack_from("!H", self.buf, 2)[0]
+            if length < 8:
+                return self.drop()
             if len(self.buf) < length:
                 return
             raw = bytes(self.buf[:length])
@@ -120,7 +122,6 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.switch._conns.remove(self)
-        self.switch.lost += 1
         if not self.dropped:
             self.switch.peer_closed += 1
 
@@ -160,7 +161,7 @@ class FakeSwitch:
         self.echo_requests = 0
         self.packet_in_format: int | None = None
         self.miss_send_len: int | None = None
-        self.accepted = self.lost = self.peer_closed = 0
+        self.accepted = self.peer_closed = 0  # connections accepted / closed by the client
         self._held: list[tuple[_Conn, int]] = []
         self._conns: list[_Conn] = []
         self._server: asyncio.AbstractServer | None = None
@@ -181,10 +182,6 @@ class FakeSwitch:
     def drop(self) -> None:
         for conn in list(self._conns):
             conn.drop()
-
-    @property
-    def connected(self) -> bool:
-        return bool(self._conns)
 
     def send(self, raw: bytes) -> None:
         for conn in self._conns:
@@ -270,15 +267,8 @@ class FakeSwitch:
                    for a in actions):
                 return (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
             self.flows[key] = Flow(msg.table_id, msg.priority, match, actions, goto, msg.cookie)
-        elif msg.command == ofp.OFPFC_MODIFY_STRICT and key in self.flows:
-            self.flows[key].actions, self.flows[key].goto = actions, goto
         elif msg.command == ofp.OFPFC_DELETE_STRICT:
             self.flows.pop(key, None)
-        elif msg.command == ofp.OFPFC_DELETE:
-            for k, f in list(self.flows.items()):
-                if msg.table_id in (ofp.OFPTT_ALL, f.table) and all(
-                        f.match.get(n) == v for n, v in match.items()):
-                    del self.flows[k]
         return None
 
     def _meter_mod(self, raw: bytes, xid: int) -> tuple[int, int] | None:
@@ -287,13 +277,11 @@ class FakeSwitch:
             return (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_LEN)
         self.mods.append(Mod("meter", msg.command, xid, msg.meter_id))
         meter = Meter(msg.meter_id, msg.flags, [(b.rate, b.burst_size) for b in msg.bands])
-        if msg.command == ofp.OFPMC_ADD:
-            if msg.meter_id in self.meters:
-                return (ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS)
-            self.meters[msg.meter_id] = meter
-        elif msg.command == ofp.OFPMC_MODIFY:
-            if msg.meter_id not in self.meters:
-                return (ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER)
+        if msg.command == ofp.OFPMC_ADD and msg.meter_id in self.meters:
+            return (ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_METER_EXISTS)
+        if msg.command == ofp.OFPMC_MODIFY and msg.meter_id not in self.meters:
+            return (ofp.OFPET_METER_MOD_FAILED, ofp.OFPMMFC_UNKNOWN_METER)
+        if msg.command in (ofp.OFPMC_ADD, ofp.OFPMC_MODIFY):
             self.meters[msg.meter_id] = meter
         elif msg.command == ofp.OFPMC_DELETE:
             if msg.meter_id == ofp.OFPM_ALL:
@@ -319,13 +307,11 @@ class FakeSwitch:
                 a += acts[-1].len
             buckets.append(acts)
             off += blen
-        if command == ofp.OFPGC_ADD:
-            if group_id in self.groups:
-                return (ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS)
-            self.groups[group_id] = Group(group_id, group_type, buckets)
-        elif command == ofp.OFPGC_MODIFY:
-            if group_id not in self.groups:
-                return (ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP)
+        if command == ofp.OFPGC_ADD and group_id in self.groups:
+            return (ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS)
+        if command == ofp.OFPGC_MODIFY and group_id not in self.groups:
+            return (ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP)
+        if command in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
             self.groups[group_id] = Group(group_id, group_type, buckets)
         elif command == ofp.OFPGC_DELETE:
             if group_id == ofp.OFPG_ALL:

@@ -23,7 +23,6 @@ from packetin import messages as m
 from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
 from packetin.errors import ChannelClosed, OpenFlowError
 from packetin.model import PacketIn
-from packetin.registers import REG_RULE_ID
 from tests.unit.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, eventually, packet_in2
 
 DPID = 0x00000A0B0C0D0E0F
@@ -179,7 +178,7 @@ def test_install_flows_returns_only_after_the_barrier(sock_path: str) -> None:
             r.fake.release_barriers()
             await asyncio.wait_for(task, 1.0)
 
-            assert [t for t in r.fake.types()[-4:]] == [ofp.OFPT_FLOW_MOD] * 3 + [ofp.OFPT_BARRIER_REQUEST]
+            assert r.fake.types()[-4:] == [ofp.OFPT_FLOW_MOD] * 3 + [ofp.OFPT_BARRIER_REQUEST]
             got = r.fake.flows[(0, 100, (("eth_type", 0x0800), ("in_port", 3)))]
             assert got.match == {"in_port": 3, "eth_type": 0x0800}
             assert got.cookie == 0xC0FFEE and got.goto == 5
@@ -222,10 +221,7 @@ def test_refused_flow_raises_naming_the_flow(sock_path: str) -> None:
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "channel.py install_flows/_batch: when one flow of a batch is refused, the flows of the "
-    "same batch the switch accepted (confirmed by the barrier) are not added to the desired "
-    "state, so they are not replayed after a reconnect and vanish from the switch"))
+
 def test_flows_accepted_in_a_partly_refused_batch_survive_a_restart(sock_path: str) -> None:
     good = flow(0, 80, 3, in_port=3)
 
@@ -371,10 +367,6 @@ def test_pending_batch_fails_with_channel_closed_when_the_switch_dies(sock_path:
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "channel.py _connect_once: a connection lost during the handshake or the replay is only "
-    "noticed when the pending request times out (request_timeout), because connection_lost "
-    "fails nothing and _run only watches proto.closed after ready"))
 def test_switch_dying_during_handshake_is_noticed_at_once(sock_path: str) -> None:
     async def main() -> None:
         async with rig(sock_path, wait=False, request_timeout=3.0) as r:
@@ -382,6 +374,20 @@ def test_switch_dying_during_handshake_is_noticed_at_once(sock_path: str) -> Non
             await r.chan.wait_ready(1.0)  # reconnect + handshake take ~0.1 s
             assert r.fake.accepted == 2
     run(main())
+
+
+def test_handshake_timeout_is_logged_with_a_reason(sock_path: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with rig(sock_path, wait=False, request_timeout=0.2) as r:
+            r.fake.hold_barriers = True  # the handshake's barrier never completes
+            await eventually(lambda: r.fake.accepted >= 2, 1.5, "a retry after the timeout")
+            assert not r.chan.ready
+
+    with caplog.at_level(logging.WARNING, logger="packetin.channel"):
+        run(main())
+    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "packetin.channel"]
+    assert msgs and all(not msg.rstrip().endswith(":") for msg in msgs), msgs
 
 
 def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> None:
@@ -505,7 +511,7 @@ def test_unframeable_stream_reconnects(sock_path: str) -> None:
             r.fake.send(struct.pack("!BBHI", 6, ofp.OFPT_ECHO_REQUEST, 4, 1))  # length 4 < 8
             await eventually(lambda: r.fake.peer_closed == 1, 1.0, "channel to drop the stream")
             await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 1.0, "reconnect")
-            r.fake.send(packet_in2(rule_id=REG_RULE_ID))
+            r.fake.send(packet_in2(rule_id=7))
             await eventually(lambda: len(r.packet_ins) == 1, 1.0, "packet-in after reconnect")
     run(main())
 
@@ -540,3 +546,19 @@ def test_close_is_clean(sock_path: str, caplog: pytest.LogCaptureFixture) -> Non
     assert leftovers == []
     assert [str(w.message) for w in caught] == []
     assert [rec.getMessage() for rec in caplog.records if rec.name == "asyncio"] == []
+
+
+def test_close_while_waiting_to_reconnect_is_prompt(sock_path: str) -> None:
+    async def main() -> None:
+        before = asyncio.all_tasks()
+        async with rig(sock_path, reconnect_min=3.0, reconnect_max=3.0) as r:
+            await r.fake.stop()
+            await eventually(lambda: not r.chan.ready, 1.0, "channel to notice")
+            await asyncio.sleep(0.05)  # now in its (long) reconnect backoff
+            t0 = time.monotonic()
+            await asyncio.wait_for(r.chan.close(), 1.0)
+            assert time.monotonic() - t0 < 0.5
+            assert asyncio.all_tasks() - before == set()
+            with pytest.raises(ChannelClosed):
+                await r.chan.install_flows([flow(0, 1, 1)])
+    run(main())
