@@ -220,14 +220,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2, help="alternate baseline/agent this many times")
-    ap.add_argument("--copies", type=int, default=1,
+    ap.add_argument("--copies", type=int, default=4,
                     help="controller actions per flow: >1 makes OVS emit more packet-ins per upcall")
-    ap.add_argument("--rate", type=float, default=200000, help="flood frames/s offered (above the OVS ceiling)")
+    ap.add_argument("--rate", type=float, default=60000,
+                    help="frames/s offered; x copies must exceed the OVS ceiling")
     ap.add_argument("--consumer", choices=["raw", "agent"], help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--netns", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--transport", choices=["unix", "tcp"], default="unix",
-                    help="controller socket: punix in the run dir, or ptcp on 127.0.0.1 of the OVS netns")
+    ap.add_argument("--transport", choices=["unix", "tcp", "both"], default="both",
+                    help="controller socket: punix in the run dir, ptcp on 127.0.0.1 of the OVS netns "
+                         "(the agent's default for the embedded OVS), or both in turn")
     args = ap.parse_args()
     if args.consumer:
         (consume_raw if args.consumer == "raw" else consume_agent)(args.target, args.netns)
@@ -245,15 +247,13 @@ def main() -> int:
         ovs.up()
         db = Ovsdb(ovs.db_remote)
         db.ensure_bridge(BRIDGE, "netdev")
-        if args.transport == "unix":
-            target = run_dir / f"{BRIDGE}.npaudit"
-            db.ensure_controller(BRIDGE, f"punix:{target}", 512)
-            db.wait_socket(target)
-            target = str(target)
-        else:
-            db.ensure_controller(BRIDGE, "ptcp:6653:127.0.0.1", 512)
-            target = "tcp:127.0.0.1:6653"
-            time.sleep(0.5)
+        # Both controllers exist side by side; only one consumer is connected at a time.
+        unix_path = run_dir / f"{BRIDGE}.npaudit"
+        db.ensure_controller(BRIDGE, f"punix:{unix_path}", 512)
+        db.ensure_controller(BRIDGE, "ptcp:6653:127.0.0.1", 512)
+        db.wait_socket(unix_path)
+        targets = {"unix": str(unix_path), "tcp": "tcp:127.0.0.1:6653"}
+        target = targets["unix"]
         a = create_pod(db, BRIDGE, netns=f"npab-{tag}-a", host_if=f"npb{tag}1", ip_cidr="10.244.9.2/24",
                        mac="02:00:0a:f4:09:02", ofport=1, ovs_netns=ovs.netns)
         pods.append(a)
@@ -270,36 +270,48 @@ def main() -> int:
         from packetin.channel import ChannelSettings, OpenFlowChannel
 
         async def install() -> None:
-            ch = OpenFlowChannel(ChannelSettings(target=str(target), netns=ovs.netns), lambda b, n: None)
+            ch = OpenFlowChannel(ChannelSettings(target=target), lambda b, n: None)
             ch.start()
             await ch.wait_ready(10)
             await ch.install_flows([flow])
             await ch.close()
 
         asyncio.run(install())
-        env = {"ovs": ovs, "target": str(target), "mgmt": mgmt, "a": a, "b": b, "rate": args.rate,
-               "copies": args.copies}
+        transports = ["tcp", "unix"] if args.transport == "both" else [args.transport]
         phases = []
-        for _ in range(args.rounds):
-            phases.append(run_phase("raw", env, args.seconds))
-            phases.append(run_phase("agent", env, args.seconds))
-        base = [p for p in phases if p["consumer"] == "raw"]
-        agent = [p for p in phases if p["consumer"] == "agent"]
-        best_ceiling = max(p["ovs_emitted_per_s"] for p in base)
-        best_agent = max(p["delivered_per_s"] for p in agent)
+        summary = {}
+        for transport in transports:
+            env = {"ovs": ovs, "target": targets[transport], "mgmt": mgmt, "a": a, "b": b,
+                   "rate": args.rate, "copies": args.copies}
+            ran = []
+            for _ in range(args.rounds):  # alternate, so drift on a shared machine hits both
+                ran.append(run_phase("raw", env, args.seconds))
+                ran.append(run_phase("agent", env, args.seconds))
+            for p in ran:
+                p["transport"] = transport
+            phases += ran
+            base = [p for p in ran if p["consumer"] == "raw"]
+            agent = [p for p in ran if p["consumer"] == "agent"]
+            ceiling = max(p["ovs_emitted_per_s"] for p in base)
+            summary[transport] = {
+                "ovs_ceiling_per_s": ceiling,
+                "baseline_delivered_per_s": max(p["delivered_per_s"] for p in base),
+                "agent_delivered_per_s": max(p["delivered_per_s"] for p in agent),
+                "agent_vs_ceiling": round(max(p["delivered_per_s"] for p in agent) / ceiling, 4),
+                "agent_delivered_ratio_of_emitted_worst": min(p["delivered_ratio"] or 0 for p in agent),
+                "agent_cpu_percent_mean": round(sum(p["consumer_cpu_percent"] for p in agent) / len(agent), 1),
+                "lost_in_ovs_with_agent": sum(p["lost_in_ovs_rconn_overflow"] for p in agent),
+            }
         result = {
             "benchmark": "packetin_throughput",
             "machine": {"cpus": os.cpu_count(), "ovs": subprocess.run(
                 ["ovs-vswitchd", "--version"], capture_output=True, text=True).stdout.splitlines()[0]},
-            "packet_in_bytes": None,
+            "settings": {"seconds": args.seconds, "rounds": args.rounds, "offered_frames_per_s": args.rate,
+                         "packet_ins_per_frame": args.copies},
             "phases": phases,
-            "summary": {
-                "ovs_ceiling_per_s_baseline_consumer": best_ceiling,
-                "agent_delivered_per_s": best_agent,
-                "agent_vs_ceiling": round(best_agent / best_ceiling, 4) if best_ceiling else None,
-                "agent_delivered_ratio_of_emitted": min(p["delivered_ratio"] or 0 for p in agent),
-                "target": ">= 0.90 of the ceiling",
-            },
+            "summary": summary,
+            "target": "agent_vs_ceiling >= 0.90 (ceiling: best packet-ins/s OVS emitted to the baseline "
+                      "consumer in the same run)",
         }
         print(json.dumps(result, indent=2))
         return 0

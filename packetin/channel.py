@@ -203,8 +203,13 @@ class OpenFlowChannel:
         return proto
 
     async def _connect_once(self) -> None:
-        proto = await asyncio.wait_for(self._open(), self.settings.request_timeout)
+        # The switch sends its HELLO as soon as it accepts: be ready for it before connecting.
         self._hello = asyncio.get_running_loop().create_future()
+        try:
+            proto = await asyncio.wait_for(self._open(), self.settings.request_timeout)
+        except BaseException:
+            self._hello.cancel()  # nobody will wait for it
+            raise
         self._proto = proto
         self._last_rx = self._mono()
         self._send(m.hello())
@@ -442,12 +447,14 @@ class OpenFlowChannel:
         self._last_rx = now
         batch: list[PacketIn] = []
         wall = None
+        is_packet_in2 = wire.is_packet_in2
+        decode = wire.decode_packet_in2
         for raw in msgs:
-            if raw[1] == wire.OFPT_EXPERIMENTER and wire.is_packet_in2(raw):
+            if is_packet_in2(raw):
                 if wall is None:
                     wall = self._wall()
                 try:
-                    batch.append(wire.decode_packet_in2(raw, wall))
+                    batch.append(decode(raw, wall))
                 except DecodeError as exc:
                     self.malformed += 1
                     self._on_malformed(1)

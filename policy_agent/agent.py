@@ -31,7 +31,7 @@ class Agent:
         self.ovsdb: Ovsdb | None = None
         self.demux = Demux()
         self.channel = OpenFlowChannel(
-            ChannelSettings(target=config.openflow_target,
+            ChannelSettings(target=config.openflow_target, netns=config.openflow_netns,
                             echo_interval=config.openflow.echo_interval,
                             echo_timeout=config.openflow.echo_timeout,
                             reconnect_max=config.openflow.reconnect_max),
@@ -51,12 +51,16 @@ class Agent:
         self.ovsdb = await asyncio.to_thread(Ovsdb, cfg.ovs.db_remote)
         self.datapath_type = await asyncio.to_thread(self.ovsdb.choose_datapath_type, cfg.ovs.datapath_type)
         await asyncio.to_thread(self.ovsdb.ensure_bridge, cfg.ovs.bridge, self.datapath_type)
-        if not cfg.openflow.target:
-            # Our own controller socket on the bridge, so the packet-in queue size is ours.
-            target = cfg.openflow_target
-            await asyncio.to_thread(self.ovsdb.ensure_controller, cfg.ovs.bridge, f"punix:{target}",
+        controller = cfg.controller_target
+        if controller is not None:
+            # Our own controller on the bridge, so the packet-in queue size is ours.
+            await asyncio.to_thread(self.ovsdb.ensure_controller, cfg.ovs.bridge, controller,
                                     cfg.ovs.controller_queue_size)
-            await asyncio.to_thread(self.ovsdb.wait_socket, Path(target))
+            if controller.startswith("punix:"):
+                await asyncio.to_thread(self.ovsdb.wait_socket, Path(cfg.openflow_target))
+            elif cfg.ovs.mode == "external":
+                log.warning("OpenFlow controller %s listens on the host's loopback: any local process "
+                            "can connect to it; openflow.transport: unix avoids that", controller)
         now = time.monotonic()
         limits: dict[int, CategoryLimits] = {
             Category.POLICY: cfg.packetin.policy, Category.TRACEFLOW: cfg.packetin.traceflow}

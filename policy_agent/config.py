@@ -89,10 +89,18 @@ class OvsConfig:
 
 @dataclass(frozen=True)
 class OpenFlowConfig:
-    # Where the agent connects: a unix socket path or tcp:HOST:PORT.
-    # "" = a controller socket the agent configures on the bridge,
-    # <ovs rundir>/<bridge>.npaudit (punix, with controller_queue_size).
+    # Where the agent connects: a unix socket path or tcp:HOST:PORT. "" = a
+    # controller the agent configures on the bridge itself (with
+    # ovs.controller_queue_size), over `transport`.
     target: str = ""
+    # auto = tcp when the embedded OVS has a namespace of its own (its 127.0.0.1
+    # is reachable only from inside that namespace), unix otherwise.
+    # tcp: ptcp:<tcp_port>:127.0.0.1. TCP buffers absorb bursts that overflow a
+    # unix socket (bench/packetin_throughput.py measures both). On a host
+    # namespace any local process could connect to it: prefer unix there.
+    # unix: punix:<ovs rundir>/<bridge>.npaudit, protected by file permissions.
+    transport: str = field(default="auto", metadata=_check(_one_of("auto", "unix", "tcp")))
+    tcp_port: int = field(default=6653, metadata=_check(lambda v: None if 0 < v < 65536 else f"must be 1..65535, got {v}"))
     # Seconds between echo requests; the connection is dropped after
     # echo_timeout seconds without any message from the switch.
     echo_interval: float = field(default=5.0, metadata=_check(_positive))
@@ -144,10 +152,37 @@ class AgentConfig:
         return self.node_name or socket.gethostname()
 
     @property
+    def openflow_transport(self) -> str:
+        transport = self.openflow.transport
+        if transport == "auto":
+            private_ns = self.ovs.mode == "embedded" and bool(self.ovs.netns)
+            transport = "tcp" if private_ns else "unix"
+        return transport
+
+    @property
     def openflow_target(self) -> str:
+        """What the agent connects to."""
         if self.openflow.target:
             return self.openflow.target
+        if self.openflow_transport == "tcp":
+            return f"tcp:127.0.0.1:{self.openflow.tcp_port}"
         return str(self.ovs.ovs_rundir / f"{self.ovs.bridge}.npaudit")
+
+    @property
+    def controller_target(self) -> str | None:
+        """The Controller row the agent puts on the bridge; None when `target` is given."""
+        if self.openflow.target:
+            return None
+        if self.openflow_transport == "tcp":
+            return f"ptcp:{self.openflow.tcp_port}:127.0.0.1"
+        return f"punix:{self.openflow_target}"
+
+    @property
+    def openflow_netns(self) -> str:
+        """Namespace to open a tcp connection from: the embedded OVS's, else ours."""
+        if self.openflow_target.startswith("tcp:") and self.ovs.mode == "embedded":
+            return self.ovs.netns
+        return ""
 
 
 def load(path: str | Path) -> AgentConfig:

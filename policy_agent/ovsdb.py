@@ -79,12 +79,13 @@ class Ovsdb:
         targets = list(self._do(api.get_controller(bridge), f"read controllers of {bridge}"))
         if target not in targets:
             self._do(api.set_controller(bridge, targets + [target]), f"set controller {target} on {bridge}")
-        rows = self._do(api.db_find("Controller", ("target", "=", target), columns=["_uuid", "controller_queue_size"]),
+        rows = self._do(api.db_find("Controller", ("target", "=", target), columns=["_uuid"]),
                         f"find controller {target}")
         for row in rows:
-            if row["controller_queue_size"] != queue_size:
-                self._do(api.db_set("Controller", row["_uuid"], ("controller_queue_size", queue_size)),
-                         f"set controller_queue_size on {target}")
+            # out-of-band: in-band control would add hidden flows that bypass policy.
+            self._do(api.db_set("Controller", row["_uuid"], ("controller_queue_size", queue_size),
+                                ("connection_mode", "out-of-band")),
+                     f"set controller_queue_size/connection_mode on {target}")
 
     def wait_socket(self, path: Path, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -78,8 +78,11 @@ def nxm_reg_oxm(n: int, value: int) -> bytes:
 
 
 # Metadata entries the decoder must skip: other registers, the pipeline metadata
-# field (also masked), the tunnel id, and in_phy_port (a 4-byte port next to in_port).
+# field (also masked), the tunnel id, in_phy_port (a 4-byte port next to in_port),
+# and NXM0 entries whose field numbers are 6 and 7 like reg6/reg7 (ip_proto, ip_src).
 NOISE_OXMS = st.one_of(
+    st.builds(lambda v: oxm(0x0000, 7, struct.pack("!I", v)), u32),
+    st.builds(lambda v: oxm(0x0000, 6, struct.pack("!B", v)), u8),
     st.builds(nxm_reg_oxm, st.integers(0, 5), u32),
     st.builds(lambda n, v: oxm(0x8001, n, struct.pack("!Q", v)), st.sampled_from([0, 1, 2, 4, 5, 6, 7]), u64),
     st.builds(lambda v: oxm(0x8000, 2, struct.pack("!Q", v)), u64),
@@ -526,3 +529,12 @@ def test_framer_bad_header_does_not_lose_earlier_messages():
     in_two_reads = collect_until_error([RECORDED[0], bad])
     assert in_two_reads == ([RECORDED[0]], True)
     assert collect_until_error([RECORDED[0] + bad]) == in_two_reads
+
+
+def test_framer_fails_for_good_after_a_bad_header():
+    framer = wire.Framer()
+    assert framer.feed(RECORDED[0] + struct.pack("!BBHI", 6, 0, 3, 0) + RECORDED[1]) == [RECORDED[0]]
+    assert framer.failed
+    for _ in range(2):
+        with pytest.raises(DecodeError):
+            framer.feed(RECORDED[2])
