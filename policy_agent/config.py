@@ -209,7 +209,7 @@ def loads(text: str, source: str = "<config>") -> AgentConfig:
 
 
 def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
-    where = path or "(top level)"
+    where = path.rstrip(".") or "(top level)"
     if not isinstance(data, dict):
         errors.append(f"{where}: must be a mapping, got {type(data).__name__}")
         return cls()
