@@ -41,6 +41,7 @@ import psutil  # noqa: E402
 from packetin import messages as m  # noqa: E402
 from packetin.model import Category, Disposition, Userdata  # noqa: E402
 from policy_agent.ovs_embedded import EmbeddedOvs  # noqa: E402
+from policy_agent.ovs_stats import CoverageReader  # noqa: E402
 from policy_agent.ovsdb import Ovsdb  # noqa: E402
 from policy_agent.podnet import create_pod, delete_pod, set_neighbor  # noqa: E402
 
@@ -165,10 +166,17 @@ def flow_packets(mgmt: str) -> int:
 
 
 def coverage(ovs: EmbeddedOvs, name: str) -> int:
-    try:
-        return int(ovs.appctl("coverage/read-counter", name).strip() or 0)
-    except Exception:
-        return -1
+    value = CoverageReader(ovs.run_dir).read((name,))[name]
+    return -1 if value is None else value
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process (sched_setaffinity is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
 
 
 def run_phase(kind: str, env: dict, seconds: float) -> dict:
@@ -176,6 +184,11 @@ def run_phase(kind: str, env: dict, seconds: float) -> dict:
     proc = subprocess.Popen([sys.executable, __file__, "--consumer", kind, "--target", env["target"],
                              "--netns", env["ovs"].netns],
                             stdout=subprocess.PIPE, text=True)
+    if env["pin"]:
+        # Consumer alone on CPU 1; vswitchd (and the niced generator) on CPU 0. Each
+        # side then gets one whole core and the run-to-run noise of a shared core is gone.
+        pin_process(proc.pid, {1})
+        pin_process(ovs.pid("ovs-vswitchd"), {0})
     if proc.stdout.readline().strip() != "ready":
         raise RuntimeError(f"{kind} consumer did not start")
     time.sleep(0.3)
@@ -187,7 +200,7 @@ def run_phase(kind: str, env: dict, seconds: float) -> dict:
     sent = int(subprocess.run(
         # The generator runs at the lowest priority so it takes only the CPU that
         # vswitchd and the consumer leave (2 cores for all three).
-        ["nice", "-n", "19", "ip", "netns", "exec", env["a"].netns, sys.executable, "-c", FLOOD,
+        (["taskset", "-c", "0"] if env["pin"] else []) + ["nice", "-n", "19", "ip", "netns", "exec", env["a"].netns, sys.executable, "-c", FLOOD,
          env["a"].mac, env["b"].mac, env["a"].ip, env["b"].ip, str(seconds), str(env["rate"])],
         capture_output=True, text=True, check=True).stdout)
     elapsed = time.monotonic() - t0
@@ -222,6 +235,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternate baseline/agent this many times")
     ap.add_argument("--copies", type=int, default=4,
                     help="controller actions per flow: >1 makes OVS emit more packet-ins per upcall")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin vswitchd+generator to CPU 0 and the consumer to CPU 1")
     ap.add_argument("--rate", type=float, default=60000,
                     help="frames/s offered; x copies must exceed the OVS ceiling")
     ap.add_argument("--consumer", choices=["raw", "agent"], help=argparse.SUPPRESS)
@@ -282,7 +297,7 @@ def main() -> int:
         summary = {}
         for transport in transports:
             env = {"ovs": ovs, "target": targets[transport], "mgmt": mgmt, "a": a, "b": b,
-                   "rate": args.rate, "copies": args.copies}
+                   "rate": args.rate, "copies": args.copies, "pin": args.pin}
             ran = []
             for _ in range(args.rounds):  # alternate, so drift on a shared machine hits both
                 ran.append(run_phase("raw", env, args.seconds))
@@ -307,7 +322,8 @@ def main() -> int:
             "machine": {"cpus": os.cpu_count(), "ovs": subprocess.run(
                 ["ovs-vswitchd", "--version"], capture_output=True, text=True).stdout.splitlines()[0]},
             "settings": {"seconds": args.seconds, "rounds": args.rounds, "offered_frames_per_s": args.rate,
-                         "packet_ins_per_frame": args.copies},
+                         "packet_ins_per_frame": args.copies,
+                         "pinned": args.pin},
             "phases": phases,
             "summary": summary,
             "target": "agent_vs_ceiling >= 0.90 (ceiling: best packet-ins/s OVS emitted to the baseline "

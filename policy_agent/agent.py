@@ -16,6 +16,7 @@ from packetin.model import Category
 from policy_agent.config import AgentConfig, CategoryLimits
 from policy_agent.metrics import build_registry
 from policy_agent.ovs_embedded import EmbeddedOvs
+from policy_agent.ovs_stats import CoverageReader
 from policy_agent.ovsdb import Ovsdb
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ class Agent:
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
         )
-        self.registry: CollectorRegistry = build_registry(self.demux, self.channel)
+        self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
+        self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self._metrics_server: Any = None
         self.datapath_type: str | None = None
 

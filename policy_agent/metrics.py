@@ -7,7 +7,7 @@ The registry is passed in, never the process-wide default.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,9 +27,11 @@ def _category_name(cat: int) -> str:
 class AgentCollector:
     """Exports demux and channel statistics."""
 
-    def __init__(self, demux: Demux, channel: OpenFlowChannel) -> None:
+    def __init__(self, demux: Demux, channel: OpenFlowChannel,
+                 ovs_losses: Callable[[], dict[str, int | None]] | None = None) -> None:
         self._demux = demux
         self._channel = channel
+        self._ovs_losses = ovs_losses
 
     def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily(
@@ -63,9 +65,19 @@ class AgentCollector:
             "npaudit_datapath_meters_supported",
             "1 if the datapath supports meters, 0 if not (packet-ins then rely on agent token buckets), "
             "-1 before the first connection", value=-1 if support is None else int(support.supported))
+        if self._ovs_losses is not None:
+            lost = CounterMetricFamily(
+                "npaudit_ovs_packetin_lost",
+                "Packet-ins ovs-vswitchd dropped before sending them (coverage counters; "
+                "process-wide across its bridges and controllers)", labels=["counter"])
+            for name, n in self._ovs_losses().items():
+                if n is not None:
+                    lost.add_metric([name], n)
+            yield lost
 
 
-def build_registry(demux: Demux, channel: OpenFlowChannel) -> CollectorRegistry:
+def build_registry(demux: Demux, channel: OpenFlowChannel,
+                   ovs_losses: Callable[[], dict[str, int | None]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(demux, channel))  # type: ignore[arg-type]
+    registry.register(AgentCollector(demux, channel, ovs_losses))  # type: ignore[arg-type]
     return registry

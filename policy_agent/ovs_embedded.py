@@ -173,7 +173,3 @@ class EmbeddedOvs:
             "ovs_vswitchd_pid": self.pid("ovs-vswitchd"),
             "db": self.db_remote,
         }
-
-    def appctl(self, *args: str) -> str:
-        """ovs-appctl against this instance's vswitchd (coverage counters, meter stats)."""
-        return _run(["ovs-appctl", "-t", str(self.run_dir / "ovs-vswitchd.ctl"), *args])

@@ -95,6 +95,8 @@ def test_agent_cli_runs_exports_metrics_and_stops_on_sigterm(ovs_env: OvsEnv, tm
         assert "npaudit_openflow_connected 1.0" in body, body
         assert "npaudit_datapath_meters_supported 1.0" in body
         assert 'npaudit_packetin_total{category="policy",outcome="received"} 0.0' in body
+        # OVS-side losses are exported from vswitchd's own coverage counters.
+        assert 'npaudit_ovs_packetin_lost_total{counter="rconn_overflow"}' in body, body
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
