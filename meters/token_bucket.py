@@ -37,6 +37,19 @@ class TokenBucket:
             return True
         return False
 
+    def take_up_to(self, now: float, n: int) -> int:
+        """Take as many whole tokens as are there, at most `n`; return how many."""
+        elapsed = now - self._last
+        if elapsed > 0:
+            tokens = self._tokens + elapsed * self.rate
+            self._tokens = tokens if tokens < self.burst else self.burst
+            self._last = now
+        got = min(n, int(self._tokens))
+        if got > 0:
+            self._tokens -= got
+            return got
+        return 0
+
     def tokens(self, now: float) -> float:
         """Tokens available at `now`, without taking any."""
         elapsed = max(0.0, now - self._last)

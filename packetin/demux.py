@@ -88,27 +88,42 @@ class Demux:
         self.unroutable[MALFORMED] += n
 
     def dispatch(self, batch: Iterable[PacketIn], now: float) -> None:
-        """Admit each packet-in to its category's channel, or count why not."""
+        """Admit each packet-in to its category's channel, or count why not.
+
+        Per packet-in this only sorts by category; admission then happens once per
+        category and batch, with the same outcome as admitting one by one: a packet
+        is queued while the channel has room and the bucket has a token; the rest
+        count as dropped_queue_full if the channel filled first, else as
+        dropped_rate_limit.
+        """
         subs = self._subs
+        by_category: dict[int, list[PacketIn]] = {}
         for pin in batch:
             category = pin.category
-            if category is None:
-                self.unroutable[UNKNOWN_CATEGORY] += 1
-                continue
-            sub = subs.get(category)
-            if sub is None:
-                self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += 1
-                continue
+            group = by_category.get(category)  # type: ignore[arg-type]
+            if group is None:
+                if category is None:
+                    self.unroutable[UNKNOWN_CATEGORY] += 1
+                    continue
+                if category not in subs:
+                    self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += 1
+                    continue
+                group = by_category[category] = []
+            group.append(pin)
+        for category, group in by_category.items():
+            sub = subs[category]
             counts = sub.counts
-            counts[RECEIVED] += 1
-            if len(sub.queue) >= sub.queue_size:
-                counts[DROPPED_QUEUE] += 1
-                continue
-            if not sub.bucket.take(now):
-                counts[DROPPED_RATE] += 1
-                continue
-            sub.queue.append(pin)
-            sub.wake.set()
+            n = len(group)
+            counts[RECEIVED] += n
+            room = sub.queue_size - len(sub.queue)
+            admitted = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
+            if admitted < n:
+                # Whichever limit ran out first decided the rest.
+                limited_by_queue = admitted == room
+                counts[DROPPED_QUEUE if limited_by_queue else DROPPED_RATE] += n - admitted
+            if admitted:
+                sub.queue.extend(group if admitted == n else group[:admitted])
+                sub.wake.set()
 
     def start(self) -> None:
         """Start one consumer task per subscriber (call from inside the event loop)."""
@@ -147,19 +162,19 @@ class Demux:
         queue = sub.queue
         handler = sub.handler
         counts = sub.counts
-        for _ in range(limit):
-            if not queue:
-                return
+        n = min(limit, len(queue))
+        errors = 0
+        for _ in range(n):
             pin = queue.popleft()
             try:
                 handler(pin)
             except Exception:  # one bad packet must not stop the loop
-                counts[HANDLER_ERROR] += 1
+                errors += 1
                 self._errors.log(logging.WARNING, f"handler-{sub.category}",
                                  "subscriber %s failed on a packet-in (category %d)",
                                  sub.name, sub.category, exc_info=True)
-            else:
-                counts[DELIVERED] += 1
+        counts[DELIVERED] += n - errors
+        counts[HANDLER_ERROR] += errors
 
     async def _consume(self, sub: _Subscription) -> None:
         while True:

@@ -65,8 +65,8 @@ class Framer:
         """
         if self._error is not None:
             raise self._error
-        buf = self._buf
-        buf += data
+        # Work on immutable bytes so each message is sliced out with one copy.
+        buf = bytes(self._buf) + data if self._buf else bytes(data)
         out: list[bytes] = []
         off = 0
         end = len(buf)
@@ -79,10 +79,9 @@ class Framer:
                 break
             if end - off < length:
                 break
-            out.append(bytes(buf[off:off + length]))
+            out.append(buf[off:off + length])
             off += length
-        if off:
-            del buf[:off]
+        self._buf = bytearray(buf[off:]) if off < end else bytearray()
         return out
 
     @property
