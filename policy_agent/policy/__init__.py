@@ -1,0 +1,1 @@
+"""Network policy: the model, manifest loading and label selectors."""
