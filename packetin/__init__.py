@@ -3,11 +3,12 @@
 from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError, PacketInError
-from packetin.messages import Controller, FlowSpec, GroupSpec, MeterSpec, Output, Resubmit, SetField
+from packetin.messages import (Conjunction, Controller, Ct, FlowSpec, GroupSpec, MeterSpec, Output, Resubmit,
+                                SetField)
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
 
 __all__ = [
-    "Category", "ChannelClosed", "ChannelSettings", "Controller", "DecodeError", "Demux",
+    "Category", "ChannelClosed", "ChannelSettings", "Conjunction", "Controller", "Ct", "DecodeError", "Demux",
     "Disposition", "Flags", "FlowSpec", "GroupSpec", "MeterSpec", "MeterSupport",
     "OpenFlowChannel", "OpenFlowError", "Output", "PacketIn", "PacketInError", "Resubmit",
     "SetField", "Userdata",

@@ -106,11 +106,39 @@ class _NXActionController2Metered(parser.NXAction):
 
 
 @dataclass(frozen=True, slots=True)
+class Ct:
+    """ct(commit?, zone=zone, table=table): send through conntrack; recirculate to `table`."""
+
+    commit: bool = False
+    zone: int = 0
+    table: int | None = None
+
+    def to_ofp(self) -> Any:
+        return parser.NXActionCT(
+            flags=1 if self.commit else 0,  # NX_CT_F_COMMIT
+            zone_src="", zone_ofs_nbits=self.zone,
+            recirc_table=0xFF if self.table is None else self.table,  # 0xff: no recirculation
+            alg=0, actions=[])
+
+
+@dataclass(frozen=True, slots=True)
+class Conjunction:
+    """conjunction(id, clause/n_clauses); `clause` is 0-based on the wire (ovs-ofctl shows k+1)."""
+
+    conj_id: int
+    clause: int
+    n_clauses: int
+
+    def to_ofp(self) -> Any:
+        return parser.NXActionConjunction(self.clause, self.n_clauses, self.conj_id)
+
+
+@dataclass(frozen=True, slots=True)
 class GotoTable:
     table: int
 
 
-Action = Output | SetField | Resubmit | Controller
+Action = Output | SetField | Resubmit | Controller | Ct | Conjunction
 
 
 # --- specs -----------------------------------------------------------------------
@@ -277,6 +305,13 @@ def group_mod(spec: GroupSpec, command: int) -> Any:
 
 def group_delete(group_id: int) -> Any:
     return parser.OFPGroupMod(CODEC, command=ofp.OFPGC_DELETE, type_=ofp.OFPGT_ALL, group_id=group_id)
+
+
+def packet_out(data: bytes, out_port: int) -> Any:
+    """Send `data` out of `out_port`, from the controller (bypasses the pipeline)."""
+    return parser.OFPPacketOut(CODEC, buffer_id=ofp.OFP_NO_BUFFER,
+                               match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
+                               actions=[parser.OFPActionOutput(out_port)], data=data)
 
 
 _MULTIPART_HEADER = struct.Struct("!HH4x")  # type, flags, pad (after the OpenFlow header)

@@ -1,0 +1,101 @@
+"""The OVS pipeline on br-int: table numbers, meter ids, cookies, and the fixed flows.
+
+ 0 CLASSIFIER   known Pod port -> 10 (per Pod, installed last by the CNI path);
+                ARP by target IP -> that Pod's port; anything else dropped
+10 CONNTRACK    ip -> ct(zone, table=20)
+20 CT_STATE     +trk+inv drop; +trk+est / +trk+rel -> 70; +trk+new -> 30
+30/31/32        egress: Antrea tiers / K8s NetworkPolicy / baseline tier
+40/41/42        ingress: Antrea tiers / K8s NetworkPolicy / baseline tier
+60 COMMIT       ct(commit, zone) -> 70: only new connections that passed both directions
+70 FORWARD      ip,nw_dst=Pod IP -> eth_dst, output Pod port; else drop
+
+Only new connections reach the policy tables, so Allow is logged once per
+connection while Drop is logged per packet (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from packetin import messages as m
+
+T_CLASSIFIER = 0
+T_CONNTRACK = 10
+T_CT_STATE = 20
+T_EGRESS = 30
+T_EGRESS_K8S = 31
+T_EGRESS_BASELINE = 32
+T_INGRESS = 40
+T_INGRESS_K8S = 41
+T_INGRESS_BASELINE = 42
+T_COMMIT = 60
+T_FORWARD = 70
+
+CT_ZONE = 0xF00  # the agent's conntrack zone
+
+# One meter per category and disposition class (DESIGN.md §3), so a drop flood
+# starves neither allow records nor traceflow.
+METER_POLICY_ALLOW = 1
+METER_POLICY_DENY = 2  # Drop, Reject, Pass
+METER_TRACEFLOW = 3
+
+# Cookie: agent round (upper 32 bits) | table-independent kind (lower bits).
+# Flows of a previous agent run are deleted by their round after a restart.
+COOKIE_ROUND_SHIFT = 32
+COOKIE_KIND_FIXED = 1
+COOKIE_KIND_POD = 2
+COOKIE_KIND_POLICY = 3
+ROUND_MASK = 0xFFFFFFFF << COOKIE_ROUND_SHIFT
+
+# ct_state bits (OVS): new 0x01, est 0x02, rel 0x04, rpl 0x08, inv 0x10, trk 0x20.
+CS_NEW, CS_EST, CS_REL, CS_INV, CS_TRK = 0x01, 0x02, 0x04, 0x10, 0x20
+
+_NEXT = {T_EGRESS: T_EGRESS_K8S, T_EGRESS_K8S: T_EGRESS_BASELINE, T_EGRESS_BASELINE: T_INGRESS,
+         T_INGRESS: T_INGRESS_K8S, T_INGRESS_K8S: T_INGRESS_BASELINE, T_INGRESS_BASELINE: T_COMMIT}
+
+
+def cookie(round_: int, kind: int) -> int:
+    return (round_ << COOKIE_ROUND_SHIFT) | kind
+
+
+def next_table(table: int) -> int:
+    """Where a packet goes when `table` has no opinion."""
+    return _NEXT[table]
+
+
+def fixed_flows(round_: int) -> list[m.FlowSpec]:
+    """Flows that do not depend on Pods or policy."""
+    c = cookie(round_, COOKIE_KIND_FIXED)
+    ip = {"eth_type": 0x0800}
+
+    def flow(table: int, prio: int, match: dict, actions: list | None = None, goto: int | None = None
+             ) -> m.FlowSpec:
+        return m.FlowSpec.make(table, prio, match, actions or [], goto=goto, cookie=c)
+
+    flows = [
+        flow(T_CLASSIFIER, 0, {}),  # unknown ports and protocols: drop
+        flow(T_CONNTRACK, 0, {}),
+        flow(T_CONNTRACK, 100, ip, [m.Ct(table=T_CT_STATE, zone=CT_ZONE)]),
+        flow(T_CT_STATE, 0, {}),
+        flow(T_CT_STATE, 200, {**ip, "ct_state": (CS_TRK | CS_INV, CS_TRK | CS_INV)}),
+        flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_EST, CS_TRK | CS_EST)}, goto=T_FORWARD),
+        flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_REL, CS_TRK | CS_REL)}, goto=T_FORWARD),
+        flow(T_CT_STATE, 180, {**ip, "ct_state": (CS_TRK | CS_NEW, CS_TRK | CS_NEW)}, goto=T_EGRESS),
+        flow(T_COMMIT, 0, {**ip}, [m.Ct(commit=True, zone=CT_ZONE)], goto=T_FORWARD),
+        flow(T_FORWARD, 0, {}),
+    ]
+    # Policy tables: no opinion -> the next layer.
+    for table in (T_EGRESS, T_EGRESS_K8S, T_EGRESS_BASELINE, T_INGRESS, T_INGRESS_K8S, T_INGRESS_BASELINE):
+        flows.append(flow(table, 0, {}, goto=next_table(table)))
+    return flows
+
+
+def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[m.FlowSpec]:
+    """A Pod's forwarding and classification: installed only after its policy flows."""
+    c = cookie(round_, COOKIE_KIND_POD)
+    return [
+        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": 0x0800, "ipv4_dst": ip},
+                        [m.SetField("eth_dst", mac), m.Output(ofport)], cookie=c),
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": 0x0806, "arp_tpa": ip}, [m.Output(ofport)], cookie=c),
+        # Only the Pod's own source address is accepted from its port (no spoofing past policy).
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": 0x0800, "ipv4_src": ip},
+                        goto=T_CONNTRACK, cookie=c),
+    ]
