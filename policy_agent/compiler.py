@@ -182,8 +182,10 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
         if not rule.ports:
             terms.append(_Term(tuple(group), _tuple(peer_addrs), None))
         elif named and egress:
-            # The destination (the peer) names the port: one term per peer Pod.
-            for ep in sorted(set(peer_eps), key=lambda e: e.pod.key):
+            # The destination (the peer) names the port: one term per peer Pod; with
+            # "any peer", every Pod that has such a port is a candidate.
+            candidates = peer_eps if rule.peers else list(state.endpoints)
+            for ep in sorted(set(candidates), key=lambda e: e.pod.key):
                 ports = [pm for ps in rule.ports for pm in _port_matches(ps, ep)]
                 if ports:
                     terms.append(_Term(tuple(group), ({"eth_type": 0x0800, "ipv4_dst": ep.ip},), tuple(ports)))

@@ -1,0 +1,265 @@
+"""Wire format between the `npaudit cni` plugin and the agent: length-prefixed JSON, one request per connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# A frame is a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+# 1 MiB is far above any real netconf and caps what a peer can make us buffer.
+MAX_FRAME = 1 << 20
+_LEN = struct.Struct(">I")
+
+# CNI spec 1.0.0 error codes (1-99 are reserved by the spec, 100+ are ours).
+ERR_INCOMPATIBLE_VERSION = 1
+ERR_UNSUPPORTED_FIELD = 2
+ERR_UNKNOWN_CONTAINER = 3
+ERR_INVALID_ENV = 4
+ERR_IO = 5
+ERR_DECODE = 6
+ERR_INVALID_CONFIG = 7
+ERR_TRY_AGAIN_LATER = 11
+ERR_INTERNAL = 999
+
+COMMANDS = ("ADD", "DEL", "CHECK")
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
+CURRENT_VERSION = "1.0.0"
+
+# CNI spec: container IDs and network names are alphanumerics, underscore, dot, hyphen.
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_MAX_ID = 256
+
+
+class CniError(Exception):
+    """A failure to report to the container runtime as a CNI error object."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(f"{msg}: {details}" if details else msg)
+        self.code = code
+        self.msg = msg
+        self.details = details
+
+    def to_cni(self, cni_version: str = CURRENT_VERSION) -> dict[str, Any]:
+        """The error object the plugin prints on stdout (CNI spec "Error" section)."""
+        out: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+class WireError(CniError):
+    """A frame or message that does not follow this protocol."""
+
+    def __init__(self, msg: str, details: str = "", code: int = ERR_DECODE) -> None:
+        super().__init__(code, msg, details)
+
+
+# ---- validation shared by the plugin and the server (neither trusts the other) ----
+
+def container_id_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not value:
+        return "CNI_CONTAINERID is required"
+    if len(value) > _MAX_ID or not _ID_RE.match(value):
+        return f"CNI_CONTAINERID {value[:64]!r} must be alphanumerics, '_', '.', '-' (max {_MAX_ID})"
+    return None
+
+
+def ifname_problem(value: object) -> str | None:
+    # Linux interface names: at most 15 bytes, no '/', ':' or whitespace, not . or ..
+    if not isinstance(value, str) or not value:
+        return "CNI_IFNAME is required"
+    if (len(value.encode()) > 15 or value in (".", "..")
+            or any(c in value for c in "/:") or any(c.isspace() for c in value)):
+        return f"CNI_IFNAME {value[:32]!r} is not a valid interface name"
+    return None
+
+
+def parse_cni_args(raw: str) -> dict[str, str]:
+    """CNI_ARGS "K=V;K=V" -> dict; empty segments are tolerated, a segment without '=' is not."""
+    args: dict[str, str] = {}
+    for part in raw.split(";"):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise CniError(ERR_INVALID_ENV, "invalid CNI_ARGS", f"segment {part[:64]!r} is not KEY=VALUE")
+        args[key] = value
+    return args
+
+
+def netconf_version(netconf: object, command: str = "ADD") -> str:
+    """Validate the network configuration's required keys; return its cniVersion."""
+    if not isinstance(netconf, dict):
+        raise CniError(ERR_DECODE, "network configuration must be a JSON object")
+    version = netconf.get("cniVersion")
+    if not isinstance(version, str) or not version:
+        raise CniError(ERR_INVALID_CONFIG, "network configuration has no cniVersion")
+    if version not in SUPPORTED_VERSIONS:
+        raise CniError(ERR_INCOMPATIBLE_VERSION, f"incompatible CNI version {version[:32]!r}",
+                       f"supported: {', '.join(SUPPORTED_VERSIONS)}")
+    if command == "CHECK" and version in ("0.3.0", "0.3.1"):
+        # CHECK exists from spec 0.4.0 on.
+        raise CniError(ERR_INCOMPATIBLE_VERSION, f"CHECK is not defined for cniVersion {version}")
+    name = netconf.get("name")
+    if not isinstance(name, str) or not _ID_RE.match(name) or len(name) > _MAX_ID:
+        raise CniError(ERR_INVALID_CONFIG, "network configuration needs a valid name",
+                       "alphanumerics, '_', '.', '-'")
+    if not isinstance(netconf.get("type"), str) or not netconf["type"]:
+        raise CniError(ERR_INVALID_CONFIG, "network configuration has no type")
+    return version
+
+
+# ---- messages ----
+
+@dataclass(frozen=True)
+class CniRequest:
+    """One CNI invocation as the plugin forwards it; `args` and `netconf` are read-only by convention."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: Mapping[str, str] = field(default_factory=dict)
+    netconf: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cni_version(self) -> str:
+        version = self.netconf.get("cniVersion")
+        return version if isinstance(version, str) else CURRENT_VERSION
+
+    @property
+    def pod(self) -> str:
+        """namespace/name for log lines ("?" where kubelet did not say)."""
+        return f"{self.args.get('K8S_POD_NAMESPACE', '?')}/{self.args.get('K8S_POD_NAME', '?')}"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"command": self.command, "container_id": self.container_id, "netns": self.netns,
+                "ifname": self.ifname, "args": dict(self.args), "netconf": dict(self.netconf)}
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> CniRequest:
+        """Validate a decoded request; raise CniError with the code the runtime should see."""
+        if not isinstance(obj, dict):
+            raise WireError("request must be a JSON object")
+        command = obj.get("command")
+        if command not in COMMANDS:
+            raise CniError(ERR_INVALID_ENV, f"unknown CNI command {str(command)[:16]!r}")
+        problem = container_id_problem(obj.get("container_id")) or ifname_problem(obj.get("ifname"))
+        if problem:
+            raise CniError(ERR_INVALID_ENV, problem)
+        netns = obj.get("netns", "")
+        if not isinstance(netns, str) or (command != "DEL" and not netns):
+            raise CniError(ERR_INVALID_ENV, "CNI_NETNS is required for ADD and CHECK")
+        args = obj.get("args", {})
+        if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in args.items()):
+            raise WireError("args must map strings to strings")
+        netconf = obj.get("netconf")
+        netconf_version(netconf, command)
+        return cls(command=command, container_id=obj["container_id"], netns=netns,
+                   ifname=obj["ifname"], args=args, netconf=netconf)  # type: ignore[arg-type]
+
+
+def ok_response(result: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"ok": True, "result": dict(result) if result is not None else None}
+
+
+def error_response(err: CniError) -> dict[str, Any]:
+    return {"ok": False, "code": err.code, "msg": err.msg, "details": err.details}
+
+
+def parse_response(obj: Any) -> dict[str, Any] | None:
+    """The result of a successful response; CniError for an error response; WireError if malformed."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+        raise WireError("malformed response from the npaudit agent", code=ERR_INTERNAL)
+    if obj["ok"]:
+        result = obj.get("result")
+        if result is not None and not isinstance(result, dict):
+            raise WireError("malformed result from the npaudit agent", code=ERR_INTERNAL)
+        return result
+    code, msg, details = obj.get("code"), obj.get("msg"), obj.get("details", "")
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(msg, str):
+        raise WireError("malformed error response from the npaudit agent", code=ERR_INTERNAL)
+    raise CniError(code, msg, details if isinstance(details, str) else str(details))
+
+
+# ---- framing (pure) ----
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > MAX_FRAME:
+        raise WireError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _LEN.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """Body length announced by a 4-byte header; WireError when over the cap."""
+    if len(header) != _LEN.size:
+        raise WireError("truncated frame header")
+    (length,) = _LEN.unpack(header)
+    if length > MAX_FRAME:
+        raise WireError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    return length
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WireError("frame is not UTF-8 JSON", str(exc)[:200]) from exc
+    if not isinstance(obj, dict):
+        raise WireError("frame must hold a JSON object")
+    return obj
+
+
+def decode_frame(data: bytes) -> dict[str, Any]:
+    """Decode one complete frame (header + body, nothing after it)."""
+    length = frame_length(data[:_LEN.size])
+    if len(data) != _LEN.size + length:
+        raise WireError(f"frame announces {length} bytes but holds {len(data) - _LEN.size}")
+    return decode_body(data[_LEN.size:])
+
+
+# ---- framing over asyncio streams (server side) ----
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    try:
+        header = await reader.readexactly(_LEN.size)
+        body = await reader.readexactly(frame_length(header))
+    except asyncio.IncompleteReadError as exc:
+        raise WireError("connection closed inside a frame", f"got {len(exc.partial)} bytes") from exc
+    return decode_body(body)
+
+
+async def write_message(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
+    writer.write(encode_frame(message))
+    await writer.drain()
+
+
+# ---- framing over a blocking socket (plugin side) ----
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 65536))
+        if not chunk:
+            raise WireError("the npaudit agent closed the connection inside a frame",
+                            f"got {got} of {n} bytes", code=ERR_IO)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any]:
+    length = frame_length(_recv_exactly(sock, _LEN.size))
+    return decode_body(_recv_exactly(sock, length))

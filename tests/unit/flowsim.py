@@ -1,0 +1,119 @@
+"""A fake OVS flow table (faucet-style): runs a packet through FlowSpecs and says what happens.
+
+Enough of OVS for the compiler's flows: tables, priorities, exact and masked
+matches, ct_state, goto_table, output, controller copies, set_field of
+reg6/reg7, and conjunctive matches (conjunction actions + conj_id flows).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from packetin import messages as m
+from packetin.model import Userdata
+
+
+@dataclass
+class Verdict:
+    output: int | None = None  # port, None = dropped
+    copies: list[tuple[int, int, Userdata | None]] = field(default_factory=list)  # (reg7, reg6, userdata)
+    tables: list[int] = field(default_factory=list)
+    regs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def forwarded(self) -> bool:
+        return self.output is not None
+
+
+def _ip_in(value: str, want: Any) -> bool:
+    if isinstance(want, tuple):
+        return ipaddress.ip_address(value) in ipaddress.ip_network(f"{want[0]}/{want[1]}", strict=False)
+    return value == want
+
+
+def _field_matches(pkt: dict[str, Any], name: str, want: Any) -> bool:
+    if name not in pkt:
+        return False
+    have = pkt[name]
+    if name in ("ipv4_src", "ipv4_dst", "arp_tpa"):
+        return _ip_in(have, want)
+    if isinstance(want, tuple):  # (value, mask)
+        value, mask = want
+        return (have & mask) == (value & mask)
+    return have == want
+
+
+def _matches(pkt: dict[str, Any], match: tuple[tuple[str, Any], ...]) -> bool:
+    return all(_field_matches(pkt, k, v) for k, v in match)
+
+
+class FlowTable:
+    def __init__(self, flows: list[m.FlowSpec]) -> None:
+        self.by_table: dict[int, list[m.FlowSpec]] = {}
+        seen: dict[tuple[Any, ...], m.FlowSpec] = {}
+        for f in flows:
+            if f.key in seen and seen[f.key] != f:
+                raise AssertionError(f"two different flows share an OpenFlow identity: {f.describe()}")
+            seen[f.key] = f
+        for f in seen.values():
+            self.by_table.setdefault(f.table, []).append(f)
+        for flows_ in self.by_table.values():
+            flows_.sort(key=lambda f: -f.priority)
+
+    def _lookup(self, table: int, pkt: dict[str, Any]) -> m.FlowSpec | None:
+        flows = self.by_table.get(table, [])
+        priorities = sorted({f.priority for f in flows}, reverse=True)
+        for prio in priorities:
+            level = [f for f in flows if f.priority == prio]
+            plain = [f for f in level if not _is_conj(f) and not any(k == "conj_id" for k, _ in f.match)
+                     and _matches(pkt, f.match)]
+            clauses: dict[int, set[int]] = {}
+            needed: dict[int, int] = {}
+            for f in level:
+                if _is_conj(f) and _matches(pkt, f.match):
+                    for a in f.actions:
+                        clauses.setdefault(a.conj_id, set()).add(a.clause)
+                        needed[a.conj_id] = a.n_clauses
+            for conj_id, got in clauses.items():
+                if len(got) == needed[conj_id]:
+                    with_conj = {**pkt, "conj_id": conj_id}
+                    for f in level:
+                        if any(k == "conj_id" for k, _ in f.match) and _matches(with_conj, f.match):
+                            plain.append(f)
+            if plain:
+                return plain[0]
+        return None
+
+    def run(self, pkt: dict[str, Any], table: int = 0) -> Verdict:
+        verdict = Verdict()
+        pkt = dict(pkt)
+        for _ in range(64):
+            verdict.tables.append(table)
+            flow = self._lookup(table, pkt)
+            if flow is None:
+                return verdict  # table miss = drop
+            for a in flow.actions:
+                if isinstance(a, m.SetField):
+                    verdict.regs[a.name] = a.value
+                elif isinstance(a, m.Controller):
+                    verdict.copies.append((verdict.regs.get("reg7", 0), verdict.regs.get("reg6", 0),
+                                           Userdata.decode(a.userdata)))
+                elif isinstance(a, m.Output):
+                    verdict.output = a.port
+                elif isinstance(a, m.Ct):
+                    if a.table is not None:  # recirculate as a new connection (tests use new ones)
+                        pkt["ct_state"] = 0x21
+                        table = a.table
+                        break
+            else:
+                if flow.goto is None:
+                    return verdict
+                table = flow.goto.table
+                continue
+        return verdict
+
+
+def _is_conj(f: m.FlowSpec) -> bool:
+    return bool(f.actions) and all(isinstance(a, m.Conjunction) for a in f.actions)
