@@ -342,6 +342,13 @@ class OpenFlowChannel:
                 self._groups[g.group_id] = g
         self._raise_first(refused)
 
+    async def delete_flows_by_cookie(self, cookie: int, mask: int) -> None:
+        """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).
+
+        Not part of the desired state: it removes what an earlier run left behind."""
+        self._raise_first(await self._batch([(m.flow_delete_cookie(cookie, mask),
+                                              f"delete cookie={cookie:#x}/{mask:#x}")]))
+
     @property
     def desired_flows(self) -> list[m.FlowSpec]:
         return list(self._flows.values())

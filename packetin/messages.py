@@ -283,6 +283,13 @@ def flow_delete_strict(spec: FlowSpec) -> Any:
     )
 
 
+def flow_delete_cookie(cookie: int, mask: int) -> Any:
+    """Delete, in every table, the flows whose cookie matches `cookie` under `mask`."""
+    return parser.OFPFlowMod(CODEC, cookie=cookie, cookie_mask=mask, table_id=ofp.OFPTT_ALL,
+                             command=ofp.OFPFC_DELETE, buffer_id=ofp.OFP_NO_BUFFER,
+                             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=parser.OFPMatch())
+
+
 def meter_mod(spec: MeterSpec, command: int) -> Any:
     flags = ofp.OFPMF_PKTPS | (ofp.OFPMF_BURST if spec.burst else 0) | (ofp.OFPMF_STATS if spec.stats else 0)
     bands = [parser.OFPMeterBandDrop(rate=spec.rate_pps, burst_size=spec.burst)]

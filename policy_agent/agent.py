@@ -10,11 +10,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from packetin import messages as m
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
 from packetin.model import Category
+from policy_agent import pipeline
 from policy_agent.config import AgentConfig, CategoryLimits
+from policy_agent.engine import PolicyEngine
+from policy_agent.local_api import LocalApi
+from policy_agent.manifest_source import ManifestDirectory
 from policy_agent.metrics import build_registry
+from policy_agent.reject import RejectResponder
+from policy_agent.rules import RuleRegistry
 from policy_agent.ovs_embedded import EmbeddedOvs
 from policy_agent.ovs_stats import CoverageReader
 from policy_agent.ovsdb import Ovsdb
@@ -43,6 +50,14 @@ class Agent:
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self._metrics_server: Any = None
         self.datapath_type: str | None = None
+        self.rules = RuleRegistry()
+        self.round_ = 0
+        self.engine: PolicyEngine | None = None
+        self.reject = RejectResponder(self.channel.send_nowait, self._handlers.get(Category.POLICY))
+        self._handlers[Category.POLICY] = self.reject
+        self.api: LocalApi | None = None
+        self.cni: Any = None
+        self.manifests: ManifestDirectory | None = None
 
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
@@ -76,9 +91,52 @@ class Agent:
             self._start_metrics(cfg.metrics.listen)
         await self.channel.wait_ready(ready_timeout)
         support = self.channel.meter_support
-        if support is not None and not support.supported:
+        meters_ok = support is not None and support.supported
+        if not meters_ok:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
+        await self._start_policy(meters_ok)
+
+    async def _start_policy(self, meters_ok: bool) -> None:
+        """Pipeline, policy, then the ways Pods and policy arrive (CNI, local API, directory)."""
+        cfg = self.config
+        state_dir = Path(cfg.state_dir)
+        await asyncio.to_thread(state_dir.mkdir, mode=0o750, parents=True, exist_ok=True)
+        previous = _read_round(state_dir)
+        self.round_ = previous % 0xFFFFFFFF + 1
+        _write_round(state_dir, self.round_)
+        mc = cfg.meters
+        self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
+                                   meter_specs=[
+                                       m.MeterSpec(pipeline.METER_POLICY_ALLOW, mc.policy_allow.rate, mc.policy_allow.burst),
+                                       m.MeterSpec(pipeline.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
+                                       m.MeterSpec(pipeline.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)])
+        await self.engine.start()
+        if cfg.policy.manifest_dir:
+            self.manifests = ManifestDirectory(Path(cfg.policy.manifest_dir), self.engine, cfg.policy.poll_interval)
+            await self.manifests.sync()
+        if cfg.cni.enabled:
+            from policy_agent.cni.pod_interfaces import PodInterfaces
+            from policy_agent.cni.server import CniServer
+
+            if self.ovsdb is None:
+                raise RuntimeError("CNI needs the OVSDB connection made in start()")
+            pods = PodInterfaces(self.ovsdb, cfg.ovs.bridge, cfg.ovs.netns if cfg.ovs.mode == "embedded" else "",
+                                 state_dir / "cni", self.engine)
+            # Pods from before a restart: their policy and forwarding flows again, in this round.
+            for info in await asyncio.to_thread(pods.pods):
+                await self.engine.pod_added(info)
+            self.cni = CniServer(cfg.cni_socket, pods)
+        if previous:
+            # Flows of the previous run that this run did not rewrite: gone only now,
+            # after the new round's flows are in, so enforcement has no gap.
+            await self.channel.delete_flows_by_cookie(previous << pipeline.COOKIE_ROUND_SHIFT, pipeline.ROUND_MASK)
+        if self.cni is not None:
+            await self.cni.start()
+        self.api = LocalApi(cfg.api_socket, self.engine)
+        await self.api.start()
+        if self.manifests is not None:
+            self.manifests.start()
 
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server
@@ -89,6 +147,12 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
+        if self.manifests is not None:
+            await self.manifests.close()
+        if self.api is not None:
+            await self.api.close()
+        if self.cni is not None:
+            await self.cni.close()
         await self.channel.close()
         await self.demux.stop(drain=True)
         if self._metrics_server is not None:
@@ -105,3 +169,16 @@ class Agent:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def _read_round(state_dir: Path) -> int:
+    try:
+        return int((state_dir / "round").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_round(state_dir: Path, round_: int) -> None:
+    tmp = state_dir / "round.tmp"
+    tmp.write_text(f"{round_}\n")
+    tmp.replace(state_dir / "round")

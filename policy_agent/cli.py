@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -41,6 +42,25 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set `stop`, in this process only.
+
+    Not loop.add_signal_handler: its wakeup socket is inherited by children that
+    libraries fork (pyroute2 does, to enter network namespaces), and a signal
+    such a child receives is then read by our loop as if the agent had got it:
+    the agent stopped in the middle of CNI ADDs. The pid check makes a forked
+    child's signal the child's business.
+    """
+    main_pid = os.getpid()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if os.getpid() == main_pid:
+            loop.call_soon_threadsafe(stop.set)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from packetin.model import Category
     from policy_agent.agent import Agent
@@ -58,9 +78,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        install_stop_signals(asyncio.get_running_loop(), stop)
         agent = Agent(cfg, handlers)
         await agent.run(stop)
         logging.getLogger("npaudit").info("stopped cleanly: %s", json.dumps(agent.demux.stats()))
@@ -98,6 +116,45 @@ def cmd_ovs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_apply(args: argparse.Namespace) -> int:
+    from policy_agent.local_api import call
+
+    cfg = _load_config(args.config)
+    path = Path(args.filename)
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+        text = "\n---\n".join(f.read_text() for f in files)
+    elif args.filename == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            print(f"error: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            return 1
+    try:
+        reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": str(path)})
+    except OSError as exc:
+        print(f"error: agent API at {cfg.api_socket} unreachable: {exc}", file=sys.stderr)
+        return 1
+    if not reply.get("ok"):
+        for line in reply.get("errors", []):
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    done = reply.get(args.op, {})
+    print(f"{args.op}: " + ", ".join(f"{n} {k}" for k, n in done.items() if n) + f" ({reply.get('rules')} rules active)")
+    return 0
+
+
+def cmd_cni(args: argparse.Namespace) -> int:
+    # The runtime's protocol: CNI_* environment, netconf on stdin, result or error JSON on stdout.
+    import os
+
+    from policy_agent.cni.plugin import run
+
+    return run(os.environ, sys.stdin.buffer.read(), sys.stdout)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from policy_agent.demo import run_demo
 
@@ -125,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--netns", help="override ovs.netns ('' = current namespace)")
     o.add_argument("--purge", action="store_true", help="with down: delete the run directory too")
     o.set_defaults(func=cmd_ovs)
+
+    for op in ("apply", "delete"):
+        ap = sub.add_parser(op, help=f"{op} manifests (file, directory or '-') on the running agent")
+        ap.add_argument("-f", "--filename", required=True)
+        ap.add_argument("--config", help="the agent's config (for its state_dir)")
+        ap.set_defaults(func=cmd_apply, op=op)
+
+    n = sub.add_parser("cni", help="CNI plugin (ADD/DEL/CHECK/VERSION from CNI_* env and stdin), "
+                                   "forwarded to the agent's CNI socket")
+    n.set_defaults(func=cmd_cni)
 
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")

@@ -130,6 +130,36 @@ class PacketInConfig:
 
 
 @dataclass(frozen=True)
+class MeterLimit:
+    # OVS meter: packet-ins per second and burst, enforced in the datapath.
+    rate: int = field(default=1000, metadata=_check(_positive))
+    burst: int = field(default=200, metadata=_check(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
+
+
+@dataclass(frozen=True)
+class MetersConfig:
+    # One meter per category and disposition class: a drop flood starves
+    # neither allow records nor traceflow (DESIGN.md §3).
+    policy_allow: MeterLimit = MeterLimit()
+    policy_deny: MeterLimit = MeterLimit()  # Drop, Reject, Pass
+    traceflow: MeterLimit = MeterLimit(rate=100, burst=50)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # A directory of manifests the agent loads at start and re-reads when a file
+    # changes ("" = none). `npaudit apply -f` works in either case.
+    manifest_dir: str = ""
+    poll_interval: float = field(default=2.0, metadata=_check(_positive))
+
+
+@dataclass(frozen=True)
+class CniConfig:
+    # Serve CNI ADD/DEL/CHECK for `npaudit cni` on <state_dir>/cni.sock.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     # Prometheus endpoint, HOST:PORT; "" disables it.
     listen: str = field(default="127.0.0.1:9495", metadata=_check(_listen))
@@ -142,10 +172,23 @@ class AgentConfig:
     # Cluster name written into records; "" = omitted.
     cluster_name: str = ""
     log_level: str = field(default="info", metadata=_check(_one_of("debug", "info", "warning", "error")))
+    # The agent's own state: local API and CNI sockets (0600), agent round, IPAM data.
+    state_dir: str = "/var/run/npaudit"
     ovs: OvsConfig = OvsConfig()
     openflow: OpenFlowConfig = OpenFlowConfig()
     packetin: PacketInConfig = PacketInConfig()
+    meters: MetersConfig = MetersConfig()
+    policy: PolicyConfig = PolicyConfig()
+    cni: CniConfig = CniConfig()
     metrics: MetricsConfig = MetricsConfig()
+
+    @property
+    def api_socket(self) -> Path:
+        return Path(self.state_dir) / "api.sock"
+
+    @property
+    def cni_socket(self) -> Path:
+        return Path(self.state_dir) / "cni.sock"
 
     @property
     def node(self) -> str:

@@ -8,6 +8,10 @@ client fails fast ("connection refused") instead of waiting for a timeout.
 from __future__ import annotations
 
 import struct
+from typing import Any, Callable
+
+from packetin.messages import packet_out
+from packetin.model import Flags, PacketIn
 
 ICMP_UNREACHABLE = 3
 ICMP_ADMIN_PROHIBITED = 13
@@ -63,3 +67,30 @@ def build_reject(frame: bytes) -> bytes | None:
     icmp = struct.pack("!BBHI", ICMP_UNREACHABLE, ICMP_ADMIN_PROHIBITED, 0, 0) + quoted
     icmp = icmp[:2] + struct.pack("!H", _checksum(icmp)) + icmp[4:]
     return eth + _ipv4(dst, src, 1, icmp)
+
+
+class RejectResponder:
+    """Category-0 subscriber: answers Reject packet-ins, then hands logged ones on.
+
+    `send` is the channel's fire-and-forget send (a packet-out); `then` is the
+    audit subscriber (or None). Reject answers do not depend on logging.
+    """
+
+    def __init__(self, send: Callable[[Any], int], then: Callable[[PacketIn], None] | None) -> None:
+        self._send = send
+        self._then = then
+        self.answered = 0
+        self.unanswerable = 0
+
+    def __call__(self, pin: PacketIn) -> None:
+        ud = pin.parsed_userdata
+        flags = ud.flags if ud is not None else 0
+        if flags & Flags.REJECT and pin.in_port is not None:
+            answer = build_reject(pin.packet)
+            if answer is None:
+                self.unanswerable += 1
+            else:
+                self._send(packet_out(answer, pin.in_port))
+                self.answered += 1
+        if self._then is not None and (ud is None or flags & Flags.LOG):
+            self._then(pin)

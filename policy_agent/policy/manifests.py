@@ -364,7 +364,9 @@ def _k8s_policy(doc: dict[Any, Any], errs: Errs) -> Policy:
 def _antrea_policy(doc: dict[Any, Any], errs: Errs, kind: PolicyKind) -> Policy:
     name, namespace, *_ = _meta(doc, kind.value, errs)
     spec = _fields(doc.get("spec"), "spec", errs, {"tier", "priority", "appliedTo", "ingress", "egress"},
-                   required=("priority",)) or {}
+                   required=("priority",))
+    if spec is None:
+        return Policy(kind=kind, name=name)
     tier = _str(spec.get("tier"), "spec.tier", errs) or DEFAULT_TIER
     tier = _LEGACY_TIER_NAMES.get(tier, tier)
     priority = _number(spec.get("priority"), "spec.priority", errs, 1.0, 10000.0)
@@ -460,7 +462,7 @@ def _applied_to(raw: Any, path: str, errs: Errs, kind: PolicyKind | None) -> tup
         if kind is PolicyKind.ANP and d.get("namespaceSelector") is not None:
             errs.append((f"{p}.namespaceSelector", "not allowed in an Antrea NetworkPolicy, which applies "
                                                    "only in its own Namespace"))
-        if d.get("podSelector") is None and d.get("namespaceSelector") is None:
+        if d.get("podSelector") is None and d.get("namespaceSelector") is None and len(d) == len(item):
             errs.append((p, "must set podSelector or namespaceSelector"))
         out.append(AppliedTo(pod_selector=_selector(d.get("podSelector"), f"{p}.podSelector", errs),
                              namespace_selector=_selector(d.get("namespaceSelector"),
@@ -474,7 +476,7 @@ def _peer(raw: Any, path: str, errs: Errs, antrea: bool) -> Peer | None:
     if d is None:
         return None
     present = sorted(k for k, v in d.items() if v is not None)
-    if not present:
+    if not present and len(d) == len(raw):  # a misspelt field was already reported
         errs.append((path, f"must set one of {', '.join(sorted(fields))}"))
     if "ipBlock" in present and len(present) > 1:
         errs.append((path, f"ipBlock cannot be combined with {', '.join(k for k in present if k != 'ipBlock')}"))
@@ -532,7 +534,7 @@ def _ip_block(raw: Any, path: str, errs: Errs) -> IPBlock | None:
     d = _fields(raw, path, errs, {"cidr", "except"}, required=("cidr",))
     if d is None:
         return None
-    net = _cidr(d.get("cidr"), f"{path}.cidr", errs)
+    net = _cidr(d["cidr"], f"{path}.cidr", errs) if d.get("cidr") is not None else None
     excepts = []
     for i, e in _items(d.get("except"), f"{path}.except", errs):
         p = f"{path}.except[{i}]"
@@ -591,7 +593,9 @@ def _fields(raw: Any, path: str, errs: Errs, allowed: set[str],
             required: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """The mapping at `path`; unknown keys are errors so a typo never widens a policy."""
     if not isinstance(raw, dict):
-        errs.append((path, "required" if raw is None else f"must be a mapping, got {_type(raw)}"))
+        # A null list item is a wrong value, not a missing field.
+        missing = raw is None and not path.endswith("]")
+        errs.append((path, "required" if missing else f"must be a mapping, got {_type(raw)}"))
         return None
     for key in raw:
         if key not in allowed:
@@ -719,10 +723,13 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+_TYPE_NAMES = {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
+               float: "number", type(None): "null"}
+
+
 def _type(value: Any) -> str:
-    names = {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
-             float: "number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
+    """YAML's name for a value's type, as users see it in their manifests."""
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def _show(value: Any) -> str:

@@ -1,0 +1,89 @@
+"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode.
+
+Same framing as the CNI socket (4-byte length + JSON). A manifest set is
+validated as a whole before anything is applied: one bad object rejects the
+set, names the object and field, and leaves the agent as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from policy_agent.cni.wire import WireError, read_message, recv_message, send_message, write_message
+from policy_agent.engine import PolicyEngine
+from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
+
+log = logging.getLogger(__name__)
+
+
+def counts(objs: ObjectSet) -> dict[str, int]:
+    return {"namespaces": len(objs.namespaces), "pods": len(objs.pods), "tiers": len(objs.tiers),
+            "policies": len(objs.policies)}
+
+
+class LocalApi:
+    def __init__(self, socket_path: Path, engine: PolicyEngine) -> None:
+        self.socket_path = socket_path
+        self._engine = engine
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        old = os.umask(0o177)  # the socket is born 0600: no window where others could connect
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        finally:
+            os.umask(old)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        self.socket_path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                request = await read_message(reader)
+                response = await self.handle(request)
+            except WireError as exc:
+                response = {"ok": False, "errors": [str(exc)]}
+            await write_message(writer, response)
+        except Exception:  # one bad client must not take the API down
+            log.warning("local API request failed", exc_info=True)
+        finally:
+            writer.close()
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op not in ("apply", "delete"):
+            return {"ok": False, "errors": [f"op: must be apply or delete, got {op!r}"]}
+        text = request.get("manifests")
+        if not isinstance(text, str):
+            return {"ok": False, "errors": ["manifests: must be a string"]}
+        try:
+            objs = load_text(text, str(request.get("source") or "<request>"))
+        except ManifestError as exc:
+            return {"ok": False, "errors": exc.errors}
+        if op == "apply":
+            await self._engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+        else:
+            await self._engine.delete(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+        log.info("%s from %s: %s", op, request.get("source"), counts(objs))
+        return {"ok": True, op: counts(objs), "rules": len(self._engine.registry)}
+
+
+def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Client side (the CLI)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        send_message(sock, request)
+        return recv_message(sock)

@@ -1,0 +1,94 @@
+"""A watched manifest directory: loaded at start, re-read when any file in it changes.
+
+A change that does not validate is reported (naming object and field) and the
+previous set stays in force; a valid one is applied, and objects that left the
+directory are deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from policy_agent.engine import PolicyEngine
+from policy_agent.policy.manifests import ManifestError, ObjectSet, load_path
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        files = sorted(f for f in directory.iterdir() if f.suffix in _SUFFIXES and f.is_file())
+    except OSError:
+        return ()
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+class ManifestDirectory:
+    def __init__(self, directory: Path, engine: PolicyEngine, poll_interval: float) -> None:
+        self.directory = directory
+        self._engine = engine
+        self._interval = poll_interval
+        self._applied = ObjectSet()
+        self._seen: tuple[tuple[str, int, int], ...] | None = None
+        self.errors: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def sync(self) -> bool:
+        """Load the directory if it changed; True when a new set was applied."""
+        fingerprint = _fingerprint(self.directory)
+        if fingerprint == self._seen:
+            return False
+        self._seen = fingerprint
+        try:
+            objs = await asyncio.to_thread(load_path, self.directory)
+        except ManifestError as exc:
+            self.errors = exc.errors
+            for line in exc.errors:
+                log.error("manifest directory %s rejected, previous policy stays: %s", self.directory, line)
+            return False
+        self.errors = []
+        old = self._applied
+
+        def gone(before: tuple, after: tuple, key) -> list:  # type: ignore[no-untyped-def]
+            keep = {key(o) for o in after}
+            return [o for o in before if key(o) not in keep]
+
+        await self._engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+        await self._engine.delete(gone(old.namespaces, objs.namespaces, lambda o: o.name),
+                                  gone(old.pods, objs.pods, lambda o: o.key),
+                                  gone(old.tiers, objs.tiers, lambda o: o.name),
+                                  gone(old.policies, objs.policies, lambda o: o.key))
+        self._applied = objs
+        log.info("manifest directory %s: %d policies, %d pods, %d namespaces", self.directory,
+                 len(objs.policies), len(objs.pods), len(objs.namespaces))
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="manifest-dir")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.sync()
+            except Exception:  # keep watching: the next change may fix it
+                log.exception("manifest directory %s: sync failed", self.directory)

@@ -1,0 +1,210 @@
+"""A one-node cluster for end-to-end tests: the real agent process, Pods made through `npaudit cni`,
+servers and probes inside the Pods' network namespaces.
+
+Everything is named with a random tag and removed by that name (namespaces) or
+pid (processes) at the end, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+SUBNET = "10.246.0.0/24"
+GATEWAY = "10.246.0.1"
+SERVER_PORTS = (80, 81)
+UDP_PORT = 53
+
+# Listens on TCP 80, 81 and UDP 53 (echo) inside a Pod namespace until killed.
+SERVER = r"""
+import socket, threading
+def tcp(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(128)
+    while True:
+        c, _ = s.accept(); c.close()
+def udp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", port))
+    while True:
+        data, peer = s.recvfrom(2048); s.sendto(data, peer)
+for p in (80, 81):
+    threading.Thread(target=tcp, args=(p,), daemon=True).start()
+threading.Thread(target=udp, args=(53,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+# Probes targets concurrently; prints {"ip:port/proto": "connected"|"refused"|"timeout"|...}.
+PROBER = r"""
+import json, socket, sys, concurrent.futures as cf
+timeout = float(sys.argv[1])
+def probe(t):
+    addr, proto = t.split("/"); ip, port = addr.rsplit(":", 1)
+    if proto == "tcp":
+        s = socket.socket(); s.settimeout(timeout)
+        try:
+            s.connect((ip, int(port))); return "connected"
+        except ConnectionRefusedError: return "refused"
+        except socket.timeout: return "timeout"
+        except OSError as e: return "error:%d" % e.errno
+        finally: s.close()
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(timeout)
+    try:
+        s.sendto(b"probe", (ip, int(port))); s.recvfrom(64); return "connected"
+    except socket.timeout: return "timeout"
+    except OSError as e: return "refused" if e.errno in (111, 113) else "error:%d" % e.errno
+    finally: s.close()
+targets = sys.argv[2:]
+with cf.ThreadPoolExecutor(32) as ex:
+    print(json.dumps(dict(zip(targets, ex.map(probe, targets)))))
+"""
+
+
+def _npaudit(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], input=stdin, env=env,
+                          capture_output=True, timeout=timeout)
+
+
+@dataclass
+class PodHandle:
+    namespace: str
+    name: str
+    netns: str
+    container_id: str
+    ip: str
+    mac: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Cluster:
+    """The agent (embedded OVS in its own namespace) plus Pods on it."""
+
+    def __init__(self) -> None:
+        self.tag = secrets.token_hex(3)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"npe-{self.tag}-", dir="/tmp"))
+        self.state = self.dir / "state"
+        self.tap = self.dir / "tap.jsonl"
+        self.config = self.dir / "agent.yaml"
+        self.config.write_text(
+            f"state_dir: {self.state}\n"
+            f"ovs:\n  run_dir: {self.dir / 'ovs'}\n  netns: npe-{self.tag}\n"
+            f"metrics:\n  listen: ''\n"
+            f"packetin:\n  tap: {self.tap}\n")
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.pods: dict[str, PodHandle] = {}
+        self._servers: list[subprocess.Popen[bytes]] = []
+        self._netns: list[str] = []
+        self._log = open(self.dir / "agent.log", "wb")
+
+    # --- agent -----------------------------------------------------------------------
+
+    def start(self, timeout: float = 30) -> None:
+        self.agent = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "agent", "--config",
+                                       str(self.config)], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not (self.state / "api.sock").exists():
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"agent did not start:\n{self.log()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        self._log.flush()
+        return (self.dir / "agent.log").read_text(errors="replace")
+
+    def apply(self, manifests: str, op: str = "apply") -> None:
+        path = self.dir / f"m-{secrets.token_hex(3)}.yaml"
+        path.write_text(manifests)
+        res = _npaudit(op, "-f", str(path), "--config", str(self.config))
+        if res.returncode != 0:
+            raise AssertionError(f"npaudit {op} failed: {res.stderr.decode()}")
+
+    # --- Pods ------------------------------------------------------------------------
+
+    def netconf(self) -> bytes:
+        return json.dumps({
+            "cniVersion": "1.0.0", "name": "npaudit", "type": "npaudit",
+            "agentSocket": str(self.state / "cni.sock"),
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+                     "dataDir": str(self.dir / "ipam")}}).encode()
+
+    def cni(self, command: str, pod: PodHandle) -> subprocess.CompletedProcess[bytes]:
+        env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=pod.container_id,
+                   CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
+                   CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
+        return _npaudit("cni", env=env, stdin=self.netconf())
+
+    def new_netns(self) -> str:
+        netns = f"npe-{self.tag}-{len(self._netns)}"
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+        self._netns.append(netns)
+        return netns
+
+    def add_pod(self, namespace: str, name: str, server: bool = True, netns: str | None = None) -> PodHandle:
+        netns = netns or self.new_netns()
+        pod = PodHandle(namespace, name, netns, f"c{self.tag}{len(self.pods)}", "")
+        self.pods[pod.ref] = pod
+        res = self.cni("ADD", pod)
+        if res.returncode != 0:
+            raise AssertionError(f"CNI ADD {pod.ref} failed: {res.stdout.decode()}\n{self.log()}")
+        result = json.loads(res.stdout)
+        pod.ip = result["ips"][0]["address"].split("/")[0]
+        pod.mac = next(i["mac"] for i in result["interfaces"] if i.get("sandbox"))
+        if server:
+            self.serve(pod)
+        return pod
+
+    def serve(self, pod: PodHandle) -> None:
+        proc = subprocess.Popen(["ip", "netns", "exec", pod.netns, sys.executable, "-c", SERVER],
+                                stdout=subprocess.PIPE)
+        self._servers.append(proc)
+        if proc.stdout is None or proc.stdout.readline().strip() != b"ready":
+            raise AssertionError(f"server in {pod.ref} did not start")
+
+    def probe(self, src: str, targets: Iterable[str], timeout: float = 1.0) -> dict[str, str]:
+        pod = self.pods[src]
+        res = subprocess.run(["ip", "netns", "exec", pod.netns, sys.executable, "-c", PROBER, str(timeout),
+                              *targets], capture_output=True, timeout=60)
+        return json.loads(res.stdout)
+
+    def tap_lines(self) -> list[dict]:
+        if not self.tap.exists():
+            return []
+        return [json.loads(line) for line in self.tap.read_text().splitlines() if line.strip()]
+
+    # --- teardown --------------------------------------------------------------------
+
+    def close(self) -> None:
+        for proc in self._servers:
+            proc.kill()
+            proc.wait()
+        for pod in list(self.pods.values()):
+            if self.agent is not None and self.agent.poll() is None:
+                self.cni("DEL", pod)
+        for netns in self._netns:
+            subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            try:
+                self.agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+        _npaudit("ovs", "down", "--config", str(self.config))
+        self._log.close()
+        if not os.environ.get("NPAUDIT_KEEP_E2E"):
+            shutil.rmtree(self.dir, ignore_errors=True)

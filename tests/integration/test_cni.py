@@ -1,0 +1,287 @@
+"""The real `npaudit cni` plugin against a CniServer + PodInterfaces on a private OVS, host-local IPAM and netns."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Coroutine, Iterator
+
+import pytest
+
+from policy_agent.cni.pod_interfaces import PodInterfaceInfo, PodInterfaces, host_ifname, mac_for_ip
+from policy_agent.cni.server import CniServer
+from policy_agent.ovs_embedded import netns_exists
+
+from tests.integration.conftest import BRIDGE, OvsEnv
+
+SUBNET = ipaddress.ip_network("10.245.0.0/24")
+GATEWAY = "10.245.0.1"
+HOOK_DELAY = 0.3  # a slow policy realisation: the plugin has to wait for it
+
+# pyroute2 forks a short-lived child to open a netlink socket inside a namespace;
+# eventlet (imported by the ovs library's probe, never used) warns on every fork.
+pytestmark = pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
+
+
+class RecordingHooks:
+    """The agent's side, recording what it was told and whether the plugin was still waiting."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, PodInterfaceInfo, float, bool | None]] = []
+        self.plugin: subprocess.Popen[bytes] | None = None
+        self.fail_add: Exception | None = None
+
+    async def pod_added(self, info: PodInterfaceInfo) -> None:
+        await asyncio.sleep(HOOK_DELAY)
+        waiting = self.plugin is not None and self.plugin.poll() is None
+        self.events.append(("added", info, time.monotonic(), waiting))
+        if self.fail_add is not None:
+            raise self.fail_add
+
+    async def pod_deleted(self, info: PodInterfaceInfo) -> None:
+        self.events.append(("deleted", info, time.monotonic(), None))
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self.events]
+
+
+class LoopThread:
+    """The agent's event loop in a thread; the test drives the plugin synchronously."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 15.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@dataclass
+class Call:
+    rc: int
+    out: dict[str, Any] | None
+    stderr: str
+    done: float
+
+
+@dataclass
+class Rig:
+    ovs: OvsEnv
+    hooks: RecordingHooks
+    socket: Path
+    ipam_dir: Path
+    state_dir: Path
+    tag: str
+    loop: LoopThread
+    netns: list[str] = field(default_factory=list)
+    pods: PodInterfaces | None = None
+    server: CniServer | None = None
+
+    def start_agent(self) -> None:
+        """The agent's CNI side as the composition root builds it; state survives restarts."""
+        self.pods = PodInterfaces(self.ovs.db, BRIDGE, self.ovs.netns, self.state_dir, self.hooks)
+        self.server = CniServer(self.socket, self.pods)
+        self.loop.run(self.server.start())
+
+    def stop_agent(self) -> None:
+        if self.server is not None:
+            self.loop.run(self.server.close(grace=5.0))
+            self.server = None
+
+    def make_netns(self, name: str) -> str:
+        ns = f"npat-{self.tag}-{name}"
+        subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+        self.netns.append(ns)
+        return f"/run/netns/{ns}"
+
+    def netconf(self) -> dict[str, Any]:
+        return {"cniVersion": "1.0.0", "name": "npaudit", "type": "npaudit", "agentSocket": str(self.socket),
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": str(SUBNET), "gateway": GATEWAY}]],
+                         "dataDir": str(self.ipam_dir)}}
+
+    def cni(self, command: str, container_id: str, netns: str, pod: str = "web-0") -> Call:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+               "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
+               "CNI_PATH": "/usr/lib/cni",
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={pod}"}
+        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "cni"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.hooks.plugin = proc
+        out, err = proc.communicate(json.dumps(self.netconf()).encode(), timeout=30)
+        done = time.monotonic()
+        return Call(proc.returncode, json.loads(out) if out.strip() else None, err.decode(), done)
+
+    def allocated(self) -> set[str]:
+        """Addresses host-local holds (one file per address in its data dir)."""
+        d = self.ipam_dir / "npaudit"
+        return {p.name for p in d.iterdir() if _is_ip(p.name)} if d.exists() else set()
+
+    def ports(self) -> set[str]:
+        return set(self.ovs.db.api.list_ports(BRIDGE).execute(check_error=True))
+
+    def ofport(self, port: str) -> int:
+        got = self.ovs.db.api.db_get("Interface", port, "ofport").execute(check_error=True)
+        return int(got[0] if isinstance(got, list) else got)
+
+    def state_files(self) -> list[Path]:
+        d = self.state_dir / "containers"
+        return sorted(d.glob("*.json")) if d.exists() else []
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _ip_json(netns: str, *args: str) -> Any:
+    out = subprocess.run(["ip", "-j", "-n", netns, *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout or "[]")
+
+
+def _link_exists(netns: str, ifname: str) -> bool:
+    return subprocess.run(["ip", "-n", netns, "link", "show", ifname], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def rig(ovs_env: OvsEnv) -> Iterator[Rig]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"npc-{ovs_env.tag}-", dir="/tmp"))  # short AF_UNIX path
+    r = Rig(ovs=ovs_env, hooks=RecordingHooks(), socket=tmp / "run" / "cni.sock", ipam_dir=tmp / "ipam",
+            state_dir=tmp / "state", tag=secrets.token_hex(3), loop=LoopThread())
+    try:
+        r.start_agent()
+        yield r
+    finally:
+        with_errors = []
+        try:
+            r.stop_agent()
+        except Exception as exc:  # keep tearing down
+            with_errors.append(exc)
+        r.loop.stop()
+        # Deleting a Pod namespace also deletes its veth pair; OVS goes with ovs_env.
+        for ns in r.netns:
+            if netns_exists(ns):
+                subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not with_errors, with_errors
+
+
+def test_add_realises_policy_first_is_idempotent_and_del_releases_everything(rig: Rig) -> None:
+    netns = rig.make_netns("a")
+    add = rig.cni("ADD", "ctr-a", netns)
+    assert add.rc == 0, (add.out, add.stderr)
+    res = add.out
+    assert res is not None and res["cniVersion"] == "1.0.0"
+    (ip,) = res["ips"]
+    addr = ipaddress.ip_interface(ip["address"])
+    assert addr.ip in SUBNET and str(addr.ip) != GATEWAY and addr.network == SUBNET
+    assert ip["gateway"] == GATEWAY and ip["interface"] == 1
+    host_if = host_ifname("ctr-a")
+    assert res["interfaces"][0]["name"] == host_if
+    assert res["interfaces"][1] == {"name": "eth0", "mac": mac_for_ip(str(addr.ip)), "sandbox": netns}
+    assert {"dst": "0.0.0.0/0", "gw": GATEWAY} in res["routes"]
+
+    # The agent's hook ran, with the port already on the bridge, while the plugin still waited.
+    (kind, info, hook_done, plugin_waiting), = rig.hooks.events
+    assert kind == "added" and plugin_waiting is True and hook_done < add.done
+    assert (info.namespace, info.name, info.ip, info.prefix_len) == ("shop", "web-0", str(addr.ip), 24)
+    assert info.host_ifname == host_if and info.ofport == rig.ofport(host_if) > 0
+
+    # What a user sees in the Pod and on the bridge.
+    ns = netns.rsplit("/", 1)[1]
+    (link,) = _ip_json(ns, "addr", "show", "eth0")
+    assert link["address"] == info.mac == "02:00:0a:f5:00:%02x" % addr.ip.packed[3]
+    assert {(a["local"], a["prefixlen"]) for a in link["addr_info"] if a["family"] == "inet"} == {(str(addr.ip), 24)}
+    assert "UP" in link["flags"]
+    assert any(r["dst"] == "default" and r["gateway"] == GATEWAY for r in _ip_json(ns, "route"))
+    assert host_if in rig.ports() and _link_exists(rig.ovs.netns, host_if)
+    for where, ifname in ((ns, "eth0"), (rig.ovs.netns, host_if)):
+        offload = subprocess.run(["ip", "netns", "exec", where, "ethtool", "-k", ifname],
+                                 capture_output=True, text=True)
+        assert "tx-checksumming: off" in offload.stdout, (where, ifname)
+    assert rig.allocated() == {str(addr.ip)}
+
+    again = rig.cni("ADD", "ctr-a", netns)
+    assert again.rc == 0 and again.out == res
+    assert rig.hooks.kinds() == ["added"]  # nothing re-done
+
+    check = rig.cni("CHECK", "ctr-a", netns)
+    assert (check.rc, check.out) == (0, None), check.out
+
+    # An agent restart in between: it knows the Pod from its state directory.
+    rig.stop_agent()
+    rig.start_agent()
+    assert rig.pods is not None and [p.container_id for p in rig.pods.pods()] == ["ctr-a"]
+    delete = rig.cni("DEL", "ctr-a", netns)
+    assert (delete.rc, delete.out) == (0, None), delete.out
+    assert rig.hooks.kinds() == ["added", "deleted"]
+    assert host_if not in rig.ports()
+    assert not _link_exists(rig.ovs.netns, host_if) and not _link_exists(ns, "eth0")
+    assert rig.allocated() == set() and rig.state_files() == [] and rig.pods.pods() == []
+
+    # Runtimes repeat DEL, also after the namespace is gone.
+    assert (rig.cni("DEL", "ctr-a", netns).rc, rig.cni("DEL", "ctr-a", "").rc) == (0, 0)
+    assert rig.hooks.kinds() == ["added", "deleted"]
+
+
+def test_check_notices_a_missing_interface_and_pods_get_distinct_ips(rig: Rig) -> None:
+    b, c = rig.make_netns("b"), rig.make_netns("c")
+    add_b, add_c = rig.cni("ADD", "ctr-b", b, pod="b"), rig.cni("ADD", "ctr-c", c, pod="c")
+    assert add_b.rc == 0 and add_c.rc == 0, (add_b.out, add_c.out)
+    assert add_b.out is not None and add_c.out is not None
+    ip_b, ip_c = add_b.out["ips"][0]["address"], add_c.out["ips"][0]["address"]
+    assert ip_b != ip_c
+    assert rig.allocated() == {ip_b.split("/")[0], ip_c.split("/")[0]}
+    assert rig.cni("CHECK", "ctr-b", b).rc == 0
+
+    subprocess.run(["ip", "-n", b.rsplit("/", 1)[1], "link", "del", "eth0"], check=True)
+    check = rig.cni("CHECK", "ctr-b", b)
+    assert check.rc == 1 and check.out is not None
+    assert check.out["code"] == 999 and "eth0 is missing" in check.out["details"], check.out
+    assert rig.cni("CHECK", "ctr-c", c).rc == 0  # the other Pod is unaffected
+
+    # DEL still cleans up what is left (the port; the veth went with eth0).
+    assert rig.cni("DEL", "ctr-b", b).rc == 0
+    assert host_ifname("ctr-b") not in rig.ports() and host_ifname("ctr-c") in rig.ports()
+    assert rig.allocated() == {ip_c.split("/")[0]}
+
+
+def test_add_whose_hook_fails_leaves_nothing_behind(rig: Rig) -> None:
+    netns = rig.make_netns("d")
+    ns = netns.rsplit("/", 1)[1]
+    host_if = host_ifname("ctr-d")
+    rig.hooks.fail_add = RuntimeError("policy for shop/web-0 could not be realised")
+    add = rig.cni("ADD", "ctr-d", netns)
+    assert add.rc == 1 and add.out is not None
+    assert add.out["code"] == 999 and "could not be realised" in add.out["details"], add.out
+    # The hook's partial work is undone too.
+    assert rig.hooks.kinds() == ["added", "deleted"]
+    assert host_if not in rig.ports()
+    assert not _link_exists(rig.ovs.netns, host_if) and not _link_exists(ns, "eth0")
+    assert rig.allocated() == set() and rig.state_files() == []
+
+    # The runtime's retry then succeeds on the same namespace.
+    rig.hooks.fail_add = None
+    retry = rig.cni("ADD", "ctr-d", netns)
+    assert retry.rc == 0, retry.out
+    assert rig.cni("DEL", "ctr-d", netns).rc == 0
+    assert rig.allocated() == set()
