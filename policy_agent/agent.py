@@ -15,11 +15,13 @@ from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
 from packetin.model import Category
 from policy_agent import pipeline
+from policy_agent.applied_store import AppliedStore
 from policy_agent.config import AgentConfig, CategoryLimits
 from policy_agent.engine import PolicyEngine
 from policy_agent.local_api import LocalApi
 from policy_agent.manifest_source import ManifestDirectory
 from policy_agent.metrics import build_registry
+from policy_agent.policy.manifests import load_text
 from policy_agent.reject import RejectResponder
 from policy_agent.rules import RuleRegistry
 from policy_agent.ovs_embedded import EmbeddedOvs
@@ -112,6 +114,12 @@ class Agent:
                                        m.MeterSpec(pipeline.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
                                        m.MeterSpec(pipeline.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)])
         await self.engine.start()
+        store = AppliedStore(state_dir / "applied.yaml")
+        if len(store):
+            # What `npaudit apply` set up before a restart, back in force first.
+            objs = load_text(store.text(), str(store.path))
+            await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+            log.info("re-applied %d objects from %s", len(store), store.path)
         if cfg.policy.manifest_dir:
             self.manifests = ManifestDirectory(Path(cfg.policy.manifest_dir), self.engine, cfg.policy.poll_interval)
             await self.manifests.sync()
@@ -133,7 +141,7 @@ class Agent:
             await self.channel.delete_flows_by_cookie(previous << pipeline.COOKIE_ROUND_SHIFT, pipeline.ROUND_MASK)
         if self.cni is not None:
             await self.cni.start()
-        self.api = LocalApi(cfg.api_socket, self.engine)
+        self.api = LocalApi(cfg.api_socket, self.engine, store)
         await self.api.start()
         if self.manifests is not None:
             self.manifests.start()

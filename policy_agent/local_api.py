@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from policy_agent.applied_store import AppliedStore
 from policy_agent.cni.wire import WireError, read_message, recv_message, send_message, write_message
 from policy_agent.engine import PolicyEngine
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
@@ -27,9 +28,10 @@ def counts(objs: ObjectSet) -> dict[str, int]:
 
 
 class LocalApi:
-    def __init__(self, socket_path: Path, engine: PolicyEngine) -> None:
+    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None) -> None:
         self.socket_path = socket_path
         self._engine = engine
+        self._store = store
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -76,6 +78,8 @@ class LocalApi:
             await self._engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
         else:
             await self._engine.delete(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.record, op, text)
         log.info("%s from %s: %s", op, request.get("source"), counts(objs))
         return {"ok": True, op: counts(objs), "rules": len(self._engine.registry)}
 

@@ -121,6 +121,18 @@ class Cluster:
                 raise AssertionError(f"agent did not start:\n{self.log()}")
             time.sleep(0.05)
 
+    def stop_agent(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            if self.agent.wait(timeout=15) != 0:
+                raise AssertionError(f"agent exited with {self.agent.returncode}:\n{self.log()}")
+
+    def flows(self) -> list[str]:
+        """What OVS holds, through an independent client (ovs-ofctl)."""
+        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows",
+                              f"unix:{self.dir / 'ovs' / 'br-int.mgmt'}"], capture_output=True, text=True)
+        return [line for line in out.stdout.splitlines() if "cookie=" in line]
+
     def log(self) -> str:
         self._log.flush()
         return (self.dir / "agent.log").read_text(errors="replace")
