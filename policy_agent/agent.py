@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 class Agent:
     """One node agent. `handlers` maps a packet-in category to its subscriber."""
 
-    def __init__(self, config: AgentConfig, handlers: dict[int, Handler] | None = None) -> None:
+    def __init__(self, config: AgentConfig, handlers: dict[int, Handler] | None = None,
+                 rules: RuleRegistry | None = None) -> None:
         self.config = config
         self._handlers = dict(handlers or {})
         self.embedded: EmbeddedOvs | None = None
@@ -52,7 +53,7 @@ class Agent:
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self._metrics_server: Any = None
         self.datapath_type: str | None = None
-        self.rules = RuleRegistry()
+        self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
         self.engine: PolicyEngine | None = None
         self.reject = RejectResponder(self.channel.send_nowait, self._handlers.get(Category.POLICY))

@@ -1,9 +1,11 @@
-"""`npaudit demo`: the foundation end to end on a private OVS with real packets.
+"""`npaudit demo`: the embedded default end to end, with real packets.
 
-Two Pod namespaces on a private userspace bridge; hand-written logged flows
-stand in for compiled policy (the compiler is issue 3, audit records issue 4):
-ICMP a->b is allowed and logged, TCP a->b:80 is dropped and logged, UDP a->b:9
-is a traceflow-category copy. Each packet-in is printed live as a JSON line.
+A private OVS in a namespace of its own; the sample policies in config/samples
+(a logged securityops ClusterNetworkPolicy, a Kubernetes NetworkPolicy in the
+logging-enabled Namespace z, a custom Tier); Pods created through the real
+`npaudit cni` plugin; real TCP connections between them; each policy packet-in
+printed live as a JSON line with the rule that judged it. (The audit-record
+pipeline, issue 4, will turn these packet-ins into records.)
 """
 
 from __future__ import annotations
@@ -11,111 +13,147 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-from packetin import messages as m
-from packetin.model import Category, Disposition, Flags, Userdata
+from packetin.model import Category, PacketIn
 from policy_agent import config as config_mod
 from policy_agent.agent import Agent
-from policy_agent.podnet import PodNet, create_pod, delete_pod, set_neighbor
-from policy_agent.tap import JsonTap
+from policy_agent.policy.manifests import load_path
+from policy_agent.rules import RuleRegistry
+from policy_agent.tap import packet_in_summary
 
 log = logging.getLogger("npaudit.demo")
 
-RUN_DIR = "/var/run/npaudit/demo"
+BASE = Path("/var/run/npaudit/demo")
 OVS_NETNS = "npaudit-demo-ovs"
-METER_ALLOW, METER_DROP, METER_TRACEFLOW = 1, 2, 3
-RULE_ALLOW_ICMP, RULE_DROP_HTTP = 1000, 1001
+SAMPLES = Path(__file__).resolve().parent.parent / "config" / "samples"
+SUBNET, GATEWAY = "10.247.0.0/24", "10.247.0.1"
+PODS = (("x", "a"), ("x", "b"), ("y", "a"), ("z", "a"))
+# (from, to, port, what the policies say)
+PROBES = (
+    ("x/a", "y/a", 80, "dropped: securityops ClusterNetworkPolicy drop-x-a-to-y-http (logged, label x-a-to-y-http)"),
+    ("x/b", "y/a", 80, "allowed: the ClusterNetworkPolicy names x/a only"),
+    ("x/a", "z/a", 80, "allowed: K8s NetworkPolicy z/allow-x-to-a (logged: Namespace z has logging on)"),
+    ("y/a", "z/a", 80, "dropped: z/a is isolated by z/allow-x-to-a (logged)"),
+)
+SERVER = ("import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('0.0.0.0', 80)); s.listen(16)\nprint('ready', flush=True)\n"
+          "while True:\n    c, _ = s.accept(); c.close()\n")
 
 
-def demo_flows(a: PodNet, b: PodNet) -> tuple[list[m.MeterSpec], list[m.FlowSpec]]:
-    meters = [m.MeterSpec(METER_ALLOW, rate_pps=100, burst=20),
-              m.MeterSpec(METER_DROP, rate_pps=100, burst=20),
-              m.MeterSpec(METER_TRACEFLOW, rate_pps=10, burst=5)]
-    ip_ab = {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip}
+class RuleTap:
+    """Prints each policy packet-in with the rule it carries (from the agent's rule registry)."""
 
-    def logged(rule: int, disp: Disposition, meter: int) -> list[m.Action]:
-        flags = Flags.LOG | (Flags.REJECT if disp == Disposition.REJECT else 0)
-        ud = Userdata(category=Category.POLICY, flags=int(flags), rule_id=rule).encode()
-        return [m.SetField("reg7", int(disp)), m.SetField("reg6", rule), m.Controller(0, ud, meter)]
+    def __init__(self, rules: RuleRegistry) -> None:
+        self._rules = rules
 
-    flows = [
-        m.FlowSpec.make(0, 200, {**ip_ab, "ip_proto": 6, "tcp_dst": 80},
-                        logged(RULE_DROP_HTTP, Disposition.DROP, METER_DROP)),
-        m.FlowSpec.make(0, 150, {**ip_ab, "ip_proto": 1},
-                        [*logged(RULE_ALLOW_ICMP, Disposition.ALLOW, METER_ALLOW), m.Output(b.ofport)]),
-        m.FlowSpec.make(0, 140, {**ip_ab, "ip_proto": 17, "udp_dst": 9}, [
-            m.Controller(1, Userdata(category=Category.TRACEFLOW).encode(), METER_TRACEFLOW),
-            m.Output(b.ofport)]),
-        m.FlowSpec.make(0, 10, {"in_port": a.ofport}, [m.Output(b.ofport)]),
-        m.FlowSpec.make(0, 10, {"in_port": b.ofport}, [m.Output(a.ofport)]),
-    ]
-    return meters, flows
+    def __call__(self, pin: PacketIn) -> None:
+        line: dict[str, Any] = packet_in_summary(pin)
+        line.pop("packet", None)
+        frame = pin.packet
+        if len(frame) >= 38 and frame[12:14] == b"\x08\x00":
+            line["src"] = ".".join(str(b) for b in frame[26:30])
+            line["dst"] = ".".join(str(b) for b in frame[30:34])
+            line["dst_port"] = int.from_bytes(frame[36:38], "big")
+        rule = self._rules.get(pin.rule_id)
+        if rule is not None:
+            line["rule"] = {"ruleset": rule.ruleset, "name": rule.rule_name, "tier": rule.tier,
+                            "action": rule.action.value, "direction": rule.direction.value,
+                            "log_label": rule.log_label}
+        print(json.dumps(line), flush=True)
 
 
-def _traffic(a: PodNet, b: PodNet) -> None:
-    def inside(ns: str, *cmd: str) -> None:
-        subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, timeout=10)
+def _cni(command: str, netns: str, namespace: str, name: str, state: Path) -> dict[str, Any]:
+    netconf = {"cniVersion": "1.0.0", "name": "npaudit-demo", "type": "npaudit",
+               "agentSocket": str(state / "cni.sock"),
+               "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+                        "dataDir": str(BASE / "ipam")}}
+    env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=f"demo-{namespace}-{name}",
+               CNI_NETNS=f"/run/netns/{netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
+               CNI_ARGS=f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}")
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "cni"], input=json.dumps(netconf).encode(),
+                         env=env, capture_output=True, timeout=120)
+    if res.returncode != 0:
+        raise RuntimeError(f"CNI {command} {namespace}/{name}: {res.stdout.decode()}")
+    return json.loads(res.stdout) if res.stdout.strip() else {}
 
-    log.info("ping %s -> %s (allowed, logged)", a.ip, b.ip)
-    inside(a.netns, "ping", "-c", "3", "-i", "0.2", "-W", "1", b.ip)
-    log.info("TCP %s -> %s:80 (dropped, logged)", a.ip, b.ip)
-    inside(a.netns, sys.executable, "-c",
-           f"import socket; s=socket.socket(); s.settimeout(1.5)\n"
-           f"try: s.connect(('{b.ip}', 80))\nexcept OSError: pass")
-    log.info("UDP %s -> %s:9 (traceflow copy)", a.ip, b.ip)
-    inside(a.netns, sys.executable, "-c",
-           f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('{b.ip}', 9))")
+
+def _connect(netns: str, ip: str, port: int) -> str:
+    code = (f"import socket\ns=socket.socket(); s.settimeout(1.0)\n"
+            f"try:\n    s.connect(('{ip}', {port})); print('connected')\n"
+            f"except ConnectionRefusedError: print('refused')\nexcept OSError: print('timed out')\n")
+    res = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=10)
+    return res.stdout.strip()
 
 
 def run_demo(duration: float = 0.0, keep: bool = False) -> int:
+    state = BASE / "state"
     cfg = config_mod.AgentConfig(
-        ovs=config_mod.OvsConfig(run_dir=RUN_DIR, netns=OVS_NETNS),
+        state_dir=str(state),
+        ovs=config_mod.OvsConfig(run_dir=str(BASE / "ovs"), netns=OVS_NETNS),
         metrics=config_mod.MetricsConfig(listen=""),
     )
-    tap = JsonTap(sys.stdout)
-    agent = Agent(cfg, {Category.POLICY: tap, Category.TRACEFLOW: tap})
+    rules = RuleRegistry()
+    agent = Agent(cfg, {Category.POLICY: RuleTap(rules)}, rules=rules)
+    objs = load_path(SAMPLES)
+    netns_made: list[str] = []
+    servers: list[subprocess.Popen[bytes]] = []
 
     async def main() -> None:
         await agent.start()
-        db = agent.ovsdb
-        if db is None:
-            raise RuntimeError("agent started without an OVSDB connection")
-        pods: list[PodNet] = []
+        if agent.engine is None:
+            raise RuntimeError("the agent started without its policy engine")
+        pods: dict[str, str] = {}
         try:
-            a = await asyncio.to_thread(create_pod, db, cfg.ovs.bridge, netns="npaudit-demo-a",
-                                        host_if="npd-a", ip_cidr="10.244.0.2/24",
-                                        mac="02:00:0a:f4:00:02", ofport=1, ovs_netns=OVS_NETNS)
-            pods.append(a)
-            b = await asyncio.to_thread(create_pod, db, cfg.ovs.bridge, netns="npaudit-demo-b",
-                                        host_if="npd-b", ip_cidr="10.244.0.3/24",
-                                        mac="02:00:0a:f4:00:03", ofport=2, ovs_netns=OVS_NETNS)
-            pods.append(b)
-            set_neighbor(a, b)
-            set_neighbor(b, a)
-            meters, flows = demo_flows(a, b)
-            await agent.channel.install_meters(meters)
-            await agent.channel.install_flows(flows)
-            log.info("installed %d meters and %d flows (meters %s); packet-ins follow as JSON lines",
-                     len(meters), len(flows),
-                     "supported" if agent.channel.meter_support and agent.channel.meter_support.supported
-                     else "NOT supported")
-            await asyncio.to_thread(_traffic, a, b)
-            await asyncio.sleep(0.5 + duration)
+            await agent.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+            log.info("applied %s: %d policies, %d rules realised", SAMPLES, len(objs.policies), len(agent.rules))
+            for ns, name in PODS:
+                netns = f"npaudit-demo-{ns}-{name}"
+                subprocess.run(["ip", "netns", "add", netns], check=True)
+                netns_made.append(netns)
+                result = await asyncio.to_thread(_cni, "ADD", netns, ns, name, state)
+                pods[f"{ns}/{name}"] = result["ips"][0]["address"].split("/")[0]
+                log.info("Pod %s/%s: %s (CNI ADD returned after its policy was in OVS)", ns, name,
+                         pods[f"{ns}/{name}"])
+            for ref in ("y/a", "z/a"):
+                proc = subprocess.Popen(["ip", "netns", "exec", f"npaudit-demo-{ref.replace('/', '-')}",
+                                         sys.executable, "-c", SERVER], stdout=subprocess.PIPE)
+                servers.append(proc)
+                if proc.stdout is not None:
+                    proc.stdout.readline()
+            log.info("policy packet-ins follow as JSON lines")
+            for src, dst, port, why in PROBES:
+                got = await asyncio.to_thread(_connect, f"npaudit-demo-{src.replace('/', '-')}", pods[dst], port)
+                log.info("%s -> %s:%d %s (%s)", src, dst, port, got, why)
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(duration)
             await agent.demux.wait_idle()
-            log.info("packet-in counts per category: %s", json.dumps(agent.demux.stats()))
+            log.info("packet-ins per category: %s", json.dumps(agent.demux.stats()))
         finally:
-            await agent.stop()
+            for proc in servers:
+                proc.kill()
+                proc.wait()
             if not keep:
-                for pod in pods:
-                    delete_pod(None, cfg.ovs.bridge, pod, ovs_netns=OVS_NETNS)
-                if agent.embedded is not None:
-                    agent.embedded.down()
+                for ns, name in PODS:
+                    if f"{ns}/{name}" in pods:
+                        await asyncio.to_thread(_cni, "DEL", f"npaudit-demo-{ns}-{name}", ns, name, state)
+            await agent.stop()
 
     start = time.monotonic()
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        if not keep:
+            for netns in netns_made:
+                subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+            if agent.embedded is not None:
+                agent.embedded.down()
     log.info("demo finished in %.1fs%s", time.monotonic() - start,
-             " (left running: npaudit ovs down --run-dir " + RUN_DIR + ")" if keep else "")
+             f" (left running: npaudit ovs down --run-dir {BASE / 'ovs'} --netns {OVS_NETNS})" if keep else "")
     return 0
