@@ -1,8 +1,9 @@
-"""Pod-like network namespaces on veth pairs attached to the bridge (demo and tests).
+"""Pod-like network namespaces on veth pairs attached to the bridge, for tests and benches.
 
-The CNI server (issue 3) will create Pod interfaces itself; until then the demo
-and the integration tests wire namespaces with this. Everything it creates is
-named by the caller and removed by that name.
+Real Pods come through the CNI path (policy_agent/cni/); this wires a namespace
+straight onto the bridge with no policy involved, which is what the packet-in
+tests and the throughput bench want. Everything it creates is named by the
+caller and removed by that name.
 """
 
 from __future__ import annotations
