@@ -331,3 +331,34 @@ def test_zero_escape_for_pods_created_under_deny_all_egress(cluster: Cluster) ->
         lproc.wait(timeout=10)
     # Exactly the control packet arrived: nothing from the 50 Pods under deny-all.
     assert count_file.read_text() == "1", f"{int(count_file.read_text()) - 1} packets escaped"
+
+
+def test_an_invalid_manifest_set_is_rejected_whole_and_the_agent_keeps_enforcing(cluster: Cluster) -> None:
+    antrea_case_pods(cluster)
+    server = cluster.add_pod("y", "a")
+    client = cluster.add_pod("x", "a", server=False)
+    bad_set = textwrap.dedent("""
+        apiVersion: networking.k8s.io/v1
+        kind: NetworkPolicy
+        metadata: {name: deny-all-ingress, namespace: y}
+        spec:
+          podSelector: {}
+        ---
+        apiVersion: crd.antrea.io/v1beta1
+        kind: ClusterNetworkPolicy
+        metadata: {name: typo}
+        spec:
+          priority: 1
+          appliedTo: [{podSelector: {}}]
+          ingress:
+          - action: Deny
+    """)
+    path = cluster.dir / "bad.yaml"
+    path.write_text(bad_set)
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "apply", "-f", str(path), "--config",
+                          str(cluster.config)], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "ClusterNetworkPolicy/typo" in res.stderr and "spec.ingress[0].action" in res.stderr, res.stderr
+    # Nothing of the set was applied: the valid deny-all in it did not take effect.
+    assert cluster.probe(client.ref, [f"{server.ip}:80/tcp"]) == {f"{server.ip}:80/tcp": "connected"}
+    assert cluster.agent is not None and cluster.agent.poll() is None
