@@ -61,6 +61,8 @@ class Agent:
         self.api: LocalApi | None = None
         self.cni: Any = None
         self.manifests: ManifestDirectory | None = None
+        self.k8s: Any = None
+        self._k8s_api: Any = None
 
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
@@ -113,7 +115,8 @@ class Agent:
                                    meter_specs=[
                                        m.MeterSpec(pipeline.METER_POLICY_ALLOW, mc.policy_allow.rate, mc.policy_allow.burst),
                                        m.MeterSpec(pipeline.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
-                                       m.MeterSpec(pipeline.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)])
+                                       m.MeterSpec(pipeline.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)],
+                                   pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None)
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):
@@ -121,6 +124,8 @@ class Agent:
             objs = load_text(store.text(), str(store.path))
             await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
             log.info("re-applied %d objects from %s", len(store), store.path)
+        if cfg.kubernetes.enabled:
+            await self._start_kubernetes()
         if cfg.policy.manifest_dir:
             self.manifests = ManifestDirectory(Path(cfg.policy.manifest_dir), self.engine, cfg.policy.poll_interval)
             await self.manifests.sync()
@@ -147,6 +152,19 @@ class Agent:
         if self.manifests is not None:
             self.manifests.start()
 
+    async def _start_kubernetes(self) -> None:
+        from policy_agent.k8s_source import KubernetesSource, api_client_from_config
+
+        kc = self.config.kubernetes
+        self._k8s_api = await asyncio.to_thread(api_client_from_config, kc.kubeconfig or None)
+        self.k8s = KubernetesSource(self._k8s_api, self.engine, node_name=self.config.node)
+        self.k8s.start()
+        try:
+            await asyncio.wait_for(self.k8s.synced.wait(), kc.sync_timeout)
+        except asyncio.TimeoutError:
+            log.warning("Kubernetes API not fully listed after %.0fs (%s); serving CNI anyway: "
+                        "Pods wait up to %.0fs for their labels", kc.sync_timeout, self.k8s.stats, kc.pod_wait)
+
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server
 
@@ -158,6 +176,9 @@ class Agent:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
         if self.manifests is not None:
             await self.manifests.close()
+        if self.k8s is not None:
+            await self.k8s.close()
+            await asyncio.to_thread(self._k8s_api.close)
         if self.api is not None:
             await self.api.close()
         if self.cni is not None:

@@ -23,11 +23,11 @@ from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, Namespace, Peer, Pod,
     Policy, PolicyKind, PortSpec, Rule,
 )
+from policy_agent.priorities import assign as assign_priorities
 from policy_agent.rules import RuleInfo, allocate_ids, rule_key
 
 # Above this many cross-product flows a rule is expressed with conjunction.
 CONJUNCTION_THRESHOLD = 64
-_TOP_PRIORITY = 60000
 _ISOLATION_PRIORITY = 100
 _PROTO = {"TCP": (6, "tcp_dst"), "UDP": (17, "udp_dst"), "SCTP": (132, "sctp_dst")}
 _DISPOSITION = {Action.ALLOW: Disposition.ALLOW, Action.DROP: Disposition.DROP,
@@ -59,6 +59,9 @@ class ClusterState:
 class Compiled:
     flows: list[m.FlowSpec]
     rules: dict[int, RuleInfo]
+    # table -> rule key -> OpenFlow priority; hand back to the next compile so
+    # unchanged rules keep their priority (and their flows stay untouched).
+    priorities: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,11 @@ def _tier_order(state: ClusterState, policy: Policy) -> tuple[int, float, int, s
             policy.namespace, policy.name)
 
 
-def compile_policies(state: ClusterState) -> Compiled:
-    """Every policy flow and the rule registry for `state` (Pod forwarding flows excluded)."""
+def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Compiled:
+    """Every policy flow and the rule registry for `state` (Pod forwarding flows excluded).
+
+    `previous` is the last Compiled.priorities: passing it keeps rules where they were.
+    """
     cookie = p.cookie(state.round_, p.COOKIE_KIND_POLICY)
     antrea = sorted((x for x in state.policies if x.kind != PolicyKind.K8S), key=lambda x: _tier_order(state, x))
     k8s = sorted((x for x in state.policies if x.kind == PolicyKind.K8S), key=lambda x: (x.namespace, x.name))
@@ -309,26 +315,34 @@ def compile_policies(state: ClusterState) -> Compiled:
 
     flows: list[m.FlowSpec] = []
     rules: dict[int, RuleInfo] = {}
-    next_prio = {t: _TOP_PRIORITY for t in (p.T_EGRESS, p.T_EGRESS_BASELINE, p.T_EGRESS_K8S,
-                                            p.T_INGRESS, p.T_INGRESS_BASELINE, p.T_INGRESS_K8S)}
     ns_logging = {name: ns.logging_enabled for name, ns in state.namespaces.items()}
 
+    # Which table each rule lands in, in evaluation order, then stable priorities.
+    placed: list[tuple[Policy, Rule, int, str, int]] = []
+    order: dict[int, list[str]] = {}
     for policy, rule, idx in entries:
         egress = rule.direction == Direction.EGRESS
-        name = rule.name or f"{rule.direction.value}-{idx}"
-        rid = ids[rule_key(policy, rule.direction, name)]
+        key = rule_key(policy, rule.direction, rule.name or f"{rule.direction.value}-{idx}")
         if policy.kind == PolicyKind.K8S:
             table = p.T_EGRESS_K8S if egress else p.T_INGRESS_K8S
+        else:
+            baseline = (policy.tier or DEFAULT_TIER) == BASELINE_TIER
+            table = (p.T_EGRESS_BASELINE if baseline else p.T_EGRESS) if egress else \
+                (p.T_INGRESS_BASELINE if baseline else p.T_INGRESS)
+        placed.append((policy, rule, idx, key, table))
+        order.setdefault(table, []).append(key)
+    priorities = {t: assign_priorities(keys, (previous or {}).get(t, {})) for t, keys in order.items()}
+
+    for policy, rule, idx, key, table in placed:
+        name = rule.name or f"{rule.direction.value}-{idx}"
+        rid = ids[key]
+        if policy.kind == PolicyKind.K8S:
             logged = ns_logging.get(policy.namespace, False)
             tier = ""
         else:
             tier = policy.tier or DEFAULT_TIER
-            baseline = tier == BASELINE_TIER
-            table = (p.T_EGRESS_BASELINE if baseline else p.T_EGRESS) if egress else \
-                (p.T_INGRESS_BASELINE if baseline else p.T_INGRESS)
             logged = rule.enable_logging
-        priority = next_prio[table]
-        next_prio[table] -= 1
+        priority = priorities[table][key]
         rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
@@ -356,4 +370,4 @@ def compile_policies(state: ClusterState) -> Compiled:
             actions, _ = _rule_actions(state, Action.DROP, rid, logged, table)
             flows.append(m.FlowSpec.make(table, _ISOLATION_PRIORITY, _applied_match(ep, direction), actions,
                                          cookie=cookie))
-    return Compiled(flows=flows, rules=rules)
+    return Compiled(flows=flows, rules=rules, priorities=priorities)

@@ -154,9 +154,38 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    # Take Namespaces, this node's Pods, NetworkPolicies, Antrea policies and
+    # Tiers from the Kubernetes API (list + watch) instead of standalone manifests.
+    enabled: bool = False
+    # kubeconfig file; "" = in-cluster service account (KUBERNETES_SERVICE_HOST).
+    kubeconfig: str = ""
+    # Seconds to wait for the first full list before serving CNI.
+    sync_timeout: float = field(default=60.0, metadata=_check(_positive))
+    # Seconds CNI ADD waits for its Pod object (labels) to arrive from the API:
+    # policy is never realised for a Pod whose labels are not known yet.
+    pod_wait: float = field(default=10.0, metadata=_check(_positive))
+
+
+@dataclass(frozen=True)
 class CniConfig:
     # Serve CNI ADD/DEL/CHECK for `npaudit cni` on <state_dir>/cni.sock.
     enabled: bool = True
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    # Write policy audit records (category 0 packet-ins) as JSON lines.
+    enabled: bool = True
+    path: str = "/var/log/npaudit/audit.jsonl"
+    # Size rotation (MiB), gzip of rotated files, keep this many and this many days.
+    max_size_mb: int = field(default=100, metadata=_check(_positive))
+    backups: int = field(default=10, metadata=_check(_positive))
+    max_age_days: int = field(default=28, metadata=_check(_positive))
+    # Aggregation window in seconds for Drop/Reject/Pass (0 = a record per packet).
+    window: float = field(default=1.0, metadata=_check(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
+    # Records waiting for the writer thread; a full queue drops and counts.
+    queue_size: int = field(default=100000, metadata=_check(_positive))
 
 
 @dataclass(frozen=True)
@@ -180,6 +209,8 @@ class AgentConfig:
     meters: MetersConfig = MetersConfig()
     policy: PolicyConfig = PolicyConfig()
     cni: CniConfig = CniConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    audit: AuditConfig = AuditConfig()
     metrics: MetricsConfig = MetricsConfig()
 
     @property

@@ -16,6 +16,7 @@ from packetin import messages as m
 from packetin.channel import OpenFlowChannel
 from policy_agent import pipeline as p
 from policy_agent.compiler import ClusterState, Endpoint, compile_policies
+from policy_agent.errors import AgentError
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
 from policy_agent.rules import RuleRegistry
 
@@ -24,11 +25,16 @@ log = logging.getLogger(__name__)
 FlowKey = tuple[Any, ...]
 
 
+class PodUnknown(AgentError):
+    """CNI ADD for a Pod whose object (labels) has not arrived."""
+
+
 class PolicyEngine:
     """Owns the policy state and the policy/Pod flows on one bridge."""
 
     def __init__(self, channel: OpenFlowChannel, registry: RuleRegistry, *, round_: int,
-                 meters: Callable[[], bool], meter_specs: Iterable[m.MeterSpec] = ()) -> None:
+                 meters: Callable[[], bool], meter_specs: Iterable[m.MeterSpec] = (),
+                 pod_wait: float | None = None) -> None:
         self._channel = channel
         self.registry = registry
         self.round_ = round_
@@ -39,9 +45,15 @@ class PolicyEngine:
         self.policies: dict[tuple[str, str, str], Policy] = {}
         self.tiers: dict[str, Tier] = {}
         self.endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._by_ip: dict[str, tuple[str, str]] = {}
+        self._priorities: dict[int, dict[str, int]] = {}
         self._policy_flows: dict[FlowKey, m.FlowSpec] = {}
         self._lock = asyncio.Lock()
         self.syncs = 0
+        # With a Kubernetes source, a Pod's labels arrive by watch and may trail its
+        # CNI ADD: wait this long for them rather than realise policy without them.
+        self._pod_wait = pod_wait
+        self._pods_changed = asyncio.Event()
 
     async def start(self) -> None:
         """Meters and the fixed pipeline (idempotent: flows are ADDs, meters add-or-modify)."""
@@ -58,6 +70,7 @@ class PolicyEngine:
                 self.namespaces[ns.name] = ns
             for pod in pods:
                 self.pods[pod.key] = pod
+                self._pods_changed.set()
                 ep = self.endpoints.get(pod.key)
                 if ep is not None:  # labels of a running Pod changed
                     self.endpoints[pod.key] = Endpoint(pod, ep.ip, ep.mac, ep.ofport)
@@ -85,12 +98,29 @@ class PolicyEngine:
     async def pod_added(self, info: Any) -> None:
         """Realise every policy that selects the Pod or names it, then let it forward."""
         key = (info.namespace, info.name)
+        if self._pod_wait is not None and key not in self.pods:
+            await self._wait_for_pod(key, self._pod_wait)
         pod = self.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
         async with self._lock:
             self.endpoints[key] = Endpoint(pod, info.ip, info.mac, info.ofport)
+            self._by_ip[info.ip] = key
             await self._sync()
             await self._channel.install_flows(p.pod_flows(self.round_, ip=info.ip, mac=info.mac,
                                                           ofport=info.ofport))
+
+    async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while key not in self.pods:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise PodUnknown(f"Pod {key[0]}/{key[1]} is not known to the agent after {timeout:.0f}s: "
+                                 "its labels decide its policy, so it gets no network yet (CNI will retry)")
+            self._pods_changed.clear()
+            try:
+                await asyncio.wait_for(self._pods_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
     async def pod_deleted(self, info: Any) -> None:
         """Stop forwarding first, then drop the Pod from policy."""
@@ -98,8 +128,13 @@ class PolicyEngine:
         async with self._lock:
             ep = self.endpoints.pop(key, None)
             if ep is not None:
+                self._by_ip.pop(ep.ip, None)
                 await self._channel.delete_flows(p.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
             await self._sync()
+
+    def by_ip(self, ip: str) -> tuple[str, str] | None:
+        """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
+        return self._by_ip.get(ip)
 
     # --- sync ------------------------------------------------------------------------
 
@@ -111,7 +146,7 @@ class PolicyEngine:
                             round_=self.round_)
 
     async def _sync(self) -> None:
-        compiled = compile_policies(self.state())
+        compiled = compile_policies(self.state(), self._priorities)
         desired = {f.key: f for f in compiled.flows}
         current = self._policy_flows
         add = [f for k, f in desired.items() if current.get(k) != f]
@@ -123,6 +158,7 @@ class PolicyEngine:
         if stale:
             await self._channel.delete_flows(stale)
         self._policy_flows = desired
+        self._priorities = compiled.priorities
         self.registry.replace(compiled.rules)
         self.syncs += 1
         log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(desired), len(add),

@@ -103,7 +103,8 @@ class Cluster:
             f"state_dir: {self.state}\n"
             f"ovs:\n  run_dir: {self.dir / 'ovs'}\n  netns: npe-{self.tag}\n"
             f"metrics:\n  listen: ''\n"
-            f"packetin:\n  tap: {self.tap}\n")
+            f"packetin:\n  tap: {self.tap}\n"
+            f"audit:\n  path: {self.dir / 'audit' / 'audit.jsonl'}\n")
         self.agent: subprocess.Popen[bytes] | None = None
         self.pods: dict[str, PodHandle] = {}
         self._servers: list[subprocess.Popen[bytes]] = []
@@ -192,6 +193,12 @@ class Cluster:
         res = subprocess.run(["ip", "netns", "exec", pod.netns, sys.executable, "-c", PROBER, str(timeout),
                               *targets], capture_output=True, timeout=60)
         return json.loads(res.stdout)
+
+    def audit_records(self) -> list[dict]:
+        path = self.dir / "audit" / "audit.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def tap_lines(self) -> list[dict]:
         if not self.tap.exists():

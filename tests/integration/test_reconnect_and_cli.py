@@ -73,7 +73,9 @@ def test_agent_cli_runs_exports_metrics_and_stops_on_sigterm(ovs_env: OvsEnv, tm
     cfg.write_text(
         f"ovs:\n  run_dir: {ovs_env.ovs.run_dir}\n  netns: {ovs_env.netns}\n  bridge: {BRIDGE}\n"
         f"metrics:\n  listen: 127.0.0.1:{port}\n"
-        f"packetin:\n  tap: {tmp_path / 'tap.jsonl'}\n")
+        f"packetin:\n  tap: {tmp_path / 'tap.jsonl'}\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"audit:\n  path: {tmp_path / 'audit' / 'audit.jsonl'}\n")
     check = subprocess.run([sys.executable, "-m", "policy_agent.cli", "check-config", str(cfg)],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr

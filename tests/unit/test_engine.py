@@ -1,0 +1,110 @@
+"""The engine's ordering and incrementality, against a channel that records what it is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from packetin import messages as m
+from policy_agent import pipeline
+from policy_agent.engine import PodUnknown, PolicyEngine
+from policy_agent.policy.model import (
+    Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy, PolicyKind, Rule,
+)
+from policy_agent.rules import RuleRegistry
+
+
+class RecordingChannel:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[m.FlowSpec]]] = []
+
+    async def install_flows(self, flows: list[m.FlowSpec]) -> None:
+        self.calls.append(("install", list(flows)))
+
+    async def delete_flows(self, flows: list[m.FlowSpec]) -> None:
+        self.calls.append(("delete", list(flows)))
+
+    async def install_meters(self, meters: list[m.MeterSpec]) -> None:
+        self.calls.append(("meters", []))
+
+
+@dataclass
+class Info:
+    namespace: str
+    name: str
+    ip: str
+    mac: str
+    ofport: int
+
+
+def drop_web(name: str = "drop-web", label: str = "web") -> Policy:
+    return Policy(PolicyKind.ACNP, name, tier="application", priority=1,
+                  applied_to=(AppliedTo(pod_selector=LabelSelector((("app", label),))),),
+                  rules=(Rule(Direction.INGRESS, Action.DROP),))
+
+
+def engine(pod_wait: float | None = None) -> tuple[PolicyEngine, RecordingChannel]:
+    ch = RecordingChannel()
+    return PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True, pod_wait=pod_wait), ch  # type: ignore[arg-type]
+
+
+def is_pod_flow(f: m.FlowSpec) -> bool:
+    return f.cookie == pipeline.cookie(3, pipeline.COOKIE_KIND_POD)
+
+
+def test_pod_policy_is_installed_before_its_forwarding_flows() -> None:
+    async def main() -> None:
+        eng, ch = engine()
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))], policies=[drop_web()])
+        ch.calls.clear()
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        kinds = [("pod" if any(is_pod_flow(f) for f in flows) else "policy", op) for op, flows in ch.calls]
+        assert kinds == [("policy", "install"), ("pod", "install")]
+        policy_flows = ch.calls[0][1]
+        assert any(("ipv4_dst", "10.0.0.2") in f.match for f in policy_flows)
+    asyncio.run(main())
+
+
+def test_adding_a_policy_sends_only_its_flows() -> None:
+    async def main() -> None:
+        eng, ch = engine()
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),)),
+                                                           Pod("x", "b", (("app", "db"),))], policies=[drop_web()])
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        await eng.pod_added(Info("x", "b", "10.0.0.3", "02:00:0a:00:00:03", 6))
+        ch.calls.clear()
+        await eng.apply(policies=[drop_web("drop-db", "db")])
+        assert [op for op, _ in ch.calls] == ["install"]
+        (_, flows), = ch.calls
+        assert flows and all(("ipv4_dst", "10.0.0.3") in f.match for f in flows)
+        ch.calls.clear()
+        await eng.delete(policies=[drop_web("drop-db", "db")])
+        assert [op for op, _ in ch.calls] == ["delete"]
+        assert {f.key for f in ch.calls[0][1]} == {f.key for f in flows}
+    asyncio.run(main())
+
+
+def test_with_a_kubernetes_source_cni_waits_for_the_pods_labels() -> None:
+    async def main() -> None:
+        eng, ch = engine(pod_wait=2.0)
+        await eng.apply(namespaces=[Namespace("x")], policies=[drop_web()])
+        add = asyncio.create_task(eng.pod_added(Info("x", "late", "10.0.0.9", "02:00:0a:00:00:09", 7)))
+        await asyncio.sleep(0.1)
+        assert not add.done()  # no labels yet: no policy decision, no forwarding
+        await eng.apply(pods=[Pod("x", "late", (("app", "web"),))])
+        await asyncio.wait_for(add, 1.0)
+        installed = [f for op, flows in ch.calls if op == "install" for f in flows]
+        assert any(("ipv4_dst", "10.0.0.9") in f.match and not is_pod_flow(f) for f in installed)
+    asyncio.run(main())
+
+
+def test_a_pod_that_never_arrives_gets_no_network() -> None:
+    async def main() -> None:
+        eng, ch = engine(pod_wait=0.2)
+        with pytest.raises(PodUnknown):
+            await eng.pod_added(Info("x", "ghost", "10.0.0.8", "02:00:0a:00:00:08", 8))
+        assert not any(is_pod_flow(f) for _, flows in ch.calls for f in flows)
+        assert eng.by_ip("10.0.0.8") is None
+    asyncio.run(main())

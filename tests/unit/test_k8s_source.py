@@ -1,0 +1,615 @@
+"""KubernetesSource against a fake API server on 127.0.0.1: recorded lists, scripted watch streams."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Coroutine, Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from kubernetes import client
+
+from policy_agent.k8s_source import (
+    KubernetesConfigError, KubernetesSource, api_client_from_config, backoff_delay,
+)
+from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
+
+DATA = Path(__file__).parent / "data" / "k8s"
+NODE = "node-a"
+
+NAMESPACES = "/api/v1/namespaces"
+PODS = "/api/v1/pods"
+NETPOL = "/apis/networking.k8s.io/v1/networkpolicies"
+TIERS = "/apis/crd.antrea.io/v1beta1/tiers"
+ACNP = "/apis/crd.antrea.io/v1beta1/clusternetworkpolicies"
+ANP = "/apis/crd.antrea.io/v1beta1/networkpolicies"
+RECORDED = {NAMESPACES: "namespaces.json", PODS: "pods.json", NETPOL: "networkpolicies.json",
+            TIERS: "tiers.json", ACNP: "clusternetworkpolicies.json", ANP: "antreanetworkpolicies.json"}
+ANTREA = (TIERS, ACNP, ANP)
+
+_END, _DROP = object(), object()
+
+
+# --- fake API server ----------------------------------------------------------------------
+
+class FakeApiServer:
+    """Serves the recorded list payloads and, for ?watch=true, streams what the test sends
+    (chunked, one JSON event per line) until the test ends or drops the stream."""
+
+    def __init__(self) -> None:
+        self.lists = {path: json.loads((DATA / name).read_text()) for path, name in RECORDED.items()}
+        self.missing: set[str] = set()            # paths answered 404 (CRD not installed)
+        self.fail_lists: dict[str, int] = {}      # path -> how many list calls answer 503
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self._streams = {path: queue.Queue[Any]() for path in RECORDED}
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                server._handle(self)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(2)
+
+    # --- what the test scripts ---
+
+    def send(self, path: str, type_: str, obj: dict[str, Any]) -> None:
+        self._streams[path].put({"type": type_, "object": obj})
+
+    def expire(self, path: str) -> None:
+        """What the API server does when a watch's resourceVersion is compacted away."""
+        self.send(path, "ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                  "message": "too old resource version: 1502 (48990)", "reason": "Expired",
+                                  "code": 410})
+        self._streams[path].put(_END)
+
+    def drop(self, path: str) -> None:
+        """Close the watch's socket mid-stream, without the final chunk."""
+        self._streams[path].put(_DROP)
+
+    def set_items(self, path: str, items: list[dict[str, Any]], resource_version: str) -> None:
+        with self._lock:
+            self.lists[path] = {**self.lists[path], "items": items,
+                                "metadata": {"resourceVersion": resource_version}}
+
+    def watches(self, path: str) -> list[dict[str, str]]:
+        return [q for p, q in list(self.requests) if p == path and q.get("watch") == "true"]
+
+    def lists_of(self, path: str) -> list[dict[str, str]]:
+        return [q for p, q in list(self.requests) if p == path and q.get("watch") != "true"]
+
+    # --- HTTP ---
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        query = {k: v.lower() if k == "watch" else v for k, v in query.items()}
+        self.requests.append((url.path, query))
+        if url.path not in RECORDED or url.path in self.missing:
+            return self._reply(h, 404, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                        "message": "the server could not find the requested resource",
+                                        "reason": "NotFound", "details": {}, "code": 404})
+        if query.get("watch") == "true":
+            return self._stream(h, url.path, query)
+        with self._lock:
+            if self.fail_lists.get(url.path, 0) > 0:
+                self.fail_lists[url.path] -= 1
+                return self._reply(h, 503, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                            "message": "the server is currently unable to handle the request",
+                                            "reason": "ServiceUnavailable", "code": 503})
+            body = copy.deepcopy(self.lists[url.path])
+        items = [i for i in body["items"] if _selected(i, query.get("fieldSelector"))]
+        start = int(query.get("continue", "0"))
+        limit = int(query.get("limit", "0")) or len(items)
+        body["items"] = items[start:start + limit]
+        if start + limit < len(items):
+            body["metadata"] = {**body["metadata"], "continue": str(start + limit), "remainingItemCount": 0}
+        self._reply(h, 200, body)
+
+    @staticmethod
+    def _reply(h: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _stream(self, h: BaseHTTPRequestHandler, path: str, query: dict[str, str]) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        h.wfile.flush()
+        stream = self._streams[path]
+        try:
+            while not self._closing.is_set():
+                try:
+                    item = stream.get(timeout=0.02)
+                except queue.Empty:
+                    continue
+                if item is _DROP:
+                    h.close_connection = True
+                    h.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if item is _END:
+                    h.wfile.write(b"0\r\n\r\n")
+                    return
+                if not _selected(item["object"], query.get("fieldSelector")):
+                    continue
+                line = json.dumps(item).encode() + b"\n"
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+        except OSError:  # the client went away
+            pass
+        h.close_connection = True
+
+
+def _selected(obj: dict[str, Any], selector: str | None) -> bool:
+    """The one field selector the source uses: spec.nodeName=<node>."""
+    if not selector:
+        return True
+    field, _, value = selector.partition("=")
+    if field != "spec.nodeName":
+        raise AssertionError(f"unexpected field selector {selector!r}")
+    return (obj.get("spec") or {}).get("nodeName") == value
+
+
+# --- fake engine --------------------------------------------------------------------------
+
+class FakeEngine:
+    """The engine's state as a user would query it, plus every call for ordering checks."""
+
+    def __init__(self) -> None:
+        self.namespaces: dict[str, Namespace] = {}
+        self.pods: dict[tuple[str, str], Pod] = {}
+        self.tiers: dict[str, Tier] = {}
+        self.policies: dict[tuple[str, str, str], Policy] = {}
+        self.calls: list[tuple[str, list[Any]]] = []
+
+    async def apply(self, namespaces: Any = (), pods: Any = (), tiers: Any = (), policies: Any = ()) -> None:
+        objs = [*namespaces, *pods, *tiers, *policies]
+        self.calls.append(("apply", objs))
+        for o in objs:
+            self._store(o)[self._key(o)] = o
+
+    async def delete(self, namespaces: Any = (), pods: Any = (), tiers: Any = (), policies: Any = ()) -> None:
+        objs = [*namespaces, *pods, *tiers, *policies]
+        self.calls.append(("delete", objs))
+        for o in objs:
+            self._store(o).pop(self._key(o), None)
+
+    def _store(self, o: Any) -> dict[Any, Any]:
+        return {Namespace: self.namespaces, Pod: self.pods, Tier: self.tiers, Policy: self.policies}[type(o)]
+
+    @staticmethod
+    def _key(o: Any) -> Any:
+        return o.name if isinstance(o, (Namespace, Tier)) else o.key
+
+    def deleted(self) -> list[Any]:
+        return [o for op, objs in self.calls if op == "delete" for o in objs]
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    srv = FakeApiServer()
+    srv.start()
+    yield srv
+    srv.close()
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 5.0) -> Any:
+    """asyncio.run with a hard cap, so a hang fails the test instead of the suite."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def until(cond: Callable[[], bool], timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+class Rig:
+    def __init__(self, server: FakeApiServer, **kw: Any) -> None:
+        cfg = client.Configuration(host=server.url)
+        cfg.proxy = None  # loopback only, whatever the environment says
+        self.api = client.ApiClient(cfg)
+        self.engine = FakeEngine()
+        self.source = KubernetesSource(self.api, self.engine, node_name=NODE, **kw)
+        self.server = server
+
+    async def __aenter__(self) -> Rig:
+        self.source.start()
+        # The first client call of a process builds the client's validators (about 1 s).
+        await asyncio.wait_for(self.source.synced.wait(), 3.0)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.source.close()
+        self.api.close()
+
+    def stat(self, resource: str, what: str) -> int:
+        return self.source.stats[resource][what]
+
+
+def item(path: str, name: str) -> dict[str, Any]:
+    """A recorded item, with apiVersion/kind as watch events carry them."""
+    body = json.loads((DATA / RECORDED[path]).read_text())
+    found = next(i for i in body["items"] if i["metadata"]["name"] == name)
+    kind = body["kind"].removesuffix("List")
+    return {"apiVersion": body["apiVersion"], "kind": kind, **found}
+
+
+def bump(obj: dict[str, Any], rv: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = rv
+    return out
+
+
+def acnp(name: str, rv: str, tier: str = "securityops", action: str = "Drop") -> dict[str, Any]:
+    return {"apiVersion": "crd.antrea.io/v1beta1", "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": rv, "generation": 1},
+            "spec": {"tier": tier, "priority": 7, "appliedTo": [{"podSelector": {"matchLabels": {"app": "db"}}}],
+                     "ingress": [{"name": "in", "action": action, "from": [{"namespaceSelector": {}}]}]}}
+
+
+ACNP_KEY = PolicyKind.ACNP.value, ""
+
+
+# --- tests --------------------------------------------------------------------------------
+
+def test_initial_list_applies_everything_and_sets_synced(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            e = r.engine
+            assert sorted(e.namespaces) == ["db", "default", "kube-system", "web"]
+            assert e.namespaces["web"].logging_enabled
+            assert set(e.policies) == {
+                (PolicyKind.ACNP.value, "", "allow-dns"), (PolicyKind.ACNP.value, "", "isolate-db"),
+                (PolicyKind.ANP.value, "web", "web-allow-http"),
+                (PolicyKind.K8S.value, "db", "allow-frontend-to-db"),
+                (PolicyKind.K8S.value, "web", "default-deny-egress")}
+            # Antrea's own objects for the standard tiers are built into the model, not errors.
+            assert e.tiers == {"security-team": Tier("security-team", 90)}
+            isolate = e.policies[(PolicyKind.ACNP.value, "", "isolate-db")]
+            assert isolate.tier == "security-team" and isolate.rules[0].action is Action.DROP
+            assert isolate.rules[0].enable_logging and isolate.rules[0].log_label == "isolate-db"
+            assert all(s["invalid"] == 0 and s["errors"] == 0 for s in r.source.stats.values())
+            assert r.stat("namespaces", "applied") == 4 and r.source.skipped == set()
+            # Each watch starts where its list left off.
+            await until(lambda: all(server.watches(p) for p in RECORDED))
+            for path, name in RECORDED.items():
+                rv = json.loads((DATA / name).read_text())["metadata"]["resourceVersion"]
+                assert server.watches(path)[0]["resourceVersion"] == rv
+                assert server.watches(path)[0].get("allowWatchBookmarks") == "true"
+
+    run(body())
+
+
+def test_only_this_nodes_pods(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            assert sorted(r.engine.pods) == [("db", "postgres-0"), ("web", "frontend-7d9c6b5f4-x2kqp")]
+            pod = r.engine.pods[("web", "frontend-7d9c6b5f4-x2kqp")]
+            assert pod.ports[0].name == "http" and pod.ports[0].port == 80
+            new = bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49001")
+            new["metadata"]["name"] = "frontend-7d9c6b5f4-q7wbn"
+            elsewhere = bump(new, "49002")
+            elsewhere["metadata"]["name"], elsewhere["spec"]["nodeName"] = "frontend-7d9c6b5f4-zz9k1", "node-b"
+            server.send(PODS, "ADDED", elsewhere)
+            server.send(PODS, "ADDED", new)
+            await until(lambda: ("web", "frontend-7d9c6b5f4-q7wbn") in r.engine.pods)
+            assert ("web", "frontend-7d9c6b5f4-zz9k1") not in r.engine.pods
+            # The API server does the filtering: the list and the watch both asked for this node only.
+            assert {q.get("fieldSelector") for q in server.lists_of(PODS) + server.watches(PODS)} == \
+                {f"spec.nodeName={NODE}"}
+
+    run(body())
+
+
+def test_watched_added_policy_is_applied(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            server.send(ACNP, "ADDED", acnp("block-scanner", "49010"))
+            await until(lambda: (*ACNP_KEY, "block-scanner") in r.engine.policies)
+            policy = r.engine.policies[(*ACNP_KEY, "block-scanner")]
+            assert policy.tier == "securityops" and policy.rules[0].action is Action.DROP
+            assert r.stat("clusternetworkpolicies.crd.antrea.io", "applied") == 3
+
+    run(body())
+
+
+def test_modified_replaces_and_unchanged_model_is_not_reapplied(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            changed = bump(item(NETPOL, "allow-frontend-to-db"), "49020")
+            changed["spec"]["ingress"][0]["ports"] = [{"protocol": "TCP", "port": 5433}]
+            server.send(NETPOL, "MODIFIED", changed)
+            key = (PolicyKind.K8S.value, "db", "allow-frontend-to-db")
+            await until(lambda: r.engine.policies[key].rules[0].ports[0].port == 5433)
+            # A status-only update (a Pod's phase) changes nothing the engine sees: no recompile.
+            calls = len(r.engine.calls)
+            status_only = bump(item(PODS, "postgres-0"), "49021")
+            status_only["status"]["phase"] = "Failed"
+            relabelled = bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49022")
+            relabelled["metadata"]["labels"]["version"] = "v2"
+            server.send(PODS, "MODIFIED", status_only)
+            server.send(PODS, "MODIFIED", relabelled)  # behind it on the same watch
+            frontend = ("web", "frontend-7d9c6b5f4-x2kqp")
+            await until(lambda: dict(r.engine.pods[frontend].labels).get("version") == "v2")
+            assert r.engine.calls[calls:] == [("apply", [r.engine.pods[frontend]])]
+
+    run(body())
+
+
+def test_deleted_deletes_the_last_known_object(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            original = item(ANP, "web-allow-http")
+            changed = bump(original, "49030")
+            changed["spec"]["priority"] = 9
+            server.send(ANP, "MODIFIED", changed)
+            key = (PolicyKind.ANP.value, "web", "web-allow-http")
+            await until(lambda: r.engine.policies[key].priority == 9)
+            # The DELETED event may carry any version; what the engine holds is what goes.
+            server.send(ANP, "DELETED", bump(original, "49031"))
+            await until(lambda: key not in r.engine.policies)
+            assert [o.priority for o in r.engine.deleted()] == [9]
+            server.send(NAMESPACES, "DELETED", bump(item(NAMESPACES, "db"), "49032"))
+            await until(lambda: "db" not in r.engine.namespaces)
+            assert r.stat("networkpolicies.crd.antrea.io", "deleted") == 1
+            assert r.stat("namespaces", "deleted") == 1
+
+    run(body())
+
+
+def test_invalid_object_is_counted_and_the_previous_version_stays(server: FakeApiServer,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            key = (*ACNP_KEY, "allow-dns")
+            before = r.engine.policies[key]
+            bad = bump(item(ACNP, "allow-dns"), "49040")
+            bad["spec"]["egress"][0]["action"] = "Deny"
+            server.send(ACNP, "MODIFIED", bad)
+            server.send(ACNP, "ADDED", acnp("also-bad", "49041", action="Permit"))
+            stats = r.source.stats["clusternetworkpolicies.crd.antrea.io"]
+            await until(lambda: stats["invalid"] == 2)
+            assert r.engine.policies[key] == before
+            assert (*ACNP_KEY, "also-bad") not in r.engine.policies
+            # A later valid version goes in as usual.
+            fixed = bump(bad, "49042")
+            fixed["spec"]["egress"][0]["action"] = "Pass"
+            server.send(ACNP, "MODIFIED", fixed)
+            await until(lambda: r.engine.policies[key].rules[0].action is Action.PASS)
+
+    with caplog.at_level(logging.ERROR, logger="policy_agent.k8s_source"):
+        run(body())
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert any("ClusterNetworkPolicy/allow-dns (k8s:clusternetworkpolicies.crd.antrea.io#1): "
+               "spec.egress[0].action: must be one of Allow, Drop, Reject, Pass; got 'Deny'" in m
+               and "previous version stays in force" in m for m in lines)
+    assert any("also-bad" in m and "not applied" in m for m in lines)
+
+
+def test_expired_resource_version_relists_and_reconciles(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            kept = item(NETPOL, "default-deny-egress")
+            changed = bump(item(NETPOL, "allow-frontend-to-db"), "49050")
+            changed["spec"]["podSelector"] = {"matchLabels": {"app": "postgres"}}
+            added = bump(kept, "49051")
+            added["metadata"]["name"] = "deny-all"
+            server.set_items(NETPOL, [kept, changed, added], "49060")
+            server.expire(NETPOL)
+            stats = r.source.stats["networkpolicies.networking.k8s.io"]
+            await until(lambda: stats["relists"] == 1)
+            keys = {k for k in r.engine.policies if k[0] == PolicyKind.K8S.value}
+            assert keys == {(PolicyKind.K8S.value, "web", "default-deny-egress"),
+                            (PolicyKind.K8S.value, "db", "allow-frontend-to-db"),
+                            (PolicyKind.K8S.value, "web", "deny-all")}
+            selector = r.engine.policies[(PolicyKind.K8S.value, "db", "allow-frontend-to-db")].applied_to[0]
+            assert dict(selector.pod_selector.match_labels) == {"app": "postgres"}
+            # Then a relist that lost an object deletes it.
+            server.set_items(NETPOL, [kept, changed], "49070")
+            server.expire(NETPOL)
+            await until(lambda: stats["relists"] == 2)
+            assert (PolicyKind.K8S.value, "web", "deny-all") not in r.engine.policies
+            assert (PolicyKind.K8S.value, "web", "default-deny-egress") in r.engine.policies
+            await until(lambda: server.watches(NETPOL)[-1]["resourceVersion"] == "49070")
+            assert stats["errors"] == 0
+
+    run(body())
+
+
+def test_dropped_watch_is_resumed_from_the_last_resource_version(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server, resync_backoff_max=0.2) as r:
+            server.send(ACNP, "ADDED", acnp("first", "49080"))
+            server.drop(ACNP)
+            server.send(ACNP, "ADDED", acnp("second", "49081"))
+            await until(lambda: (*ACNP_KEY, "second") in r.engine.policies)
+            assert (*ACNP_KEY, "first") in r.engine.policies
+            assert [w["resourceVersion"] for w in server.watches(ACNP)] == ["48221", "49080"]
+            assert r.source.stats["clusternetworkpolicies.crd.antrea.io"]["errors"] == 1
+
+    run(body())
+
+
+def test_failing_list_is_retried_until_it_answers(server: FakeApiServer) -> None:
+    server.fail_lists[NAMESPACES] = 2
+
+    async def body() -> None:
+        async with Rig(server, resync_backoff_max=0.2) as r:
+            assert len(r.engine.namespaces) == 4
+            assert len(server.lists_of(NAMESPACES)) == 3
+            assert r.stat("namespaces", "errors") == 2
+
+    run(body())
+
+
+def test_unreachable_server_is_retried_and_close_still_prompt() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def body() -> None:
+        cfg = client.Configuration(host=f"http://127.0.0.1:{port}")
+        cfg.proxy = None
+        api = client.ApiClient(cfg)
+        source = KubernetesSource(api, FakeEngine(), node_name=NODE, resync_backoff_max=0.1)
+        source.start()
+        await until(lambda: all(s["errors"] >= 2 for s in source.stats.values()))
+        assert not source.synced.is_set()
+        started = time.monotonic()
+        await source.close()
+        assert time.monotonic() - started < 1.0
+        api.close()
+
+    run(body())
+
+
+def test_absent_antrea_crds_degrade_and_k8s_policies_still_work(server: FakeApiServer,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    server.missing.update(ANTREA)
+
+    async def body() -> None:
+        async with Rig(server, resync_backoff_max=0.05) as r:
+            assert r.source.skipped == {"tiers.crd.antrea.io", "clusternetworkpolicies.crd.antrea.io",
+                                        "networkpolicies.crd.antrea.io"}
+            assert {k[0] for k in r.engine.policies} == {PolicyKind.K8S.value}
+            added = bump(item(NETPOL, "default-deny-egress"), "49090")
+            added["metadata"]["name"] = "deny-more"
+            server.send(NETPOL, "ADDED", added)
+            await until(lambda: (PolicyKind.K8S.value, "web", "deny-more") in r.engine.policies)
+            # The source keeps checking quietly in case Antrea gets installed.
+            await until(lambda: len(server.lists_of(ACNP)) >= 3)
+            assert all(s["errors"] == 0 for s in r.source.stats.values())
+
+    with caplog.at_level(logging.WARNING, logger="policy_agent.k8s_source"):
+        run(body())
+    absent = [rec for rec in caplog.records if "does not serve" in rec.getMessage()]
+    assert len(absent) == 3 and all(rec.levelno == logging.WARNING for rec in absent)
+    assert any("crd.antrea.io/v1beta1/clusternetworkpolicies" in rec.getMessage() for rec in absent)
+
+
+def test_crd_installed_later_is_picked_up(server: FakeApiServer) -> None:
+    server.missing.update(ANTREA)
+
+    async def body() -> None:
+        async with Rig(server, resync_backoff_max=0.05) as r:
+            server.missing.clear()
+            await until(lambda: (*ACNP_KEY, "isolate-db") in r.engine.policies)
+            await until(lambda: not r.source.skipped)
+
+    run(body())
+
+
+def test_policy_naming_a_tier_not_seen_yet_goes_in_when_the_tier_does(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            server.send(ACNP, "ADDED", acnp("ops-freeze", "49100", tier="change-freeze"))
+            stats = r.source.stats["clusternetworkpolicies.crd.antrea.io"]
+            await until(lambda: stats["invalid"] == 1)
+            assert (*ACNP_KEY, "ops-freeze") not in r.engine.policies
+            tier = bump(item(TIERS, "security-team"), "49101")
+            tier["metadata"]["name"], tier["spec"]["priority"] = "change-freeze", 60
+            server.send(TIERS, "ADDED", tier)
+            await until(lambda: (*ACNP_KEY, "ops-freeze") in r.engine.policies)
+            assert r.engine.tiers["change-freeze"] == Tier("change-freeze", 60)
+
+    run(body())
+
+
+def test_list_in_pages_is_applied_whole(server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server, list_page_size=1) as r:
+            assert len(r.engine.namespaces) == 4
+            pages = server.lists_of(NAMESPACES)
+            assert [p.get("continue") for p in pages] == [None, "1", "2", "3"]
+            assert all(p["limit"] == "1" for p in pages)
+
+    run(body())
+
+
+def test_close_returns_within_one_second_and_ends_the_watches(server: FakeApiServer) -> None:
+    async def body() -> None:
+        r = Rig(server)
+        await r.__aenter__()
+        await until(lambda: all(server.watches(p) for p in RECORDED))
+        started = time.monotonic()
+        await r.source.close()
+        assert time.monotonic() - started < 1.0
+        await until(lambda: not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")], 1.0)
+        r.api.close()
+
+    run(body())
+
+
+def test_backoff_is_exponential_jittered_and_capped() -> None:
+    low, high = (lambda: 0.0), (lambda: 1.0)
+    assert [backoff_delay(n, 30.0, high) for n in (1, 2, 3)] == pytest.approx([0.2, 0.4, 0.8])
+    assert backoff_delay(1, 30.0, low) == pytest.approx(0.1)
+    assert backoff_delay(50, 30.0, high) == 30.0 and backoff_delay(50, 30.0, low) == 15.0
+
+
+def test_api_client_from_kubeconfig_talks_to_its_server(server: FakeApiServer, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):  # loopback only
+        monkeypatch.delenv(var, raising=False)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+        "users": [{"name": "agent", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "agent"}}]}))
+    api = api_client_from_config(str(kubeconfig), environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    try:
+        names = [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items]
+        assert names == ["default", "kube-system", "web", "db"]
+    finally:
+        api.close()
+
+
+def test_api_client_config_errors_name_the_source(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(KubernetesConfigError, match="nope"):
+        api_client_from_config(str(missing))
+    # In-cluster is chosen by the environment; outside a Pod its service account files are missing.
+    with pytest.raises(KubernetesConfigError, match="in-cluster service account"):
+        api_client_from_config(None, environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                                              "KUBERNETES_SERVICE_PORT": "443"})
