@@ -56,7 +56,17 @@ class Agent:
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
         self.engine: PolicyEngine | None = None
-        self.reject = RejectResponder(self.channel.send_nowait, self._handlers.get(Category.POLICY))
+        # Category 0: answer Rejects, then audit the logged packet-ins (and any extra
+        # subscriber the caller passed in, e.g. the debug tap).
+        self.audit: Any = None
+        self.audit_writer: Any = None
+        then = [h for h in (self._handlers.get(Category.POLICY),) if h is not None]
+        if config.audit.enabled:
+            from policy_agent.audit_wiring import build_audit
+
+            self.audit, self.audit_writer = build_audit(config, self.rules, lambda: self.engine)
+            then.insert(0, self.audit)
+        self.reject = RejectResponder(self.channel.send_nowait, _fanout(then))
         self._handlers[Category.POLICY] = self.reject
         self.api: LocalApi | None = None
         self.cni: Any = None
@@ -90,6 +100,9 @@ class Agent:
             lim = limits.get(category, cfg.packetin.traceflow)
             self.demux.subscribe(category, handler, rate=lim.rate, burst=lim.burst,
                                  queue_size=lim.queue_size, now=now)
+        if self.audit_writer is not None:
+            await asyncio.to_thread(self.audit_writer.start)
+            self.audit.start()
         self.demux.start()
         self.channel.start()
         if cfg.metrics.listen:
@@ -185,6 +198,9 @@ class Agent:
             await self.cni.close()
         await self.channel.close()
         await self.demux.stop(drain=True)
+        if self.audit is not None:
+            await self.audit.close()  # what the open aggregation windows hold, written now
+            await asyncio.to_thread(self.audit_writer.close)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -212,3 +228,15 @@ def _write_round(state_dir: Path, round_: int) -> None:
     tmp = state_dir / "round.tmp"
     tmp.write_text(f"{round_}\n")
     tmp.replace(state_dir / "round")
+
+
+def _fanout(handlers: list[Handler]) -> Handler | None:
+    if not handlers:
+        return None
+    if len(handlers) == 1:
+        return handlers[0]
+
+    def both(pin: Any) -> None:
+        for handler in handlers:
+            handler(pin)
+    return both

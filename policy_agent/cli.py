@@ -155,6 +155,12 @@ def cmd_cni(args: argparse.Namespace) -> int:
     return run(os.environ, sys.stdin.buffer.read(), sys.stdout)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from auditlog.verify import main as verify_main
+
+    return verify_main(args.paths)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from policy_agent.demo import run_demo
 
@@ -192,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("cni", help="CNI plugin (ADD/DEL/CHECK/VERSION from CNI_* env and stdin), "
                                    "forwarded to the agent's CNI socket")
     n.set_defaults(func=cmd_cni)
+
+    v = sub.add_parser("verify", help="check the audit log's hash chain (live and rotated files); exit 1 on a break")
+    v.add_argument("paths", nargs="*", default=["/var/log/npaudit"],
+                   help="files or directories (default /var/log/npaudit)")
+    v.set_defaults(func=cmd_verify)
 
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")

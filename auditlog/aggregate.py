@@ -1,0 +1,277 @@
+"""Audit aggregation windows: a key's first packet at once, the rest of its window as one exact-count record."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from collections.abc import Hashable
+from typing import Literal, TypeAlias
+
+# (rule id, disposition, direction, src, dst, protocol, dst port or ICMP type): the caller
+# builds it; the aggregator only hashes and compares it.
+AggregateKey: TypeAlias = tuple[Hashable, ...]
+Kind: TypeAlias = Literal["first", "aggregate", "immediate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """One audit record to write: the packets (and eBPF-offloaded drops) it stands for.
+
+    `sample` is the caller's opaque object: the packet's own for "first" and "immediate";
+    for "aggregate" the first packet the record covers, else the window's "first" packet,
+    else the sample given with the offloaded counts (None when there was none).
+    """
+
+    key: AggregateKey
+    sample: object
+    packets: int
+    bytes: int
+    first: float
+    last: float
+    offloaded_packets: int
+    offloaded_bytes: int
+    kind: Kind
+
+
+class _Window:
+    """What one key holds between its "first" record and the close of its window."""
+
+    __slots__ = ("key", "deadline", "sample", "announced", "live",
+                 "packets", "bytes", "first", "last", "off_packets", "off_bytes")
+
+    def __init__(self, key: AggregateKey, deadline: float, sample: object, announced: bool) -> None:
+        self.key = key
+        self.deadline = deadline
+        self.sample = sample
+        self.announced = announced  # a "first" record went out for this window
+        self.live = True  # False once closed: the expiry deque drops it lazily
+        self.packets = 0
+        self.bytes = 0
+        self.first = 0.0
+        self.last = 0.0
+        self.off_packets = 0
+        self.off_bytes = 0
+
+
+class Aggregator:
+    """Per-key aggregation windows; every method takes `now` and returns the records to write.
+
+    Invariant: stats["packets_in"] == stats["packets_out"] + packets_held(), at all times.
+    `now` should not go backwards; jitter up to one window is clamped, a larger step back
+    (wall clock reset) closes every open window at once so none waits for the clock to
+    catch up.
+    """
+
+    def __init__(self, window: float = 1.0, max_keys: int = 100_000) -> None:
+        if not (window >= 0 and math.isfinite(window)):
+            raise ValueError(f"aggregation window must be a finite number of seconds >= 0, got {window!r}")
+        if max_keys < 1:
+            raise ValueError(f"aggregation max_keys must be >= 1, got {max_keys!r}")
+        self._window = float(window)
+        self._max_keys = max_keys
+        self._open: dict[AggregateKey, _Window] = {}
+        # Every window has the same length and times are clamped to never decrease, so
+        # insertion order is deadline order: a deque beats a heap (O(1), no tuples).
+        self._expiry: deque[_Window] = deque()
+        self._latest = -math.inf
+        self._held = 0
+        self._off_held = 0
+        # Plain attributes rather than a dict on the per-packet path; `stats` snapshots them.
+        self._packets_in = 0
+        self._packets_out = 0
+        self._records_out = 0
+        self._off_in = 0
+        self._off_out = 0
+        self._evicted = 0
+        self._clock_steps = 0
+
+    @property
+    def window(self) -> float:
+        return self._window
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            "packets_in": self._packets_in,
+            "records_out": self._records_out,
+            "packets_out": self._packets_out,
+            "offloaded_packets_in": self._off_in,
+            "offloaded_packets_out": self._off_out,
+            "evicted_early": self._evicted,
+            "clock_steps": self._clock_steps,
+            "open_windows": len(self._open),
+        }
+
+    def packets_held(self) -> int:
+        """OVS packets accumulated in open windows, not yet in any record."""
+        return self._held
+
+    def offloaded_held(self) -> int:
+        """eBPF-offloaded packets folded into open windows, not yet in any record."""
+        return self._off_held
+
+    def next_deadline(self) -> float | None:
+        """When the soonest open window closes (call `tick` then), or None if none is open."""
+        q = self._expiry
+        while q and not q[0].live:
+            q.popleft()
+        return q[0].deadline if q else None
+
+    def add(self, key: AggregateKey, sample: object, size: int, now: float, aggregate: bool) -> list[Emission]:
+        """Account one admitted packet-in; aggregate=False (Allow) is written at once, never held."""
+        self._packets_in += 1
+        if not aggregate or not self._window:
+            self._records_out += 1
+            self._packets_out += 1
+            return [Emission(key, sample, 1, size, now, now, 0, 0, "immediate")]
+        if now >= self._latest:
+            self._latest = now
+            out: list[Emission] = []
+        else:
+            now, out = self._stepped_back(now)
+        w = self._open.get(key)
+        if w is not None and now < w.deadline:
+            if w.announced:
+                # The hot path under a flood: fold in place, allocate nothing but `out`.
+                if w.packets:
+                    w.packets += 1
+                    w.bytes += size
+                else:
+                    if not w.off_packets:
+                        w.first = now
+                    w.sample = sample
+                    w.packets = 1
+                    w.bytes = size
+                w.last = now
+                self._held += 1
+                return out
+            # Opened by offloaded counts only: no record named this key yet, and nothing
+            # is to wait a window (DESIGN §5), so this packet is a "first" too.
+            w.announced = True
+            w.sample = sample
+        else:
+            if w is not None:
+                self._close(w, out)
+            self._open_window(key, sample, now, True, out)
+        self._records_out += 1
+        self._packets_out += 1
+        out.append(Emission(key, sample, 1, size, now, now, 0, 0, "first"))
+        return out
+
+    def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, now: float,
+                      sample: object = None) -> list[Emission]:
+        """Fold drops the eBPF offload counted (never seen by OVS) into the key's window.
+
+        `sample` (optional) stands for the key when no OVS packet of the window does,
+        so that the caller can still build the record.
+        """
+        if packets < 0 or bytes_ < 0:
+            raise ValueError(f"offloaded counts must be >= 0, got packets={packets} bytes={bytes_} for {key!r}")
+        if not packets:
+            return []  # a map counter that did not move
+        self._off_in += packets
+        if not self._window:
+            self._records_out += 1
+            self._off_out += packets
+            return [Emission(key, sample, 0, 0, now, now, packets, bytes_, "aggregate")]
+        if now >= self._latest:
+            self._latest = now
+            out: list[Emission] = []
+        else:
+            now, out = self._stepped_back(now)
+        w = self._open.get(key)
+        if w is None or now >= w.deadline:
+            if w is not None:
+                self._close(w, out)
+            w = self._open_window(key, sample, now, False, out)
+        if not (w.packets or w.off_packets):
+            w.first = now
+        if w.sample is None:
+            w.sample = sample
+        w.off_packets += packets
+        w.off_bytes += bytes_
+        w.last = now
+        self._off_held += packets
+        return out
+
+    def tick(self, now: float) -> list[Emission]:
+        """Close every window whose end is <= now; one "aggregate" per window that holds anything."""
+        if now >= self._latest:
+            self._latest = now
+            out: list[Emission] = []
+        else:
+            now, out = self._stepped_back(now)
+        self._expire(now, out)
+        return out
+
+    def flush(self, now: float) -> list[Emission]:
+        """Close every window now (shutdown): afterwards nothing is held."""
+        out = self.tick(now)
+        self._close_all(out)
+        return out
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _open_window(self, key: AggregateKey, sample: object, now: float, announced: bool,
+                     out: list[Emission]) -> _Window:
+        # Close what is due first, so that eviction only ever takes a window that is
+        # genuinely still open and memory stays bounded even if the caller ticks late.
+        self._expire(now, out)
+        if len(self._open) >= self._max_keys:
+            q = self._expiry
+            while not q[0].live:
+                q.popleft()
+            # Evict the window that closes soonest: its record goes out early, never lost.
+            self._evicted += 1
+            self._close(q.popleft(), out)
+        w = _Window(key, now + self._window, sample if announced else None, announced)
+        self._open[key] = w
+        self._expiry.append(w)
+        return w
+
+    def _expire(self, now: float, out: list[Emission]) -> None:
+        q = self._expiry
+        while q:
+            w = q[0]
+            if w.live and w.deadline > now:
+                return
+            q.popleft()
+            if w.live:
+                self._close(w, out)
+
+    def _close(self, w: _Window, out: list[Emission]) -> None:
+        w.live = False
+        del self._open[w.key]
+        if not (w.packets or w.off_packets):
+            return  # an empty window closes silently; the key's next packet is a "first" again
+        self._held -= w.packets
+        self._off_held -= w.off_packets
+        self._packets_out += w.packets
+        self._off_out += w.off_packets
+        self._records_out += 1
+        out.append(Emission(w.key, w.sample, w.packets, w.bytes, w.first, w.last,
+                            w.off_packets, w.off_bytes, "aggregate"))
+
+    def _close_all(self, out: list[Emission]) -> None:
+        q = self._expiry
+        while q:
+            w = q.popleft()
+            if w.live:
+                self._close(w, out)
+
+    def _stepped_back(self, now: float) -> tuple[float, list[Emission]]:
+        """The time to use when `now` is earlier than one already seen, and what that closes."""
+        if math.isnan(now):
+            raise ValueError("aggregation time is NaN")
+        if self._latest - now <= self._window:
+            # Jitter between the clocks that stamp packets and drive ticks: clamp, so that
+            # deadlines stay ordered and no record's times run backwards.
+            return self._latest, []
+        # The wall clock was reset: windows of the old timeline would otherwise stay
+        # open until it caught up (possibly hours), so write them all now.
+        out: list[Emission] = []
+        self._close_all(out)
+        self._clock_steps += 1
+        self._latest = now
+        return now, out

@@ -1,0 +1,194 @@
+r"""Hash chain over audit records (npaudit.seq, npaudit.chain): seal a record, check a line.
+
+Canonical form, version 1 (enough to re-implement `npaudit verify` elsewhere)
+-----------------------------------------------------------------------------
+Every audit record is one JSON object on one line. Its vendor object ``npaudit``
+carries ``seq`` (1, 2, 3, ... with no gaps, across rotated files and agent
+restarts) and ``chain`` (64 lowercase hex digits).
+
+``encode(x)`` is Python's ``json.dumps(x, sort_keys=True, separators=(",", ":"),
+ensure_ascii=True, allow_nan=False)``:
+
+- objects ``{"k":v,...}`` with keys sorted by Unicode code point, no whitespace;
+  arrays ``[a,b]``; ``true`` ``false`` ``null``; integers in decimal;
+- strings: ``"`` -> ``\"``, ``\`` -> ``\\``, newline/CR/tab/backspace/formfeed
+  -> ``\n \r \t \b \f``; every other character outside U+0020..U+007E ->
+  ``\uXXXX`` (lowercase hex; above U+FFFF as a UTF-16 surrogate pair). So a line
+  is pure ASCII and no user-controlled string can break it;
+- floats would be Python's ``repr``: records carry none (counts are integers,
+  times are strings); NaN and Infinity are refused.
+
+For the record with sequence number ``seq``::
+
+    body  = encode(record with npaudit.seq = seq and WITHOUT the key npaudit.chain)
+    chain = hex(SHA-256(ASCII bytes of prev_chain + "\n" + body))
+    line  = encode(record with npaudit.chain = chain)   # written to the file + "\n"
+
+``prev_chain`` is the chain of record ``seq - 1``, or GENESIS (64 "0") for seq 1.
+A verifier parses each line, removes npaudit.chain, re-encodes and hashes, so
+what is protected is the record's content; key order or whitespace of the stored
+line does not matter.
+
+What the chain can and cannot show: a removed, edited, reordered or truncated
+record anywhere before the newest record breaks the chain. Records cut from the
+very end, or the oldest files removed (which retention does anyway), leave a
+shorter chain that is still valid: compare the head (last seq and chain) with a
+copy held elsewhere, e.g. the records forwarded to syslog. There is no key, so
+someone who can rewrite every later line can forge a consistent chain; the
+forwarded copy is what makes that visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import json.encoder
+import re
+from typing import Any, Callable
+
+GENESIS = "0" * 64
+
+# Kinds of ChainError (check_line) and of breaks reported by verify.
+UNPARSEABLE = "unparseable"      # not JSON, not an object, or not ASCII
+UNSEALED = "unsealed"            # JSON object without a valid npaudit.seq / npaudit.chain
+SEQ_GAP = "seq_gap"              # seq jumps forward: records missing (or seq edited)
+SEQ_REORDER = "seq_reorder"      # seq goes backwards or repeats: reordered or duplicated
+CHAIN_MISMATCH = "chain_mismatch"  # seq as expected but content or chain differ: edited
+
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _unencodable(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _make_encode() -> Callable[[Any], str]:
+    # The C encoder made once, without the circular-reference check, is about
+    # twice as fast as JSONEncoder.encode, which rebuilds it on every call; the
+    # output is identical (a cycle ends in RecursionError instead of ValueError).
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODER.encode
+    c_encode = make(None, _unencodable, json.encoder.encode_basestring_ascii, None,
+                    ":", ",", True, False, False)
+    return lambda value: "".join(c_encode(value, 0))
+
+
+_encode = _make_encode()
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class ChainError(Exception):
+    """A line that does not continue the chain; `kind` is one of the constants above."""
+
+    def __init__(self, kind: str, detail: str, *, expected: int | None = None,
+                 found: int | None = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+        self.expected = expected
+        self.found = found
+
+
+def encode(value: Any) -> str:
+    """The canonical JSON text of `value` (see the module docstring)."""
+    return _encode(value)
+
+
+def _inner(d: dict[str, Any]) -> str:
+    # The members of an encoded object without its braces ("" for {}), so
+    # pieces encoded once can be joined into both the body and the line.
+    return _encode(d)[1:-1] if d else ""
+
+
+def _obj(*members: str) -> str:
+    return "{" + ",".join(m for m in members if m) + "}"
+
+
+def _hash(prev_chain: str, body: str) -> str:
+    return hashlib.sha256(f"{prev_chain}\n{body}".encode("ascii")).hexdigest()
+
+
+def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
+    """Set npaudit.seq and npaudit.chain on `record` and return its line (no "\\n").
+
+    Raises TypeError or ValueError for a record that cannot be encoded (then the
+    record may carry the new seq but no chain; the caller skips it).
+    """
+    meta = record.get("npaudit")
+    if meta is None:
+        meta = record["npaudit"] = {}
+    elif not isinstance(meta, dict):
+        raise TypeError("record['npaudit'] must be an object")
+    meta.pop("chain", None)  # a record sealed again must not hash its old chain
+    meta["seq"] = seq
+    # Encode each part once and splice: the body (no chain) and the line (with
+    # chain) share everything but one member, and encoding dominates the cost.
+    # The result equals encode(record); tests hold it to that.
+    lo = _inner({k: v for k, v in record.items() if k < "npaudit"})
+    hi = _inner({k: v for k, v in record.items() if k > "npaudit"})
+    mlo = _inner({k: v for k, v in meta.items() if k < "chain"})
+    mhi = _inner({k: v for k, v in meta.items() if k > "chain"})
+    chain = _hash(prev_chain, _obj(lo, '"npaudit":' + _obj(mlo, mhi), hi))
+    meta["chain"] = chain
+    return _obj(lo, '"npaudit":' + _obj(mlo, f'"chain":"{chain}"', mhi), hi)
+
+
+def digest(prev_chain: str, record: dict[str, Any]) -> str:
+    """The chain value `record` must carry if it follows `prev_chain` (its own chain ignored)."""
+    meta = record["npaudit"]
+    unchained = dict(record)
+    unchained["npaudit"] = {k: v for k, v in meta.items() if k != "chain"}
+    return _hash(prev_chain, _encode(unchained))
+
+
+def parse_line(line: str | bytes) -> tuple[dict[str, Any], int, str]:
+    """(record, seq, chain) of one line; ChainError unparseable/unsealed otherwise."""
+    try:
+        if isinstance(line, bytes):
+            line = line.decode("ascii")
+        record = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ChainError(UNPARSEABLE, f"not a JSON line ({exc})") from exc
+    if not isinstance(record, dict):
+        raise ChainError(UNPARSEABLE, "not a JSON object")
+    meta = record.get("npaudit")
+    if not isinstance(meta, dict):
+        raise ChainError(UNSEALED, "no npaudit object")
+    seq, chain = meta.get("seq"), meta.get("chain")
+    if type(seq) is not int or seq < 1:
+        raise ChainError(UNSEALED, f"npaudit.seq is {seq!r}, not a positive integer")
+    if not isinstance(chain, str) or not _HEX64.fullmatch(chain):
+        raise ChainError(UNSEALED, f"npaudit.chain is {chain!r}, not 64 hex digits", found=seq)
+    return record, seq, chain
+
+
+def check_line(line: str | bytes, prev_chain: str, prev_seq: int | None) -> tuple[int, str]:
+    """(seq, chain) of `line` if it continues the chain at (prev_seq, prev_chain).
+
+    prev_seq None means no predecessor is known (the oldest file present): seq 1
+    must then chain from GENESIS; a later seq is accepted as the anchor, because
+    retention removes old files. Raises ChainError otherwise.
+    """
+    return check_record(parse_line(line)[0], prev_chain, prev_seq)
+
+
+def check_record(record: dict[str, Any], prev_chain: str, prev_seq: int | None) -> tuple[int, str]:
+    """check_line for a record `parse_line` has already accepted."""
+    seq, chain = record["npaudit"]["seq"], record["npaudit"]["chain"]
+    if prev_seq is None:
+        if seq == 1 and digest(GENESIS, record) != chain:
+            raise ChainError(CHAIN_MISMATCH, "seq 1 does not chain from GENESIS",
+                             expected=1, found=1)
+        return seq, chain
+    expected = prev_seq + 1
+    if seq > expected:
+        raise ChainError(SEQ_GAP, f"expected seq {expected}, found {seq}",
+                         expected=expected, found=seq)
+    if seq < expected:
+        raise ChainError(SEQ_REORDER, f"expected seq {expected}, found {seq}",
+                         expected=expected, found=seq)
+    if digest(prev_chain, record) != chain:
+        raise ChainError(CHAIN_MISMATCH, f"seq {seq}: content or chain differs from what was sealed",
+                         expected=expected, found=seq)
+    return seq, chain

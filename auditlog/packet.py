@@ -1,0 +1,226 @@
+"""Decodes the Ethernet frame of a packet-in into the few fields an audit record names."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from typing import Callable, NamedTuple
+
+__all__ = ["PacketSummary", "decode_frame", "flow_key", "transport_name"]
+
+ETH_TYPE_IPV4 = 0x0800
+ETH_TYPE_IPV6 = 0x86DD
+# 802.1Q, 802.1ad (QinQ S-tag), and the pre-standard 0x9100 S-tag some switches still send.
+_VLAN_TPIDS = frozenset((0x8100, 0x88A8, 0x9100))
+# Values below this in the type/length field are an 802.3 length, not an ethertype.
+_MIN_ETHERTYPE = 0x0600
+
+PROTO_ICMP, PROTO_TCP, PROTO_UDP, PROTO_ICMPV6, PROTO_SCTP = 1, 6, 17, 58, 132
+_NO_NEXT_HEADER, _FRAGMENT, _AH = 59, 44, 51
+# IPv6 extension headers laid out as (next header, length in 8-octet units - 1): hop-by-hop,
+# routing, destination options, and (RFC 7045) mobility, HIP, shim6.
+_EXT_8OCTET = frozenset((0, 43, 60, 135, 139, 140))
+
+# IANA protocol keywords (lowercase), as ECS network.transport expects them.
+_TRANSPORT = {PROTO_ICMP: "icmp", PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMPV6: "ipv6-icmp",
+              PROTO_SCTP: "sctp"}
+# From the flags/fragment-offset word of an IPv4 header: that word, protocol, addresses.
+_IPV4_TAIL = struct.Struct("!HxB2x4s4s")
+_PORTS = struct.Struct("!HH")
+_TCP = struct.Struct("!HH8xBB")  # ports, data offset (+ NS bit), flags
+_AF_INET, _AF_INET6, _inet_ntop = socket.AF_INET, socket.AF_INET6, socket.inet_ntop
+
+# Minimal header length per transport: fewer bytes than this means the frame was cut short.
+_MIN_L4 = {PROTO_TCP: 20, PROTO_UDP: 8, PROTO_SCTP: 12, PROTO_ICMP: 8, PROTO_ICMPV6: 4}
+
+
+class PacketSummary(NamedTuple):
+    """What a frame says about a connection attempt; None = not in the frame (or not applicable).
+
+    A NamedTuple (immutable, cheap to build) because one is made per packet-in.
+    `fragment` is True for every piece of a fragmented datagram, the first one too
+    (which still carries ports); only non-first fragments lack ports. `truncated`
+    means the frame ended inside a header it announced (an OVS `max_len` cut, or
+    a malformed packet); what was decoded before that point is still reported.
+    """
+
+    eth_type: int | None = None
+    vlan: int | None = None  # outermost VLAN id
+    ip_version: int | None = None
+    src_ip: str | None = None
+    dst_ip: str | None = None
+    protocol: int | None = None  # IANA number of the upper-layer protocol
+    transport: str | None = None
+    src_port: int | None = None
+    dst_port: int | None = None
+    icmp_type: int | None = None
+    icmp_code: int | None = None
+    tcp_flags: int | None = None  # 9 bits: NS, CWR, ECE, URG, ACK, PSH, RST, SYN, FIN
+    fragment: bool = False
+    truncated: bool = False
+    length: int = 0
+
+
+# tuple.__new__ with the fields in order: a third of the cost of keyword construction,
+# which matters on the per-packet path. Only for the full-width tuples built below.
+_new: Callable[..., PacketSummary] = tuple.__new__  # type: ignore[assignment]
+
+
+def transport_name(protocol: int | None) -> str | None:
+    """The lowercase IANA keyword for the transports the record names, else None."""
+    return None if protocol is None else _TRANSPORT.get(protocol)
+
+
+def flow_key(summary: PacketSummary) -> tuple[str | None, str | None, int | None, int | None]:
+    """The packet part of an aggregation key: (src ip, dst ip, protocol, dst port or ICMP type).
+
+    The same shape as the eBPF drop-offload key (DESIGN.md §4), so aggregated
+    counts and offloaded counts fold together.
+    """
+    last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
+    return (summary.src_ip, summary.dst_ip, summary.protocol, last)
+
+
+def decode_frame(frame: bytes) -> PacketSummary:
+    """Summarise an Ethernet II frame. Pure; never raises, whatever the bytes."""
+    n = len(frame)
+    if n < 14:
+        return PacketSummary(truncated=True, length=n)
+    off = 12
+    vlan: int | None = None
+    eth_type = (frame[off] << 8) | frame[off + 1]
+    while eth_type in _VLAN_TPIDS:
+        # Tag = TPID (already read) + TCI; the next type field follows the TCI.
+        if n < off + 6:
+            return PacketSummary(eth_type=None, vlan=vlan, truncated=True, length=n)
+        if vlan is None:
+            vlan = ((frame[off + 2] << 8) | frame[off + 3]) & 0x0FFF
+        off += 4
+        eth_type = (frame[off] << 8) | frame[off + 1]
+    off += 2
+    if eth_type < _MIN_ETHERTYPE:
+        return PacketSummary(vlan=vlan, length=n)  # 802.3 + LLC: no ethertype to report
+    if eth_type == ETH_TYPE_IPV4:
+        return _ipv4(frame, off, vlan)
+    if eth_type == ETH_TYPE_IPV6:
+        return _ipv6(frame, off, vlan)
+    return PacketSummary(eth_type=eth_type, vlan=vlan, length=n)
+
+
+def _ipv4(frame: bytes, off: int, vlan: int | None) -> PacketSummary:
+    n = len(frame)
+    if n < off + 20:
+        return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, truncated=True, length=n)
+    vihl = frame[off]
+    ihl = (vihl & 0x0F) * 4
+    if vihl >> 4 != 4 or ihl < 20:
+        # Not an IPv4 header at all: claim nothing beyond the ethertype.
+        return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, length=n)
+    flags_frag, proto, src_raw, dst_raw = _IPV4_TAIL.unpack_from(frame, off + 6)
+    frag_offset = flags_frag & 0x1FFF
+    more_fragments = bool(flags_frag & 0x2000)
+    src = _inet_ntop(_AF_INET, src_raw)
+    dst = _inet_ntop(_AF_INET, dst_raw)
+    fragment = frag_offset != 0 or more_fragments
+    # The frame's own end bounds every header, not the IP total length: packet-ins
+    # are cut by the controller action's max_len, and TSO packets may carry 0.
+    if n < off + ihl:  # options announced by IHL are missing
+        return _summary(ETH_TYPE_IPV4, vlan, 4, src, dst, proto, fragment, True, n)
+    if frag_offset:
+        return _summary(ETH_TYPE_IPV4, vlan, 4, src, dst, proto, True, False, n)
+    return _l4(frame, off + ihl, ETH_TYPE_IPV4, vlan, 4, src, dst, proto, fragment)
+
+
+def _ipv6(frame: bytes, off: int, vlan: int | None) -> PacketSummary:
+    n = len(frame)
+    if n < off + 40:
+        return PacketSummary(eth_type=ETH_TYPE_IPV6, vlan=vlan, truncated=True, length=n)
+    if frame[off] >> 4 != 6:
+        return PacketSummary(eth_type=ETH_TYPE_IPV6, vlan=vlan, length=n)
+    src = _ipv6_text(bytes(frame[off + 8:off + 24]))
+    dst = _ipv6_text(bytes(frame[off + 24:off + 40]))
+    nh = frame[off + 6]
+    off += 40
+    fragment = False
+    # Each extension header is at least 8 bytes, so this loop ends within the frame.
+    while True:
+        if nh in _EXT_8OCTET or nh == _AH:
+            if n < off + 2:
+                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
+            size = (frame[off + 1] + 2) * 4 if nh == _AH else (frame[off + 1] + 1) * 8
+            if n < off + size:
+                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
+            nh = frame[off]
+            off += size
+        elif nh == _FRAGMENT:
+            if n < off + 8:
+                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
+            offset_m = (frame[off + 2] << 8) | frame[off + 3]
+            nh = frame[off]
+            off += 8
+            frag_offset = offset_m >> 3
+            # An atomic fragment (offset 0, M clear; RFC 6946) is a whole datagram.
+            fragment = fragment or frag_offset != 0 or bool(offset_m & 1)
+            if frag_offset:
+                # What follows is the middle of the payload, not a header.
+                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, nh, True, False, n)
+        else:
+            break
+    if nh == _NO_NEXT_HEADER:
+        return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, nh, fragment, False, n)
+    return _l4(frame, off, ETH_TYPE_IPV6, vlan, 6, src, dst, nh, fragment)
+
+
+_V4_EMBEDDING_PREFIX = bytes(10)
+
+
+def _ipv6_text(raw: bytes) -> str:
+    """RFC 5952 text, the same as str(ipaddress.IPv6Address) (which Pod lookups use).
+
+    inet_ntop is ~6x faster and agrees except inside ::/80, where glibc writes
+    the IPv4-compatible and IPv4-mapped forms with a dotted quad.
+    """
+    if raw.startswith(_V4_EMBEDDING_PREFIX):
+        return str(ipaddress.IPv6Address(raw))
+    return _inet_ntop(_AF_INET6, raw)
+
+
+def _summary(eth_type: int, vlan: int | None, version: int, src: str, dst: str, proto: int | None,
+             fragment: bool, truncated: bool, n: int) -> PacketSummary:
+    return PacketSummary(eth_type=eth_type, vlan=vlan, ip_version=version, src_ip=src, dst_ip=dst,
+                         protocol=proto, transport=transport_name(proto), fragment=fragment,
+                         truncated=truncated, length=n)
+
+
+def _l4(frame: bytes, off: int, eth_type: int, vlan: int | None, version: int, src: str, dst: str,
+        proto: int, fragment: bool) -> PacketSummary:
+    n = len(frame)
+    avail = n - off
+    if proto == PROTO_TCP:
+        if avail >= 20:
+            sport, dport, doff, fl = _TCP.unpack_from(frame, off)
+            # Options are part of the header the segment announced.
+            return _new(PacketSummary, (eth_type, vlan, version, src, dst, proto, "tcp", sport, dport, None,
+                                        None, ((doff & 1) << 8) | fl, fragment, avail < (doff >> 4) * 4, n))
+        sport = dport = flags = None
+        if avail >= 4:
+            sport, dport = _PORTS.unpack_from(frame, off)
+        if avail >= 14:
+            flags = ((frame[off + 12] & 1) << 8) | frame[off + 13]
+        return _new(PacketSummary, (eth_type, vlan, version, src, dst, proto, "tcp", sport, dport, None, None,
+                                    flags, fragment, True, n))
+    need = _MIN_L4.get(proto)
+    if need is None:  # a protocol we do not look into: addresses + number are all we know
+        return _summary(eth_type, vlan, version, src, dst, proto, fragment, False, n)
+    if proto == PROTO_ICMP or proto == PROTO_ICMPV6:
+        icmp_type = icmp_code = None
+        if avail >= 2:
+            icmp_type, icmp_code = frame[off], frame[off + 1]
+        return _new(PacketSummary, (eth_type, vlan, version, src, dst, proto, _TRANSPORT[proto], None, None,
+                                    icmp_type, icmp_code, None, fragment, avail < need, n))
+    sport = dport = None
+    if avail >= 4:
+        sport, dport = _PORTS.unpack_from(frame, off)
+    return _new(PacketSummary, (eth_type, vlan, version, src, dst, proto, _TRANSPORT[proto], sport, dport,
+                                None, None, None, fragment, avail < need, n))

@@ -1,0 +1,373 @@
+"""`npaudit verify`: check seq and hash chain across live and rotated audit files, report the first break."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import sys
+import zlib
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from auditlog.chain import (CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, digest,
+                            parse_line)
+
+DEFAULT_DIR = Path("/var/log/npaudit")
+DEFAULT_BASE = "audit.jsonl"
+_LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
+_READ_ERRORS = (OSError, EOFError, zlib.error)  # a short or corrupt gzip stream
+
+# Kinds of break, first match wins in this order of checks.
+MISSING = "missing"              # records removed inside a file
+MISSING_FILE = "missing_file"    # records missing between two files whose indexes skip one
+EDITED = "edited"                # content, chain or seq of a record changed
+REORDERED = "reordered"          # a record out of place, or repeated
+TRUNCATED = "truncated"          # a line cut short (no newline at the end of a file) or a short gzip
+UNPARSEABLE = "unparseable"      # a line that is not JSON
+UNSEALED = "unsealed"            # a JSON line without npaudit.seq / npaudit.chain
+
+
+# --- the file set: audit.jsonl (live), audit.jsonl.1[.gz] (newest rotated), ... ---
+
+_NAME = re.compile(r"(?P<base>.+?)(?:\.(?P<index>\d+))?(?:\.gz)?")
+
+
+def split_name(name: str) -> tuple[str, int]:
+    """(base, rotation index) of a file name: ("audit.jsonl", 2) for audit.jsonl.2.gz, 0 for the live file."""
+    m = _NAME.fullmatch(name)
+    if m is None:
+        return name, 0
+    return m["base"], int(m["index"] or 0)
+
+
+def audit_files(live: Path) -> list[tuple[int, Path]]:
+    """(index, path) of the live file and its rotated files that exist, oldest first, live last."""
+    pattern = re.compile(re.escape(live.name) + r"(?:\.(\d+)(?:\.gz)?)?")
+    found: list[tuple[int, Path]] = []
+    with suppress(FileNotFoundError):
+        for entry in os.scandir(live.parent):
+            m = pattern.fullmatch(entry.name)
+            if m and entry.is_file():
+                found.append((int(m[1] or 0), Path(entry.path)))
+    found.sort(key=lambda item: (item[0] == 0, -item[0], item[1].name))  # highest index is oldest
+    return found
+
+
+def open_audit_file(path: Path) -> IO[bytes]:
+    """A binary reader of a live, rotated or gzip-rotated audit file."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(offset, line number, raw bytes including its b"\\n") of each line; offsets are uncompressed."""
+    offset = 0
+    with open_audit_file(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            yield offset, lineno, raw
+            offset += len(raw)
+
+
+def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list[Path], list[str]]:
+    """Files to check, oldest first, and notes on files ignored; a directory means its `base`* set."""
+    files: list[Path] = []
+    notes: list[str] = []
+    for path in paths:
+        if path.is_dir():
+            found = [p for _, p in audit_files(path / base)]
+            if not found:
+                raise FileNotFoundError(f"no {base} files in {path}")
+            names = {p.name for p in found}
+            notes += [f"ignored {path / n}: not a live or rotated audit file name"
+                      for n in sorted(os.listdir(path)) if n.startswith(base) and n not in names]
+            files += found
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+    unique = list(dict.fromkeys(files))
+    # Explicit files are put in rotation order too: highest index first, the live file last.
+    unique.sort(key=lambda p: -split_name(p.name)[1])
+    return unique, notes
+
+
+# --- results ---
+
+@dataclass(frozen=True)
+class Break:
+    """The first place where the files stop being one unbroken chain."""
+
+    kind: str
+    file: Path
+    line: int
+    detail: str
+    expected_seq: int | None = None
+    found_seq: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.file} line {self.line}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    files: tuple[Path, ...]
+    records: int                 # records checked (up to the break)
+    first_seq: int | None
+    last_seq: int | None
+    head_chain: str | None       # chain of the last good record: compare with a copy kept elsewhere
+    first_break: Break | None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.first_break is None
+
+    def summary(self) -> str:
+        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
+        return f"OK: {self.records} records in {len(self.files)} files{seqs}"
+
+
+# --- the walk ---
+
+@dataclass
+class _Damage:
+    file_index: int
+    line: int
+    offset: int
+    kind: str
+    detail: str
+    torn: bool   # the line has no newline: the last line of its file, cut short
+
+
+def _sealed_with_seq(record: dict[str, Any], prev_chain: str, seq: int) -> bool:
+    """Would `record` verify if its npaudit.seq were `seq`? (Then only the seq was edited.)"""
+    original = dict(record)
+    original["npaudit"] = dict(record["npaudit"], seq=seq)
+    return digest(prev_chain, original) == record["npaudit"]["chain"]
+
+
+def _is_restart(record: dict[str, Any]) -> bool:
+    event = record.get("event")
+    return isinstance(event, dict) and event.get("kind") == "state" and event.get("action") == "chain-restart"
+
+
+@dataclass
+class _Walk:
+    files: list[Path]
+    prev_seq: int | None = None
+    prev_chain: str = GENESIS
+    prev_pos: tuple[int, int] = (0, 0)       # (file index, line) of the last good record
+    records: int = 0
+    first_seq: int | None = None
+    first: tuple[int, int, dict[str, Any]] | None = None  # file index, line, record of the anchor
+    pending: _Damage | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def run(self) -> Break | None:
+        for fi, path in enumerate(self.files):
+            offset, lineno = 0, 0
+            try:
+                for offset, lineno, raw in iter_lines(path):
+                    brk = self._line(fi, lineno, offset, raw)
+                    if brk is not None:
+                        return brk
+                    offset += len(raw)
+            except _READ_ERRORS as exc:
+                if self.pending is None:
+                    self.pending = _Damage(fi, lineno + 1, offset, TRUNCATED,
+                                           f"the file ends early or is corrupt ({exc})", True)
+        return self._damage_break(self.pending) if self.pending else None
+
+    def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:
+        torn = not raw.endswith(b"\n")
+        try:
+            record, seq, chain = parse_line(raw if torn else raw[:-1])
+        except ChainError as exc:
+            if self.pending is None:
+                self.pending = _Damage(fi, lineno, offset, exc.kind, exc.detail, torn)
+            return None
+        if self.pending is not None:
+            if not (_is_restart(record) and self._explains(record, self.pending)):
+                return self._damage_break(self.pending)
+            d = self.pending
+            self.warnings.append(
+                f"{self.files[d.file_index]} line {d.line}: bytes that are not a record (a write cut "
+                f"short), explained by the chain-restart record at {self.files[fi]} line {lineno} "
+                f"(seq {seq})")
+            self.pending = None
+        elif _is_restart(record):
+            self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
+                                 "without the damaged bytes it names before it")
+        try:
+            check_record(record, self.prev_chain, self.prev_seq)
+        except ChainError as exc:
+            return self._classify(exc, fi, lineno, record, seq, chain)
+        if self.first is None:
+            self.first, self.first_seq = (fi, lineno, record), seq
+        self.prev_seq, self.prev_chain, self.prev_pos = seq, chain, (fi, lineno)
+        self.records += 1
+        return None
+
+    def _explains(self, record: dict[str, Any], damage: _Damage) -> bool:
+        named = record.get("npaudit", {}).get("chain_restart")
+        return (isinstance(named, dict) and named.get("offset") == damage.offset
+                and named.get("line") == damage.line)
+
+    def _damage_break(self, d: _Damage) -> Break:
+        if d.torn:
+            return Break(TRUNCATED, self.files[d.file_index], d.line,
+                         f"the last line is cut short ({d.detail})", self._next_seq())
+        return Break(d.kind, self.files[d.file_index], d.line, d.detail, self._next_seq())
+
+    def _next_seq(self) -> int | None:
+        return None if self.prev_seq is None else self.prev_seq + 1
+
+    def _classify(self, exc: ChainError, fi: int, lineno: int, record: dict[str, Any], seq: int,
+                  chain: str) -> Break:
+        path, expected = self.files[fi], exc.expected
+        here = {"file": path, "line": lineno, "expected_seq": expected, "found_seq": seq}
+        if exc.kind == CHAIN_MISMATCH:
+            return Break(EDITED, detail=f"record seq {seq} does not match its chain value: its content "
+                         "or npaudit.chain was changed", **here)
+        if expected is not None and _sealed_with_seq(record, self.prev_chain, expected):
+            return Break(EDITED, detail=f"npaudit.seq was changed from {expected} to {seq}", **here)
+        if exc.kind == SEQ_GAP and expected is not None:
+            found = self._find_seq(expected, fi, lineno)
+            if found is not None:
+                return Break(REORDERED, detail=f"expected seq {expected}, found seq {seq}; seq {expected} "
+                             f"comes later, at {found[0]} line {found[1]}", **here)
+            if not self._next_follows(fi, lineno, seq, chain):
+                return Break(EDITED, detail=f"expected seq {expected}, found seq {seq}, and the next record "
+                             f"does not follow seq {seq}: npaudit.seq was changed", **here)
+            span = f"seq {expected}" if seq == expected + 1 else f"seq {expected}..{seq - 1}"
+            prev_fi, prev_line = self.prev_pos
+            if prev_fi == fi:
+                return Break(MISSING, detail=f"record(s) {span} missing ({seq - expected}): expected seq "
+                             f"{expected}, found seq {seq}", **here)
+            prev = self.files[prev_fi]
+            text = (f"record(s) {span} missing ({seq - expected}) between {prev} (ends with seq "
+                    f"{expected - 1} at line {prev_line}) and {path} (continues with seq {seq})")
+            absent = _absent_between(prev, path)
+            if absent:
+                return Break(MISSING_FILE, detail=f"{text}; {', '.join(absent)} absent: a rotated file "
+                             "was removed", **here)
+            return Break(MISSING, detail=text, **here)
+        if self.records == 1 and self.first is not None and self.first_seq != 1:
+            return self._misplaced_anchor(fi, lineno, record, seq, chain)
+        return Break(REORDERED, detail=f"expected seq {expected}, found seq {seq}: a record out of order "
+                     "or repeated", **here)
+
+    def _misplaced_anchor(self, fi: int, lineno: int, record: dict[str, Any], seq: int,
+                          chain: str) -> Break:
+        """The oldest record (taken on trust) is followed by a lower seq: which one is out of place?"""
+        if self.first is None or self.first_seq is None:
+            raise RuntimeError("no anchor record")  # the caller checks; this keeps the types honest
+        afi, aline, anchor = self.first
+        at_anchor = {"file": self.files[afi], "line": aline, "expected_seq": None, "found_seq": self.first_seq}
+        if _sealed_with_seq(anchor, GENESIS, 1):
+            return Break(EDITED, detail=f"npaudit.seq of the first record was changed from 1 to "
+                         f"{self.first_seq}", **at_anchor)
+        genuine_first = seq == 1 and digest(GENESIS, record) == chain
+        if not genuine_first and self._next_follows(fi, lineno, self.first_seq, self.prev_chain, strict=True):
+            return Break(REORDERED, detail=f"seq {seq} follows seq {self.first_seq}: a record out of order "
+                         "or repeated", file=self.files[fi], line=lineno,
+                         expected_seq=self.first_seq + 1, found_seq=seq)
+        return Break(REORDERED, detail=f"the first record has seq {self.first_seq} but seq {seq} follows it "
+                     f"at {self.files[fi]} line {lineno}: the first record is out of place", **at_anchor)
+
+    def _lines_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, bytes]]:
+        for index in range(fi, len(self.files)):
+            with suppress(*_READ_ERRORS):
+                for _, n, raw in iter_lines(self.files[index]):
+                    if index > fi or n > lineno:
+                        yield self.files[index], n, raw
+
+    def _find_seq(self, seq: int, fi: int, lineno: int) -> tuple[Path, int] | None:
+        for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno)):
+            if count >= _LOOKAHEAD_LINES:
+                break
+            with suppress(ChainError):
+                if parse_line(raw.rstrip(b"\n"))[1] == seq:
+                    return path, n
+        return None
+
+    def _next_follows(self, fi: int, lineno: int, seq: int, chain: str, *, strict: bool = False) -> bool:
+        """Does the record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
+        for _, _, raw in self._lines_after(fi, lineno):
+            try:
+                record, nseq, nchain = parse_line(raw.rstrip(b"\n"))
+            except ChainError:
+                return not strict
+            return nseq == seq + 1 and digest(chain, record) == nchain
+        return not strict
+
+
+def _absent_between(older: Path, newer: Path) -> list[str]:
+    """Rotated file names missing between two neighbours (audit.jsonl.3.gz, audit.jsonl.1.gz -> .2.gz)."""
+    base, old_index = split_name(older.name)
+    new_base, new_index = split_name(newer.name)
+    if base != new_base or old_index - new_index <= 1:
+        return []
+    suffix = ".gz" if older.name.endswith(".gz") else ""
+    return [f"{base}.{i}{suffix}" for i in range(old_index - 1, new_index, -1)]
+
+
+def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE) -> VerifyResult:
+    """Check the files (or directories of files) as one chain; FileNotFoundError if there are none."""
+    files, notes = collect_files([Path(p) for p in paths], base)
+    walk = _Walk(files, warnings=list(notes))
+    brk = walk.run()
+    if walk.first_seq not in (None, 1) and brk is None:
+        walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
+                             "here (removed by retention, or by someone)")
+    return VerifyResult(tuple(files), walk.records, walk.first_seq, walk.prev_seq,
+                        walk.prev_chain if walk.records else None, brk, tuple(walk.warnings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`npaudit verify [PATH...]`: 0 when intact, 1 at the first break, 2 when there is nothing to read."""
+    parser = argparse.ArgumentParser(
+        prog="npaudit verify",
+        description="Check npaudit.seq and npaudit.chain across live and rotated (gzip) audit files.")
+    parser.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_DIR],
+                        help=f"audit files and/or directories (default {DEFAULT_DIR})")
+    parser.add_argument("--base", default=DEFAULT_BASE,
+                        help=f"live file name to look for in a directory (default {DEFAULT_BASE})")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        result = verify(args.paths, base=args.base)
+    except OSError as exc:
+        print(f"npaudit verify: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        brk = result.first_break
+        print(json.dumps({
+            "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
+            "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
+            "warnings": list(result.warnings),
+            "break": None if brk is None else {
+                "kind": brk.kind, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
+                "expected_seq": brk.expected_seq, "found_seq": brk.found_seq},
+        }, sort_keys=True))
+        return 0 if result.ok else 1
+    for warning in result.warnings:
+        print(f"WARNING: {warning}")
+    if result.first_break is not None:
+        print(f"BREAK: {result.first_break}")
+        print(f"{result.records} records intact before it, in {len(result.files)} files")
+        return 1
+    print(result.summary())
+    if result.head_chain:
+        print(f"head: seq {result.last_seq} chain {result.head_chain}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

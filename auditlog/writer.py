@@ -1,0 +1,508 @@
+"""Hash-chained JSONL audit file writer: bounded queue, one writer thread, size rotation, gzip, retention."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import glob
+import gzip
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+import zlib
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from concurrent_log_handler import ConcurrentRotatingFileHandler
+
+from auditlog.chain import GENESIS, ChainError, parse_line, seal
+from auditlog.verify import audit_files, iter_lines, open_audit_file
+from packetin.ratelimited_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+DEFAULT_PATH = Path("/var/log/npaudit/audit.jsonl")
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+# gzip(1)'s default level: ~57 MB/s of JSONL here against ~19 MB/s at Python's
+# default 9 (for ~5% more bytes), so a 100 MiB rotation pauses the writer
+# thread ~2 s instead of ~5 s, which a 100k-record queue rides out.
+GZIP_LEVEL = 6
+_DRAIN_MAX = 8192            # records per batch: bounds memory and time between queue checks
+_MAX_CHUNK = MiB             # bytes per write; rotation is checked between writes
+_TAIL_BLOCK = 256 * 1024     # bytes read from the end of the live file to resume the chain
+_TAIL_LINES = 256            # lines kept from the end of a gzip file to resume the chain
+_READ_ERRORS = (OSError, EOFError, zlib.error)  # a short or corrupt gzip stream
+STAT_KEYS = ("written", "batches", "bytes", "dropped_queue_full", "dropped_closed", "rotations",
+             "pruned", "unencodable", "write_errors", "lost_write_error", "chain_restarts")
+
+
+class AuditWriterError(RuntimeError):
+    """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
+
+
+# --- finding where the chain stands on disk ---
+
+@dataclass(frozen=True)
+class _Tail:
+    last: tuple[int, str] | None     # (seq, chain) of the last complete record
+    damage: tuple[int, int] | None   # (offset, line) of the first bytes after it that are not a record
+    size: int
+    ends_with_newline: bool
+
+
+def _parses(raw: bytes) -> tuple[int, str] | None:
+    try:
+        _, seq, chain = parse_line(raw.rstrip(b"\n"))
+    except ChainError:
+        return None
+    return seq, chain
+
+
+def _line_number(path: Path, offset: int) -> int:
+    count, pos = 1, 0
+    with open_audit_file(path) as f:
+        while pos < offset:
+            block = f.read(min(MiB, offset - pos))
+            if not block:
+                break
+            count += block.count(b"\n")
+            pos += len(block)
+    return count
+
+
+def _window(path: Path) -> tuple[list[tuple[int, bytes]], bool, int, bool]:
+    """The last lines of `path` as (offset, raw); whether they start the file; size; ends with b"\n"."""
+    if path.name.endswith(".gz"):
+        lines: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=_TAIL_LINES)
+        size = 0
+        with suppress(*_READ_ERRORS):  # a short gzip stream: what was read is what there is
+            for offset, _, raw in iter_lines(path):
+                lines.append((offset, raw))
+                size = offset + len(raw)
+        ends_nl = not lines or lines[-1][1].endswith(b"\n")
+        return list(lines), not lines or lines[0][0] == 0, size, ends_nl
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - _TAIL_BLOCK)
+        f.seek(start)
+        block = f.read()
+    pieces = block.split(b"\n")
+    out, pos = [], start
+    for i, piece in enumerate(pieces):
+        raw = piece + b"\n" if i < len(pieces) - 1 else piece
+        if raw and not (i == 0 and start > 0):  # the first piece of a mid-file block is partial
+            out.append((pos, raw))
+        pos += len(raw)
+    return out, start == 0, size, size == 0 or block.endswith(b"\n")
+
+
+def scan_tail(path: Path) -> _Tail:
+    """Where the chain stands at the end of one file, and what follows its last complete record."""
+    lines, whole, size, ends_nl = _window(path)
+    last, damage_offset = None, None
+    for i in range(len(lines) - 1, -1, -1):
+        last = _parses(lines[i][1])
+        if last is not None:
+            end = lines[i][0] + len(lines[i][1])
+            damage_offset = end if end < size else None
+            break
+    if last is None and not whole:
+        # No record in the window (a long run of garbage): read the whole file.
+        with suppress(*_READ_ERRORS):
+            for offset, _, raw in iter_lines(path):
+                if (found := _parses(raw)) is not None:
+                    last, damage_offset = found, offset + len(raw)
+        if damage_offset is not None and damage_offset >= size:
+            damage_offset = None
+    if last is None and size:
+        damage_offset = 0
+    damage = None if damage_offset is None else (damage_offset, _line_number(path, damage_offset))
+    return _Tail(last, damage, size, ends_nl)
+
+
+def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int,
+                         now: float) -> dict[str, Any]:
+    """The state record that starts a new chain segment after bytes that are not a record."""
+    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
+    return {
+        "@timestamp": stamp.replace("+00:00", "Z"),
+        "event": {"kind": "state", "action": "chain-restart", "type": ["info"], "reason": "torn-write"},
+        "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
+                    f"that are not a complete record (a write cut short); last good seq {after_seq}"),
+        "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
+                                      "after_seq": after_seq}},
+    }
+
+
+# --- rotation through concurrent-log-handler ---
+
+def _gzip_file(src: Path, dst: Path, *, fsync: bool) -> None:
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # the umask may have narrowed it
+        with os.fdopen(fd, "wb") as raw:
+            fd = -1
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL) as gz, \
+                    open(src, "rb") as inp:
+                shutil.copyfileobj(inp, gz, MiB)
+            if fsync:
+                raw.flush()
+                os.fsync(raw.fileno())
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with suppress(OSError):
+            os.unlink(dst)
+        raise
+
+
+class _JsonlHandler(ConcurrentRotatingFileHandler):
+    """ConcurrentRotatingFileHandler that hands write errors back and gzips at GZIP_LEVEL, mode 0640."""
+
+    error: BaseException | None = None
+    fsync_rotated = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's default prints a traceback and forgets the batch; the writer
+        # must know, so it can resynchronise with the disk and retry.
+        self.error = sys.exc_info()[1]
+
+    def do_gzip(self, input_filename: str) -> None:
+        try:
+            _gzip_file(Path(input_filename), Path(input_filename + ".gz"), fsync=self.fsync_rotated)
+        except OSError as exc:
+            # The library then keeps the plain file as .1; verify reads both.
+            log.warning("audit log: cannot gzip %s, keeping it uncompressed: %s", input_filename, exc)
+            return
+        os.remove(input_filename)
+
+
+class _WriteFailed(Exception):
+    def __init__(self, unwritten: list[dict[str, Any]], cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.unwritten = unwritten
+
+
+class AuditWriter:
+    """Seals records into the hash chain and appends them to a rotating JSONL file from one thread.
+
+    `submit` never blocks: a full queue returns False and counts. The thread takes
+    everything queued (up to 8192 records), seals it and writes it in as few
+    writes as the rotation size allows, so a lone record reaches the file at once
+    and a flood is written in large batches. Call `start` before records can be
+    written; `close` drains the queue. Only one writer may own a file set.
+    """
+
+    def __init__(self, path: Path = DEFAULT_PATH, *, max_bytes: int = 100 * MiB, backup_count: int = 10,
+                 max_age_days: float = 28, queue_size: int = 100_000, compress: bool = True,
+                 fsync: bool = False, clock: Callable[[], float] = time.time) -> None:
+        for name, value, low in (("max_bytes", max_bytes, 0), ("backup_count", backup_count, 1),
+                                 ("max_age_days", max_age_days, 0), ("queue_size", queue_size, 1)):
+            if value < low:
+                raise ValueError(f"audit writer: {name} must be >= {low}, got {value!r}")
+        self.path = Path(path)
+        self.max_bytes = max_bytes          # 0: never rotate
+        self.backup_count = backup_count    # rotated files kept (at least 1)
+        self.max_age_days = max_age_days    # 0: no age limit
+        self.queue_size = queue_size
+        self.compress = compress
+        self.fsync = fsync
+        self._clock = clock
+        self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
+        self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
+        self._queue: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
+        self._abandon = threading.Event()
+        self._count_lock = threading.Lock()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._handler: _JsonlHandler | None = None
+        self._seq, self._chain = 0, GENESIS
+        self._restart: dict[str, Any] | None = None  # the latest chain-restart record made
+        self._errors = RateLimitedLog(log, 10.0)
+
+    # --- producer side (any thread) ---
+
+    def submit(self, record: dict[str, Any]) -> bool:
+        """Queue `record` (the writer now owns it and sets npaudit.seq/chain); False if full or closed."""
+        if self._closing:
+            self._count("dropped_closed")
+            return False
+        if len(self._queue) >= self.queue_size:
+            self._count("dropped_queue_full")
+            return False
+        self._queue.append(record)
+        # Append before looking at the flag: the thread clears it before it drains.
+        if not self._wake.is_set():
+            self._wake.set()
+        return True
+
+    def flush_wait(self, timeout: float = 5.0) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        done = threading.Event()
+        self._queue.append(done)
+        self._wake.set()
+        return done.wait(timeout)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """(seq, chain) of the last record sealed."""
+        return self._seq, self._chain
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._count_lock:  # producers on several threads
+            self.stats[key] += n
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        """Create the directory, finish an interrupted rotation, prune, resume the chain, start the thread."""
+        if self._thread is not None:
+            return
+        try:
+            self._prepare_directory()
+            self._finish_interrupted_rotation()
+            self._prune()
+            restart = self._resync()
+            if restart is not None:
+                self._queue.appendleft(restart)  # before anything submitted already
+            self._handler = self._new_handler()
+        except OSError as exc:
+            raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
+        self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Write what is queued, then stop; True if everything submitted was written."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._abandon.set()  # stop retrying a failing disk
+                self._thread.join(5.0)
+        self._close_handler()
+        left = sum(1 for item in self._queue if isinstance(item, dict))
+        if left:
+            self._count("dropped_closed", left)
+        return not left and (self._thread is None or not self._thread.is_alive())
+
+    def __enter__(self) -> AuditWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare_directory(self) -> None:
+        missing = []
+        parent = self.path.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            with suppress(FileExistsError):
+                os.mkdir(directory, DIR_MODE)
+                os.chmod(directory, DIR_MODE)  # the umask may have narrowed it
+
+    def _new_handler(self) -> _JsonlHandler:
+        handler = _JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
+                                encoding="ascii", use_gzip=self.compress, chmod=FILE_MODE, newline="")
+        handler.fsync_rotated = self.fsync
+        return handler
+
+    def _close_handler(self) -> None:
+        if self._handler is not None:
+            with suppress(Exception):  # after a failed write the flush in close fails too
+                self._handler.close()
+            self._handler = None
+
+    # --- the writer thread ---
+
+    def _run(self) -> None:
+        try:
+            while not self._abandon.is_set():
+                self._wake.wait()
+                self._wake.clear()  # before draining: a record queued from now on sets it again
+                while self._queue and not self._abandon.is_set():
+                    records, done = self._take()
+                    if records:
+                        self._write(records)
+                    for event in done:
+                        event.set()
+                if self._closing and not self._queue:
+                    return
+        except Exception:
+            log.critical("audit writer thread failed; records now queue up and are dropped", exc_info=True)
+
+    def _take(self) -> tuple[list[dict[str, Any]], list[threading.Event]]:
+        records: list[dict[str, Any]] = []
+        done: list[threading.Event] = []
+        queue = self._queue
+        while queue and len(records) < _DRAIN_MAX:
+            item = queue.popleft()
+            if isinstance(item, threading.Event):
+                done.append(item)
+            else:
+                records.append(item)
+        return records, done
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        """Write `records`; on a failed write resynchronise with the disk and retry until closed."""
+        delay = 0.05
+        resync = False
+        while records:
+            try:
+                if resync:
+                    self._close_handler()
+                    stale = self._restart  # superseded: a new one names the damage as it is now
+                    restart = self._resync()
+                    # Records up to the seq on disk made it in full; the rest are sealed again.
+                    records = [r for r in records if r is not stale and r["npaudit"]["seq"] > self._seq]
+                    if restart is not None:
+                        records.insert(0, restart)
+                    self._handler = self._new_handler()
+                    resync = False
+                self._emit_records(records)
+                return
+            except _WriteFailed as failed:
+                records, cause = failed.unwritten, failed.__cause__
+            except OSError as exc:  # the resynchronisation itself failed
+                cause = exc
+            resync = True
+            self.stats["write_errors"] += 1
+            self._errors.log(logging.ERROR, "write", "audit log %s: write failed, %d records held, retrying: %s",
+                             self.path, len(records), cause)
+            if self._abandon.wait(delay):
+                self.stats["lost_write_error"] += len(records)
+                return
+            delay = min(delay * 2, 5.0)
+
+    def _emit_records(self, records: list[dict[str, Any]]) -> None:
+        sealed: list[tuple[dict[str, Any], str]] = []
+        for record in records:
+            try:
+                line = seal(record, self._chain, self._seq + 1)
+            except (TypeError, ValueError, RecursionError, AttributeError) as exc:
+                self.stats["unencodable"] += 1
+                self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
+                continue
+            self._seq += 1
+            self._chain = record["npaudit"]["chain"]
+            sealed.append((record, line))
+        start = 0
+        while start < len(sealed):
+            end, size = start + 1, len(sealed[start][1]) + 1
+            while end < len(sealed) and size + len(sealed[end][1]) + 1 <= self._chunk_bytes:
+                size += len(sealed[end][1]) + 1
+                end += 1
+            try:
+                self._emit("\n".join(line for _, line in sealed[start:end]))
+            except Exception as exc:
+                raise _WriteFailed([r for r, _ in sealed[start:]], exc) from exc
+            self.stats["written"] += end - start
+            self.stats["batches"] += 1
+            self.stats["bytes"] += size
+            start = end
+
+    def _emit(self, text: str) -> None:
+        handler = self._handler
+        if handler is None:
+            raise OSError("audit writer is not started")
+        rotations = handler.num_rollovers
+        handler.error = None
+        # One LogRecord per chunk: the handler rotates before a write, never inside one.
+        handler.emit(logging.LogRecord("npaudit.audit", logging.INFO, "", 0, text, None, None))
+        if handler.error is not None:
+            raise handler.error
+        if self.fsync and handler.stream is not None:
+            os.fsync(handler.stream.fileno())
+        if handler.num_rollovers != rotations:
+            self.stats["rotations"] += handler.num_rollovers - rotations
+            self._prune()
+
+    # --- disk state: resume, repair, retention ---
+
+    def _resync(self) -> dict[str, Any] | None:
+        """Take seq/chain from the newest record on disk; a chain-restart record if damage follows it."""
+        self._restart = None
+        damage: tuple[Path, int, int, int] | None = None  # path, offset, line, bytes
+        after_seq, after_chain = 0, GENESIS
+        for index, path in reversed(audit_files(self.path)):
+            tail = scan_tail(path)
+            if index == 0 and not tail.ends_with_newline:
+                with open(path, "ab") as f:  # end the torn line so the next record has a line of its own
+                    f.write(b"\n")
+            if tail.damage is not None:
+                damage = (path, tail.damage[0], tail.damage[1], tail.size - tail.damage[0])
+            if tail.last is not None:
+                after_seq, after_chain = tail.last
+                break
+        self._seq, self._chain = after_seq, after_chain
+        if damage is None:
+            return None
+        path, offset, line, nbytes = damage
+        self._restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
+                                             after_seq=after_seq, now=self._clock())
+        log.warning("audit log %s: %s", self.path, self._restart["message"])
+        self.stats["chain_restarts"] += 1
+        return self._restart
+
+    def _prune(self) -> None:
+        horizon = self._clock() - self.max_age_days * 86400 if self.max_age_days else None
+        for index, path in audit_files(self.path):
+            if index == 0:
+                continue
+            try:
+                if index > self.backup_count or (horizon is not None and path.stat().st_mtime < horizon):
+                    path.unlink()
+                    self.stats["pruned"] += 1
+                    log.info("audit log: removed %s (retention: %d files, %s days)",
+                             path, self.backup_count, self.max_age_days)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._errors.log(logging.WARNING, "prune", "audit log: cannot remove %s: %s", path, exc)
+
+    def _finish_interrupted_rotation(self) -> None:
+        """Put a file left as audit.jsonl.rotate.N[.gz] by a crash mid-rotation in place as .1[.gz]."""
+        pattern = glob.escape(str(self.path)) + ".rotate.*"
+        for name in sorted(glob.glob(pattern), key=os.path.getmtime):
+            src = Path(name)
+            if not src.exists():
+                continue
+            if src.name.endswith(".gz"):
+                if Path(name[:-3]).exists():
+                    src.unlink()  # a half-written .gz next to its whole source
+                    continue
+            elif self.compress:
+                _gzip_file(src, Path(name + ".gz"), fsync=self.fsync)
+                src.unlink()
+                src = Path(name + ".gz")
+            self._shift_rotated()
+            suffix = ".gz" if src.name.endswith(".gz") else ""
+            dest = self.path.with_name(f"{self.path.name}.1{suffix}")
+            os.replace(src, dest)
+            log.warning("audit log: finished a rotation interrupted by a crash: %s -> %s", name, dest.name)
+
+    def _shift_rotated(self) -> None:
+        # As the library does: move the contiguous run .1, .2, ... up by one, oldest first.
+        existing = {index: path for index, path in audit_files(self.path) if index}
+        run = 0
+        while run + 1 in existing:
+            run += 1
+        for index in range(run, 0, -1):
+            src = existing[index]
+            suffix = ".gz" if src.name.endswith(".gz") else ""
+            os.replace(src, self.path.with_name(f"{self.path.name}.{index + 1}{suffix}"))

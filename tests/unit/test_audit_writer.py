@@ -1,0 +1,398 @@
+"""auditlog.writer.AuditWriter: write-through, batching, rotation, retention, modes, restarts, never blocking."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from auditlog import writer as writer_mod
+from auditlog.chain import GENESIS, check_line
+from auditlog.verify import audit_files, iter_lines, main as verify_main, verify
+from auditlog.writer import AuditWriter
+
+DAY = 86400.0
+
+
+def record(i: int) -> dict[str, Any]:
+    return {"@timestamp": "2024-05-01T02:14:03.512Z", "event": {"action": "dropped", "id": f"e{i}"},
+            "source": {"ip": "10.0.0.5", "port": 40000 + i % 20000}, "destination": {"ip": "10.0.1.7", "port": 80},
+            "rule": {"name": 'deny "all"\nnext-line \u2028 é'}, "npaudit": {"disposition": "Drop"}}
+
+
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    """Every record in the writer's file set, oldest first."""
+    out = []
+    for _, p in audit_files(path):
+        for _, _, raw in iter_lines(p):
+            out.append(json.loads(raw))
+    return out
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Path:
+    return tmp_path / "var" / "log" / "npaudit" / "audit.jsonl"
+
+
+@pytest.fixture
+def make_writer() -> Iterator[Callable[..., AuditWriter]]:
+    made: list[AuditWriter] = []
+
+    def make(path: Path, *, start: bool = True, **kw: Any) -> AuditWriter:
+        w = AuditWriter(path, **kw)
+        made.append(w)
+        if start:
+            w.start()
+        return w
+
+    yield make
+    for w in made:
+        w.close(timeout=10)
+
+
+def test_lone_record_reaches_the_file_at_once(live, make_writer):
+    w = make_writer(live)
+    t0 = time.perf_counter()
+    assert w.submit(record(1))
+    # Without asking for a flush: poll the file as a tailing reader would.
+    while not (live.exists() and live.read_bytes().endswith(b"\n")):
+        assert time.perf_counter() - t0 < 0.1, "a lone record took more than 100 ms to reach the file"
+        time.sleep(0.001)
+    t1 = time.perf_counter()
+    assert w.submit(record(2))
+    assert w.flush_wait(0.1)
+    assert time.perf_counter() - t1 < 0.1
+    got = lines_of(live)
+    assert [r["npaudit"]["seq"] for r in got] == [1, 2]
+    assert got[0]["rule"]["name"] == record(1)["rule"]["name"]
+    assert w.stats["written"] == 2 and w.stats["batches"] == 2
+
+
+def test_burst_is_batched_and_every_record_is_there_in_order(live, make_writer):
+    n = 50_000
+    w = make_writer(live, queue_size=n)
+    for i in range(n):
+        assert w.submit(record(i))
+    assert w.flush_wait(30)
+    assert w.stats["written"] == n and w.stats["dropped_queue_full"] == 0
+    assert w.stats["batches"] * 20 < n, w.stats
+    got = lines_of(live)
+    assert [r["npaudit"]["seq"] for r in got] == list(range(1, n + 1))
+    assert [r["event"]["id"] for r in got] == [f"e{i}" for i in range(n)]
+    result = verify([live.parent])
+    assert result.ok and result.records == n and result.head_chain == w.head[1]
+
+
+def test_rotation_under_load_gzips_and_never_splits_a_record(live, make_writer):
+    max_bytes = 32 * 1024
+    w = make_writer(live, max_bytes=max_bytes, backup_count=500, queue_size=100_000)
+    n = 20_000
+    for i in range(n):
+        assert w.submit(record(i))
+    assert w.flush_wait(30)
+    files = audit_files(live)
+    assert w.stats["rotations"] == len(files) - 1 >= 20
+    line_len = max(len(raw) for _, _, raw in iter_lines(files[0][1]))
+    for index, path in files:
+        if index:
+            assert path.name == f"audit.jsonl.{index}.gz"
+            with gzip.open(path) as f:
+                data = f.read()
+        else:
+            data = path.read_bytes()
+        assert data.endswith(b"\n")
+        # Rotation happens between writes of at most max_bytes/16 bytes.
+        assert len(data) <= max_bytes + max_bytes // 16 + line_len
+        for raw in data.splitlines():
+            json.loads(raw)  # whole records only
+    assert [int(i) for i, _ in files] == list(range(len(files) - 1, -1, -1))
+    result = verify([live.parent])
+    assert result.ok and (result.records, result.first_seq, result.last_seq) == (n, 1, n)
+
+
+def test_retention_keeps_backup_count_files_and_prunes_strays(live, make_writer):
+    live.parent.mkdir(parents=True)
+    stray = live.with_name("audit.jsonl.9.gz")
+    stray.write_bytes(gzip.compress(b""))
+    w = make_writer(live, max_bytes=4096, backup_count=3)
+    assert not stray.exists()  # above backup_count: removed at start
+    for i in range(2000):
+        assert w.submit(record(i))
+    assert w.flush_wait(30)
+    assert w.stats["rotations"] > 3
+    assert [p.name for _, p in audit_files(live)] == [
+        "audit.jsonl.3.gz", "audit.jsonl.2.gz", "audit.jsonl.1.gz", "audit.jsonl"]
+    result = verify([live.parent])
+    assert result.ok and result.last_seq == 2000 and result.first_seq > 1
+    assert any("checked from seq" in warning for warning in result.warnings)
+
+
+def test_retention_by_age_at_start_and_at_rotation(live, make_writer):
+    now = [1_700_000_000.0]
+    w1 = make_writer(live, max_bytes=2048, backup_count=50)
+    for i in range(200):
+        w1.submit(record(i))
+    assert w1.flush_wait(10)
+    w1.close()
+    rotated = [p for i, p in audit_files(live) if i]
+    assert len(rotated) >= 4
+    # Oldest half: 40 days old; the rest: 1 day old (by the injected clock).
+    for k, path in enumerate(rotated):
+        age = 40 * DAY if k < len(rotated) // 2 else 1 * DAY
+        os.utime(path, (now[0] - age, now[0] - age))
+    young = rotated[len(rotated) // 2:]
+    w2 = make_writer(live, max_bytes=2048, backup_count=50, max_age_days=28, clock=lambda: now[0])
+    assert sorted(p for i, p in audit_files(live) if i) == sorted(young)
+    assert w2.stats["pruned"] == len(rotated) // 2
+    # Thirty days later every file from before is too old; a rotation removes them.
+    now[0] += 30 * DAY
+    for path in young:
+        os.utime(path, (now[0] - 31 * DAY, now[0] - 31 * DAY))
+    rotations = w2.stats["rotations"]
+    for i in range(40):
+        w2.submit(record(i))
+    assert w2.flush_wait(10)
+    assert w2.stats["rotations"] > rotations
+    left = [p for i, p in audit_files(live) if i]
+    assert left and all(p.stat().st_mtime > now[0] - 28 * DAY for p in left)
+
+
+def test_directory_0750_and_files_0640_whatever_the_umask(live, make_writer):
+    old = os.umask(0o077)
+    try:
+        w = make_writer(live, max_bytes=2048, backup_count=5)
+        for i in range(100):
+            w.submit(record(i))
+        assert w.flush_wait(10)
+    finally:
+        os.umask(old)
+    for directory in (live.parent, live.parent.parent):  # created by the writer: both levels
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o750, directory
+    files = audit_files(live)
+    assert len(files) > 1
+    for _, path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+
+
+def test_existing_directory_mode_is_left_alone(tmp_path, make_writer):
+    tmp_path.chmod(0o755)
+    w = make_writer(tmp_path / "audit.jsonl")
+    w.submit(record(0))
+    assert w.flush_wait(1)
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
+
+
+def test_full_queue_refuses_and_counts(live, make_writer):
+    w = make_writer(live, start=False, queue_size=10)  # nothing drains yet
+    results = [w.submit(record(i)) for i in range(15)]
+    assert results == [True] * 10 + [False] * 5
+    assert w.stats["dropped_queue_full"] == 5
+    w.start()
+    assert w.flush_wait(5)
+    assert [r["event"]["id"] for r in lines_of(live)] == [f"e{i}" for i in range(10)]
+
+
+def test_close_drains_then_refuses(live, make_writer):
+    w = make_writer(live)
+    for i in range(3000):
+        w.submit(record(i))
+    assert w.close(timeout=10)
+    assert len(lines_of(live)) == 3000
+    assert not w.submit(record(0))
+    assert w.stats["dropped_closed"] == 1
+
+
+def test_restart_continues_seq_and_chain(live, make_writer):
+    w1 = make_writer(live)
+    for i in range(100):
+        w1.submit(record(i))
+    w1.close()
+    w2 = make_writer(live)
+    assert w2.head == w1.head
+    for i in range(100, 150):
+        w2.submit(record(i))
+    assert w2.flush_wait(5)
+    assert [r["npaudit"]["seq"] for r in lines_of(live)] == list(range(1, 151))
+    assert verify_main([str(live.parent)]) == 0
+
+
+def test_restart_resumes_from_newest_rotated_file_when_live_is_gone(live, make_writer):
+    w1 = make_writer(live, max_bytes=4096, backup_count=50)
+    for i in range(300):
+        w1.submit(record(i))
+    w1.close()
+    # As if the agent stopped right after a rotation: live -> .1.gz, no new live file yet.
+    for index, path in audit_files(live):
+        if index:
+            path.rename(live.with_name(f"audit.jsonl.{index + 1}.gz"))
+    live.with_name("audit.jsonl.1.gz").write_bytes(gzip.compress(live.read_bytes()))
+    live.unlink()
+    w2 = make_writer(live, max_bytes=4096, backup_count=50)
+    assert w2.head == w1.head
+    w2.submit(record(300))
+    assert w2.flush_wait(5)
+    result = verify([live.parent])
+    assert result.ok and (result.first_seq, result.last_seq) == (1, 301)
+
+
+def test_torn_last_line_starts_a_new_segment_that_verify_accepts(live, make_writer, capsys):
+    w1 = make_writer(live)
+    for i in range(10):
+        w1.submit(record(i))
+    w1.close()
+    data = live.read_bytes()
+    last_start = data.rstrip(b"\n").rfind(b"\n") + 1
+    live.write_bytes(data[:-25])  # the agent died in the middle of writing seq 10
+    w2 = make_writer(live)
+    assert w2.stats["chain_restarts"] == 1
+    for i in range(10, 15):
+        w2.submit(record(i))
+    assert w2.flush_wait(5)
+    raws = [raw for _, _, raw in iter_lines(live)]
+    assert raws[9] == data[last_start:-25] + b"\n"  # the torn bytes stay, ended by a newline
+    restart = json.loads(raws[10])
+    assert restart["event"]["kind"] == "state" and restart["event"]["action"] == "chain-restart"
+    assert restart["npaudit"]["chain_restart"]["line"] == 10
+    assert restart["npaudit"]["chain_restart"]["offset"] == last_start
+    assert restart["npaudit"]["seq"] == 10  # sealed onto seq 9, the last good record
+    assert check_line(raws[10].rstrip(b"\n"), json.loads(raws[8])["npaudit"]["chain"], 9)[0] == 10
+    assert [json.loads(r)["npaudit"]["seq"] for r in raws[11:]] == [11, 12, 13, 14, 15]
+    assert verify_main([str(live.parent)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING:" in out and "chain-restart" in out and "line 10" in out
+    assert "OK: 15 records in 1 files, seq 1..15" in out
+
+
+def test_complete_last_record_without_newline_just_continues(live, make_writer):
+    w1 = make_writer(live)
+    for i in range(5):
+        w1.submit(record(i))
+    w1.close()
+    live.write_bytes(live.read_bytes()[:-1])
+    w2 = make_writer(live)
+    w2.submit(record(5))
+    assert w2.flush_wait(5)
+    assert w2.stats["chain_restarts"] == 0
+    result = verify([live])
+    assert result.ok and result.last_seq == 6 and not result.warnings
+
+
+def test_submit_never_blocks_while_rotation_is_stuck(live, make_writer, monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+    real_gzip = writer_mod._JsonlHandler.do_gzip
+
+    def stuck_gzip(self, name):
+        entered.set()
+        release.wait(20)
+        real_gzip(self, name)
+
+    monkeypatch.setattr(writer_mod._JsonlHandler, "do_gzip", stuck_gzip)
+    w = make_writer(live, max_bytes=65536, backup_count=100, queue_size=5000)
+    accepted = refused = 0
+    i = 0
+    while not entered.wait(0 if i % 100 else 0.001):
+        ok = w.submit(record(i))
+        accepted, refused, i = accepted + ok, refused + (not ok), i + 1
+        assert i < 200_000, "rotation never started"
+    took = []
+    for _ in range(20_000):  # the writer thread sits in the rotation all along
+        t = time.perf_counter()
+        ok = w.submit(record(i))
+        took.append(time.perf_counter() - t)
+        accepted, refused, i = accepted + ok, refused + (not ok), i + 1
+    assert not release.is_set() and w.queued >= 4999
+    took.sort()
+    # Blocking on the writer would take the 20 s the rotation is held for; the
+    # worst case allows for this machine's scheduler, the 99th percentile not.
+    assert took[-1] < 0.5 and took[int(len(took) * 0.99)] < 0.001 and sum(took) < 1.0, took[-5:]
+    assert refused > 0 and w.stats["dropped_queue_full"] == refused
+    release.set()
+    assert w.flush_wait(20)
+    assert w.stats["written"] == accepted
+    result = verify([live.parent])
+    assert result.ok and result.records == accepted
+
+
+def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_writer, monkeypatch):
+    real_write = writer_mod._JsonlHandler.do_write
+    calls = [0]
+
+    def disk_full_once(self, msg):
+        calls[0] += 1
+        if calls[0] != 4:
+            return real_write(self, msg)
+        if self.stream is None or self.stream.closed:
+            self.stream = self.do_open()
+        self.stream.write(msg[: len(msg) // 2])  # half a line reached the disk
+        self.stream.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_mod._JsonlHandler, "do_write", disk_full_once)
+    w = make_writer(live)
+    for i in range(8):
+        w.submit(record(i))
+        assert w.flush_wait(5)
+    assert w.stats["write_errors"] == 1 and w.stats["chain_restarts"] == 1
+    assert w.stats["written"] == 9  # 8 records and the chain-restart record
+    got = []
+    for _, _, raw in iter_lines(live):
+        try:
+            got.append(json.loads(raw))
+        except ValueError:
+            continue  # the half line
+    assert [r["event"].get("id") for r in got] == ["e0", "e1", "e2", None, "e3", "e4", "e5", "e6", "e7"]
+    assert got[3]["event"]["action"] == "chain-restart"
+    result = verify([live])
+    assert result.ok and result.last_seq == 9, result
+    assert any("chain-restart" in warning for warning in result.warnings)
+
+
+def test_rotation_interrupted_by_a_crash_is_finished_at_start(live, make_writer):
+    w1 = make_writer(live, max_bytes=4096, backup_count=50)
+    for i in range(200):
+        w1.submit(record(i))
+    w1.close()
+    # The library renames the live file to .rotate.N first; a crash there leaves it.
+    live.rename(live.with_name("audit.jsonl.rotate.12345"))
+    w2 = make_writer(live, max_bytes=4096, backup_count=50)
+    assert not list(live.parent.glob("*.rotate.*"))
+    assert w2.head == w1.head
+    w2.submit(record(200))
+    assert w2.flush_wait(5)
+    result = verify([live.parent])
+    assert result.ok and (result.first_seq, result.last_seq) == (1, 201)
+
+
+def test_unencodable_record_is_counted_and_skipped_without_a_gap(live, make_writer):
+    w = make_writer(live)
+    w.submit(record(0))
+    w.submit({"bad": float("nan")})
+    w.submit({"bad": {1, 2}})
+    w.submit(record(1))
+    assert w.flush_wait(5)
+    assert w.stats["unencodable"] == 2
+    result = verify([live])
+    assert result.ok and result.last_seq == 2
+
+
+def test_fsync_option_and_head(live, make_writer):
+    w = make_writer(live, fsync=True)
+    assert w.head == (0, GENESIS)
+    w.submit(record(0))
+    assert w.flush_wait(5)
+    assert w.head[0] == 1 and lines_of(live)[0]["npaudit"]["chain"] == w.head[1]
+
+
+@pytest.mark.parametrize("field,value", [("max_bytes", -1), ("backup_count", 0), ("queue_size", 0),
+                                         ("max_age_days", -1)])
+def test_bad_settings_name_the_field(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field):
+        AuditWriter(tmp_path / "a.jsonl", **{field: value})
