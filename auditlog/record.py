@@ -6,6 +6,7 @@ import enum
 import json
 import math
 import time
+import itertools
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -33,8 +34,23 @@ _OBSERVER_TYPE = "switch"
 _OBSERVER_VENDOR = "Open vSwitch"
 
 
-def _uuid4_hex() -> str:
-    return uuid.uuid4().hex
+class EventIds:
+    """Unique event ids, cheaply: 64 random bits drawn once per process, then a counter.
+
+    32 hex digits like a uuid4, but one os.urandom per process instead of one per
+    record (on this VM urandom costs ~20 µs, more than building the whole record).
+    """
+
+    def __init__(self) -> None:
+        self._prefix = uuid.uuid4().hex[:16]
+        self._next = itertools.count().__next__
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{self._next():016x}"
+
+
+def _event_ids() -> Callable[[], str]:
+    return EventIds()
 
 
 class RuleView(Protocol):
@@ -76,9 +92,10 @@ class PodDirectory(Protocol):
 class RecordContext:
     """What every record of this node shares; `cluster` "" means no cluster name is set.
 
-    `new_event_id` makes event.id: a random uuid4 (32 hex digits) by default, because
-    nothing known when a record is built is unique (seq is assigned later, when the
-    writer seals the chain; two one-packet records of a key can share a millisecond).
+    `new_event_id` makes event.id: 32 hex digits, random per process plus a counter
+    (EventIds), because nothing known when a record is built is unique (seq is
+    assigned later, when the writer seals the chain; two one-packet records of a
+    key can share a millisecond).
     Tests inject a deterministic one. A re-sent line keeps its id, so SIEMs can still
     deduplicate at-least-once deliveries.
     """
@@ -87,7 +104,7 @@ class RecordContext:
     rules: RuleLookup
     pods: PodDirectory
     cluster: str = ""
-    new_event_id: Callable[[], str] = field(default=_uuid4_hex)
+    new_event_id: Callable[[], str] = field(default_factory=_event_ids)
 
 
 def _enum_value(value: Any) -> str:

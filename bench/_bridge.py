@@ -1,0 +1,202 @@
+"""Shared by the benches: a private OVS with two Pod namespaces, a flood generator, measured phases.
+
+Each phase runs one consumer process (pinned to CPU 1 by default, vswitchd and
+the niced generator on CPU 0), floods for a while and reports what OVS emitted
+(flow n_packets), what it lost (rconn_overflow), what the consumer counted, and
+the CPU each used. Root only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil  # noqa: E402
+
+from packetin import messages as m  # noqa: E402
+from packetin.model import Category, Disposition, Userdata  # noqa: E402
+from policy_agent.ovs_embedded import EmbeddedOvs  # noqa: E402
+from policy_agent.ovs_stats import CoverageReader  # noqa: E402
+from policy_agent.ovsdb import Ovsdb  # noqa: E402
+from policy_agent.podnet import create_pod, delete_pod, set_neighbor  # noqa: E402
+
+BRIDGE = "br-int"
+RULE_ID = 4242
+
+
+FLOOD = """
+import socket, struct, sys, time
+src_mac, dst_mac, src, dst, seconds, rate, distinct = sys.argv[1:8]
+rate = float(rate)
+distinct = distinct == "1"
+mac = lambda s: bytes(int(x, 16) for x in s.split(':'))
+ip = socket.inet_aton
+payload = b'x' * 64
+udp = struct.pack('!HHHH', 40000, 5001, 8 + len(payload), 0) + payload
+hdr = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, ip(src), ip(dst))
+frame = mac(dst_mac) + mac(src_mac) + b'\\x08\\x00' + hdr + udp
+# distinct: every frame a new audit key, so vary the UDP destination port (bytes 36..37)
+head, tail = frame[:36], frame[38:]
+frames = [head + struct.pack('!H', 1024 + i) + tail for i in range(64000)] if distinct else [frame] * 64
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(('eth0', 0))
+send = s.send
+n = 0
+start = time.monotonic()
+end = start + float(seconds)
+while True:
+    now = time.monotonic()
+    if now >= end:
+        break
+    ahead = n / rate - (now - start)  # paced: never more than `rate` frames/s
+    if ahead > 0:
+        time.sleep(ahead)
+    for i in range(64):
+        send(frames[(n + i) % len(frames)])
+    n += 64
+print(n)
+"""
+
+
+def flow_packets(mgmt: str) -> int:
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", mgmt, "udp"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(x) for x in re.findall(r"n_packets=(\d+)", out))
+
+
+def coverage(ovs: EmbeddedOvs, name: str) -> int:
+    value = CoverageReader(ovs.run_dir).read((name,))[name]
+    return -1 if value is None else value
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process (sched_setaffinity is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def run_phase(script: str, kind: str, env: dict, seconds: float, distinct: bool = False,
+              extra: tuple[str, ...] = ()) -> dict:
+    """One measured flood with consumer `kind` (run as `script --consumer kind ...`)."""
+    ovs: EmbeddedOvs = env["ovs"]
+    proc = subprocess.Popen([sys.executable, script, "--consumer", kind, "--target", env["target"],
+                             "--netns", env["ovs"].netns, *extra],
+                            stdout=subprocess.PIPE, text=True)
+    if env["pin"]:
+        # Consumer alone on CPU 1; vswitchd (and the niced generator) on CPU 0. Each
+        # side then gets one whole core and the run-to-run noise of a shared core is gone.
+        pin_process(proc.pid, {1})
+        pin_process(ovs.pid("ovs-vswitchd"), {0})
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"{kind} consumer did not start")
+    time.sleep(0.3)
+    ps = psutil.Process(proc.pid)
+    vswitchd = psutil.Process(ovs.pid("ovs-vswitchd"))
+    before = flow_packets(env["mgmt"])
+    overflow0 = coverage(ovs, "rconn_overflow")
+    c0, v0, t0 = ps.cpu_times(), vswitchd.cpu_times(), time.monotonic()
+    sent = int(subprocess.run(
+        # The generator runs at the lowest priority so it takes only the CPU that
+        # vswitchd and the consumer leave (2 cores for all three).
+        (["taskset", "-c", "0"] if env["pin"] else []) + ["nice", "-n", "19", "ip", "netns", "exec", env["a"].netns, sys.executable, "-c", FLOOD,
+         env["a"].mac, env["b"].mac, env["a"].ip, env["b"].ip, str(seconds), str(env["rate"]),
+         "1" if distinct else "0"],
+        capture_output=True, text=True, check=True).stdout)
+    elapsed = time.monotonic() - t0
+    c1, v1 = ps.cpu_times(), vswitchd.cpu_times()
+    time.sleep(1.0)  # let the consumer drain what OVS already queued
+    emitted = (flow_packets(env["mgmt"]) - before) * env["copies"]
+    overflow = coverage(ovs, "rconn_overflow") - overflow0
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    counts = json.loads(out.strip().splitlines()[-1])
+    extra_counts = {k: v for k, v in counts.items() if k not in ("delivered", "decoded")}
+    cpu = (c1.user + c1.system) - (c0.user + c0.system)
+    vcpu = (v1.user + v1.system) - (v0.user + v0.system)
+    return {
+        "consumer": kind,
+        "seconds": round(elapsed, 3),
+        "frames_sent": sent,
+        "ovs_emitted": emitted,
+        "ovs_emitted_per_s": round(emitted / elapsed),
+        "delivered": counts["delivered"],
+        "delivered_per_s": round(counts["delivered"] / elapsed),
+        "delivered_ratio": round(counts["delivered"] / emitted, 4) if emitted else None,
+        "lost_in_ovs_rconn_overflow": overflow,
+        "consumer_cpu_percent": round(100 * cpu / elapsed, 1),
+        "vswitchd_cpu_percent": round(100 * vcpu / elapsed, 1),
+        **extra_counts,
+    }
+
+
+@contextlib.contextmanager
+def bench_bridge(copies: int) -> Iterator[dict[str, Any]]:
+    """A private OVS, Pods a and b, and one flow sending every UDP packet from a to the
+    controller (`copies` controller actions); a unix and a TCP controller side by side
+    (one consumer connects at a time). Yields the env run_phase takes; cleans up."""
+    tag = secrets.token_hex(3)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"npab-{tag}-", dir="/tmp"))
+    ovs = EmbeddedOvs(run_dir, netns=f"npab-{tag}")
+    pods = []
+    db = None
+    try:
+        ovs.up()
+        db = Ovsdb(ovs.db_remote)
+        db.ensure_bridge(BRIDGE, "netdev")
+        unix_path = run_dir / f"{BRIDGE}.npaudit"
+        db.ensure_controller(BRIDGE, f"punix:{unix_path}", 512)
+        db.ensure_controller(BRIDGE, "ptcp:6653:127.0.0.1", 512)
+        db.wait_socket(unix_path)
+        a = create_pod(db, BRIDGE, netns=f"npab-{tag}-a", host_if=f"npb{tag}1", ip_cidr="10.244.9.2/24",
+                       mac="02:00:0a:f4:09:02", ofport=1, ovs_netns=ovs.netns)
+        pods.append(a)
+        b = create_pod(db, BRIDGE, netns=f"npab-{tag}-b", host_if=f"npb{tag}2", ip_cidr="10.244.9.3/24",
+                       mac="02:00:0a:f4:09:03", ofport=2, ovs_netns=ovs.netns)
+        pods.append(b)
+        set_neighbor(a, b)
+        ud = Userdata(category=Category.POLICY, flags=1, rule_id=RULE_ID).encode()
+        flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, [
+            m.SetField("reg7", int(Disposition.DROP)), m.SetField("reg6", RULE_ID),
+            *[m.Controller(0, ud)] * copies])
+        from packetin.channel import ChannelSettings, OpenFlowChannel
+
+        async def install() -> None:  # flows stay after the channel closes (fail_mode=secure)
+            ch = OpenFlowChannel(ChannelSettings(target=str(unix_path)), lambda b, n: None)
+            ch.start()
+            await ch.wait_ready(10)
+            await ch.install_flows([flow])
+            await ch.close()
+
+        asyncio.run(install())
+        yield {"ovs": ovs, "targets": {"unix": str(unix_path), "tcp": "tcp:127.0.0.1:6653"},
+               "mgmt": f"unix:{run_dir / (BRIDGE + '.mgmt')}", "a": a, "b": b, "copies": copies,
+               "run_dir": run_dir}
+    finally:
+        for pod in pods:
+            delete_pod(None, BRIDGE, pod, ovs_netns=ovs.netns)
+        if db is not None:
+            db.close()
+        ovs.down(purge=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "ovs": subprocess.run(
+        ["ovs-vswitchd", "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
