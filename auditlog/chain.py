@@ -15,8 +15,10 @@ ensure_ascii=True, allow_nan=False)``:
   -> ``\n \r \t \b \f``; every other character outside U+0020..U+007E ->
   ``\uXXXX`` (lowercase hex; above U+FFFF as a UTF-16 surrogate pair). So a line
   is pure ASCII and no user-controlled string can break it;
-- floats would be Python's ``repr``: records carry none (counts are integers,
-  times are strings); NaN and Infinity are refused.
+- floats as Python's ``repr`` (the shortest text that reads back the same:
+  ``100.0``, ``0.5``, ``1e-05``, ``1e+16``); npaudit.priority is one. NaN and
+  Infinity are refused. A lone surrogate stays a ``\udXXX`` escape (records
+  built by auditlog.record carry none).
 
 For the record with sequence number ``seq``::
 
@@ -101,10 +103,6 @@ def _inner(d: dict[str, Any]) -> str:
     return _encode(d)[1:-1] if d else ""
 
 
-def _obj(*members: str) -> str:
-    return "{" + ",".join(m for m in members if m) + "}"
-
-
 def _hash(prev_chain: str, body: str) -> str:
     return hashlib.sha256(f"{prev_chain}\n{body}".encode("ascii")).hexdigest()
 
@@ -128,10 +126,14 @@ def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
     lo = _inner({k: v for k, v in record.items() if k < "npaudit"})
     hi = _inner({k: v for k, v in record.items() if k > "npaudit"})
     mlo = _inner({k: v for k, v in meta.items() if k < "chain"})
-    mhi = _inner({k: v for k, v in meta.items() if k > "chain"})
-    chain = _hash(prev_chain, _obj(lo, '"npaudit":' + _obj(mlo, mhi), hi))
+    mhi = _inner({k: v for k, v in meta.items() if k > "chain"})  # never empty: it holds "seq"
+    head = f'{{{lo},"npaudit":{{' if lo else '{"npaudit":{'
+    if mlo:
+        head += mlo + ","
+    tail = f"}},{hi}}}" if hi else "}}"
+    chain = _hash(prev_chain, head + mhi + tail)
     meta["chain"] = chain
-    return _obj(lo, '"npaudit":' + _obj(mlo, f'"chain":"{chain}"', mhi), hi)
+    return f'{head}"chain":"{chain}",{mhi}{tail}'
 
 
 def digest(prev_chain: str, record: dict[str, Any]) -> str:

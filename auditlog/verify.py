@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
 import os
@@ -20,7 +21,8 @@ from auditlog.chain import (CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_
 DEFAULT_DIR = Path("/var/log/npaudit")
 DEFAULT_BASE = "audit.jsonl"
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
-_READ_ERRORS = (OSError, EOFError, zlib.error)  # a short or corrupt gzip stream
+# A short or corrupt gzip stream; other OSErrors (permissions, I/O) are not the file's content.
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 # Kinds of break, first match wins in this order of checks.
 MISSING = "missing"              # records removed inside a file
@@ -82,7 +84,13 @@ def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list
         if path.is_dir():
             found = [p for _, p in audit_files(path / base)]
             if not found:
-                raise FileNotFoundError(f"no {base} files in {path}")
+                # The file name is configurable: accept one other *.jsonl set in the directory.
+                bases = {split_name(n)[0] for n in os.listdir(path) if split_name(n)[0].endswith(".jsonl")}
+                if len(bases) != 1:
+                    raise FileNotFoundError(f"no {base} files in {path}"
+                                            + (f" (found {', '.join(sorted(bases))}: pass --base)" if bases else ""))
+                base = bases.pop()
+                found = [p for _, p in audit_files(path / base)]
             names = {p.name for p in found}
             notes += [f"ignored {path / n}: not a live or rotated audit file name"
                       for n in sorted(os.listdir(path)) if n.startswith(base) and n not in names]
@@ -95,6 +103,92 @@ def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list
     # Explicit files are put in rotation order too: highest index first, the live file last.
     unique.sort(key=lambda p: -split_name(p.name)[1])
     return unique, notes
+
+
+# --- where the chain stands at the end of a file (the writer resumes from it) ---
+
+_TAIL_BLOCK = 256 * 1024  # bytes read from the end of a plain file
+_TAIL_LINES = 256         # lines kept from the end of a gzip file
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The end of one file, as the writer needs it to continue the chain."""
+
+    last: tuple[int, str] | None     # (seq, chain) of the last complete record
+    damage: tuple[int, int] | None   # (offset, line) of the first bytes after it that are not a record
+    size: int
+    ends_with_newline: bool
+
+
+def _parses(raw: bytes) -> tuple[int, str] | None:
+    try:
+        _, seq, chain = parse_line(raw.rstrip(b"\n"))
+    except ChainError:
+        return None
+    return seq, chain
+
+
+def _line_number(path: Path, offset: int) -> int:
+    count, pos = 1, 0
+    with open_audit_file(path) as f:
+        while pos < offset:
+            block = f.read(min(1 << 20, offset - pos))
+            if not block:
+                break
+            count += block.count(b"\n")
+            pos += len(block)
+    return count
+
+
+def _window(path: Path) -> tuple[list[tuple[int, bytes]], bool, int, bool]:
+    """The last lines of `path` as (offset, raw); whether they start the file; size; ends with b"\n"."""
+    if path.name.endswith(".gz"):
+        lines: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=_TAIL_LINES)
+        size = 0
+        with suppress(*GZIP_ERRORS):  # a short gzip stream: what was read is what there is
+            for offset, _, raw in iter_lines(path):
+                lines.append((offset, raw))
+                size = offset + len(raw)
+        ends_nl = not lines or lines[-1][1].endswith(b"\n")
+        return list(lines), not lines or lines[0][0] == 0, size, ends_nl
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - _TAIL_BLOCK)
+        f.seek(start)
+        block = f.read()
+    pieces = block.split(b"\n")
+    out, pos = [], start
+    for i, piece in enumerate(pieces):
+        raw = piece + b"\n" if i < len(pieces) - 1 else piece
+        if raw and not (i == 0 and start > 0):  # the first piece of a mid-file block is partial
+            out.append((pos, raw))
+        pos += len(raw)
+    return out, start == 0, size, size == 0 or block.endswith(b"\n")
+
+
+def scan_tail(path: Path) -> Tail:
+    """Where the chain stands at the end of one file, and what follows its last complete record."""
+    lines, whole, size, ends_nl = _window(path)
+    last, damage_offset = None, None
+    for i in range(len(lines) - 1, -1, -1):
+        last = _parses(lines[i][1])
+        if last is not None:
+            end = lines[i][0] + len(lines[i][1])
+            damage_offset = end if end < size else None
+            break
+    if last is None and not whole:
+        # No record in the window (a long run of garbage): read the whole file.
+        with suppress(*GZIP_ERRORS):
+            for offset, _, raw in iter_lines(path):
+                if (found := _parses(raw)) is not None:
+                    last, damage_offset = found, offset + len(raw)
+        if damage_offset is not None and damage_offset >= size:
+            damage_offset = None
+    if last is None and size:
+        damage_offset = 0
+    damage = None if damage_offset is None else (damage_offset, _line_number(path, damage_offset))
+    return Tail(last, damage, size, ends_nl)
 
 
 # --- results ---
@@ -116,6 +210,8 @@ class Break:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What `verify` found: ok when there is no break; warnings never make it fail."""
+
     files: tuple[Path, ...]
     records: int                 # records checked (up to the break)
     first_seq: int | None
@@ -140,9 +236,8 @@ class _Damage:
     file_index: int
     line: int
     offset: int
-    kind: str
+    kind: str    # TRUNCATED (no newline at the end of a file, short gzip), UNPARSEABLE, UNSEALED
     detail: str
-    torn: bool   # the line has no newline: the last line of its file, cut short
 
 
 def _sealed_with_seq(record: dict[str, Any], prev_chain: str, seq: int) -> bool:
@@ -178,10 +273,10 @@ class _Walk:
                     if brk is not None:
                         return brk
                     offset += len(raw)
-            except _READ_ERRORS as exc:
+            except GZIP_ERRORS as exc:
                 if self.pending is None:
                     self.pending = _Damage(fi, lineno + 1, offset, TRUNCATED,
-                                           f"the file ends early or is corrupt ({exc})", True)
+                                           f"the gzip data ends early or is corrupt ({exc})")
         return self._damage_break(self.pending) if self.pending else None
 
     def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:
@@ -189,8 +284,10 @@ class _Walk:
         try:
             record, seq, chain = parse_line(raw if torn else raw[:-1])
         except ChainError as exc:
-            if self.pending is None:
-                self.pending = _Damage(fi, lineno, offset, exc.kind, exc.detail, torn)
+            if self.pending is None and torn:
+                self.pending = _Damage(fi, lineno, offset, TRUNCATED, f"the last line is cut short ({exc.detail})")
+            elif self.pending is None:
+                self.pending = _Damage(fi, lineno, offset, exc.kind, exc.detail)
             return None
         if self.pending is not None:
             if not (_is_restart(record) and self._explains(record, self.pending)):
@@ -220,13 +317,8 @@ class _Walk:
                 and named.get("line") == damage.line)
 
     def _damage_break(self, d: _Damage) -> Break:
-        if d.torn:
-            return Break(TRUNCATED, self.files[d.file_index], d.line,
-                         f"the last line is cut short ({d.detail})", self._next_seq())
-        return Break(d.kind, self.files[d.file_index], d.line, d.detail, self._next_seq())
-
-    def _next_seq(self) -> int | None:
-        return None if self.prev_seq is None else self.prev_seq + 1
+        next_seq = None if self.prev_seq is None else self.prev_seq + 1
+        return Break(d.kind, self.files[d.file_index], d.line, d.detail, next_seq)
 
     def _classify(self, exc: ChainError, fi: int, lineno: int, record: dict[str, Any], seq: int,
                   chain: str) -> Break:
@@ -253,7 +345,8 @@ class _Walk:
             prev = self.files[prev_fi]
             text = (f"record(s) {span} missing ({seq - expected}) between {prev} (ends with seq "
                     f"{expected - 1} at line {prev_line}) and {path} (continues with seq {seq})")
-            absent = _absent_between(prev, path)
+            present = {p.name for p in self.files}
+            absent = [n for n in _absent_between(prev, path) if n not in present and n[:-3] not in present]
             if absent:
                 return Break(MISSING_FILE, detail=f"{text}; {', '.join(absent)} absent: a rotated file "
                              "was removed", **here)
@@ -283,7 +376,7 @@ class _Walk:
 
     def _lines_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, bytes]]:
         for index in range(fi, len(self.files)):
-            with suppress(*_READ_ERRORS):
+            with suppress(*GZIP_ERRORS):
                 for _, n, raw in iter_lines(self.files[index]):
                     if index > fi or n > lineno:
                         yield self.files[index], n, raw

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import copy
 import datetime as dt
+import fcntl
 import glob
 import gzip
 import logging
@@ -12,16 +14,15 @@ import shutil
 import sys
 import threading
 import time
-import zlib
+import uuid
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
-from auditlog.chain import GENESIS, ChainError, parse_line, seal
-from auditlog.verify import audit_files, iter_lines, open_audit_file
+from auditlog.chain import GENESIS, seal
+from auditlog.verify import audit_files, scan_tail
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,6 @@ DIR_MODE = 0o750
 GZIP_LEVEL = 6
 _DRAIN_MAX = 8192            # records per batch: bounds memory and time between queue checks
 _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writes
-_TAIL_BLOCK = 256 * 1024     # bytes read from the end of the live file to resume the chain
-_TAIL_LINES = 256            # lines kept from the end of a gzip file to resume the chain
-_READ_ERRORS = (OSError, EOFError, zlib.error)  # a short or corrupt gzip stream
 STAT_KEYS = ("written", "batches", "bytes", "dropped_queue_full", "dropped_closed", "rotations",
              "pruned", "unencodable", "write_errors", "lost_write_error", "chain_restarts")
 
@@ -47,98 +45,24 @@ class AuditWriterError(RuntimeError):
     """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
 
 
-# --- finding where the chain stands on disk ---
+def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int, now: float,
+                         context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The state record that starts a new chain segment after bytes that are not a record.
 
-@dataclass(frozen=True)
-class _Tail:
-    last: tuple[int, str] | None     # (seq, chain) of the last complete record
-    damage: tuple[int, int] | None   # (offset, line) of the first bytes after it that are not a record
-    size: int
-    ends_with_newline: bool
-
-
-def _parses(raw: bytes) -> tuple[int, str] | None:
-    try:
-        _, seq, chain = parse_line(raw.rstrip(b"\n"))
-    except ChainError:
-        return None
-    return seq, chain
-
-
-def _line_number(path: Path, offset: int) -> int:
-    count, pos = 1, 0
-    with open_audit_file(path) as f:
-        while pos < offset:
-            block = f.read(min(MiB, offset - pos))
-            if not block:
-                break
-            count += block.count(b"\n")
-            pos += len(block)
-    return count
-
-
-def _window(path: Path) -> tuple[list[tuple[int, bytes]], bool, int, bool]:
-    """The last lines of `path` as (offset, raw); whether they start the file; size; ends with b"\n"."""
-    if path.name.endswith(".gz"):
-        lines: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=_TAIL_LINES)
-        size = 0
-        with suppress(*_READ_ERRORS):  # a short gzip stream: what was read is what there is
-            for offset, _, raw in iter_lines(path):
-                lines.append((offset, raw))
-                size = offset + len(raw)
-        ends_nl = not lines or lines[-1][1].endswith(b"\n")
-        return list(lines), not lines or lines[0][0] == 0, size, ends_nl
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(0, size - _TAIL_BLOCK)
-        f.seek(start)
-        block = f.read()
-    pieces = block.split(b"\n")
-    out, pos = [], start
-    for i, piece in enumerate(pieces):
-        raw = piece + b"\n" if i < len(pieces) - 1 else piece
-        if raw and not (i == 0 and start > 0):  # the first piece of a mid-file block is partial
-            out.append((pos, raw))
-        pos += len(raw)
-    return out, start == 0, size, size == 0 or block.endswith(b"\n")
-
-
-def scan_tail(path: Path) -> _Tail:
-    """Where the chain stands at the end of one file, and what follows its last complete record."""
-    lines, whole, size, ends_nl = _window(path)
-    last, damage_offset = None, None
-    for i in range(len(lines) - 1, -1, -1):
-        last = _parses(lines[i][1])
-        if last is not None:
-            end = lines[i][0] + len(lines[i][1])
-            damage_offset = end if end < size else None
-            break
-    if last is None and not whole:
-        # No record in the window (a long run of garbage): read the whole file.
-        with suppress(*_READ_ERRORS):
-            for offset, _, raw in iter_lines(path):
-                if (found := _parses(raw)) is not None:
-                    last, damage_offset = found, offset + len(raw)
-        if damage_offset is not None and damage_offset >= size:
-            damage_offset = None
-    if last is None and size:
-        damage_offset = 0
-    damage = None if damage_offset is None else (damage_offset, _line_number(path, damage_offset))
-    return _Tail(last, damage, size, ends_nl)
-
-
-def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int,
-                         now: float) -> dict[str, Any]:
-    """The state record that starts a new chain segment after bytes that are not a record."""
+    `context` adds fields every record of the node carries (observer, orchestrator).
+    """
     stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
-    return {
+    record: dict[str, Any] = copy.deepcopy(dict(context or {}))
+    record.update({
         "@timestamp": stamp.replace("+00:00", "Z"),
-        "event": {"kind": "state", "action": "chain-restart", "type": ["info"], "reason": "torn-write"},
+        "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
+                  "action": "chain-restart", "reason": "torn-write"},
         "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
                     f"that are not a complete record (a write cut short); last good seq {after_seq}"),
         "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
                                       "after_seq": after_seq}},
-    }
+    })
+    return record
 
 
 # --- rotation through concurrent-log-handler ---
@@ -198,11 +122,15 @@ class AuditWriter:
     writes as the rotation size allows, so a lone record reaches the file at once
     and a flood is written in large batches. Call `start` before records can be
     written; `close` drains the queue. Only one writer may own a file set.
+
+    Defaults: rotate at 100 MiB, keep 10 gzip files and nothing older than 28
+    days (Antrea keeps 500 MB x 3 for 28 days); a 100k-record queue.
     """
 
     def __init__(self, path: Path = DEFAULT_PATH, *, max_bytes: int = 100 * MiB, backup_count: int = 10,
                  max_age_days: float = 28, queue_size: int = 100_000, compress: bool = True,
-                 fsync: bool = False, clock: Callable[[], float] = time.time) -> None:
+                 fsync: bool = False, clock: Callable[[], float] = time.time,
+                 state_fields: Mapping[str, Any] | None = None) -> None:
         for name, value, low in (("max_bytes", max_bytes, 0), ("backup_count", backup_count, 1),
                                  ("max_age_days", max_age_days, 0), ("queue_size", queue_size, 1)):
             if value < low:
@@ -214,6 +142,7 @@ class AuditWriter:
         self.queue_size = queue_size
         self.compress = compress
         self.fsync = fsync
+        self.state_fields = state_fields  # e.g. observer, orchestrator: put into the writer's own records
         self._clock = clock
         self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
@@ -224,6 +153,7 @@ class AuditWriter:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._handler: _JsonlHandler | None = None
+        self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
         self._restart: dict[str, Any] | None = None  # the latest chain-restart record made
         self._errors = RateLimitedLog(log, 10.0)
@@ -272,6 +202,7 @@ class AuditWriter:
             return
         try:
             self._prepare_directory()
+            self._take_ownership()
             self._finish_interrupted_rotation()
             self._prune()
             restart = self._resync()
@@ -279,6 +210,7 @@ class AuditWriter:
                 self._queue.appendleft(restart)  # before anything submitted already
             self._handler = self._new_handler()
         except OSError as exc:
+            self._release_ownership()
             raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
         self._thread.start()
@@ -293,6 +225,7 @@ class AuditWriter:
                 self._abandon.set()  # stop retrying a failing disk
                 self._thread.join(5.0)
         self._close_handler()
+        self._release_ownership()
         left = sum(1 for item in self._queue if isinstance(item, dict))
         if left:
             self._count("dropped_closed", left)
@@ -315,6 +248,25 @@ class AuditWriter:
             with suppress(FileExistsError):
                 os.mkdir(directory, DIR_MODE)
                 os.chmod(directory, DIR_MODE)  # the umask may have narrowed it
+
+    def _take_ownership(self) -> None:
+        # Two writers on one file set would interleave two chains: refuse the second.
+        fd = os.open(self.path.with_name(f".{self.path.name}.owner"), os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise AuditWriterError(f"audit log {self.path} is in use by another writer") from exc
+        except OSError:
+            os.close(fd)
+            raise
+        self._owner_fd = fd
+
+    def _release_ownership(self) -> None:
+        if self._owner_fd >= 0:
+            os.close(self._owner_fd)  # closing releases the lock
+            self._owner_fd = -1
 
     def _new_handler(self) -> _JsonlHandler:
         handler = _JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
@@ -454,6 +406,7 @@ class AuditWriter:
             return None
         path, offset, line, nbytes = damage
         self._restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
+                                             context=self.state_fields,
                                              after_seq=after_seq, now=self._clock())
         log.warning("audit log %s: %s", self.path, self._restart["message"])
         self.stats["chain_restarts"] += 1

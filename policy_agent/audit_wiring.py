@@ -27,7 +27,10 @@ class LateDirectory:
 def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], object]
                 ) -> tuple[AuditPipeline, AuditWriter]:
     ac = config.audit
+    node_fields = {"observer": {"hostname": config.node, "type": "switch", "vendor": "Open vSwitch"},
+                   "orchestrator": {"type": "kubernetes",
+                                    **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
     writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
-                         max_age_days=ac.max_age_days, queue_size=ac.queue_size)
+                         max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields)
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=LateDirectory(engine))
     return AuditPipeline(ctx, writer, Aggregator(window=ac.window)), writer
