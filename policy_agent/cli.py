@@ -10,9 +10,12 @@ import os
 import signal
 import sys
 import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from policy_agent import config as config_mod
 from pathlib import Path
 
-from policy_agent import config as config_mod
 
 
 def _setup_logging(level: str) -> None:
@@ -20,7 +23,9 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def _load_config(path: str | None) -> config_mod.AgentConfig:
+def _load_config(path: str | None) -> "config_mod.AgentConfig":
+    from policy_agent import config as config_mod
+
     if path is None:
         return config_mod.AgentConfig()
     try:
@@ -32,6 +37,8 @@ def _load_config(path: str | None) -> config_mod.AgentConfig:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from policy_agent import config as config_mod
+
     try:
         config_mod.load(args.file)
     except config_mod.ConfigError as exc:
@@ -208,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     # ovs.poller probes for eventlet (it never monkey-patches); its import warning is noise.
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cni"]:  # a runtime starts this for every Pod: import as little as possible
+        from policy_agent.cni.plugin import run
+
+        return run(os.environ, sys.stdin.buffer.read(), sys.stdout)
     if argv[:1] == ["verify"]:  # verify has options of its own: hand it the rest untouched
         from auditlog.verify import main as verify_main
 
