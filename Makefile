@@ -52,6 +52,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/packetin_throughput.py
+	$(PY) bench/auditlog_throughput.py
 	$(PY) bench/cni_latency.py
 
 clean:

@@ -3,9 +3,9 @@
 A private OVS in a namespace of its own; the sample policies in config/samples
 (a logged securityops ClusterNetworkPolicy, a Kubernetes NetworkPolicy in the
 logging-enabled Namespace z, a custom Tier); Pods created through the real
-`npaudit cni` plugin; real TCP connections between them; each policy packet-in
-printed live as a JSON line with the rule that judged it. (The audit-record
-pipeline, issue 4, will turn these packet-ins into records.)
+`npaudit cni` plugin; real TCP connections between them; the audit records
+they produce printed live as they reach the audit file, whose hash chain is
+verified at the end.
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packetin.model import Category, PacketIn
 from policy_agent import config as config_mod
 from policy_agent.agent import Agent
 from policy_agent.policy.manifests import load_path
-from policy_agent.rules import RuleRegistry
-from policy_agent.tap import packet_in_summary
 
 log = logging.getLogger("npaudit.demo")
 
@@ -46,26 +43,27 @@ SERVER = ("import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, soc
           "while True:\n    c, _ = s.accept(); c.close()\n")
 
 
-class RuleTap:
-    """Prints each policy packet-in with the rule it carries (from the agent's rule registry)."""
+class FileTail:
+    """Prints the lines added to the audit file since the last call."""
 
-    def __init__(self, rules: RuleRegistry) -> None:
-        self._rules = rules
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # Records of earlier demo runs stay in the file (the chain continues): skip them.
+        self._offset = path.stat().st_size if path.exists() else 0
 
-    def __call__(self, pin: PacketIn) -> None:
-        line: dict[str, Any] = packet_in_summary(pin)
-        line.pop("packet", None)
-        frame = pin.packet
-        if len(frame) >= 38 and frame[12:14] == b"\x08\x00":
-            line["src"] = ".".join(str(b) for b in frame[26:30])
-            line["dst"] = ".".join(str(b) for b in frame[30:34])
-            line["dst_port"] = int.from_bytes(frame[36:38], "big")
-        rule = self._rules.get(pin.rule_id)
-        if rule is not None:
-            line["rule"] = {"ruleset": rule.ruleset, "name": rule.rule_name, "tier": rule.tier,
-                            "action": rule.action.value, "direction": rule.direction.value,
-                            "log_label": rule.log_label}
-        print(json.dumps(line), flush=True)
+    def show(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        lines = complete.decode().splitlines()
+        for line in lines:
+            print(line, flush=True)
+        return len(lines)
 
 
 def _cni(command: str, netns: str, namespace: str, name: str, state: Path) -> dict[str, Any]:
@@ -94,13 +92,15 @@ def _connect(netns: str, ip: str, port: int) -> str:
 
 def run_demo(duration: float = 0.0, keep: bool = False) -> int:
     state = BASE / "state"
+    audit_path = BASE / "audit" / "audit.jsonl"
     cfg = config_mod.AgentConfig(
         state_dir=str(state),
         ovs=config_mod.OvsConfig(run_dir=str(BASE / "ovs"), netns=OVS_NETNS),
+        audit=config_mod.AuditConfig(path=str(audit_path)),
         metrics=config_mod.MetricsConfig(listen=""),
     )
-    rules = RuleRegistry()
-    agent = Agent(cfg, {Category.POLICY: RuleTap(rules)}, rules=rules)
+    agent = Agent(cfg)
+    tail = FileTail(audit_path)
     objs = load_path(SAMPLES)
     netns_made: list[str] = []
     servers: list[subprocess.Popen[bytes]] = []
@@ -127,11 +127,12 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
                 servers.append(proc)
                 if proc.stdout is not None:
                     proc.stdout.readline()
-            log.info("policy packet-ins follow as JSON lines")
+            log.info("audit records (%s) follow, one JSON object per line", audit_path)
             for src, dst, port, why in PROBES:
                 got = await asyncio.to_thread(_connect, f"npaudit-demo-{src.replace('/', '-')}", pods[dst], port)
                 log.info("%s -> %s:%d %s (%s)", src, dst, port, got, why)
                 await asyncio.sleep(0.2)
+                tail.show()
             await asyncio.sleep(duration)
             await agent.demux.wait_idle()
             log.info("packet-ins per category: %s", json.dumps(agent.demux.stats()))
@@ -144,10 +145,15 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
                     if f"{ns}/{name}" in pods:
                         await asyncio.to_thread(_cni, "DEL", f"npaudit-demo-{ns}-{name}", ns, name, state)
             await agent.stop()
+            tail.show()  # what the aggregation windows held until the stop
 
     start = time.monotonic()
     try:
         asyncio.run(main())
+        verdict = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(audit_path.parent)],
+                                 capture_output=True, text=True)
+        log.info("npaudit verify %s: %s", audit_path.parent, verdict.stdout.strip().splitlines()[0]
+                 if verdict.stdout.strip() else verdict.stderr.strip())
     finally:
         if not keep:
             for netns in netns_made:
