@@ -15,15 +15,23 @@ SPACING = 64
 
 
 def spread(keys: list[str]) -> dict[str, int]:
-    step = max(1, min(SPACING, (TOP - FLOOR) // (len(keys) + 1)))
-    if len(keys) * step > TOP - FLOOR:
+    """Evenly spaced, leaving an eighth of the range free above and below for
+    rules that later sort before the first or after the last one."""
+    span = TOP - FLOOR
+    margin = span // 8
+    step = max(1, min(SPACING, (span - 2 * margin) // (len(keys) + 1)))
+    if len(keys) * step > span:
         raise ValueError(f"{len(keys)} rules do not fit in one table's priority range")
-    return {k: TOP - step * (i + 1) for i, k in enumerate(keys)}
+    if len(keys) * step > span - 2 * margin:
+        margin = 0
+    return {k: TOP - margin - step * (i + 1) for i, k in enumerate(keys)}
 
 
 def assign(keys: list[str], previous: dict[str, int]) -> dict[str, int]:
     """Priorities for `keys` (highest first), reusing `previous` wherever the order allows."""
     kept = [previous[k] for k in keys if k in previous]
+    if not kept:
+        return spread(keys)
     if any(a <= b for a, b in zip(kept, kept[1:])):
         return spread(keys)  # existing rules changed order: start over
     out: dict[str, int] = {}
@@ -43,8 +51,15 @@ def assign(keys: list[str], previous: dict[str, int]) -> dict[str, int]:
         if step < 1:
             return spread(keys)  # no room left in this gap
         step = min(step, SPACING)
-        for n, key in enumerate(run):
-            out[key] = upper - step * (n + 1)
+        if i == 0 and j < len(keys):
+            # Above everything kept: stack just above the first kept rule, so repeated
+            # insertions at the top use the free margin one step at a time instead of
+            # halving it each time.
+            for n, key in enumerate(run):
+                out[key] = lower + step * (len(run) - n)
+        else:
+            for n, key in enumerate(run):
+                out[key] = upper - step * (n + 1)
         upper = out[run[-1]]
         i = j
     return out

@@ -41,3 +41,14 @@ def test_an_insertion_between_neighbours_moves_nothing_else() -> None:
     second = pr.assign(["a", "x", "b", "c"], first)
     assert {k: second[k] for k in "abc"} == first
     assert first["a"] > second["x"] > first["b"]
+
+
+def test_a_hundred_rules_inserted_above_everything_move_nothing() -> None:
+    keys = [f"k{i}" for i in range(1000)]
+    prev = pr.assign(keys, {})
+    first = dict(prev)
+    for n in range(100):
+        keys = [f"top{n}"] + keys
+        prev = pr.assign(keys, prev)
+        assert strictly_decreasing(keys, prev)
+    assert all(prev[k] == first[k] for k in first)  # the free margin took them, one step each
