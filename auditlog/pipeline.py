@@ -18,6 +18,7 @@ from auditlog.aggregate import Aggregator, Emission
 from auditlog.packet import decode_frame, flow_key
 from auditlog.record import RecordContext, build_record
 from packetin.model import Disposition, PacketIn
+from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,6 @@ class AuditPipeline:
 
     async def close(self) -> None:
         """Write what the open windows hold, then stop the timer."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._emit(self._agg.flush(self._clock()))

@@ -26,6 +26,7 @@ from packetin import wire
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.model import PacketIn
 from packetin.netns_socket import socket_in_netns
+from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +152,7 @@ class OpenFlowChannel:
         self._closing = True
         if self._proto is not None and self._proto.transport is not None:
             self._proto.transport.close()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         self._fail_pending(ChannelClosed("channel closed"))
 
     async def _run(self) -> None:
@@ -284,10 +280,7 @@ class OpenFlowChannel:
 
     async def delete_flows(self, flows: Sequence[m.FlowSpec]) -> None:
         refused = await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
-        for i, f in enumerate(flows):
-            if i not in refused:
-                self._flows.pop(f.key, None)
-        self._raise_first(refused)
+        _settle(self._flows, [f.key for f in flows], None, refused)
 
     async def install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
@@ -296,10 +289,7 @@ class OpenFlowChannel:
     async def delete_meters(self, meter_ids: Iterable[int]) -> None:
         ids = list(meter_ids)
         refused = await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
-        for n, i in enumerate(ids):
-            if n not in refused:
-                self._meters.pop(i, None)
-        self._raise_first(refused)
+        _settle(self._meters, ids, None, refused)
 
     async def install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
         """Add groups, or modify the ones that already exist."""
@@ -308,46 +298,28 @@ class OpenFlowChannel:
     async def delete_groups(self, group_ids: Iterable[int]) -> None:
         ids = list(group_ids)
         refused = await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
-        for n, i in enumerate(ids):
-            if n not in refused:
-                self._groups.pop(i, None)
-        self._raise_first(refused)
+        _settle(self._groups, ids, None, refused)
 
     async def _install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
         refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
-        for i, f in enumerate(flows):
-            if i in refused:
-                self._flows.pop(f.key, None)
-            else:
-                self._flows[f.key] = f
-        self._raise_first(refused)
+        _settle(self._flows, [f.key for f in flows], flows, refused)
 
     async def _install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
         refused = await self._add_or_modify(
             meters, lambda x, cmd: m.meter_mod(x, cmd), ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, _meter_exists)
-        for i, x in enumerate(meters):
-            if i in refused:
-                self._meters.pop(x.meter_id, None)
-            else:
-                self._meters[x.meter_id] = x
-        self._raise_first(refused)
+        _settle(self._meters, [x.meter_id for x in meters], meters, refused)
 
     async def _install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
         refused = await self._add_or_modify(
             groups, lambda g, cmd: m.group_mod(g, cmd), ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, _group_exists)
-        for i, g in enumerate(groups):
-            if i in refused:
-                self._groups.pop(g.group_id, None)
-            else:
-                self._groups[g.group_id] = g
-        self._raise_first(refused)
+        _settle(self._groups, [g.group_id for g in groups], groups, refused)
 
     async def delete_flows_by_cookie(self, cookie: int, mask: int) -> None:
         """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).
 
         Not part of the desired state: it removes what an earlier run left behind."""
-        self._raise_first(await self._batch([(m.flow_delete_cookie(cookie, mask),
-                                              f"delete cookie={cookie:#x}/{mask:#x}")]))
+        refused = await self._batch([(m.flow_delete_cookie(cookie, mask), f"delete cookie={cookie:#x}/{mask:#x}")])
+        _raise_first(refused)
 
     @property
     def desired_flows(self) -> list[m.FlowSpec]:
@@ -400,11 +372,6 @@ class OpenFlowChannel:
                 else:
                     del refused[i]
         return refused
-
-    @staticmethod
-    def _raise_first(refused: dict[int, OpenFlowError]) -> None:
-        if refused:
-            raise refused[min(refused)]
 
     async def _barrier(self) -> None:
         await self.request(m.barrier())
@@ -525,6 +492,27 @@ class OpenFlowChannel:
         fut = self._pending.get(xid)
         if fut is not None and not fut.done():
             fut.set_result(msg)
+
+
+def _settle(store: dict[Any, Any], keys: Sequence[Any], installed: Sequence[Any] | None,
+            refused: dict[int, OpenFlowError]) -> None:
+    """Bring the desired state in line with what the switch confirmed, then raise the
+    first refusal. `installed` None = a delete: confirmed items leave the state;
+    otherwise confirmed items enter it and refused ones leave it."""
+    for i, key in enumerate(keys):
+        if installed is None:
+            if i not in refused:
+                store.pop(key, None)
+        elif i in refused:
+            store.pop(key, None)
+        else:
+            store[key] = installed[i]
+    _raise_first(refused)
+
+
+def _raise_first(refused: dict[int, OpenFlowError]) -> None:
+    if refused:
+        raise refused[min(refused)]
 
 
 def _meter_exists(err: Any) -> bool:

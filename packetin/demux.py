@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 from meters.token_bucket import TokenBucket
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import cancel_and_wait
 
 Handler = Callable[[PacketIn], None]
 
@@ -137,13 +138,8 @@ class Demux:
         """Stop the consumers; with `drain`, hand every queued packet-in to its handler first."""
         self._running = False
         for sub in self._subs.values():
-            if sub.task is not None:
-                sub.task.cancel()
-                try:
-                    await sub.task
-                except asyncio.CancelledError:
-                    pass
-                sub.task = None
+            await cancel_and_wait(sub.task)
+            sub.task = None
             if drain:
                 self._drain(sub, len(sub.queue))
 

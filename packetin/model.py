@@ -92,6 +92,15 @@ class PacketIn(NamedTuple):
         return Userdata.decode(self.userdata)
 
     @property
+    def flags(self) -> int | None:
+        """Userdata byte 2 (Flags) when the userdata is ours, else None (read per packet-in:
+        indexing, no Userdata object)."""
+        ud = self.userdata
+        if len(ud) >= USERDATA_LENGTH and ud[0] == USERDATA_VERSION:
+            return ud[2]
+        return None
+
+    @property
     def category(self) -> int | None:
         """Demux key: userdata byte 1 when the userdata is ours, else the reason code.
 

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from policy_agent.engine import PolicyEngine
+from packetin.tasks import cancel_and_wait
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_path
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,7 @@ class ManifestDirectory:
         self._task = asyncio.get_running_loop().create_task(self._watch(), name="manifest-dir")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _watch(self) -> None:
         while True:

@@ -13,6 +13,9 @@ from typing import Any, Callable
 from packetin.messages import packet_out
 from packetin.model import Flags, PacketIn
 
+_REJECT = int(Flags.REJECT)  # plain ints: IntFlag arithmetic costs on every packet-in
+_LOG = int(Flags.LOG)
+
 ICMP_UNREACHABLE = 3
 ICMP_ADMIN_PROHIBITED = 13
 
@@ -83,14 +86,13 @@ class RejectResponder:
         self.unanswerable = 0
 
     def __call__(self, pin: PacketIn) -> None:
-        ud = pin.parsed_userdata
-        flags = ud.flags if ud is not None else 0
-        if flags & Flags.REJECT and pin.in_port is not None:
+        flags = pin.flags
+        if flags is not None and flags & _REJECT and pin.in_port is not None:
             answer = build_reject(pin.packet)
             if answer is None:
                 self.unanswerable += 1
             else:
                 self._send(packet_out(answer, pin.in_port))
                 self.answered += 1
-        if self._then is not None and (ud is None or flags & Flags.LOG):
+        if self._then is not None and (flags is None or flags & _LOG):
             self._then(pin)

@@ -78,3 +78,15 @@ def test_responder_answers_out_of_the_in_port_and_forwards_only_logged_ones() ->
     assert len(sent) == 2 and responder.answered == 2
     assert all(msg.actions[0].port == 7 for msg in sent)
     assert len(seen) == 2  # the two logged ones
+
+
+def test_packet_ins_without_our_userdata_are_passed_on_never_answered() -> None:
+    sent, seen = [], []
+    responder = RejectResponder(lambda msg: sent.append(msg) or 1, seen.append)
+    syn = raw(Ether(**A) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1, dport=2, flags="S"))
+    foreign = _pin(int(Flags.REJECT), syn)._replace(userdata=b"\x09\x00\x02\x00\x00\x00\x09")
+    bare = _pin(int(Flags.REJECT), syn)._replace(userdata=b"")
+    assert foreign.flags is None and bare.flags is None
+    responder(foreign)
+    responder(bare)
+    assert sent == [] and seen == [foreign, bare]
