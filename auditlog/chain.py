@@ -88,7 +88,10 @@ _json_encode = _make_encode()
 # encoder decides: non-ASCII or DEL (json escapes them), floats printed with an
 # exponent or below 1e-4 (orjson writes 0.00001 where json writes 1e-05), and
 # anything orjson refuses. The canonical form is json's; orjson is only a shortcut.
-_MAY_DIFFER = (b"0.0000", b"e-", b"e+", b"\x7f", b"null")  # substrings: a miss costs a slow path only
+# One scan for all of them: a digit before an exponent, a small fraction, DEL, null
+# (orjson's NaN), or a byte outside ASCII. A false hit (e.g. "1e-5" inside a name)
+# costs the slow path only, never a different text.
+_MAY_DIFFER = re.compile(rb"[0-9]e[-+]|0\.0000|\x7f|null|[\x80-\xff]")
 
 
 def _encode(value: Any) -> str:
@@ -97,7 +100,7 @@ def _encode(value: Any) -> str:
             out = _orjson.dumps(value, option=_orjson.OPT_SORT_KEYS)
         except (TypeError, ValueError):
             return _json_encode(value)
-        if out.isascii() and not any(m in out for m in _MAY_DIFFER):
+        if _MAY_DIFFER.search(out) is None:
             return out.decode("ascii")
     return _json_encode(value)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -142,6 +145,46 @@ def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
     chain = _hash(prev_chain, _encode(record))
     meta["chain"] = chain
     return _encode(record)
+
+
+class RecordText:
+    """A record already in canonical form, with its two chain fields left open.
+
+    The canonical text of the record with npaudit.seq = N and without npaudit.chain
+    is ``head + mid + str(N) + tail``; its line adds ``"chain":"<hex>",`` between
+    head and mid. So `head` ends just after npaudit's first member ("aggregate",
+    which every policy record has and which sorts before "chain"), and `mid` ends
+    with ``"seq":``. Sealing is then one hash and two string joins, no encoding
+    (auditlog.record builds these directly; tests prove the text canonical).
+    `seq` is 0 until sealed.
+    """
+
+    __slots__ = ("head", "mid", "tail", "seq")
+
+    def __init__(self, head: str, mid: str, tail: str) -> None:
+        self.head = head
+        self.mid = mid
+        self.tail = tail
+        self.seq = 0
+
+    def body(self, seq: int) -> str:
+        """The canonical text with npaudit.seq = seq and no chain: what the chain hashes."""
+        return f"{self.head}{self.mid}{seq}{self.tail}"
+
+    def seal(self, prev_chain: str, seq: int) -> tuple[str, str]:
+        """(line, chain) for this record as number `seq` after `prev_chain`."""
+        head, mid, tail = self.head, self.mid, self.tail
+        chain = _sha256(f"{prev_chain}\n{head}{mid}{seq}{tail}".encode("ascii")).hexdigest()
+        self.seq = seq
+        return f'{head}"chain":"{chain}",{mid}{seq}{tail}', chain
+
+    def record(self) -> dict[str, Any]:
+        """The record as a dict (seq as sealed, no chain): for tests and tools, not the hot path."""
+        parsed: dict[str, Any] = json.loads(self.body(self.seq))
+        return parsed
+
+
+_sha256 = hashlib.sha256
 
 
 def digest(prev_chain: str, record: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from auditlog.aggregate import Aggregator, Emission
 from auditlog.packet import decode_frame, flow_key
-from auditlog.record import RecordContext, build_record
+from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
 from packetin.tasks import cancel_and_wait
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class AuditPipeline:
     def __init__(self, ctx: RecordContext, writer: Any, aggregator: Aggregator,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self._ctx = ctx
+        self._encode = RecordEncoder(ctx).encode
         self._writer = writer
         self._agg = aggregator
         self._clock = wall_clock
@@ -49,8 +49,8 @@ class AuditPipeline:
     def _emit(self, emissions: list[Emission]) -> None:
         for e in emissions:
             pin, summary = e.sample
-            record = build_record(self._ctx, pin, summary, packets=e.packets, bytes_=e.bytes, first=e.first,
-                                  last=e.last, offloaded_packets=e.offloaded_packets, seq=0)
+            record = self._encode(pin, summary, packets=e.packets, bytes_=e.bytes, first=e.first, last=e.last,
+                                  offloaded_packets=e.offloaded_packets)
             if self._writer.submit(record):
                 self.stats["records"] += 1
             else:

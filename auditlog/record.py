@@ -11,10 +11,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from auditlog.chain import RecordText, encode
 from auditlog.packet import PacketSummary
 from packetin.model import PacketIn
 
-__all__ = ["PodDirectory", "RecordContext", "RuleLookup", "RuleView", "build_record", "clean_text",
+__all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "build_record", "clean_text",
            "dumps_record", "format_timestamp", "ACTIONS", "DISPOSITIONS"]
 
 # reg7[0..3] -> (npaudit.disposition, event.action, the verdict word of event.type).
@@ -127,10 +128,12 @@ def format_timestamp(t: float) -> str:
     return _format_ms(_epoch_ms(t))
 
 
-def _pod(pods: PodDirectory, ip: str | None) -> dict[str, str] | None:
-    if ip is None:
-        return None
-    found = pods.by_ip(ip)
+def _text(value: Any) -> str:
+    """A user-controlled string as valid Unicode (names and labels are data, never trusted)."""
+    return clean_text(value if isinstance(value, str) else str(value))
+
+
+def _pod_fields(found: tuple[str, str] | None) -> dict[str, str] | None:
     if not found:
         return None
     namespace, name = found
@@ -138,149 +141,207 @@ def _pod(pods: PodDirectory, ip: str | None) -> dict[str, str] | None:
     return pod or None
 
 
-def _text(value: Any) -> str:
-    """A user-controlled string as valid Unicode (names and labels are data, never trusted)."""
-    return clean_text(value if isinstance(value, str) else str(value))
+def _endpoint(ip: str | None, port: int | None) -> str:
+    """`"ip":..,"port":..` members (canonical order) for the addresses the decoder wrote."""
+    if ip is None:
+        return "" if port is None else f'"port":{port}'
+    # decode_frame writes addresses with inet_ntop / ipaddress: ASCII digits, dots,
+    # colons and hex, nothing JSON would escape.
+    return f'"ip":"{ip}"' if port is None else f'"ip":"{ip}","port":{port}'
 
 
-def _endpoint(ip: str | None, port: int | None) -> dict[str, Any] | None:
-    ep: dict[str, Any] = {}
-    if ip is not None:
-        ep["ip"] = ip
-    if port is not None:
-        ep["port"] = port
-    return ep or None
+_DESTINATION, _SOURCE = '"destination":', ',"source":'
+_FRAGMENT, _TRUNCATED = '"fragment":true,', ',"truncated":true'
+
+
+class _RuleParts:
+    """The text of everything a record takes from its rule and disposition, made once per rule."""
+
+    __slots__ = ("rule", "event_head", "event_tail", "labels", "direction", "network_direction",
+                 "disposition", "priority", "tier", "rule_text", "namespace")
+
+    def __init__(self, rule: RuleView | None, pin: PacketIn) -> None:
+        self.rule = rule
+        rule_id, disposition = pin.rule_id, pin.disposition
+        if disposition not in _BY_DISPOSITION and rule is not None:
+            # reg7 is the datapath's verdict and wins; the rule's action is only a fallback.
+            disposition = _BY_ACTION_NAME.get(_enum_value(rule.action), disposition)
+        verdict = _BY_DISPOSITION.get(disposition)
+        if verdict is None:
+            raise ValueError(f"packet-in of rule id {rule_id} (table {pin.table_id}) has reg7={pin.reg7:#x}, "
+                             "which is no disposition, and the rule is unknown")
+        name, action, verdict_type = verdict
+        types = ["connection", verdict_type] if verdict_type else ["connection"]
+        self.event_head = f'"event":{{"action":"{action}","category":["network"],"id":'
+        self.event_tail = f',"kind":"event","outcome":"success","type":{encode(types)}}}'
+        self.disposition = f'"disposition":"{name}",'
+        self.direction = _enum_value(rule.direction).lower() if rule is not None else ""
+        self.network_direction = (f'"direction":"{self.direction}",'
+                                  if self.direction in ("ingress", "egress") else "")
+        self.labels = (f',"labels":{encode({"log_label": _text(rule.log_label)})}'
+                       if rule is not None and rule.log_label else "")
+        self.namespace = rule.namespace if rule is not None else ""
+        fields: dict[str, str] = {}
+        self.priority = self.tier = ""
+        if rule is not None:
+            if rule.rule_name:
+                fields["name"] = _text(rule.rule_name)
+            if rule.ruleset:
+                fields["ruleset"] = _text(rule.ruleset)
+            if rule.tier:
+                fields["category"] = _text(rule.tier)
+                # Only tiered (Antrea) rules have a priority; a K8s NetworkPolicy has none
+                # (the registry fills 0.0 there), and a non-finite number is not JSON.
+                # Always a float, so a SIEM's dynamic mapping does not make it an integer
+                # field from the first record and then truncate 5.5 to 5.
+                if isinstance(rule.priority, (int, float)) and math.isfinite(rule.priority):
+                    self.priority = f'"priority":{encode(float(rule.priority))},'
+                self.tier = f',"tier":{encode(_text(rule.tier))}'
+        else:
+            self.priority = '"rule_unknown":true,'  # sorts between priority and seq, as here
+        if rule_id:  # reg6 is known from the packet even when the registry has no such rule
+            fields["id"] = str(rule_id)
+        self.rule_text = f',"rule":{encode(fields)}' if fields else ""
+
+
+class RecordEncoder:
+    """Builds audit records straight into canonical text (chain.RecordText), ~4 µs each.
+
+    The record is the one DESIGN.md §5 describes; fields that are not known are
+    absent, never null. Everything taken from the rule, the Pods and the node is
+    escaped by the canonical encoder once and kept (a rule is re-read when the
+    registry hands out a different object for its id; a Pod's text is keyed by its
+    (namespace, name)); per packet only numbers, addresses and times are written.
+    """
+
+    _MAX_CACHED = 4096  # texts per cache; a full cache starts over
+
+    def __init__(self, ctx: RecordContext) -> None:
+        self._ctx = ctx
+        self._rules: dict[tuple[int, int], _RuleParts] = {}
+        self._pods: dict[tuple[str, str], str] = {}
+        self._orchestrators: dict[str, str] = {}
+        observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
+        observer["type"] = _OBSERVER_TYPE
+        observer["vendor"] = _OBSERVER_VENDOR
+        self._observer = f',"observer":{encode(observer)}'
+        self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
+        self._second = -1
+        self._second_text = ""
+
+    def _rule_parts(self, pin: PacketIn) -> _RuleParts:
+        rule_id = pin.rule_id
+        rule = self._ctx.rules.get(rule_id) if rule_id else None
+        key = (rule_id, pin.reg7 & 0xF)
+        parts = self._rules.get(key)
+        if parts is None or parts.rule is not rule:
+            if len(self._rules) >= self._MAX_CACHED:
+                self._rules.clear()
+            parts = self._rules[key] = _RuleParts(rule, pin)
+        return parts
+
+    def _pod(self, ip: str | None) -> tuple[str, str] | None:
+        return self._ctx.pods.by_ip(ip) if ip is not None else None
+
+    def _pod_text(self, found: tuple[str, str]) -> str:
+        text = self._pods.get(found)
+        if text is None:
+            if len(self._pods) >= self._MAX_CACHED:
+                self._pods.clear()
+            pod = _pod_fields(found)
+            text = self._pods[found] = encode({"pod": pod}) if pod else ""
+        return text
+
+    def _orchestrator(self, namespace: str) -> str:
+        text = self._orchestrators.get(namespace)
+        if text is None:
+            if len(self._orchestrators) >= self._MAX_CACHED:
+                self._orchestrators.clear()
+            fields: dict[str, Any] = {"type": "kubernetes"}
+            if self._cluster:
+                fields["cluster"] = self._cluster
+            if namespace:
+                fields["namespace"] = _text(namespace)
+            text = self._orchestrators[namespace] = f',"orchestrator":{encode(fields)}'
+        return text
+
+    def _timestamp(self, t: float) -> str:
+        seconds, millis = divmod(round(t * 1000), 1000)  # see _epoch_ms
+        if seconds != self._second:
+            self._second, self._second_text = seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        return "%s.%03dZ" % (self._second_text, millis)
+
+    def encode(self, pin: PacketIn, summary: PacketSummary, *, packets: int, bytes_: int, first: float,
+               last: float, offloaded_packets: int = 0) -> RecordText:
+        """The record for `packets` packets of one key, sampled by `pin` / `summary`.
+
+        Raises ValueError only when neither reg7 nor the rule registry gives a
+        disposition (no flow of ours does that).
+        """
+        rp = self._rule_parts(pin)
+        first_s = self._timestamp(first)
+        last_s = first_s if last == first else self._timestamp(last)
+        s = summary
+        src_found = self._pod(s.src_ip)
+        dst_found = self._pod(s.dst_ip)
+        # The applied-to Pod is the one the rule protects: the destination of ingress
+        # traffic, the source of egress traffic.
+        direction = rp.direction
+        applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
+        applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
+
+        out = [f'{{"@timestamp":"{first_s}"']
+        destination = _endpoint(s.dst_ip, s.dst_port)
+        if destination:
+            out.append(f',"destination":{{{destination}}}')
+        event_id = self._ctx.new_event_id()
+        if not (event_id.isascii() and event_id.isalnum()):
+            event_id = encode(_text(event_id))[1:-1]
+        out.append(f',{rp.event_head}"{event_id}"{rp.event_tail}')
+        if s.icmp_type is not None:
+            code = "" if s.icmp_code is None else f'"code":{s.icmp_code},'
+            out.append(f',"icmp":{{{code}"type":{s.icmp_type}}}')
+        out.append(rp.labels)
+        network = rp.network_direction
+        if s.protocol is not None:
+            network += f'"iana_number":"{s.protocol}",'  # ECS keyword
+        if s.transport is not None:
+            network += f'"transport":"{s.transport}",'
+        if s.ip_version is not None:
+            network += f'"type":"ipv{s.ip_version}",'
+        if s.vlan is not None:
+            network += f'"vlan":{{"id":"{s.vlan}"}},'  # ECS keyword
+        if network:
+            out.append(f',"network":{{{network[:-1]}}}')
+        out.append(f',"npaudit":{{"aggregate":{{"bytes":{bytes_},"first":"{first_s}","last":"{last_s}",'
+                   f'"offloaded_packets":{offloaded_packets},"packets":{packets}}},')
+        head = "".join(out)
+
+        dst_pod = self._pod_text(dst_found) if dst_found else ""
+        in_port = "" if pin.in_port is None else f'"in_port":{pin.in_port},'
+        mid = (f'{_DESTINATION if dst_pod else ""}{dst_pod}{"," if dst_pod else ""}{rp.disposition}'
+               f'{_FRAGMENT if s.fragment else ""}'
+               f'"ovs":{{"cookie":"0x{pin.cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{in_port}"table":{pin.table_id}}},'
+               f'{rp.priority}"seq":')
+        src_pod = self._pod_text(src_found) if src_found else ""
+        tail = (f'{_SOURCE if src_pod else ""}{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}'
+                f'{self._observer}{self._orchestrator(applied_ns)}{rp.rule_text}')
+        source = _endpoint(s.src_ip, s.src_port)
+        if source:
+            tail += f',"source":{{{source}}}'
+        return RecordText(head, mid, tail + "}")
 
 
 def build_record(ctx: RecordContext, pin: PacketIn, summary: PacketSummary, *, packets: int, bytes_: int,
                  first: float, last: float, offloaded_packets: int = 0, seq: int,
                  chain: str | None = None) -> dict[str, Any]:
-    """The record for `packets` packets of one key, sampled by `pin` / `summary`.
-
-    Fields that are not known are absent, never null. Raises ValueError only when
-    neither reg7 nor the rule registry gives a disposition (no flow of ours does that).
-    """
-    rule = ctx.rules.get(pin.rule_id) if pin.rule_id else None
-    disposition = pin.disposition
-    if disposition not in _BY_DISPOSITION and rule is not None:
-        # reg7 is the datapath's verdict and wins; the rule's action is only a fallback.
-        disposition = _BY_ACTION_NAME.get(_enum_value(rule.action), disposition)
-    verdict = _BY_DISPOSITION.get(disposition)
-    if verdict is None:
-        raise ValueError(f"packet-in of rule id {pin.rule_id} (table {pin.table_id}) has reg7={pin.reg7:#x}, "
-                         "which is no disposition, and the rule is unknown")
-    disposition_name, action, verdict_type = verdict
-    first_str = format_timestamp(first)
-
-    direction = _enum_value(rule.direction).lower() if rule is not None else ""
-    src_pod = _pod(ctx.pods, summary.src_ip)
-    dst_pod = _pod(ctx.pods, summary.dst_ip)
-    # The applied-to Pod is the one the rule protects: the destination of ingress
-    # traffic, the source of egress traffic.
-    applied = dst_pod if direction == "ingress" else src_pod if direction == "egress" else None
-    applied_ns = (applied or {}).get("namespace") or (rule.namespace if rule is not None else "")
-
-    record: dict[str, Any] = {"@timestamp": first_str}
-    record["event"] = {
-        "id": ctx.new_event_id(),
-        "kind": "event",
-        "category": ["network"],
-        "type": ["connection", verdict_type] if verdict_type else ["connection"],
-        "action": action,
-        # ECS: the outcome of the event itself: the policy decision was carried out.
-        "outcome": "success",
-    }
-
-    rule_fields: dict[str, Any] = {}
-    if rule is not None:
-        if rule.rule_name:
-            rule_fields["name"] = _text(rule.rule_name)
-        if rule.ruleset:
-            rule_fields["ruleset"] = _text(rule.ruleset)
-        if rule.tier:
-            rule_fields["category"] = _text(rule.tier)
-    if pin.rule_id:  # reg6 is known from the packet even when the registry has no such rule
-        rule_fields["id"] = str(pin.rule_id)
-    if rule_fields:
-        record["rule"] = rule_fields
-
-    source = _endpoint(summary.src_ip, summary.src_port)
-    if source:
-        record["source"] = source
-    destination = _endpoint(summary.dst_ip, summary.dst_port)
-    if destination:
-        record["destination"] = destination
-
-    network: dict[str, Any] = {}
-    if summary.transport is not None:
-        network["transport"] = summary.transport
-    if summary.protocol is not None:
-        network["iana_number"] = str(summary.protocol)  # ECS keyword
-    if summary.ip_version is not None:
-        network["type"] = f"ipv{summary.ip_version}"
-    if direction in ("ingress", "egress"):
-        network["direction"] = direction
-    if summary.vlan is not None:
-        network["vlan"] = {"id": str(summary.vlan)}  # ECS keyword
-    if network:
-        record["network"] = network
-
-    if summary.icmp_type is not None:
-        icmp = {"type": summary.icmp_type}
-        if summary.icmp_code is not None:
-            icmp["code"] = summary.icmp_code
-        record["icmp"] = icmp
-
-    observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
-    observer["type"] = _OBSERVER_TYPE
-    observer["vendor"] = _OBSERVER_VENDOR
-    record["observer"] = observer
-
-    orchestrator: dict[str, Any] = {"type": "kubernetes"}
-    if ctx.cluster:
-        orchestrator["cluster"] = {"name": _text(ctx.cluster)}
-    if applied_ns:
-        orchestrator["namespace"] = _text(applied_ns)
-    record["orchestrator"] = orchestrator
-
-    if rule is not None and rule.log_label:
-        record["labels"] = {"log_label": _text(rule.log_label)}
-
-    vendor: dict[str, Any] = {}
-    if src_pod:
-        vendor["source"] = {"pod": src_pod}
-    if dst_pod:
-        vendor["destination"] = {"pod": dst_pod}
-    vendor["disposition"] = disposition_name
-    if rule is None:
-        vendor["rule_unknown"] = True
-    elif rule.tier:
-        # Only tiered (Antrea) rules have a priority; a K8s NetworkPolicy has none
-        # (the registry fills 0.0 there), and a non-finite number is not JSON.
-        # Always a float, so a SIEM's dynamic mapping does not make it an integer
-        # field from the first record and then truncate 5.5 to 5.
-        if isinstance(rule.priority, (int, float)) and math.isfinite(rule.priority):
-            vendor["priority"] = float(rule.priority)
-        vendor["tier"] = _text(rule.tier)
-    vendor["aggregate"] = {
-        "packets": packets,
-        "bytes": bytes_,
-        "first": first_str,
-        "last": format_timestamp(last),
-        "offloaded_packets": offloaded_packets,
-    }
-    if summary.fragment:
-        vendor["fragment"] = True
-    if summary.truncated:
-        vendor["truncated"] = True
-    vendor["seq"] = seq
+    """RecordEncoder.encode as a dict with npaudit.seq (and npaudit.chain if given): for tests and tools."""
+    text = RecordEncoder(ctx).encode(pin, summary, packets=packets, bytes_=bytes_, first=first, last=last,
+                                     offloaded_packets=offloaded_packets)
+    text.seq = seq
+    record = text.record()
     if chain is not None:
-        vendor["chain"] = chain
-    ovs: dict[str, Any] = {"table": pin.table_id, "cookie": "0x%016x" % (pin.cookie & 0xFFFF_FFFF_FFFF_FFFF)}
-    if pin.in_port is not None:
-        ovs["in_port"] = pin.in_port
-    vendor["ovs"] = ovs
-    record["npaudit"] = vendor
+        record["npaudit"]["chain"] = chain
     return record
 
 

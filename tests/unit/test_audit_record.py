@@ -519,3 +519,79 @@ def test_auditlog_does_not_import_policy_agent() -> None:
             "sys.exit(any(m.split('.')[0] == 'policy_agent' for m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
+
+
+# ---- the encoder's text is the canonical form the chain hashes ---------------------------------
+
+from auditlog.chain import GENESIS, check_line, encode as canonical  # noqa: E402
+from auditlog.record import RecordEncoder  # noqa: E402
+
+
+def _frames() -> list[bytes]:
+    return [frame_tcp(), frame_tcp(vlan=42), frame_tcp(CLIENT6, SERVER6),
+            bytes(Ether(**MAC) / IP(src=CLIENT, dst=SERVER) / ICMP(type=8, code=0)),
+            bytes(Ether(**MAC) / IPv6(src=CLIENT6, dst=SERVER6) / ICMPv6EchoRequest()),
+            bytes(Ether(**MAC) / IP(src=SERVER, dst=CLIENT, flags="MF") / UDP(sport=53, dport=5353)),
+            bytes(Ether(**MAC) / IP(src=CLIENT, dst=SERVER) / TCP(sport=1, dport=2))[:40],  # truncated
+            bytes(Ether(**MAC) / ARP())]
+
+
+texts = st.text(st.characters(exclude_categories=()), max_size=24)  # surrogates, controls, U+2028...
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(frame=st.sampled_from(_frames()), name=texts, namespace=texts, label=texts, tier=texts, node=texts,
+       cluster=texts, priority=st.floats(allow_nan=True, allow_infinity=True),
+       rule_id=st.sampled_from([RULE_ACNP.rule_id, RULE_ANP.rule_id, UNKNOWN_RULE_ID, 0]),
+       disposition=st.integers(0, 3), packets=st.integers(1, 2**40), seq=st.integers(1, 2**53),
+       in_port=st.one_of(st.none(), st.integers(0, 2**32 - 1)), cookie=st.integers(0, 2**64 - 1),
+       first=st.floats(0, 4e9), span=st.floats(0, 5))
+def test_encoder_text_is_canonical_and_seals_into_a_verifiable_line(
+        frame, name, namespace, label, tier, node, cluster, priority, rule_id, disposition, packets, seq, in_port,
+        cookie, first, span) -> None:
+    rules = Rules(replace(RULE_ACNP, rule_name=name, log_label=label, tier=tier, priority=priority),
+                  replace(RULE_ANP, namespace="ns" + namespace, policy_name="p" + name))
+    pods = {CLIENT: (namespace, name), SERVER: ("backend", name), CLIENT6: ("", name), SERVER6: (namespace, "")}
+    context = RecordContext(node="n" + node, cluster=cluster, rules=rules, pods=Pods(pods),
+                            new_event_id=lambda: FIXED_ID)
+    pin = pin_for(frame, rule_id=rule_id, disposition=disposition, at=first, cookie=cookie, in_port=in_port)
+    text = RecordEncoder(context).encode(pin, decode_frame(frame), packets=packets, bytes_=packets * 60,
+                                         first=first, last=first + span)
+    body = text.body(seq)
+    record = json.loads(body, parse_constant=_no_constants)
+    assert canonical(record) == body  # sorted keys, json's escapes and number forms
+    line, chain = text.seal(GENESIS, seq)
+    assert check_line(line, GENESIS, seq - 1) == (seq, chain)
+    record["npaudit"]["chain"] = chain
+    assert canonical(record) == line and line.isascii() and line.splitlines() == [line]
+    assert text.record() == {**record, "npaudit": {k: v for k, v in record["npaudit"].items() if k != "chain"}}
+    VALIDATOR.validate(record)
+
+
+def test_encoder_follows_rule_and_pod_changes() -> None:
+    rules = Rules(RULE_ACNP)
+    pods = {CLIENT: ("frontend", "client-1"), SERVER: ("backend", "api-0")}
+    encoder = RecordEncoder(RecordContext(node="n", rules=rules, pods=Pods(pods), new_event_id=lambda: FIXED_ID))
+    frame = frame_tcp()
+
+    def record() -> dict[str, Any]:
+        text = encoder.encode(pin_for(frame), decode_frame(frame), packets=1, bytes_=1, first=T0, last=T0)
+        return text.record()
+
+    assert record()["rule"]["name"] == "deny-db"
+    rules.add(RULE_ACNP.rule_id, replace(RULE_ACNP, rule_name="deny-db-v2", log_label="v2"))  # a new round
+    pods[SERVER] = ("backend", "api-1")  # the address went to another Pod
+    r = record()
+    assert r["rule"]["name"] == "deny-db-v2" and r["labels"] == {"log_label": "v2"}
+    assert r["npaudit"]["destination"]["pod"]["name"] == "api-1"
+    del pods[CLIENT]
+    assert "source" not in record()["npaudit"]
+
+
+@pytest.mark.parametrize("event_id", ["", "id with \"quotes\"\n", "\ud800", "名前"])
+def test_an_odd_event_id_from_an_injected_source_is_still_canonical_text(event_id: str) -> None:
+    context = RecordContext(node="n", rules=Rules(RULE_ACNP), pods=Pods(PODS), new_event_id=lambda: event_id)
+    frame = frame_tcp()
+    text = RecordEncoder(context).encode(pin_for(frame), decode_frame(frame), packets=1, bytes_=1, first=T0, last=T0)
+    body = text.body(7)
+    assert canonical(json.loads(body)) == body and body.isascii()
