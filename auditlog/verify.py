@@ -61,10 +61,20 @@ def audit_files(live: Path) -> list[tuple[int, Path]]:
 
 
 def open_audit_file(path: Path) -> IO[bytes]:
-    """A binary reader of a live, rotated or gzip-rotated audit file."""
+    """A binary reader of a live, rotated or gzip-rotated audit file.
+
+    A plain rotated file that is gone has usually just been compressed by the
+    running writer (same records, ".gz" added): that file is read instead.
+    """
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
-    return open(path, "rb")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        compressed = path.with_name(path.name + ".gz")
+        if split_name(path.name)[1] == 0 or not compressed.exists():
+            raise
+        return gzip.open(compressed, "rb")
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:

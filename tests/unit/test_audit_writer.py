@@ -97,9 +97,10 @@ def test_rotation_under_load_gzips_and_never_splits_a_record(live, make_writer):
     n = 20_000
     for i in range(n):
         assert w.submit(record(i))
-    assert w.flush_wait(30)
+    assert w.flush_wait(30) and w.wait_compressed(30)
     files = audit_files(live)
     assert w.stats["rotations"] == len(files) - 1 >= 20
+    assert w.stats["compressed"] == w.stats["rotations"]
     line_len = max(len(raw) for _, _, raw in iter_lines(files[0][1]))
     for index, path in files:
         if index:
@@ -126,7 +127,7 @@ def test_retention_keeps_backup_count_files_and_prunes_strays(live, make_writer)
     assert not stray.exists()  # above backup_count: removed at start
     for i in range(2000):
         assert w.submit(record(i))
-    assert w.flush_wait(30)
+    assert w.flush_wait(30) and w.wait_compressed(30)
     assert w.stats["rotations"] > 3
     assert [p.name for _, p in audit_files(live)] == [
         "audit.jsonl.3.gz", "audit.jsonl.2.gz", "audit.jsonl.1.gz", "audit.jsonl"]
@@ -159,7 +160,7 @@ def test_retention_by_age_at_start_and_at_rotation(live, make_writer):
     rotations = w2.stats["rotations"]
     for i in range(40):
         w2.submit(record(i))
-    assert w2.flush_wait(10)
+    assert w2.flush_wait(10) and w2.wait_compressed(10)
     assert w2.stats["rotations"] > rotations
     left = [p for i, p in audit_files(live) if i]
     assert left and all(p.stat().st_mtime > now[0] - 28 * DAY for p in left)
@@ -282,7 +283,7 @@ def test_torn_line_in_a_full_file_is_explained_across_the_rotation(live, make_wr
     # chain-restart record is written, which then opens the new live file.
     w2 = make_writer(live, max_bytes=2048, backup_count=5)
     w2.submit(record(30))
-    assert w2.flush_wait(5)
+    assert w2.flush_wait(5) and w2.wait_compressed(10)
     assert [p.name for _, p in audit_files(live)] == ["audit.jsonl.1.gz", "audit.jsonl"]
     first = json.loads(next(iter_lines(live))[2])
     assert first["event"]["action"] == "chain-restart" and first["npaudit"]["chain_restart"]["line"] == 30
@@ -390,6 +391,99 @@ def test_rotation_interrupted_by_a_crash_is_finished_at_start(live, make_writer)
     assert w2.flush_wait(5)
     result = verify([live.parent])
     assert result.ok and (result.first_seq, result.last_seq) == (1, 201)
+
+
+def test_writing_and_rotation_go_on_while_compression_is_stuck(live, make_writer, monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+    real_gzip = writer_mod._gzip_file
+
+    def stuck_gzip(src, dst, **kw):
+        entered.set()
+        release.wait(20)
+        real_gzip(src, dst, **kw)
+
+    monkeypatch.setattr(writer_mod, "_gzip_file", stuck_gzip)
+    w = make_writer(live, max_bytes=4096, backup_count=100)
+    for i in range(100):
+        assert w.submit(record(i))
+    assert entered.wait(5)
+    for i in range(100, 1000):
+        assert w.submit(record(i))
+    # The compressor holds the first rotated file; the writer does not wait for it.
+    assert w.flush_wait(5) and not release.is_set()
+    assert w.stats["written"] == 1000 and w.stats["rotations"] > 50 and w.stats["compressed"] == 0
+    assert verify([live.parent]).ok  # plain rotated files are part of the set meanwhile
+    release.set()
+    assert w.wait_compressed(30)
+    names = [p.name for i, p in audit_files(live) if i]
+    assert names and all(n.endswith(".gz") for n in names)
+    assert w.stats["compressed"] == w.stats["rotations"]
+    result = verify([live.parent])
+    assert result.ok and (result.first_seq, result.last_seq) == (1, 1000)
+
+
+def test_compressed_file_keeps_the_age_of_its_records(live, make_writer, monkeypatch):
+    made: list[Path] = []
+    real_gzip = writer_mod._gzip_file
+
+    def older_first(src, dst, **kw):
+        os.utime(src.fileno(), (1_000_000_000, 1_000_000_000))  # as if written long ago
+        made.append(dst)
+        real_gzip(src, dst, **kw)
+
+    monkeypatch.setattr(writer_mod, "_gzip_file", older_first)
+    w = make_writer(live, max_bytes=2048, backup_count=100)
+    for i in range(40):
+        w.submit(record(i))
+    assert w.flush_wait(5) and w.wait_compressed(10) and made
+    assert all(p.stat().st_mtime == 1_000_000_000 for i, p in audit_files(live) if i)
+
+
+def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishes_it(live, make_writer,
+                                                                                     monkeypatch):
+    real_gzip = writer_mod._gzip_file
+    slow = threading.Event()
+
+    def slow_gzip(src, dst, *, abandon=None, **kw):
+        slow.set()
+        assert abandon is not None and abandon.wait(20)  # close gives up on the compression
+        real_gzip(src, dst, abandon=abandon, **kw)
+
+    monkeypatch.setattr(writer_mod, "_gzip_file", slow_gzip)
+    w1 = make_writer(live, max_bytes=2048, backup_count=100)
+    for i in range(30):
+        w1.submit(record(i))
+    assert w1.flush_wait(5) and slow.wait(5)
+    t = time.monotonic()
+    assert w1.close(timeout=0.5)  # every record written; only the compression is left
+    assert time.monotonic() - t < 5
+    plain = [p for i, p in audit_files(live) if i and not p.name.endswith(".gz")]
+    assert plain and not list(live.parent.glob(".*.tmp"))
+    assert verify([live.parent]).ok
+    monkeypatch.setattr(writer_mod, "_gzip_file", real_gzip)
+    live.with_name(f".{live.name}.gz-999.tmp").write_bytes(b"half a gzip")  # a crash mid-compression
+    w2 = make_writer(live, max_bytes=2048, backup_count=100)
+    assert w2.wait_compressed(10)
+    assert not list(live.parent.glob(".*.tmp"))
+    assert all(p.name.endswith(".gz") for i, p in audit_files(live) if i)
+    result = verify([live.parent])
+    assert result.ok and (result.first_seq, result.last_seq) == (1, 30)
+
+
+def test_verify_reads_a_rotated_file_the_compressor_just_replaced(live, make_writer):
+    w = make_writer(live, max_bytes=2048, backup_count=100, compress=False)
+    for i in range(30):
+        w.submit(record(i))
+    w.close()
+    files = [p for _, p in audit_files(live)]
+    rotated = files[0]
+    assert not rotated.name.endswith(".gz")
+    # As verify sees it when the writer compresses between listing and reading:
+    rotated.with_name(rotated.name + ".gz").write_bytes(gzip.compress(rotated.read_bytes()))
+    rotated.unlink()
+    from auditlog.verify import _Walk
+    walk = _Walk(files)
+    assert walk.run() is None and walk.records == 30
 
 
 def test_unencodable_record_is_counted_and_skipped_without_a_gap(live, make_writer):
