@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Hashable
-from typing import Literal, TypeAlias
+from typing import Literal, NamedTuple, TypeAlias
 
 # (rule id, disposition, direction, src, dst, protocol, dst port or ICMP type): the caller
 # builds it; the aggregator only hashes and compares it.
@@ -14,13 +13,14 @@ AggregateKey: TypeAlias = tuple[Hashable, ...]
 Kind: TypeAlias = Literal["first", "aggregate", "immediate"]
 
 
-@dataclass(frozen=True, slots=True)
-class Emission:
+class Emission(NamedTuple):
     """One audit record to write: the packets (and eBPF-offloaded drops) it stands for.
 
     `sample` is the caller's opaque object: the packet's own for "first" and "immediate";
     for "aggregate" the first packet the record covers, else the window's "first" packet,
     else the sample given with the offloaded counts (None when there was none).
+    A NamedTuple, not a frozen dataclass: one is made per distinct flow, and a frozen
+    dataclass's __init__ costs ~1.5 µs more.
     """
 
     key: AggregateKey

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from auditlog.chain import RecordText, encode
-from auditlog.packet import PacketSummary
+from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 
 __all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "build_record", "clean_text",
@@ -141,16 +141,6 @@ def _pod_fields(found: tuple[str, str] | None) -> dict[str, str] | None:
     return pod or None
 
 
-def _endpoint(ip: str | None, port: int | None) -> str:
-    """`"ip":..,"port":..` members (canonical order) for the addresses the decoder wrote."""
-    if ip is None:
-        return "" if port is None else f'"port":{port}'
-    # decode_frame writes addresses with inet_ntop / ipaddress: ASCII digits, dots,
-    # colons and hex, nothing JSON would escape.
-    return f'"ip":"{ip}"' if port is None else f'"ip":"{ip}","port":{port}'
-
-
-_DESTINATION, _SOURCE = '"destination":', ',"source":'
 _FRAGMENT, _TRUNCATED = '"fragment":true,', ',"truncated":true'
 
 
@@ -214,13 +204,18 @@ class RecordEncoder:
     (namespace, name)); per packet only numbers, addresses and times are written.
     """
 
-    _MAX_CACHED = 4096  # texts per cache; a full cache starts over
+    MAX_CACHED = 4096  # texts per cache; a full cache starts over
 
     def __init__(self, ctx: RecordContext) -> None:
         self._ctx = ctx
+        self._rules_get = ctx.rules.get
+        self._by_ip = ctx.pods.by_ip
+        self._new_event_id = ctx.new_event_id
         self._rules: dict[tuple[int, int], _RuleParts] = {}
-        self._pods: dict[tuple[str, str], str] = {}
+        self._pods: dict[tuple[str, str], tuple[str, str]] = {}
         self._orchestrators: dict[str, str] = {}
+        self._networks: dict[tuple[str, int | None, int | None, int | None], str] = {}
+        self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
         observer["type"] = _OBSERVER_TYPE
         observer["vendor"] = _OBSERVER_VENDOR
@@ -231,39 +226,46 @@ class RecordEncoder:
 
     def _rule_parts(self, pin: PacketIn) -> _RuleParts:
         rule_id = pin.rule_id
-        rule = self._ctx.rules.get(rule_id) if rule_id else None
+        rule = self._rules_get(rule_id) if rule_id else None
         key = (rule_id, pin.reg7 & 0xF)
         parts = self._rules.get(key)
         if parts is None or parts.rule is not rule:
-            if len(self._rules) >= self._MAX_CACHED:
-                self._rules.clear()
-            parts = self._rules[key] = _RuleParts(rule, pin)
+            parts = _cache(self._rules, key, _RuleParts(rule, pin))
         return parts
 
-    def _pod(self, ip: str | None) -> tuple[str, str] | None:
-        return self._ctx.pods.by_ip(ip) if ip is not None else None
-
-    def _pod_text(self, found: tuple[str, str]) -> str:
-        text = self._pods.get(found)
-        if text is None:
-            if len(self._pods) >= self._MAX_CACHED:
-                self._pods.clear()
-            pod = _pod_fields(found)
-            text = self._pods[found] = encode({"pod": pod}) if pod else ""
-        return text
+    def _pod_texts(self, found: tuple[str, str]) -> tuple[str, str]:
+        """(as npaudit.destination + ",", as "," + npaudit.source) of a Pod by_ip found."""
+        pod = _pod_fields(found)
+        text = encode({"pod": pod}) if pod else ""
+        return _cache(self._pods, found, (f'"destination":{text},', f',"source":{text}') if text else ("", ""))
 
     def _orchestrator(self, namespace: str) -> str:
-        text = self._orchestrators.get(namespace)
-        if text is None:
-            if len(self._orchestrators) >= self._MAX_CACHED:
-                self._orchestrators.clear()
-            fields: dict[str, Any] = {"type": "kubernetes"}
-            if self._cluster:
-                fields["cluster"] = self._cluster
-            if namespace:
-                fields["namespace"] = _text(namespace)
-            text = self._orchestrators[namespace] = f',"orchestrator":{encode(fields)}'
-        return text
+        fields: dict[str, Any] = {"type": "kubernetes"}
+        if self._cluster:
+            fields["cluster"] = self._cluster
+        if namespace:
+            fields["namespace"] = _text(namespace)
+        return _cache(self._orchestrators, namespace, f',"orchestrator":{encode(fields)}')
+
+    def _network(self, key: tuple[str, int | None, int | None, int | None]) -> str:
+        direction, protocol, version, vlan = key
+        network = direction
+        if protocol is not None:
+            network += f'"iana_number":"{protocol}",'  # ECS keyword
+            transport = transport_name(protocol)
+            if transport is not None:
+                network += f'"transport":"{transport}",'
+        if version is not None:
+            network += f'"type":"ipv{version}",'
+        if vlan is not None:
+            network += f'"vlan":{{"id":"{vlan}"}},'  # ECS keyword
+        return _cache(self._networks, key, f',"network":{{{network[:-1]}}}' if network else "")
+
+    def _ovs(self, key: tuple[int, int, int | None]) -> str:
+        cookie, table, in_port = key
+        port = "" if in_port is None else f'"in_port":{in_port},'
+        return _cache(self._ovs_texts, key,
+                      f'"ovs":{{"cookie":"0x{cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{port}"table":{table}}},')
 
     def _timestamp(self, t: float) -> str:
         seconds, millis = divmod(round(t * 1000), 1000)  # see _epoch_ms
@@ -282,54 +284,61 @@ class RecordEncoder:
         first_s = self._timestamp(first)
         last_s = first_s if last == first else self._timestamp(last)
         s = summary
-        src_found = self._pod(s.src_ip)
-        dst_found = self._pod(s.dst_ip)
+        by_ip = self._by_ip
+        src_ip, dst_ip = s.src_ip, s.dst_ip
+        src_found = by_ip(src_ip) if src_ip is not None else None
+        dst_found = by_ip(dst_ip) if dst_ip is not None else None
         # The applied-to Pod is the one the rule protects: the destination of ingress
         # traffic, the source of egress traffic.
         direction = rp.direction
         applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
         applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
 
-        out = [f'{{"@timestamp":"{first_s}"']
-        destination = _endpoint(s.dst_ip, s.dst_port)
-        if destination:
-            out.append(f',"destination":{{{destination}}}')
-        event_id = self._ctx.new_event_id()
+        # Addresses come from decode_frame (inet_ntop / ipaddress): digits, dots,
+        # colons and hex, nothing JSON would escape.
+        if dst_ip is not None:
+            port = s.dst_port
+            destination = (f',"destination":{{"ip":"{dst_ip}"}}' if port is None else
+                           f',"destination":{{"ip":"{dst_ip}","port":{port}}}')
+        else:
+            destination = ""
+        event_id = self._new_event_id()
         if not (event_id.isascii() and event_id.isalnum()):
             event_id = encode(_text(event_id))[1:-1]
-        out.append(f',{rp.event_head}"{event_id}"{rp.event_tail}')
+        icmp = ""
         if s.icmp_type is not None:
             code = "" if s.icmp_code is None else f'"code":{s.icmp_code},'
-            out.append(f',"icmp":{{{code}"type":{s.icmp_type}}}')
-        out.append(rp.labels)
-        network = rp.network_direction
-        if s.protocol is not None:
-            network += f'"iana_number":"{s.protocol}",'  # ECS keyword
-        if s.transport is not None:
-            network += f'"transport":"{s.transport}",'
-        if s.ip_version is not None:
-            network += f'"type":"ipv{s.ip_version}",'
-        if s.vlan is not None:
-            network += f'"vlan":{{"id":"{s.vlan}"}},'  # ECS keyword
-        if network:
-            out.append(f',"network":{{{network[:-1]}}}')
-        out.append(f',"npaudit":{{"aggregate":{{"bytes":{bytes_},"first":"{first_s}","last":"{last_s}",'
-                   f'"offloaded_packets":{offloaded_packets},"packets":{packets}}},')
-        head = "".join(out)
+            icmp = f',"icmp":{{{code}"type":{s.icmp_type}}}'
+        net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
+        network = self._networks.get(net_key) or self._network(net_key)
+        head = (f'{{"@timestamp":"{first_s}"{destination},{rp.event_head}"{event_id}"{rp.event_tail}{icmp}'
+                f'{rp.labels}{network},"npaudit":{{"aggregate":{{"bytes":{bytes_},"first":"{first_s}",'
+                f'"last":"{last_s}","offloaded_packets":{offloaded_packets},"packets":{packets}}},')
 
-        dst_pod = self._pod_text(dst_found) if dst_found else ""
-        in_port = "" if pin.in_port is None else f'"in_port":{pin.in_port},'
-        mid = (f'{_DESTINATION if dst_pod else ""}{dst_pod}{"," if dst_pod else ""}{rp.disposition}'
-               f'{_FRAGMENT if s.fragment else ""}'
-               f'"ovs":{{"cookie":"0x{pin.cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{in_port}"table":{pin.table_id}}},'
-               f'{rp.priority}"seq":')
-        src_pod = self._pod_text(src_found) if src_found else ""
-        tail = (f'{_SOURCE if src_pod else ""}{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}'
-                f'{self._observer}{self._orchestrator(applied_ns)}{rp.rule_text}')
-        source = _endpoint(s.src_ip, s.src_port)
-        if source:
-            tail += f',"source":{{{source}}}'
-        return RecordText(head, mid, tail + "}")
+        pods = self._pods
+        dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
+        src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
+        ovs_key = (pin.cookie, pin.table_id, pin.in_port)
+        ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
+        mid = f'{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{ovs}{rp.priority}"seq":'
+        orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
+        if src_ip is not None:
+            port = s.src_port
+            source = (f',"source":{{"ip":"{src_ip}"}}}}' if port is None else
+                      f',"source":{{"ip":"{src_ip}","port":{port}}}}}')
+        else:
+            source = "}"
+        tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
+                f'{rp.rule_text}{source}')
+        return RecordText(head, mid, tail)
+
+
+def _cache(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Put `value` in `cache` (emptied when it holds RecordEncoder.MAX_CACHED) and return it."""
+    if len(cache) >= RecordEncoder.MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def build_record(ctx: RecordContext, pin: PacketIn, summary: PacketSummary, *, packets: int, bytes_: int,

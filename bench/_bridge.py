@@ -147,10 +147,12 @@ def run_phase(script: str, kind: str, env: dict, seconds: float, distinct: bool 
 
 
 @contextlib.contextmanager
-def bench_bridge(copies: int) -> Iterator[dict[str, Any]]:
+def bench_bridge(copies: int, distinct_rules: bool = False) -> Iterator[dict[str, Any]]:
     """A private OVS, Pods a and b, and one flow sending every UDP packet from a to the
     controller (`copies` controller actions); a unix and a TCP controller side by side
-    (one consumer connects at a time). Yields the env run_phase takes; cleans up."""
+    (one consumer connects at a time). With `distinct_rules` the copies carry rule ids
+    RULE_ID, RULE_ID+1, ... (as if a packet met that many logged rules), so that each
+    copy is a different audit key. Yields the env run_phase takes; cleans up."""
     tag = secrets.token_hex(3)
     run_dir = Path(tempfile.mkdtemp(prefix=f"npab-{tag}-", dir="/tmp"))
     ovs = EmbeddedOvs(run_dir, netns=f"npab-{tag}")
@@ -171,10 +173,11 @@ def bench_bridge(copies: int) -> Iterator[dict[str, Any]]:
                        mac="02:00:0a:f4:09:03", ofport=2, ovs_netns=ovs.netns)
         pods.append(b)
         set_neighbor(a, b)
-        ud = Userdata(category=Category.POLICY, flags=1, rule_id=RULE_ID).encode()
-        flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, [
-            m.SetField("reg7", int(Disposition.DROP)), m.SetField("reg6", RULE_ID),
-            *[m.Controller(0, ud)] * copies])
+        actions: list[Any] = [m.SetField("reg7", int(Disposition.DROP))]
+        for rule_id in ([RULE_ID + i for i in range(copies)] if distinct_rules else [RULE_ID] * copies):
+            ud = Userdata(category=Category.POLICY, flags=1, rule_id=rule_id).encode()
+            actions += [m.SetField("reg6", rule_id), m.Controller(0, ud)]
+        flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, actions)
         from packetin.channel import ChannelSettings, OpenFlowChannel
 
         async def install() -> None:  # flows stay after the channel closes (fail_mode=secure)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bridge import bench_bridge, machine, run_phase  # noqa: E402
 
 from packetin import messages as m  # noqa: E402
+from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
 
 
@@ -99,6 +100,7 @@ def consume_agent(target: str, netns: str) -> None:
         demux.start()
         channel.start()
         await channel.wait_ready(10)
+        settle_heap()  # as the agent does once it has started
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         print("ready", flush=True)

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from packetin import messages as m
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
+from packetin.gctune import settle_heap
 from packetin.model import Category
 from policy_agent import pipeline
 from policy_agent.applied_store import AppliedStore
@@ -114,6 +115,7 @@ class Agent:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
         await self._start_policy(meters_ok)
+        settle_heap()
 
     async def _start_policy(self, meters_ok: bool) -> None:
         """Pipeline, policy, then the ways Pods and policy arrive (CNI, local API, directory)."""

@@ -1,0 +1,114 @@
+"""auditlog.pipeline.AuditPipeline: keys, exact counts through windows and a full writer, Allow at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
+
+from scapy.layers.inet import ICMP, IP, TCP, UDP  # noqa: E402
+from scapy.layers.l2 import ARP, Ether  # noqa: E402
+
+from auditlog.aggregate import Aggregator  # noqa: E402
+from auditlog.chain import GENESIS, RecordText  # noqa: E402
+from auditlog.packet import decode_frame, flow_key  # noqa: E402
+from auditlog.pipeline import AuditPipeline  # noqa: E402
+from auditlog.record import RecordContext  # noqa: E402
+from packetin.model import PacketIn  # noqa: E402
+from policy_agent.policy.model import Action, Direction  # noqa: E402
+from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
+
+RULE = RuleInfo(rule_id=7, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="p", rule_name="r",
+                tier="securityops", priority=1.0, action=Action.DROP, direction=Direction.INGRESS, log_label="",
+                logged=True)
+MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
+FRAMES = [bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1000, dport=80)),
+          bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=1000, dport=53)),
+          bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.2") / ICMP(type=8)),
+          bytes(Ether(**MAC) / ARP())]
+
+
+class Pods:
+    def by_ip(self, ip: str) -> None:
+        return None
+
+
+class Writer:
+    def __init__(self, room: int = 10**9) -> None:
+        self.records: list[RecordText] = []
+        self.room = room
+
+    def submit(self, record: Any) -> bool:
+        if len(self.records) >= self.room:
+            return False
+        self.records.append(record)
+        return True
+
+    def packets(self) -> int:
+        total, chain = 0, GENESIS
+        for seq, text in enumerate(self.records, 1):
+            text.seal(chain, seq)
+            total += text.record()["npaudit"]["aggregate"]["packets"]
+        return total
+
+
+def context() -> RecordContext:
+    rules = RuleRegistry()
+    rules.replace({RULE.rule_id: RULE})
+    return RecordContext(node="n", rules=rules, pods=Pods())
+
+
+def pin(frame: bytes, at: float, disposition: int = 1) -> PacketIn:
+    return PacketIn(reason=0, table_id=40, cookie=1, in_port=1, rule_id=RULE.rule_id, reg7=disposition,
+                    userdata=b"", packet=frame, total_len=len(frame), received_at=at)
+
+
+def udp_to(port: int) -> bytes:
+    return bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=1000, dport=port))
+
+
+class KeyRecorder(Aggregator):
+    def __init__(self) -> None:
+        super().__init__(window=1.0)
+        self.keys: list[tuple] = []
+
+    def add(self, key: Any, *args: Any) -> Any:
+        self.keys.append(key)
+        return super().add(key, *args)
+
+
+def test_the_key_is_rule_disposition_and_the_flow_key_the_offload_shares() -> None:
+    agg = KeyRecorder()
+    pipeline = AuditPipeline(context(), Writer(), agg)
+    for frame in FRAMES:
+        pipeline(pin(frame, 1.0, disposition=0x12))  # bits above the disposition are not part of it
+    assert agg.keys == [(RULE.rule_id, 2, *flow_key(decode_frame(f))) for f in FRAMES]
+
+
+def test_every_admitted_packet_is_in_exactly_one_record_full_writer_counted() -> None:
+    async def run() -> tuple[AuditPipeline, Writer, AuditPipeline, Writer]:
+        writer = Writer()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), wall_clock=lambda: clock[0])
+        for i in range(1000):  # one dropped flow and 10 distinct ones, 10 ms apart
+            frame = FRAMES[0] if i % 100 else udp_to(1000 + i // 100)
+            pipeline(pin(frame, 100.0 + i * 0.01))
+        for i in range(5):
+            pipeline(pin(FRAMES[2], 110.0, disposition=0))  # Allow: a record each, at once
+        clock[0] = 120.0
+        await pipeline.close()
+        full = Writer(room=3)
+        over = AuditPipeline(context(), full, Aggregator(window=0))
+        for i in range(5):
+            over(pin(FRAMES[0], 1.0))
+        return pipeline, writer, over, full
+
+    pipeline, writer, over, full = asyncio.run(run())
+    assert writer.packets() == 1005 == pipeline.stats["packet_ins"]
+    assert pipeline.stats["records"] == len(writer.records) and pipeline.stats["writer_full"] == 0
+    # 10 distinct UDP flows; the TCP flood spans 10 windows of 1 s, each a "first" record
+    # and one aggregate of the rest; 5 Allows
+    assert len(writer.records) == 10 + 10 * 2 + 5
+    assert over.stats == {"packet_ins": 5, "records": 3, "writer_full": 2, "decode_truncated": 0}
