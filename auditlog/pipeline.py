@@ -18,6 +18,7 @@ from auditlog.aggregate import Aggregator, Emission
 from auditlog.packet import decode_frame
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
+from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class AuditPipeline:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0}
+        self._drops = RateLimitedLog(log, 10.0)
 
     def __call__(self, pin: PacketIn) -> None:
         summary = decode_frame(pin.packet)
@@ -62,6 +64,10 @@ class AuditPipeline:
                 stats["records"] += 1
             else:
                 stats["writer_full"] += 1
+                self._drops.log(logging.ERROR, "writer-full",
+                                "audit writer queue full: a record of %d packet(s) was dropped "
+                                "(%d so far; npaudit_audit_records_total{outcome=\"dropped_writer_full\"})",
+                                e.packets, stats["writer_full"])
 
     # --- window timer ----------------------------------------------------------------
 
@@ -91,6 +97,10 @@ class AuditPipeline:
                 self._emit(self._agg.tick(self._clock()))
             except Exception:  # keep closing windows whatever one record did
                 log.exception("closing aggregation windows failed")
+
+    @property
+    def aggregator(self) -> Aggregator:
+        return self._agg
 
     async def close(self) -> None:
         """Write what the open windows hold, then stop the timer."""

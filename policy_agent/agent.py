@@ -21,7 +21,7 @@ from policy_agent.config import AgentConfig, CategoryLimits
 from policy_agent.engine import PolicyEngine
 from policy_agent.local_api import LocalApi
 from policy_agent.manifest_source import ManifestDirectory
-from policy_agent.metrics import build_registry
+from policy_agent.metrics import AuditCollector, build_registry
 from policy_agent.policy.manifests import load_text
 from policy_agent.reject import RejectResponder
 from policy_agent.rules import RuleRegistry
@@ -66,6 +66,7 @@ class Agent:
             from policy_agent.audit_wiring import build_audit
 
             self.audit, self.audit_writer = build_audit(config, self.rules, lambda: self.engine)
+            self.registry.register(AuditCollector(self.audit, self.audit_writer))  # type: ignore[arg-type]
             then.insert(0, self.audit)
         self.reject = RejectResponder(self.channel.send_nowait, _fanout(then))
         self._handlers[Category.POLICY] = self.reject

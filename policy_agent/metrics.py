@@ -7,7 +7,7 @@ The registry is passed in, never the process-wide default.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -81,3 +81,41 @@ def build_registry(demux: Demux, channel: OpenFlowChannel,
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(demux, channel, ovs_losses))  # type: ignore[arg-type]
     return registry
+
+
+class AuditCollector:
+    """Exports the audit pipeline's and writer's counters: nothing the audit trail loses is silent."""
+
+    def __init__(self, pipeline: Any, writer: Any) -> None:
+        self._pipeline = pipeline
+        self._writer = writer
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._pipeline.stats
+        yield CounterMetricFamily("npaudit_audit_packet_ins", "Packet-ins the audit pipeline accounted for",
+                                  value=p["packet_ins"])
+        yield CounterMetricFamily("npaudit_audit_packet_ins_truncated",
+                                  "Audited packet-ins whose frame ended inside a header", value=p["decode_truncated"])
+        records = CounterMetricFamily("npaudit_audit_records", "Audit records by outcome at the writer's queue",
+                                      labels=["outcome"])
+        records.add_metric(["queued"], p["records"])
+        records.add_metric(["dropped_writer_full"], p["writer_full"])
+        yield records
+        w = self._writer.stats
+        writer = CounterMetricFamily("npaudit_audit_writer", "Audit writer events (records written, dropped, "
+                                     "rotations, compression, write errors)", labels=["event"])
+        for event, n in w.items():
+            writer.add_metric([event], n)
+        yield writer
+        yield GaugeMetricFamily("npaudit_audit_writer_queue_depth", "Records waiting for the writer thread",
+                                value=self._writer.queued)
+        yield GaugeMetricFamily("npaudit_audit_chain_seq", "npaudit.seq of the newest sealed record "
+                                "(compare with the forwarded copy)", value=self._writer.head[0])
+        agg = self._pipeline.aggregator
+        yield GaugeMetricFamily("npaudit_audit_packets_held", "Packets in open aggregation windows, "
+                                "not yet in a record", value=agg.packets_held())
+        a = agg.stats
+        yield GaugeMetricFamily("npaudit_audit_open_windows", "Open aggregation windows",
+                                value=a["open_windows"])
+        yield CounterMetricFamily("npaudit_audit_windows_evicted", "Aggregation windows closed early "
+                                  "because the key limit was reached", value=a["evicted_early"])

@@ -61,3 +61,36 @@ def test_tap_writes_one_json_line_per_packet_in() -> None:
     assert first["userdata"] == {"version": 1, "category": 0, "flags": 1, "rule_id": 0xFFFFFFFF}
     assert first["cookie"] == "0xab" and first["in_port"] == 2 and first["table_id"] == 3
     assert json.loads(lines[1])["category"] == 1
+
+
+def test_audit_losses_are_exported_and_logged(tmp_path, caplog) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from auditlog.aggregate import Aggregator
+    from auditlog.pipeline import AuditPipeline
+    from auditlog.record import RecordContext
+    from auditlog.writer import AuditWriter
+    from policy_agent.metrics import AuditCollector
+    from policy_agent.rules import RuleRegistry
+
+    class NoPods:
+        def by_ip(self, ip: str) -> None:
+            return None
+
+    writer = AuditWriter(tmp_path / "audit.jsonl", queue_size=3)  # not started: the queue fills
+    pipeline = AuditPipeline(RecordContext(node="n", rules=RuleRegistry(), pods=NoPods()), writer,
+                             Aggregator(window=0))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AuditCollector(pipeline, writer))
+    with caplog.at_level("ERROR", logger="auditlog.pipeline"):
+        for _ in range(5):
+            pipeline(pin(Category.POLICY))
+    text = generate_latest(registry).decode()
+    assert "npaudit_audit_packet_ins_total 5.0" in text
+    assert 'npaudit_audit_records_total{outcome="queued"} 3.0' in text
+    assert 'npaudit_audit_records_total{outcome="dropped_writer_full"} 2.0' in text
+    assert 'npaudit_audit_writer_total{event="dropped_queue_full"} 2.0' in text
+    assert "npaudit_audit_writer_queue_depth 3.0" in text and "npaudit_audit_chain_seq 0.0" in text
+    # Once per interval, not once per record.
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "audit writer queue full" in caplog.records[0].getMessage()
