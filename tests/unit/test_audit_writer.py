@@ -342,7 +342,28 @@ def test_submit_never_blocks_while_rotation_is_stuck(live, make_writer, monkeypa
     assert result.ok and result.records == accepted
 
 
-def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_writer, monkeypatch):
+def text_record(i: int) -> Any:
+    """A record as the pipeline hands it over: chain.RecordText from the encoder, event id e<i>."""
+    from auditlog.packet import decode_frame
+    from auditlog.record import RecordContext, RecordEncoder
+    from packetin.model import PacketIn
+    from policy_agent.rules import RuleRegistry
+
+    class NoPods:
+        def by_ip(self, ip: str) -> None:
+            return None
+
+    frame = bytes.fromhex("020000000002020000000001080045000028000100004006" "0000" "0a000001" "0a000002"
+                          "9c40" "0050" "00000000" "00000000" "5002" "2000" "0000" "0000")
+    pin = PacketIn(reason=0, table_id=40, cookie=1, in_port=1, rule_id=9, reg7=1, userdata=b"", packet=frame,
+                   total_len=len(frame), received_at=1e9)
+    encoder = RecordEncoder(RecordContext(node="n", rules=RuleRegistry(), pods=NoPods(),
+                                          new_event_id=lambda: f"e{i}"))
+    return encoder.encode(pin, decode_frame(frame), packets=1, bytes_=len(frame), first=1e9, last=1e9)
+
+
+@pytest.mark.parametrize("make_record", [record, text_record], ids=["dict", "RecordText"])
+def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_writer, monkeypatch, make_record):
     real_write = writer_mod._JsonlHandler.do_write
     calls = [0]
 
@@ -359,7 +380,7 @@ def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_write
     monkeypatch.setattr(writer_mod._JsonlHandler, "do_write", disk_full_once)
     w = make_writer(live)
     for i in range(8):
-        w.submit(record(i))
+        w.submit(make_record(i))
         assert w.flush_wait(5)
     assert w.stats["write_errors"] == 1 and w.stats["chain_restarts"] == 1
     assert w.stats["written"] == 9  # 8 records and the chain-restart record
