@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import fcntl
 import gzip
 import json
 import os
 import re
 import sys
+import time
 import zlib
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 from auditlog.chain import (CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, digest,
                             parse_line)
@@ -77,13 +80,126 @@ def open_audit_file(path: Path) -> IO[bytes]:
         return gzip.open(compressed, "rb")
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+def iter_lines(path: Path, opener: Callable[[Path], IO[bytes]] = open_audit_file
+               ) -> Iterator[tuple[int, int, bytes]]:
     """(offset, line number, raw bytes including its b"\\n") of each line; offsets are uncompressed."""
     offset = 0
-    with open_audit_file(path) as f:
+    with opener(path) as f:
         for lineno, raw in enumerate(f, 1):
             yield offset, lineno, raw
             offset += len(raw)
+
+
+class _Moved(Exception):
+    """A listed name no longer names the file that was opened for it."""
+
+
+class PinnedFiles:
+    """The files of one verify run, each opened once right after listing.
+
+    A running writer renames files while verify reads (rotation shifts .1 to .2,
+    the compressor replaces .N by .N.gz): reading by name could then read a file
+    twice or not at all. Every read goes through the descriptor opened for the
+    name listed (reopened via /proc/self/fd for an offset of its own), and the
+    listing is accepted only if every name still names what was opened.
+    """
+
+    def __init__(self, files: Sequence[Path]) -> None:
+        self._fds: dict[Path, int] = {}
+        try:
+            for path in files:
+                self._fds[path] = self._open(path)
+            for path, fd in self._fds.items():
+                st = os.fstat(fd)
+                if _identity(self._current(path)) != (st.st_dev, st.st_ino):
+                    raise _Moved(str(path))
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            # A plain rotated file the writer has just compressed: the same records.
+            if split_name(path.name)[1] == 0 or path.name.endswith(".gz"):
+                raise
+            return os.open(path.with_name(path.name + ".gz"), os.O_RDONLY)
+
+    @staticmethod
+    def _current(path: Path) -> os.stat_result:
+        try:
+            return os.stat(path)
+        except FileNotFoundError:
+            if split_name(path.name)[1] == 0 or path.name.endswith(".gz"):
+                raise
+            return os.stat(path.with_name(path.name + ".gz"))
+
+    def open(self, path: Path) -> IO[bytes]:
+        """A new reader of what `path` named when it was pinned (gzip or plain, by content)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            return open_audit_file(path)
+        again = f"/proc/self/fd/{fd}"
+        with open(again, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        return gzip.open(again, "rb") if gz else open(again, "rb")
+
+    def size(self, path: Path) -> int:
+        """The size of the pinned file now (a live file grows while a writer appends)."""
+        return os.fstat(self._fds[path]).st_size
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def set_lock_path(live: Path) -> Path:
+    """The lock file a writer holds while it renames files of the set (concurrent-log-handler's name)."""
+    return live.with_name(f".__{live.name}.lock")
+
+
+@contextlib.contextmanager
+def set_lock(live: Path, operation: int) -> Iterator[bool]:
+    """flock the file set's lock (LOCK_SH to read a still set, LOCK_EX to rename in it);
+    yields False when there is no lock file to take (no writer ever ran there, or no access)."""
+    try:
+        fd = os.open(set_lock_path(live), os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, operation)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def pin_files(paths: Sequence[Path], base: str = DEFAULT_BASE, attempts: int = 20
+              ) -> tuple[list[Path], list[str], PinnedFiles]:
+    """collect_files, then PinnedFiles, while holding the set's lock shared so that a
+    running writer renames nothing meanwhile (a directory listing is not atomic: a
+    rename during it can hide a file under both its names). Listed again if a name
+    moved anyway (no lock file, or files given by name from several sets)."""
+    for attempt in range(attempts):
+        lives = {p / base if p.is_dir() else p.with_name(split_name(p.name)[0]) for p in paths}
+        with contextlib.ExitStack() as locks:
+            for live in sorted(lives):
+                locks.enter_context(set_lock(live, fcntl.LOCK_SH))
+            files, notes = collect_files(paths, base)
+            try:
+                return files, notes, PinnedFiles(files)
+            except (FileNotFoundError, _Moved):
+                if attempt == attempts - 1:
+                    raise
+        time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list[Path], list[str]]:
@@ -265,6 +381,8 @@ def _is_restart(record: dict[str, Any]) -> bool:
 @dataclass
 class _Walk:
     files: list[Path]
+    opener: Callable[[Path], IO[bytes]] = open_audit_file
+    growing: Callable[[Path, int], bool] = lambda path, size: False  # has the file grown past size?
     prev_seq: int | None = None
     prev_chain: str = GENESIS
     prev_pos: tuple[int, int] = (0, 0)       # (file index, line) of the last good record
@@ -275,10 +393,11 @@ class _Walk:
     warnings: list[str] = field(default_factory=list)
 
     def run(self) -> Break | None:
+        offset = 0
         for fi, path in enumerate(self.files):
             offset, lineno = 0, 0
             try:
-                for offset, lineno, raw in iter_lines(path):
+                for offset, lineno, raw in iter_lines(path, self.opener):
                     brk = self._line(fi, lineno, offset, raw)
                     if brk is not None:
                         return brk
@@ -287,7 +406,23 @@ class _Walk:
                 if self.pending is None:
                     self.pending = _Damage(fi, lineno + 1, offset, TRUNCATED,
                                            f"the gzip data ends early or is corrupt ({exc})")
-        return self._damage_break(self.pending) if self.pending else None
+        d = self.pending
+        if d is not None and self._being_written(d, offset):
+            self.warnings.append(f"{self.files[d.file_index]} line {d.line}: the live file is being written; "
+                                 "its last line was incomplete when read and is not checked")
+            return None
+        return self._damage_break(d) if d else None
+
+    def _being_written(self, d: _Damage, end: int) -> bool:
+        """A cut-short last line of the live file that a writer is still appending to."""
+        path = self.files[-1]
+        if d.kind != TRUNCATED or d.file_index != len(self.files) - 1 or split_name(path.name)[1] != 0:
+            return False
+        for _ in range(10):  # a batch write lands within milliseconds
+            if self.growing(path, end):
+                return True
+            time.sleep(0.02)
+        return False
 
     def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:
         torn = not raw.endswith(b"\n")
@@ -387,7 +522,7 @@ class _Walk:
     def _lines_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, bytes]]:
         for index in range(fi, len(self.files)):
             with suppress(*GZIP_ERRORS):
-                for _, n, raw in iter_lines(self.files[index]):
+                for _, n, raw in iter_lines(self.files[index], self.opener):
                     if index > fi or n > lineno:
                         yield self.files[index], n, raw
 
@@ -423,9 +558,12 @@ def _absent_between(older: Path, newer: Path) -> list[str]:
 
 def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE) -> VerifyResult:
     """Check the files (or directories of files) as one chain; FileNotFoundError if there are none."""
-    files, notes = collect_files([Path(p) for p in paths], base)
-    walk = _Walk(files, warnings=list(notes))
-    brk = walk.run()
+    files, notes, pinned = pin_files([Path(p) for p in paths], base)
+    try:
+        walk = _Walk(files, pinned.open, lambda path, size: pinned.size(path) > size, warnings=list(notes))
+        brk = walk.run()
+    finally:
+        pinned.close()
     if walk.first_seq not in (None, 1) and brk is None:
         walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
                              "here (removed by retention, or by someone)")

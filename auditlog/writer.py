@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
 from auditlog.chain import GENESIS, RecordText, seal
-from auditlog.verify import audit_files, scan_tail
+from auditlog.verify import audit_files, scan_tail, set_lock
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -486,7 +486,7 @@ class AuditWriter:
             inode = os.fstat(src.fileno()).st_ino
             tmp = path.with_name(f".{self.path.name}.gz-{inode}.tmp")  # outside the file set's names
             _gzip_file(src, tmp, fsync=self.fsync, abandon=self._abandon)
-        with self._files_lock:
+        with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
             # A rotation may have shifted the file meanwhile: find it again by inode.
             now_at = next((p for index, p in audit_files(self.path)
                            if index and not p.name.endswith(".gz") and _inode(p) == inode), None)
@@ -526,7 +526,8 @@ class AuditWriter:
         return self._restart
 
     def _prune(self) -> None:
-        with self._files_lock:
+        # The set's file lock too: `npaudit verify` lists the set under it.
+        with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
             self._prune_locked()
 
     def _prune_locked(self) -> None:

@@ -538,3 +538,85 @@ def test_a_second_writer_on_the_same_files_is_refused(live, make_writer):
     make_writer(live)
     with pytest.raises(writer_mod.AuditWriterError, match="in use by another writer"):
         make_writer(live)
+
+
+def test_verify_while_the_writer_rotates_and_compresses_sees_an_intact_chain(live, make_writer):
+    # A security team runs `npaudit verify` on a live node: rotations shift names and the
+    # compressor replaces files while it reads. Every run must see one intact chain.
+    w = make_writer(live, max_bytes=32 * 1024, backup_count=30)
+    stop = threading.Event()
+    fed = [0]
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            for _ in range(100):
+                fed[0] += w.submit(record(i))
+                i += 1
+            time.sleep(0.005)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        while w.stats["rotations"] < 3:
+            time.sleep(0.01)
+        results = [verify([live.parent]) for _ in range(15)]
+        rotations_during = w.stats["rotations"]
+    finally:
+        stop.set()
+        feeder.join()
+    assert rotations_during > 8 and w.stats["compressed"] > 3, w.stats
+    assert all(r.ok for r in results), [r.first_break for r in results if not r.ok]
+    assert all(r.records > 100 for r in results)
+    assert w.flush_wait(10) and w.wait_compressed(10)
+    final = verify([live.parent])
+    assert final.ok and final.last_seq == fed[0]
+
+
+def test_a_cut_short_live_line_is_damage_unless_the_file_is_still_growing(live, make_writer):
+    w = make_writer(live)
+    for i in range(5):
+        w.submit(record(i))
+    w.close()
+    whole = live.read_bytes()
+    live.write_bytes(whole[:-20])  # the last record cut short, nothing appends any more
+    result = verify([live])
+    assert not result.ok and result.first_break.kind == "truncated"
+
+    from auditlog.verify import _Walk, pin_files
+
+    live.write_bytes(whole[:-20])
+    files, _, pinned = pin_files([live])
+    sizes = iter([False, False, True])  # the writer finishes the line while verify looks
+    walk = _Walk(files, pinned.open, lambda path, size: next(sizes))
+    assert walk.run() is None and walk.records == 4
+    assert any("being written" in warning for warning in walk.warnings)
+    pinned.close()
+
+
+def test_verify_lists_the_set_only_while_no_writer_renames_in_it(live, make_writer):
+    import fcntl
+
+    from auditlog.verify import set_lock
+
+    w = make_writer(live, max_bytes=2048, backup_count=50)
+    for i in range(30):
+        w.submit(record(i))
+    assert w.flush_wait(5) and w.wait_compressed(5)
+    done = threading.Event()
+    with set_lock(live, fcntl.LOCK_EX) as held:  # as the writer holds it while it rotates
+        assert held
+        checker = threading.Thread(target=lambda: (verify([live.parent]), done.set()), daemon=True)
+        checker.start()
+        assert not done.wait(0.3)  # verify waits instead of listing a set in motion
+    assert done.wait(5)
+    # And the other way round: while verify holds the set still (for the milliseconds
+    # it lists and opens), the writer waits: its handler locks every write and rotation,
+    # the compressor and retention lock their renames.
+    with set_lock(live, fcntl.LOCK_SH):
+        for i in range(30, 60):
+            w.submit(record(i))
+        assert not w.flush_wait(0.3)
+    assert w.flush_wait(5) and w.wait_compressed(5)
+    result = verify([live.parent])
+    assert result.ok and result.last_seq == 60
