@@ -403,19 +403,18 @@ class AuditWriter:
         sealed: list[tuple[Record, str]] = []
         seq, chain = self._seq, self._chain
         for record in records:
-            if type(record) is RecordText:  # the pipeline's records: canonical text already
-                seq += 1
-                line, chain = record.seal(chain, seq)
-                sealed.append((record, line))
-                continue
             try:
-                line = seal(record, chain, seq + 1)
+                if type(record) is RecordText:  # the pipeline's records: canonical text already
+                    line, next_chain = record.seal(chain, seq + 1)
+                else:
+                    line = seal(record, chain, seq + 1)
+                    next_chain = record["npaudit"]["chain"]
             except (TypeError, ValueError, RecursionError, AttributeError) as exc:
                 self.stats["unencodable"] += 1
                 self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
                 continue
             seq += 1
-            chain = record["npaudit"]["chain"]
+            chain = next_chain
             sealed.append((record, line))
         self._seq, self._chain = seq, chain
         start = 0

@@ -620,3 +620,17 @@ def test_verify_lists_the_set_only_while_no_writer_renames_in_it(live, make_writ
     assert w.flush_wait(5) and w.wait_compressed(5)
     result = verify([live.parent])
     assert result.ok and result.last_seq == 60
+
+
+def test_a_record_text_that_is_not_ascii_is_skipped_and_the_writer_goes_on(live, make_writer):
+    from auditlog.chain import RecordText
+
+    w = make_writer(live)
+    good = text_record(0)
+    w.submit(good)
+    w.submit(RecordText(good.head, good.mid, good.tail.replace('"n"', '"\u00e9"')))  # a bug upstream
+    w.submit(text_record(1))
+    assert w.flush_wait(5)
+    assert w.stats["unencodable"] == 1 and w.stats["written"] == 2
+    result = verify([live])
+    assert result.ok and result.last_seq == 2
