@@ -47,11 +47,12 @@ STAT_KEYS = ("written", "batches", "bytes", "dropped_queue_full", "dropped_close
 Record = RecordText | dict[str, Any]
 
 
-def _inode(path: Path) -> int:
+def _identity(path: Path) -> tuple[int, int]:
     try:
-        return path.stat().st_ino
+        st = path.stat()
     except FileNotFoundError:
-        return -1
+        return (-1, -1)
+    return st.st_dev, st.st_ino
 
 
 def _sealed_seq(record: Record) -> int:
@@ -283,12 +284,19 @@ class AuditWriter:
             if self._compressor.is_alive():
                 self._abandon.set()
                 self._compressor.join(5.0)
-        self._close_handler()
-        self._release_ownership()
         left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
         if left:
             self._count("dropped_closed", left)
-        return not left and (self._thread is None or not self._thread.is_alive())
+        stuck = [t.name for t in (self._thread, self._compressor) if t is not None and t.is_alive()]
+        if stuck:
+            # Closing the file under a thread still in a write (a hung disk) could tear a
+            # record; the file and the ownership lock go with the process instead.
+            log.error("audit log %s: %s still busy after close; %d queued records not written",
+                      self.path, " and ".join(stuck), left)
+            return False
+        self._close_handler()
+        self._release_ownership()
+        return not left
 
     def __enter__(self) -> AuditWriter:
         self.start()
@@ -481,19 +489,22 @@ class AuditWriter:
         except FileNotFoundError:
             return
         with src:
-            # The inode of what is read, not of the name: a rotation may move the name on.
-            inode = os.fstat(src.fileno()).st_ino
-            tmp = path.with_name(f".{self.path.name}.gz-{inode}.tmp")  # outside the file set's names
+            # The identity of what is read, not of the name: a rotation may move the name
+            # on. The file stays open until it is replaced, so its inode number cannot be
+            # freed and reused by a newer file meanwhile (which would then be the one
+            # "found" and overwritten).
+            st = os.fstat(src.fileno())
+            identity = (st.st_dev, st.st_ino)
+            tmp = path.with_name(f".{self.path.name}.gz-{st.st_ino}.tmp")  # outside the file set's names
             _gzip_file(src, tmp, fsync=self.fsync, abandon=self._abandon)
-        with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
-            # A rotation may have shifted the file meanwhile: find it again by inode.
-            now_at = next((p for index, p in audit_files(self.path)
-                           if index and not p.name.endswith(".gz") and _inode(p) == inode), None)
-            if now_at is None:  # pruned meanwhile
-                tmp.unlink()
-                return
-            os.replace(tmp, now_at.with_name(now_at.name + ".gz"))
-            now_at.unlink()
+            with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
+                now_at = next((p for index, p in audit_files(self.path)
+                               if index and not p.name.endswith(".gz") and _identity(p) == identity), None)
+                if now_at is None:  # pruned meanwhile
+                    tmp.unlink()
+                    return
+                os.replace(tmp, now_at.with_name(now_at.name + ".gz"))
+                now_at.unlink()
         self.stats["compressed"] += 1
 
     # --- disk state: resume, repair, retention ---
