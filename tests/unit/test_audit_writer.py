@@ -172,7 +172,7 @@ def test_directory_0750_and_files_0640_whatever_the_umask(live, make_writer):
         w = make_writer(live, max_bytes=2048, backup_count=5)
         for i in range(100):
             w.submit(record(i))
-        assert w.flush_wait(10)
+        assert w.flush_wait(10) and w.wait_compressed(10)
     finally:
         os.umask(old)
     for directory in (live.parent, live.parent.parent):  # created by the writer: both levels
