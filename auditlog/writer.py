@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
 from auditlog.chain import GENESIS, RecordText, seal
-from auditlog.verify import audit_files, scan_tail, set_lock
+from auditlog.fileset import audit_files, scan_tail, set_lock
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)

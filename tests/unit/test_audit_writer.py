@@ -16,7 +16,8 @@ import pytest
 
 from auditlog import writer as writer_mod
 from auditlog.chain import GENESIS, check_line
-from auditlog.verify import audit_files, iter_lines, main as verify_main, verify
+from auditlog.fileset import audit_files, iter_lines
+from auditlog.verify import main as verify_main, verify
 from auditlog.writer import AuditWriter
 
 DAY = 86400.0
@@ -583,7 +584,8 @@ def test_a_cut_short_live_line_is_damage_unless_the_file_is_still_growing(live, 
     result = verify([live])
     assert not result.ok and result.first_break.kind == "truncated"
 
-    from auditlog.verify import _Walk, pin_files
+    from auditlog.fileset import pin_files
+    from auditlog.verify import _Walk
 
     live.write_bytes(whole[:-20])
     files, _, pinned = pin_files([live])
@@ -597,7 +599,7 @@ def test_a_cut_short_live_line_is_damage_unless_the_file_is_still_growing(live, 
 def test_verify_lists_the_set_only_while_no_writer_renames_in_it(live, make_writer):
     import fcntl
 
-    from auditlog.verify import set_lock
+    from auditlog.fileset import set_lock
 
     w = make_writer(live, max_bytes=2048, backup_count=50)
     for i in range(30):
