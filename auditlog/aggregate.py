@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Callable, Literal, NamedTuple, TypeAlias
 
 # (rule id, disposition, direction, src, dst, protocol, dst port or ICMP type): the caller
 # builds it; the aggregator only hashes and compares it.
@@ -32,6 +32,11 @@ class Emission(NamedTuple):
     offloaded_packets: int
     offloaded_bytes: int
     kind: Kind
+
+
+# tuple.__new__ with all fields in order: skips the NamedTuple's Python-level __new__
+# on the per-packet paths.
+_new: Callable[..., Emission] = tuple.__new__  # type: ignore[assignment]
 
 
 class _Window:
@@ -124,7 +129,7 @@ class Aggregator:
         if not aggregate or not self._window:
             self._records_out += 1
             self._packets_out += 1
-            return [Emission(key, sample, 1, size, now, now, 0, 0, "immediate")]
+            return [_new(Emission, (key, sample, 1, size, now, now, 0, 0, "immediate"))]
         if now >= self._latest:
             self._latest = now
             out: list[Emission] = []
@@ -156,7 +161,7 @@ class Aggregator:
             self._open_window(key, sample, now, True, out)
         self._records_out += 1
         self._packets_out += 1
-        out.append(Emission(key, sample, 1, size, now, now, 0, 0, "first"))
+        out.append(_new(Emission, (key, sample, 1, size, now, now, 0, 0, "first")))
         return out
 
     def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, now: float,

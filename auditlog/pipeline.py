@@ -28,7 +28,7 @@ _ALLOW = int(Disposition.ALLOW)
 class AuditPipeline:
     def __init__(self, ctx: RecordContext, writer: Any, aggregator: Aggregator,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self._encode = RecordEncoder(ctx).encode
+        self._encode = RecordEncoder(ctx).encode_positional
         self._writer = writer
         self._agg = aggregator
         self._clock = wall_clock
@@ -58,8 +58,7 @@ class AuditPipeline:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
         for e in emissions:
             pin, summary = e.sample
-            record = encode(pin, summary, packets=e.packets, bytes_=e.bytes, first=e.first, last=e.last,
-                            offloaded_packets=e.offloaded_packets)
+            record = encode(pin, summary, e.packets, e.bytes, e.first, e.last, e.offloaded_packets)
             if submit(record):
                 stats["records"] += 1
             else:

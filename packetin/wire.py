@@ -8,6 +8,7 @@ Everything here is pure: bytes in, values out, DecodeError on bad input.
 from __future__ import annotations
 
 import struct
+from typing import Callable
 
 from packetin.errors import DecodeError
 from packetin.model import PacketIn
@@ -184,4 +185,10 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
         off += (plen + 7) & ~7
     if total_len < 0:
         total_len = len(packet)
-    return PacketIn(reason, table_id, cookie, in_port, rule_id, reg7, userdata, packet, total_len, received_at)
+    return _new_packet_in(PacketIn, (reason, table_id, cookie, in_port, rule_id, reg7, userdata, packet, total_len,
+                                     received_at))
+
+
+# tuple.__new__ with every field in order: skips the NamedTuple's generated __new__
+# (a Python-level call), ~0.2 µs per packet-in.
+_new_packet_in: Callable[..., PacketIn] = tuple.__new__  # type: ignore[assignment]
