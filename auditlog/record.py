@@ -188,7 +188,9 @@ class _RuleParts:
                     self.priority = f'"priority":{encode(float(rule.priority))},'
                 self.tier = f',"tier":{encode(_text(rule.tier))}'
         else:
-            self.priority = '"rule_unknown":true,'  # sorts between priority and seq, as here
+            # The same slot as priority (which only a known rule has): "rule_unknown" sorts
+            # after "priority" and before "seq", so canonical order holds either way.
+            self.priority = '"rule_unknown":true,'
         if rule_id:  # reg6 is known from the packet even when the registry has no such rule
             fields["id"] = str(rule_id)
         self.rule_text = f',"rule":{encode(fields)}' if fields else ""
