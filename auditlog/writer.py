@@ -283,6 +283,7 @@ class AuditWriter:
             self._compressor.join(max(0.0, deadline - time.monotonic()))
             if self._compressor.is_alive():
                 self._abandon.set()
+                self._compress_wake.set()
                 self._compressor.join(5.0)
         left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
         if left:
@@ -466,6 +467,7 @@ class AuditWriter:
         while not self._abandon.is_set():
             self._compress_wake.wait()
             self._compress_wake.clear()
+            failed = False
             while not self._abandon.is_set() and (path := self._next_plain_rotated()) is not None:
                 try:
                     self._compress_one(path)
@@ -475,9 +477,10 @@ class AuditWriter:
                     self.stats["compress_errors"] += 1
                     self._errors.log(logging.WARNING, "gzip", "audit log: cannot gzip %s, keeping it plain: %s",
                                      path, exc)
+                    failed = True
                     break  # try again at the next rotation, not in a loop
-            if self._writer_done.is_set() and self._next_plain_rotated() is None:
-                return  # no rotation can come any more
+            if self._writer_done.is_set() and (failed or self._next_plain_rotated() is None):
+                return  # no rotation can come any more: the next start tries what is left
 
     def _next_plain_rotated(self) -> Path | None:
         plain = [path for index, path in audit_files(self.path) if index and not path.name.endswith(".gz")]

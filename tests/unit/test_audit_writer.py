@@ -636,3 +636,22 @@ def test_a_record_text_that_is_not_ascii_is_skipped_and_the_writer_goes_on(live,
     assert w.stats["unencodable"] == 1 and w.stats["written"] == 2
     result = verify([live])
     assert result.ok and result.last_seq == 2
+
+
+def test_a_file_that_cannot_be_compressed_stays_plain_counted_and_close_does_not_hang(live, make_writer,
+                                                                                    monkeypatch):
+    def no_space(src, dst, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_mod, "_gzip_file", no_space)
+    w = make_writer(live, max_bytes=2048, backup_count=100)
+    for i in range(40):
+        w.submit(record(i))
+    assert w.flush_wait(5)
+    t = time.monotonic()
+    assert w.close(timeout=10)
+    assert time.monotonic() - t < 2
+    assert w.stats["compress_errors"] >= 1 and w.stats["compressed"] == 0
+    assert all(not p.name.endswith(".gz") for _, p in audit_files(live))
+    result = verify([live.parent])
+    assert result.ok and result.last_seq == 40
