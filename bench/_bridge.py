@@ -21,13 +21,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
 from packetin import messages as m  # noqa: E402
+from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category, Disposition, Userdata  # noqa: E402
 from policy_agent.ovs_embedded import EmbeddedOvs  # noqa: E402
 from policy_agent.ovs_stats import CoverageReader  # noqa: E402
@@ -198,6 +199,39 @@ def bench_bridge(copies: int, distinct_rules: bool = False) -> Iterator[dict[str
             db.close()
         ovs.down(purge=True)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def consumer_path(target: str, netns: str, handler: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """The agent's packet-in path into `handler`: channel -> decode -> demux (a queue big
+    enough that nothing is dropped) -> handler, connected and the heap settled as the
+    agent does; yields (channel, demux), closes both on the way out (the demux drains)."""
+    from packetin.channel import ChannelSettings, OpenFlowChannel
+    from packetin.demux import Demux
+
+    demux = Demux()
+    demux.subscribe(Category.POLICY, handler, rate=1e9, burst=1e9, queue_size=1 << 20, now=time.monotonic())
+    channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,
+                              on_malformed=demux.count_malformed)
+    demux.start()
+    channel.start()
+    try:
+        await channel.wait_ready(10)
+        settle_heap()  # as the agent does once it has started
+        yield channel, demux
+    finally:
+        await channel.close()
+        await demux.stop()
+
+
+async def until_sigterm(demux: Any) -> dict[str, int]:
+    """Say "ready" to run_phase, wait for its SIGTERM, let the demux empty; its policy counts."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("ready", flush=True)
+    await stop.wait()
+    await demux.wait_idle()
+    return demux.stats()[Category.POLICY]
 
 
 def machine() -> dict[str, Any]:

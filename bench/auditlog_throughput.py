@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge import RULE_ID, bench_bridge, machine, run_phase  # noqa: E402
+from _bridge import RULE_ID, bench_bridge, consumer_path, machine, run_phase, until_sigterm  # noqa: E402
 from packetin_throughput import consume_raw  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
@@ -44,7 +44,7 @@ from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
-from packetin.model import Category, PacketIn  # noqa: E402
+from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
 
@@ -106,38 +106,20 @@ def write_span(samples: list[tuple[float, int]]) -> float | None:
 
 
 def consume_audit(target: str, netns: str, audit_path: str) -> None:
-    from packetin.channel import ChannelSettings, OpenFlowChannel
-    from packetin.demux import Demux
-
     context = bench_context()
 
     async def main() -> None:
         # The agent's defaults (100 MiB files, a 100k-record queue), except that nothing is pruned.
         writer = AuditWriter(Path(audit_path), backup_count=50)
         writer.start()
-        pipeline = AuditPipeline(context, writer,
-                                 Aggregator(window=1.0))
-        demux = Demux()
-        demux.subscribe(Category.POLICY, pipeline, rate=1e9, burst=1e9, queue_size=1 << 20, now=time.monotonic())
-        channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,
-                                  on_malformed=demux.count_malformed)
-        pipeline.start()
-        demux.start()
-        channel.start()
-        await channel.wait_ready(10)
-        settle_heap()  # as the agent does once it has started
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0))
         done = threading.Event()
         samples: list[tuple[float, int]] = []
         sampler = threading.Thread(target=sample_written, args=(writer, samples, done), daemon=True)
-        sampler.start()
-        print("ready", flush=True)
-        await stop.wait()
-        await demux.wait_idle()
-        stats = demux.stats()[Category.POLICY]
-        await channel.close()
-        await demux.stop()
+        async with consumer_path(target, netns, pipeline) as (channel, demux):
+            pipeline.start()
+            sampler.start()
+            stats = await until_sigterm(demux)
         await asyncio.to_thread(writer.flush_wait, 30)
         done.set()
         sampler.join()

@@ -24,17 +24,14 @@ import os
 import signal
 import socket
 import sys
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge import bench_bridge, machine, run_phase  # noqa: E402
+from _bridge import bench_bridge, consumer_path, machine, run_phase, until_sigterm  # noqa: E402
 
 from packetin import messages as m  # noqa: E402
-from packetin.gctune import settle_heap  # noqa: E402
-from packetin.model import Category  # noqa: E402
 
 
 # --- consumers (run as subprocesses so their CPU is measured alone) ----------------
@@ -88,27 +85,9 @@ def consume_raw(target: str, netns: str) -> None:
 
 def consume_agent(target: str, netns: str) -> None:
     """The real path: channel -> decode -> demux -> token bucket -> channel -> no-op handler."""
-    from packetin.channel import ChannelSettings, OpenFlowChannel
-    from packetin.demux import Demux
-
     async def main() -> None:
-        demux = Demux()
-        demux.subscribe(Category.POLICY, lambda pin: None, rate=1e9, burst=1e9,
-                        queue_size=1 << 20, now=time.monotonic())
-        channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,
-                                  on_malformed=demux.count_malformed)
-        demux.start()
-        channel.start()
-        await channel.wait_ready(10)
-        settle_heap()  # as the agent does once it has started
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        print("ready", flush=True)
-        await stop.wait()
-        await demux.wait_idle()
-        stats = demux.stats()[Category.POLICY]
-        await channel.close()
-        await demux.stop()
+        async with consumer_path(target, netns, lambda pin: None) as (channel, demux):
+            stats = await until_sigterm(demux)
         print(json.dumps({"delivered": stats["delivered"], "decoded": channel.packet_ins,
                           "dropped": stats["dropped_rate_limit"] + stats["dropped_queue_full"]}), flush=True)
 
