@@ -17,9 +17,11 @@ import zlib
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence
+from typing import IO, Callable, Iterator, Sequence, TypeVar
 
 from auditlog.chain import ChainError, parse_line
+
+_T = TypeVar("_T")
 
 DEFAULT_DIR = Path("/var/log/npaudit")
 DEFAULT_BASE = "audit.jsonl"
@@ -51,21 +53,30 @@ def audit_files(live: Path) -> list[tuple[int, Path]]:
     return found
 
 
-def open_audit_file(path: Path) -> IO[bytes]:
-    """A binary reader of a live, rotated or gzip-rotated audit file.
+def _or_compressed(path: Path, use: Callable[[Path], _T]) -> _T:
+    """use(path); if that is a plain rotated file that is gone, use(path + ".gz"): the
+    running writer has usually just compressed it (the same records)."""
+    try:
+        return use(path)
+    except FileNotFoundError:
+        if split_name(path.name)[1] == 0 or path.name.endswith(".gz"):
+            raise
+        return use(path.with_name(path.name + ".gz"))
 
-    A plain rotated file that is gone has usually just been compressed by the
-    running writer (same records, ".gz" added): that file is read instead.
-    """
+
+def _open_sniffed(path: Path | str) -> IO[bytes]:
+    """A binary reader of plain or gzip content, told apart by the gzip magic bytes."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def open_audit_file(path: Path) -> IO[bytes]:
+    """A binary reader of a live, rotated or gzip-rotated audit file (a plain rotated
+    file the writer has just compressed is read from its .gz)."""
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        compressed = path.with_name(path.name + ".gz")
-        if split_name(path.name)[1] == 0 or not compressed.exists():
-            raise
-        return gzip.open(compressed, "rb")
+    return _or_compressed(path, _open_sniffed)
 
 
 def iter_lines(path: Path, opener: Callable[[Path], IO[bytes]] = open_audit_file
@@ -107,32 +118,18 @@ class PinnedFiles:
 
     @staticmethod
     def _open(path: Path) -> int:
-        try:
-            return os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            # A plain rotated file the writer has just compressed: the same records.
-            if split_name(path.name)[1] == 0 or path.name.endswith(".gz"):
-                raise
-            return os.open(path.with_name(path.name + ".gz"), os.O_RDONLY)
+        return _or_compressed(path, lambda p: os.open(p, os.O_RDONLY))
 
     @staticmethod
     def _current(path: Path) -> os.stat_result:
-        try:
-            return os.stat(path)
-        except FileNotFoundError:
-            if split_name(path.name)[1] == 0 or path.name.endswith(".gz"):
-                raise
-            return os.stat(path.with_name(path.name + ".gz"))
+        return _or_compressed(path, os.stat)
 
     def open(self, path: Path) -> IO[bytes]:
         """A new reader of what `path` named when it was pinned (gzip or plain, by content)."""
         fd = self._fds.get(path)
         if fd is None:
             return open_audit_file(path)
-        again = f"/proc/self/fd/{fd}"
-        with open(again, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        return gzip.open(again, "rb") if gz else open(again, "rb")
+        return _open_sniffed(f"/proc/self/fd/{fd}")
 
     def size(self, path: Path) -> int:
         """The size of the pinned file now (a live file grows while a writer appends)."""
