@@ -55,7 +55,7 @@ def _event_ids() -> Callable[[], str]:
 
 
 class RuleView(Protocol):
-    """What the record needs to know about a rule (policy_agent.rules.RuleInfo fits)."""
+    """What the record needs to know about a rule (policy_agent.policy.rules.RuleInfo fits)."""
 
     @property
     def ruleset(self) -> str: ...

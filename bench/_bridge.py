@@ -30,10 +30,10 @@ import psutil  # noqa: E402
 from packetin import messages as m  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category, Disposition, Userdata  # noqa: E402
-from policy_agent.ovs_embedded import EmbeddedOvs  # noqa: E402
-from policy_agent.ovs_stats import CoverageReader  # noqa: E402
-from policy_agent.ovsdb import Ovsdb  # noqa: E402
-from policy_agent.podnet import create_pod, delete_pod, set_neighbor  # noqa: E402
+from policy_agent.ovs.embedded import EmbeddedOvs  # noqa: E402
+from policy_agent.ovs.coverage import CoverageReader  # noqa: E402
+from policy_agent.ovs.bridge import Ovsdb  # noqa: E402
+from tests.support.podnet import create_pod, delete_pod, set_neighbor  # noqa: E402
 
 BRIDGE = "br-int"
 RULE_ID = 4242

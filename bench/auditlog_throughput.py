@@ -46,7 +46,7 @@ from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
-from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
+from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 
 
 # The Pods at both ends of the bench's traffic: the bridge's Pods a and b, and the

@@ -450,7 +450,7 @@ def replay(n_rules: int, n_pods: int, observed_agent_ms: list[float], plumbing_m
     for each added flow, delete_strict for each stale one). Set against the observed agent-side
     time, the rest is socket writes, OVS applying the batch until the barrier, and the event loop."""
     from packetin import messages as m
-    from policy_agent.compiler import ClusterState, Endpoint, compile_policies
+    from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
     from policy_agent.policy.manifests import load_text
     from policy_agent.policy.model import STANDARD_TIERS, Pod
 

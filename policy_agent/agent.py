@@ -15,19 +15,19 @@ from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
 from packetin.gctune import settle_heap
 from packetin.model import Category
-from policy_agent import pipeline
-from policy_agent.applied_store import AppliedStore
+from policy_agent.ovs import tables
+from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.config import AgentConfig, CategoryLimits
 from policy_agent.engine import PolicyEngine
-from policy_agent.local_api import LocalApi
-from policy_agent.manifest_source import ManifestDirectory
+from policy_agent.sources.local_api import LocalApi
+from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.metrics import AuditCollector, build_registry
 from policy_agent.policy.manifests import load_text
 from policy_agent.reject import RejectResponder
-from policy_agent.rules import RuleRegistry
-from policy_agent.ovs_embedded import EmbeddedOvs
-from policy_agent.ovs_stats import CoverageReader
-from policy_agent.ovsdb import Ovsdb
+from policy_agent.policy.rules import RuleRegistry
+from policy_agent.ovs.embedded import EmbeddedOvs
+from policy_agent.ovs.coverage import CoverageReader
+from policy_agent.ovs.bridge import Ovsdb
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,9 @@ class Agent:
         mc = cfg.meters
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=[
-                                       m.MeterSpec(pipeline.METER_POLICY_ALLOW, mc.policy_allow.rate, mc.policy_allow.burst),
-                                       m.MeterSpec(pipeline.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
-                                       m.MeterSpec(pipeline.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)],
+                                       m.MeterSpec(tables.METER_POLICY_ALLOW, mc.policy_allow.rate, mc.policy_allow.burst),
+                                       m.MeterSpec(tables.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
+                                       m.MeterSpec(tables.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)],
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None)
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")
@@ -160,7 +160,7 @@ class Agent:
         if previous:
             # Flows of the previous run that this run did not rewrite: gone only now,
             # after the new round's flows are in, so enforcement has no gap.
-            await self.channel.delete_flows_by_cookie(previous << pipeline.COOKIE_ROUND_SHIFT, pipeline.ROUND_MASK)
+            await self.channel.delete_flows_by_cookie(previous << tables.COOKIE_ROUND_SHIFT, tables.ROUND_MASK)
         if self.cni is not None:
             await self.cni.start()
         self.api = LocalApi(cfg.api_socket, self.engine, store)
@@ -169,7 +169,7 @@ class Agent:
             self.manifests.start()
 
     async def _start_kubernetes(self) -> None:
-        from policy_agent.k8s_source import KubernetesSource, api_client_from_config
+        from policy_agent.sources.kubernetes import KubernetesSource, api_client_from_config
 
         kc = self.config.kubernetes
         self._k8s_api = await asyncio.to_thread(api_client_from_config, kc.kubeconfig or None)

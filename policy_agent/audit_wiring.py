@@ -10,7 +10,7 @@ from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.writer import AuditWriter
 from policy_agent.config import AgentConfig
-from policy_agent.rules import RuleRegistry
+from policy_agent.policy.rules import RuleRegistry
 
 
 class LateDirectory:

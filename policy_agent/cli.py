@@ -100,7 +100,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def cmd_ovs(args: argparse.Namespace) -> int:
     from policy_agent.errors import OvsError
-    from policy_agent.ovs_embedded import EmbeddedOvs
+    from policy_agent.ovs.embedded import EmbeddedOvs
 
     cfg = _load_config(args.config)
     _setup_logging(cfg.log_level)
@@ -124,7 +124,7 @@ def cmd_ovs(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from policy_agent.local_api import call
+    from policy_agent.sources.local_api import call
 
     cfg = _load_config(args.config)
     path = Path(args.filename)

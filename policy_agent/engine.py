@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable
 
 from packetin import messages as m
 from packetin.channel import OpenFlowChannel
-from policy_agent import pipeline as p
-from policy_agent.compiler import ClusterState, Endpoint, compile_policies
+from policy_agent.ovs import tables
+from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
 from policy_agent.errors import AgentError
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
-from policy_agent.rules import RuleRegistry
+from policy_agent.policy.rules import RuleRegistry
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class PolicyEngine:
         """Meters and the fixed pipeline (idempotent: flows are ADDs, meters add-or-modify)."""
         if self._meters() and self._meter_specs:
             await self._channel.install_meters(self._meter_specs)
-        await self._channel.install_flows(p.fixed_flows(self.round_))
+        await self._channel.install_flows(tables.fixed_flows(self.round_))
 
     # --- objects ---------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ class PolicyEngine:
             self.endpoints[key] = Endpoint(pod, info.ip, info.mac, info.ofport)
             self._by_ip[info.ip] = key
             await self._sync()
-            await self._channel.install_flows(p.pod_flows(self.round_, ip=info.ip, mac=info.mac,
+            await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
                                                           ofport=info.ofport))
 
     async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
@@ -129,7 +129,7 @@ class PolicyEngine:
             ep = self.endpoints.pop(key, None)
             if ep is not None:
                 self._by_ip.pop(ep.ip, None)
-                await self._channel.delete_flows(p.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
+                await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
             await self._sync()
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:

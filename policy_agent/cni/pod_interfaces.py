@@ -27,7 +27,7 @@ from policy_agent.cni.wire import (
     CniRequest, container_id_problem,
 )
 from policy_agent.errors import OvsError
-from policy_agent.ovsdb import Ovsdb
+from policy_agent.ovs.bridge import Ovsdb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

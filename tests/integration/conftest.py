@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from policy_agent.ovs_embedded import EmbeddedOvs
-from policy_agent.ovsdb import Ovsdb
-from policy_agent.podnet import PodNet, create_pod, delete_pod
+from policy_agent.ovs.embedded import EmbeddedOvs
+from policy_agent.ovs.bridge import Ovsdb
+from tests.support.podnet import PodNet, create_pod, delete_pod
 
 BRIDGE = "br-int"
 

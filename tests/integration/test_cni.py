@@ -21,7 +21,7 @@ import pytest
 
 from policy_agent.cni.pod_interfaces import PodInterfaceInfo, PodInterfaces, host_ifname, mac_for_ip
 from policy_agent.cni.server import CniServer
-from policy_agent.ovs_embedded import netns_exists
+from policy_agent.ovs.embedded import netns_exists
 
 from tests.integration.conftest import BRIDGE, OvsEnv
 

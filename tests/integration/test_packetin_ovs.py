@@ -14,7 +14,7 @@ from packetin import messages as m
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import DELIVERED, RECEIVED, Demux
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
-from policy_agent.podnet import PodNet, set_neighbor
+from tests.support.podnet import PodNet, set_neighbor
 
 from tests.integration.conftest import OvsEnv, PodFactory
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packetin import messages as m
 from packetin.model import Category, PacketIn
-from policy_agent.podnet import set_neighbor
+from tests.support.podnet import set_neighbor
 
 from tests.integration.conftest import BRIDGE, OvsEnv, PodFactory
 from tests.integration.test_packetin_ovs import METER_POLICY, connected, logged_rule, send_udp, wait_for

@@ -18,7 +18,7 @@ from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
-from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
+from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 
 RULE = RuleInfo(rule_id=7, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="p", rule_name="r",
                 tier="securityops", priority=1.0, action=Action.DROP, direction=Direction.INGRESS, log_label="",

@@ -33,7 +33,7 @@ from auditlog.packet import decode_frame  # noqa: E402
 from auditlog.record import RecordContext, build_record, dumps_record, format_timestamp  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
-from policy_agent.rules import RuleInfo, RuleRegistry  # noqa: E402
+from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "config" / "audit-record.schema.json").read_text())

@@ -348,7 +348,7 @@ def text_record(i: int) -> Any:
     from auditlog.packet import decode_frame
     from auditlog.record import RecordContext, RecordEncoder
     from packetin.model import PacketIn
-    from policy_agent.rules import RuleRegistry
+    from policy_agent.policy.rules import RuleRegistry
 
     class NoPods:
         def by_ip(self, ip: str) -> None:

@@ -7,8 +7,9 @@ import itertools
 import pytest
 
 from packetin.model import Category, Disposition, Flags
-from policy_agent import compiler, pipeline
-from policy_agent.compiler import ClusterState, Endpoint, compile_policies
+from policy_agent.ovs import tables
+from policy_agent.policy import compiler
+from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
 from policy_agent.policy.model import (
     ENABLE_LOGGING_KEY, Action, AppliedTo, ContainerPort, Direction, IPBlock, LabelSelector, Namespace, Peer,
     Pod, Policy, PolicyKind, PortSpec, Rule,
@@ -44,9 +45,9 @@ def ep(state: ClusterState, name: str) -> Endpoint:
 
 
 def table(state: ClusterState) -> FlowTable:
-    flows = pipeline.fixed_flows(1) + compile_policies(state).flows
+    flows = tables.fixed_flows(1) + compile_policies(state).flows
     for e in state.endpoints:
-        flows += pipeline.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+        flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
     return FlowTable(flows)
 
 
@@ -240,8 +241,8 @@ def test_conjunction_gives_the_same_verdicts_as_the_cross_product(monkeypatch: p
     conj = compile_policies(st).flows
     assert len(conj) < len(cross) / 4
     assert any(k == "conj_id" for f in conj for k, _ in f.match)
-    base = pipeline.fixed_flows(1) + [f for e in st.endpoints
-                                     for f in pipeline.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)]
+    base = tables.fixed_flows(1) + [f for e in st.endpoints
+                                     for f in tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)]
     ft_cross, ft_conj = FlowTable(base + cross), FlowTable(base + conj)
     names = [f"{n}/{p}" for n in NS for p in PODS]
     for src, dst in itertools.permutations(names, 2):

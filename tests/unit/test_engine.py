@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import pytest
 
 from packetin import messages as m
-from policy_agent import pipeline
+from policy_agent.ovs import tables
 from policy_agent.engine import PodUnknown, PolicyEngine
 from policy_agent.policy.model import (
     Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy, PolicyKind, Rule,
 )
-from policy_agent.rules import RuleRegistry
+from policy_agent.policy.rules import RuleRegistry
 
 
 class RecordingChannel:
@@ -51,7 +51,7 @@ def engine(pod_wait: float | None = None) -> tuple[PolicyEngine, RecordingChanne
 
 
 def is_pod_flow(f: m.FlowSpec) -> bool:
-    return f.cookie == pipeline.cookie(3, pipeline.COOKIE_KIND_POD)
+    return f.cookie == tables.cookie(3, tables.COOKIE_KIND_POD)
 
 
 def test_pod_policy_is_installed_before_its_forwarding_flows() -> None:

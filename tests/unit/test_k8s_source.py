@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-from policy_agent.k8s_source import (
+from policy_agent.sources.kubernetes import (
     KubernetesConfigError, KubernetesSource, api_client_from_config, backoff_delay,
 )
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
@@ -417,7 +417,7 @@ def test_invalid_object_is_counted_and_the_previous_version_stays(server: FakeAp
             server.send(ACNP, "MODIFIED", fixed)
             await until(lambda: r.engine.policies[key].rules[0].action is Action.PASS)
 
-    with caplog.at_level(logging.ERROR, logger="policy_agent.k8s_source"):
+    with caplog.at_level(logging.ERROR, logger="policy_agent.sources.kubernetes"):
         run(body())
     lines = [rec.getMessage() for rec in caplog.records]
     assert any("ClusterNetworkPolicy/allow-dns (k8s:clusternetworkpolicies.crd.antrea.io#1): "
@@ -520,7 +520,7 @@ def test_absent_antrea_crds_degrade_and_k8s_policies_still_work(server: FakeApiS
             await until(lambda: len(server.lists_of(ACNP)) >= 3)
             assert all(s["errors"] == 0 for s in r.source.stats.values())
 
-    with caplog.at_level(logging.WARNING, logger="policy_agent.k8s_source"):
+    with caplog.at_level(logging.WARNING, logger="policy_agent.sources.kubernetes"):
         run(body())
     absent = [rec for rec in caplog.records if "does not serve" in rec.getMessage()]
     assert len(absent) == 3 and all(rec.levelno == logging.WARNING for rec in absent)

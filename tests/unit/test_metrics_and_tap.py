@@ -71,7 +71,7 @@ def test_audit_losses_are_exported_and_logged(tmp_path, caplog) -> None:
     from auditlog.record import RecordContext
     from auditlog.writer import AuditWriter
     from policy_agent.metrics import AuditCollector
-    from policy_agent.rules import RuleRegistry
+    from policy_agent.policy.rules import RuleRegistry
 
     class NoPods:
         def by_ip(self, ip: str) -> None:

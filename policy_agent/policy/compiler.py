@@ -18,13 +18,13 @@ from typing import Any, Iterable
 
 from packetin import messages as m
 from packetin.model import Category, Disposition, Flags, Userdata
-from policy_agent import pipeline as p
+from policy_agent.ovs import tables
 from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, Namespace, Peer, Pod,
     Policy, PolicyKind, PortSpec, Rule,
 )
-from policy_agent.priorities import assign as assign_priorities
-from policy_agent.rules import RuleInfo, allocate_ids, rule_key
+from policy_agent.policy.priorities import assign as assign_priorities
+from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
 
 # Above this many cross-product flows a rule is expressed with conjunction. Kept
 # low on purpose: a rule whose size crosses the threshold is rewritten from one
@@ -226,7 +226,7 @@ def _applied_match(ep: Endpoint, direction: Direction) -> dict[str, Any]:
 def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[m.Action]:
     meter = None
     if state.meters:
-        meter = p.METER_POLICY_ALLOW if disposition == Disposition.ALLOW else p.METER_POLICY_DENY
+        meter = tables.METER_POLICY_ALLOW if disposition == Disposition.ALLOW else tables.METER_POLICY_DENY
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
     return [m.SetField("reg7", int(disposition)), m.SetField("reg6", rule_id),
             m.Controller(reason=0, userdata=ud, meter_id=meter)]
@@ -239,15 +239,15 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
     actions = _log_actions(state, disposition, rule_id, int(flags)) if flags else \
         [m.SetField("reg7", int(disposition)), m.SetField("reg6", rule_id)]
-    egress = table in (p.T_EGRESS, p.T_EGRESS_K8S, p.T_EGRESS_BASELINE)
-    after_direction = p.T_INGRESS if egress else p.T_COMMIT
+    egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
+    after_direction = tables.T_INGRESS if egress else tables.T_COMMIT
     if action == Action.ALLOW:
         return actions, after_direction
     if action == Action.PASS:
         # Pass: skip the remaining tiers, let Kubernetes NetworkPolicy decide
         # (in the baseline tier, nothing is left: it allows).
-        if table in (p.T_EGRESS, p.T_INGRESS):
-            return actions, (p.T_EGRESS_K8S if egress else p.T_INGRESS_K8S)
+        if table in (tables.T_EGRESS, tables.T_INGRESS):
+            return actions, (tables.T_EGRESS_K8S if egress else tables.T_INGRESS_K8S)
         return actions, after_direction
     return actions, None  # Drop and Reject
 
@@ -300,7 +300,7 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
 
     `previous` is the last Compiled.priorities: passing it keeps rules where they were.
     """
-    cookie = p.cookie(state.round_, p.COOKIE_KIND_POLICY)
+    cookie = tables.cookie(state.round_, tables.COOKIE_KIND_POLICY)
     antrea = sorted((x for x in state.policies if x.kind != PolicyKind.K8S), key=lambda x: _tier_order(state, x))
     k8s = sorted((x for x in state.policies if x.kind == PolicyKind.K8S), key=lambda x: (x.namespace, x.name))
 
@@ -327,11 +327,11 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
         egress = rule.direction == Direction.EGRESS
         key = rule_key(policy, rule.direction, rule.name or f"{rule.direction.value}-{idx}")
         if policy.kind == PolicyKind.K8S:
-            table = p.T_EGRESS_K8S if egress else p.T_INGRESS_K8S
+            table = tables.T_EGRESS_K8S if egress else tables.T_INGRESS_K8S
         else:
             baseline = (policy.tier or DEFAULT_TIER) == BASELINE_TIER
-            table = (p.T_EGRESS_BASELINE if baseline else p.T_EGRESS) if egress else \
-                (p.T_INGRESS_BASELINE if baseline else p.T_INGRESS)
+            table = (tables.T_EGRESS_BASELINE if baseline else tables.T_EGRESS) if egress else \
+                (tables.T_INGRESS_BASELINE if baseline else tables.T_INGRESS)
         placed.append((policy, rule, idx, key, table))
         order.setdefault(table, []).append(key)
     priorities = {t: assign_priorities(keys, (previous or {}).get(t, {})) for t, keys in order.items()}
@@ -356,7 +356,7 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
 
     # Kubernetes isolation: a selected Pod gets only what some policy allows.
     for direction in (Direction.EGRESS, Direction.INGRESS):
-        table = p.T_EGRESS_K8S if direction == Direction.EGRESS else p.T_INGRESS_K8S
+        table = tables.T_EGRESS_K8S if direction == Direction.EGRESS else tables.T_INGRESS_K8S
         isolated: dict[tuple[str, str], tuple[Endpoint, Policy]] = {}
         for policy in k8s:
             if direction not in policy.isolates:

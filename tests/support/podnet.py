@@ -11,8 +11,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from policy_agent.ovs_embedded import netns_exists
-from policy_agent.ovsdb import Ovsdb
+from policy_agent.ovs.embedded import netns_exists
+from policy_agent.ovs.bridge import Ovsdb
 
 
 def ip(*args: str, netns: str = "") -> None:

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from policy_agent.applied_store import AppliedStore
+from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.cni.wire import WireError, read_message, recv_message, send_message, write_message
 from policy_agent.engine import PolicyEngine
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
