@@ -6,10 +6,14 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
+from auditlog.aggregate import Aggregator
+from auditlog.pipeline import AuditPipeline
+from auditlog.record import RecordContext
+from auditlog.writer import AuditWriter
 from packetin import messages as m
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
@@ -23,7 +27,7 @@ from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.metrics import AuditCollector, build_registry
 from policy_agent.policy.manifests import load_text
-from policy_agent.reject import RejectResponder
+from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.ovs.embedded import EmbeddedOvs
 from policy_agent.ovs.coverage import CoverageReader
@@ -57,19 +61,16 @@ class Agent:
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
         self.engine: PolicyEngine | None = None
-        # Category 0: answer Rejects, then audit the logged packet-ins (and any extra
-        # subscriber the caller passed in, e.g. the debug tap).
-        self.audit: Any = None
-        self.audit_writer: Any = None
-        then = [h for h in (self._handlers.get(Category.POLICY),) if h is not None]
+        # Category 0: Rejects answered, LOG-flagged packet-ins audited (and shown on the
+        # debug tap when the caller passed one in as the policy handler).
+        self.audit: AuditPipeline | None = None
+        self.audit_writer: AuditWriter | None = None
         if config.audit.enabled:
-            from policy_agent.audit_wiring import build_audit
-
-            self.audit, self.audit_writer = build_audit(config, self.rules, lambda: self.engine)
-            self.registry.register(AuditCollector(self.audit, self.audit_writer))  # type: ignore[arg-type]
-            then.insert(0, self.audit)
-        self.reject = RejectResponder(self.channel.send_nowait, _fanout(then))
-        self._handlers[Category.POLICY] = self.reject
+            self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine)
+            self.registry.register(AuditCollector(self.audit, self.audit_writer))
+        self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
+                                                tap=self._handlers.get(Category.POLICY))
+        self._handlers[Category.POLICY] = self.policy_packetins
         self.api: LocalApi | None = None
         self.cni: Any = None
         self.manifests: ManifestDirectory | None = None
@@ -102,7 +103,7 @@ class Agent:
             lim = limits.get(category, cfg.packetin.traceflow)
             self.demux.subscribe(category, handler, rate=lim.rate, burst=lim.burst,
                                  queue_size=lim.queue_size, now=now)
-        if self.audit_writer is not None:
+        if self.audit is not None and self.audit_writer is not None:
             await asyncio.to_thread(self.audit_writer.start)
             self.audit.start()
         self.demux.start()
@@ -201,7 +202,7 @@ class Agent:
             await self.cni.close()
         await self.channel.close()
         await self.demux.stop(drain=True)
-        if self.audit is not None:
+        if self.audit is not None and self.audit_writer is not None:
             await self.audit.close()  # what the open aggregation windows hold, written now
             await asyncio.to_thread(self.audit_writer.close)
         if self._metrics_server is not None:
@@ -233,13 +234,24 @@ def _write_round(state_dir: Path, round_: int) -> None:
     tmp.replace(state_dir / "round")
 
 
-def _fanout(handlers: list[Handler]) -> Handler | None:
-    if not handlers:
-        return None
-    if len(handlers) == 1:
-        return handlers[0]
+class _LateDirectory:
+    """PodDirectory over the engine, which exists only once the agent has started."""
 
-    def both(pin: Any) -> None:
-        for handler in handlers:
-            handler(pin)
-    return both
+    def __init__(self, engine: Callable[[], PolicyEngine | None]) -> None:
+        self._engine = engine
+
+    def by_ip(self, ip: str) -> tuple[str, str] | None:
+        engine = self._engine()
+        return None if engine is None else engine.by_ip(ip)
+
+
+def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None]
+                 ) -> tuple[AuditPipeline, AuditWriter]:
+    ac = config.audit
+    node_fields = {"observer": {"hostname": config.node, "type": "switch", "vendor": "Open vSwitch"},
+                   "orchestrator": {"type": "kubernetes",
+                                    **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
+    writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
+                         max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields)
+    ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
+    return AuditPipeline(ctx, writer, Aggregator(window=ac.window)), writer

@@ -12,10 +12,10 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from policy_agent import config as config_mod
 from pathlib import Path
 
+if TYPE_CHECKING:
+    from policy_agent import config as config_mod
 
 
 def _setup_logging(level: str) -> None:
@@ -71,7 +71,7 @@ def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -
 def cmd_agent(args: argparse.Namespace) -> int:
     from packetin.model import Category
     from policy_agent.agent import Agent
-    from policy_agent.tap import JsonTap
+    from policy_agent.policy_packetins import JsonTap
 
     cfg = _load_config(args.config)
     _setup_logging(cfg.log_level)
@@ -153,15 +153,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cni(args: argparse.Namespace) -> int:
-    # The runtime's protocol: CNI_* environment, netconf on stdin, result or error JSON on stdout.
-    import os
-
-    from policy_agent.cni.plugin import run
-
-    return run(os.environ, sys.stdin.buffer.read(), sys.stdout)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from policy_agent.demo import run_demo
 
@@ -196,9 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument("--config", help="the agent's config (for its state_dir)")
         ap.set_defaults(func=cmd_apply, op=op)
 
-    n = sub.add_parser("cni", help="CNI plugin (ADD/DEL/CHECK/VERSION from CNI_* env and stdin), "
-                                   "forwarded to the agent's CNI socket")
-    n.set_defaults(func=cmd_cni)
+    # Listed for --help only: main() hands `cni` to the plugin before any parsing.
+    sub.add_parser("cni", help="CNI plugin (ADD/DEL/CHECK/VERSION from CNI_* env and stdin), "
+                               "forwarded to the agent's CNI socket")
 
     sub.add_parser("verify", add_help=False,
                    help="check the audit log's hash chain (live and rotated files); exit 1 on a break "

@@ -12,7 +12,7 @@ from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
 from policy_agent.metrics import build_registry
-from policy_agent.tap import JsonTap
+from policy_agent.policy_packetins import JsonTap
 
 
 def pin(category: int, rule: int = 5) -> PacketIn:

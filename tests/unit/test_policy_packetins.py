@@ -5,7 +5,7 @@ from __future__ import annotations
 from scapy.all import ICMP, IP, TCP, UDP, Ether, raw
 
 from packetin.model import Disposition, Flags, PacketIn, Userdata
-from policy_agent.reject import ICMP_ADMIN_PROHIBITED, ICMP_UNREACHABLE, RejectResponder, build_reject
+from policy_agent.policy_packetins import ICMP_ADMIN_PROHIBITED, ICMP_UNREACHABLE, PolicyPacketIns, build_reject
 
 A = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 
@@ -70,7 +70,7 @@ def _pin(flags: int, frame: bytes) -> PacketIn:
 
 def test_responder_answers_out_of_the_in_port_and_forwards_only_logged_ones() -> None:
     sent, seen = [], []
-    responder = RejectResponder(lambda msg: sent.append(msg) or 1, seen.append)
+    responder = PolicyPacketIns(lambda msg: sent.append(msg) or 1, audit=seen.append)
     syn = raw(Ether(**A) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1, dport=2, flags="S"))
     responder(_pin(int(Flags.REJECT), syn))
     responder(_pin(int(Flags.REJECT | Flags.LOG), syn))
@@ -82,7 +82,7 @@ def test_responder_answers_out_of_the_in_port_and_forwards_only_logged_ones() ->
 
 def test_packet_ins_without_our_userdata_are_passed_on_never_answered() -> None:
     sent, seen = [], []
-    responder = RejectResponder(lambda msg: sent.append(msg) or 1, seen.append)
+    responder = PolicyPacketIns(lambda msg: sent.append(msg) or 1, audit=seen.append)
     syn = raw(Ether(**A) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1, dport=2, flags="S"))
     foreign = _pin(int(Flags.REJECT), syn)._replace(userdata=b"\x09\x00\x02\x00\x00\x00\x09")
     bare = _pin(int(Flags.REJECT), syn)._replace(userdata=b"")

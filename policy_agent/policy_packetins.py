@@ -1,17 +1,22 @@
-"""Answers for Reject rules, built by the agent: TCP RST, or ICMP destination unreachable.
+"""Category-0 (policy) packet-ins: Reject answered, LOG-flagged ones audited, the debug tap.
 
 OVS copies a rejected packet to the agent (userdata flag REJECT) and drops it;
 the agent sends the answer back out of the port the packet came in on, so the
 client fails fast ("connection refused") instead of waiting for a timeout.
+A packet-in is audited only when its rule logs (flag LOG), or when it carries no
+userdata of ours (then the reason code routed it and nothing says otherwise).
 """
 
 from __future__ import annotations
 
+import json
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from packetin.messages import packet_out
 from packetin.model import Flags, PacketIn
+
+Handler = Callable[[PacketIn], None]
 
 _REJECT = int(Flags.REJECT)  # plain ints: IntFlag arithmetic costs on every packet-in
 _LOG = int(Flags.LOG)
@@ -72,16 +77,18 @@ def build_reject(frame: bytes) -> bytes | None:
     return eth + _ipv4(dst, src, 1, icmp)
 
 
-class RejectResponder:
-    """Category-0 subscriber: answers Reject packet-ins, then hands logged ones on.
+class PolicyPacketIns:
+    """The category-0 subscriber: dispatches each packet-in on its userdata flags.
 
-    `send` is the channel's fire-and-forget send (a packet-out); `then` is the
-    audit subscriber (or None). Reject answers do not depend on logging.
+    `send` is the channel's fire-and-forget send (a packet-out). `audit` and `tap`
+    receive the packet-ins that are to be logged; a Reject is answered whether or
+    not its rule logs.
     """
 
-    def __init__(self, send: Callable[[Any], int], then: Callable[[PacketIn], None] | None) -> None:
+    def __init__(self, send: Callable[[Any], int], *, audit: Handler | None = None,
+                 tap: Handler | None = None) -> None:
         self._send = send
-        self._then = then
+        self._logged = tuple(h for h in (audit, tap) if h is not None)
         self.answered = 0
         self.unanswerable = 0
 
@@ -94,5 +101,36 @@ class RejectResponder:
             else:
                 self._send(packet_out(answer, pin.in_port))
                 self.answered += 1
-        if self._then is not None and (flags is None or flags & _LOG):
-            self._then(pin)
+        if flags is None or flags & _LOG:
+            for handler in self._logged:
+                handler(pin)
+
+
+def packet_in_summary(pin: PacketIn) -> dict[str, object]:
+    ud = pin.parsed_userdata
+    return {
+        "received_at": round(pin.received_at, 6),
+        "category": pin.category,
+        "reason": pin.reason,
+        "table_id": pin.table_id,
+        "cookie": f"{pin.cookie:#x}",
+        "in_port": pin.in_port,
+        "rule_id": pin.rule_id,
+        "disposition": pin.disposition,
+        "userdata": None if ud is None else {"version": ud.version, "category": ud.category,
+                                             "flags": ud.flags, "rule_id": ud.rule_id},
+        "total_len": pin.total_len,
+        "packet": pin.packet[:64].hex(),
+    }
+
+
+class JsonTap:
+    """The debug tap (`npaudit agent --tap`): one JSON line per packet-in, like `ovs-ofctl monitor`
+    but typed, written to a text stream (line-buffered). Not the audit log."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def __call__(self, pin: PacketIn) -> None:
+        self._out.write(json.dumps(packet_in_summary(pin), separators=(",", ":")) + "\n")
+        self._out.flush()
