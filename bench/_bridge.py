@@ -13,12 +13,9 @@ import contextlib
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -32,10 +29,9 @@ from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category, Disposition, Userdata  # noqa: E402
 from policy_agent.ovs.embedded import EmbeddedOvs  # noqa: E402
 from policy_agent.ovs.coverage import CoverageReader  # noqa: E402
-from policy_agent.ovs.bridge import Ovsdb  # noqa: E402
+from tests.support.bridge import BRIDGE, private_bridge  # noqa: E402
 from tests.support.podnet import create_pod, delete_pod, set_neighbor  # noqa: E402
 
-BRIDGE = "br-int"
 RULE_ID = 4242
 
 
@@ -154,51 +150,38 @@ def bench_bridge(copies: int, distinct_rules: bool = False) -> Iterator[dict[str
     (one consumer connects at a time). With `distinct_rules` the copies carry rule ids
     RULE_ID, RULE_ID+1, ... (as if a packet met that many logged rules), so that each
     copy is a different audit key. Yields the env run_phase takes; cleans up."""
-    tag = secrets.token_hex(3)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"npab-{tag}-", dir="/tmp"))
-    ovs = EmbeddedOvs(run_dir, netns=f"npab-{tag}")
-    pods = []
-    db = None
-    try:
-        ovs.up()
-        db = Ovsdb(ovs.db_remote)
-        db.ensure_bridge(BRIDGE, "netdev")
-        unix_path = run_dir / f"{BRIDGE}.npaudit"
-        db.ensure_controller(BRIDGE, f"punix:{unix_path}", 512)
-        db.ensure_controller(BRIDGE, "ptcp:6653:127.0.0.1", 512)
-        db.wait_socket(unix_path)
-        a = create_pod(db, BRIDGE, netns=f"npab-{tag}-a", host_if=f"npb{tag}1", ip_cidr="10.244.9.2/24",
-                       mac="02:00:0a:f4:09:02", ofport=1, ovs_netns=ovs.netns)
-        pods.append(a)
-        b = create_pod(db, BRIDGE, netns=f"npab-{tag}-b", host_if=f"npb{tag}2", ip_cidr="10.244.9.3/24",
-                       mac="02:00:0a:f4:09:03", ofport=2, ovs_netns=ovs.netns)
-        pods.append(b)
-        set_neighbor(a, b)
-        actions: list[Any] = [m.SetField("reg7", int(Disposition.DROP))]
-        for rule_id in ([RULE_ID + i for i in range(copies)] if distinct_rules else [RULE_ID] * copies):
-            ud = Userdata(category=Category.POLICY, flags=1, rule_id=rule_id).encode()
-            actions += [m.SetField("reg6", rule_id), m.Controller(0, ud)]
-        flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, actions)
-        from packetin.channel import ChannelSettings, OpenFlowChannel
+    with private_bridge("npab", extra_controllers=("ptcp:6653:127.0.0.1",)) as env:
+        pods = []
+        try:
+            for i, name in ((1, "a"), (2, "b")):
+                pods.append(create_pod(env.db, BRIDGE, netns=f"npab-{env.tag}-{name}", host_if=f"npb{env.tag}{i}",
+                                       ip_cidr=f"10.244.9.{i + 1}/24", mac=f"02:00:0a:f4:09:{i + 1:02x}",
+                                       ofport=i, ovs_netns=env.netns))
+            a, b = pods
+            set_neighbor(a, b)
+            asyncio.run(_install_flood_rule(env.target, copies, distinct_rules))
+            yield {"ovs": env.ovs, "targets": {"unix": env.target, "tcp": "tcp:127.0.0.1:6653"},
+                   "mgmt": env.mgmt, "a": a, "b": b, "copies": copies, "run_dir": env.run_dir}
+        finally:
+            for pod in pods:
+                delete_pod(None, BRIDGE, pod, ovs_netns=env.netns)
 
-        async def install() -> None:  # flows stay after the channel closes (fail_mode=secure)
-            ch = OpenFlowChannel(ChannelSettings(target=str(unix_path)), lambda b, n: None)
-            ch.start()
-            await ch.wait_ready(10)
-            await ch.install_flows([flow])
-            await ch.close()
 
-        asyncio.run(install())
-        yield {"ovs": ovs, "targets": {"unix": str(unix_path), "tcp": "tcp:127.0.0.1:6653"},
-               "mgmt": f"unix:{run_dir / (BRIDGE + '.mgmt')}", "a": a, "b": b, "copies": copies,
-               "run_dir": run_dir}
-    finally:
-        for pod in pods:
-            delete_pod(None, BRIDGE, pod, ovs_netns=ovs.netns)
-        if db is not None:
-            db.close()
-        ovs.down(purge=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
+async def _install_flood_rule(target: str, copies: int, distinct_rules: bool) -> None:
+    """Every UDP packet to the controller `copies` times; the flow stays after the channel
+    closes (fail_mode=secure)."""
+    from packetin.channel import ChannelSettings, OpenFlowChannel
+
+    actions: list[Any] = [m.SetField("reg7", int(Disposition.DROP))]
+    for rule_id in ([RULE_ID + i for i in range(copies)] if distinct_rules else [RULE_ID] * copies):
+        ud = Userdata(category=Category.POLICY, flags=1, rule_id=rule_id).encode()
+        actions += [m.SetField("reg6", rule_id), m.Controller(0, ud)]
+    flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, actions)
+    ch = OpenFlowChannel(ChannelSettings(target=target), lambda b, n: None)
+    ch.start()
+    await ch.wait_ready(10)
+    await ch.install_flows([flow])
+    await ch.close()
 
 
 @contextlib.asynccontextmanager

@@ -6,58 +6,21 @@ removed by those names and by the pids the daemons wrote, even on failure.
 
 from __future__ import annotations
 
-import secrets
-import shutil
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from policy_agent.ovs.embedded import EmbeddedOvs
-from policy_agent.ovs.bridge import Ovsdb
+from tests.support.bridge import BRIDGE, PrivateBridge, private_bridge
 from tests.support.podnet import PodNet, create_pod, delete_pod
 
-BRIDGE = "br-int"
 
-
-@dataclass
-class OvsEnv:
-    ovs: EmbeddedOvs
-    db: Ovsdb
-    tag: str
-    target: str  # our controller socket
-
-    @property
-    def netns(self) -> str:
-        return self.ovs.netns
-
-    @property
-    def mgmt(self) -> str:
-        return f"unix:{self.ovs.run_dir / (BRIDGE + '.mgmt')}"
+OvsEnv = PrivateBridge
 
 
 @pytest.fixture
 def ovs_env() -> Iterator[OvsEnv]:
-    tag = secrets.token_hex(3)
-    # Short path: AF_UNIX socket paths are limited to 108 bytes.
-    run_dir = Path(tempfile.mkdtemp(prefix=f"npa-{tag}-", dir="/tmp"))
-    inst = EmbeddedOvs(run_dir, netns=f"npat-{tag}")
-    db = None
-    try:
-        inst.up()
-        db = Ovsdb(inst.db_remote)
-        db.ensure_bridge(BRIDGE, "netdev")
-        target = run_dir / f"{BRIDGE}.npaudit"
-        db.ensure_controller(BRIDGE, f"punix:{target}", 512)
-        db.wait_socket(target)
-        yield OvsEnv(ovs=inst, db=db, tag=tag, target=str(target))
-    finally:
-        if db is not None:
-            db.close()
-        inst.down(purge=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
+    with private_bridge("npat") as env:
+        yield env
 
 
 PodFactory = Callable[..., PodNet]
