@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
+from meters.ovs import MeterSpec, MeterSupport
 from packetin import messages as m
 from packetin import wire
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
@@ -36,19 +37,6 @@ _OFPET_GROUP_MOD_FAILED = 6
 _OFPGMFC_GROUP_EXISTS = 0
 _OFPET_METER_MOD_FAILED = 12
 _OFPMMFC_METER_EXISTS = 1
-
-
-@dataclass(frozen=True, slots=True)
-class MeterSupport:
-    """What OFPMP_METER_FEATURES said; `supported` is False on datapaths without meters."""
-
-    max_meter: int
-    band_types: int
-    max_bands: int
-
-    @property
-    def supported(self) -> bool:
-        return self.max_meter > 0 and bool(self.band_types & (1 << ofp.OFPMBT_DROP))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +115,7 @@ class OpenFlowChannel:
         self._last_rx = 0.0
         # Desired state: what the switch confirmed, replayed after reconnects.
         self._flows: dict[tuple[Any, ...], m.FlowSpec] = {}
-        self._meters: dict[int, m.MeterSpec] = {}
+        self._meters: dict[int, MeterSpec] = {}
         self._groups: dict[int, m.GroupSpec] = {}
         self.datapath_id: int | None = None
         self.meter_support: MeterSupport | None = None
@@ -282,7 +270,7 @@ class OpenFlowChannel:
         refused = await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
         _settle(self._flows, [f.key for f in flows], None, refused)
 
-    async def install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+    async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
         await self._install_meters(meters)
 
@@ -304,7 +292,7 @@ class OpenFlowChannel:
         refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
         _settle(self._flows, [f.key for f in flows], flows, refused)
 
-    async def _install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+    async def _install_meters(self, meters: Sequence[MeterSpec]) -> None:
         refused = await self._add_or_modify(
             meters, lambda x, cmd: m.meter_mod(x, cmd), ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, _meter_exists)
         _settle(self._meters, [x.meter_id for x in meters], meters, refused)

@@ -1,4 +1,4 @@
-"""The OVS pipeline on br-int: table numbers, meter ids, cookies, and the fixed flows.
+"""The OVS pipeline on br-int: table numbers, cookies, and the fixed flows (meter ids: meters.ovs).
 
  0 CLASSIFIER   known Pod port -> 10 (per Pod, installed last by the CNI path);
                 ARP by target IP -> that Pod's port; anything else dropped
@@ -30,12 +30,6 @@ T_COMMIT = 60
 T_FORWARD = 70
 
 CT_ZONE = 0xF00  # the agent's conntrack zone
-
-# One meter per category and disposition class (DESIGN.md §3), so a drop flood
-# starves neither allow records nor traceflow.
-METER_POLICY_ALLOW = 1
-METER_POLICY_DENY = 2  # Drop, Reject, Pass
-METER_TRACEFLOW = 3
 
 # Cookie: agent round (upper 32 bits) | table-independent kind (lower bits).
 # Flows of a previous agent run are deleted by their round after a restart.

@@ -16,6 +16,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
 from packetin import messages as m
 from packetin.model import Category, Disposition, Flags, Userdata
 from policy_agent.ovs import tables
@@ -226,7 +227,7 @@ def _applied_match(ep: Endpoint, direction: Direction) -> dict[str, Any]:
 def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[m.Action]:
     meter = None
     if state.meters:
-        meter = tables.METER_POLICY_ALLOW if disposition == Disposition.ALLOW else tables.METER_POLICY_DENY
+        meter = METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
     return [m.SetField("reg7", int(disposition)), m.SetField("reg6", rule_id),
             m.Controller(reason=0, userdata=ud, meter_id=meter)]

@@ -19,8 +19,9 @@ import pytest
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
+from meters.ovs import MeterSupport
 from packetin import messages as m
-from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
+from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.errors import ChannelClosed, OpenFlowError
 from packetin.model import PacketIn
 from tests.unit.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, eventually, packet_in2
