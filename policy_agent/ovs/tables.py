@@ -16,6 +16,7 @@ connection while Drop is logged per packet (DESIGN.md §3).
 from __future__ import annotations
 
 from packetin import messages as m
+from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
 
 T_CLASSIFIER = 0
 T_CONNTRACK = 10
@@ -58,7 +59,7 @@ def next_table(table: int) -> int:
 def fixed_flows(round_: int) -> list[m.FlowSpec]:
     """Flows that do not depend on Pods or policy."""
     c = cookie(round_, COOKIE_KIND_FIXED)
-    ip = {"eth_type": 0x0800}
+    ip = {"eth_type": ETH_TYPE_IPV4}
 
     def flow(table: int, prio: int, match: dict, actions: list | None = None, goto: int | None = None
              ) -> m.FlowSpec:
@@ -86,10 +87,11 @@ def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[m.FlowSpec
     """A Pod's forwarding and classification: installed only after its policy flows."""
     c = cookie(round_, COOKIE_KIND_POD)
     return [
-        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": 0x0800, "ipv4_dst": ip},
+        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ip},
                         [m.SetField("eth_dst", mac), m.Output(ofport)], cookie=c),
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": 0x0806, "arp_tpa": ip}, [m.Output(ofport)], cookie=c),
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": ETH_TYPE_ARP, "arp_tpa": ip}, [m.Output(ofport)],
+                        cookie=c),
         # Only the Pod's own source address is accepted from its port (no spoofing past policy).
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": 0x0800, "ipv4_src": ip},
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": ETH_TYPE_IPV4, "ipv4_src": ip},
                         goto=T_CONNTRACK, cookie=c),
     ]
