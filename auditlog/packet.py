@@ -7,24 +7,24 @@ import socket
 import struct
 from typing import Callable, NamedTuple
 
+from packetin.protocol_numbers import (ETH_TYPE_IPV4, ETH_TYPE_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
+                                       IPPROTO_TCP, IPPROTO_UDP)
+
 __all__ = ["PacketSummary", "decode_frame", "flow_key", "transport_name"]
 
-ETH_TYPE_IPV4 = 0x0800
-ETH_TYPE_IPV6 = 0x86DD
 # 802.1Q, 802.1ad (QinQ S-tag), and the pre-standard 0x9100 S-tag some switches still send.
 _VLAN_TPIDS = frozenset((0x8100, 0x88A8, 0x9100))
 # Values below this in the type/length field are an 802.3 length, not an ethertype.
 _MIN_ETHERTYPE = 0x0600
 
-PROTO_ICMP, PROTO_TCP, PROTO_UDP, PROTO_ICMPV6, PROTO_SCTP = 1, 6, 17, 58, 132
 _NO_NEXT_HEADER, _FRAGMENT, _AH = 59, 44, 51
 # IPv6 extension headers laid out as (next header, length in 8-octet units - 1): hop-by-hop,
 # routing, destination options, and (RFC 7045) mobility, HIP, shim6.
 _EXT_8OCTET = frozenset((0, 43, 60, 135, 139, 140))
 
 # IANA protocol keywords (lowercase), as ECS network.transport expects them.
-_TRANSPORT = {PROTO_ICMP: "icmp", PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMPV6: "ipv6-icmp",
-              PROTO_SCTP: "sctp"}
+_TRANSPORT = {IPPROTO_ICMP: "icmp", IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp", IPPROTO_ICMPV6: "ipv6-icmp",
+              IPPROTO_SCTP: "sctp"}
 # From the flags/fragment-offset word of an IPv4 header: that word, protocol, addresses.
 _IPV4_TAIL = struct.Struct("!HxB2x4s4s")
 _PORTS = struct.Struct("!HH")
@@ -32,7 +32,7 @@ _TCP = struct.Struct("!HH8xBB")  # ports, data offset (+ NS bit), flags
 _AF_INET, _AF_INET6, _inet_ntop = socket.AF_INET, socket.AF_INET6, socket.inet_ntop
 
 # Minimal header length per transport: fewer bytes than this means the frame was cut short.
-_MIN_L4 = {PROTO_TCP: 20, PROTO_UDP: 8, PROTO_SCTP: 12, PROTO_ICMP: 8, PROTO_ICMPV6: 4}
+_MIN_L4 = {IPPROTO_TCP: 20, IPPROTO_UDP: 8, IPPROTO_SCTP: 12, IPPROTO_ICMP: 8, IPPROTO_ICMPV6: 4}
 
 
 class PacketSummary(NamedTuple):
@@ -197,7 +197,7 @@ def _l4(frame: bytes, off: int, eth_type: int, vlan: int | None, version: int, s
         proto: int, fragment: bool) -> PacketSummary:
     n = len(frame)
     avail = n - off
-    if proto == PROTO_TCP:
+    if proto == IPPROTO_TCP:
         if avail >= 20:
             sport, dport, doff, fl = _TCP.unpack_from(frame, off)
             # Options are part of the header the segment announced.
@@ -213,7 +213,7 @@ def _l4(frame: bytes, off: int, eth_type: int, vlan: int | None, version: int, s
     need = _MIN_L4.get(proto)
     if need is None:  # a protocol we do not look into: addresses + number are all we know
         return _summary(eth_type, vlan, version, src, dst, proto, fragment, False, n)
-    if proto == PROTO_ICMP or proto == PROTO_ICMPV6:
+    if proto == IPPROTO_ICMP or proto == IPPROTO_ICMPV6:
         icmp_type = icmp_code = None
         if avail >= 2:
             icmp_type, icmp_code = frame[off], frame[off + 1]

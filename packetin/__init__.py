@@ -1,10 +1,10 @@
 """OpenFlow packet-in channel: connection, NXT_PACKET_IN2 decoding, demux by category."""
 
-from packetin.channel import ChannelSettings, MeterSupport, OpenFlowChannel
+from meters.ovs import MeterSpec, MeterSupport
+from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError, PacketInError
-from packetin.messages import (Conjunction, Controller, Ct, FlowSpec, GroupSpec, MeterSpec, Output, Resubmit,
-                                SetField)
+from packetin.messages import Conjunction, Controller, Ct, FlowSpec, GroupSpec, Output, Resubmit, SetField
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
 
 __all__ = [

@@ -14,41 +14,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
+from meters.ovs import MeterSpec, MeterSupport
 from packetin import messages as m
 from packetin import wire
+from packetin.connect import open_target
+from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.model import PacketIn
-from packetin.netns_socket import socket_in_netns
+from packetin.refusals import group_exists, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 PacketInSink = Callable[[list[PacketIn], float], None]
-
-_OFPET_GROUP_MOD_FAILED = 6
-_OFPGMFC_GROUP_EXISTS = 0
-_OFPET_METER_MOD_FAILED = 12
-_OFPMMFC_METER_EXISTS = 1
-
-
-@dataclass(frozen=True, slots=True)
-class MeterSupport:
-    """What OFPMP_METER_FEATURES said; `supported` is False on datapaths without meters."""
-
-    max_meter: int
-    band_types: int
-    max_bands: int
-
-    @property
-    def supported(self) -> bool:
-        return self.max_meter > 0 and bool(self.band_types & (1 << ofp.OFPMBT_DROP))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +88,11 @@ class _Protocol(asyncio.Protocol):
 
 
 class OpenFlowChannel:
-    """One OpenFlow connection to one bridge, kept up until `close`."""
+    """One OpenFlow connection to one bridge, kept up until `close`.
+
+    `mono_clock` is the only clock the keepalive reads (and the `now` handed to
+    `on_packet_ins`); `wall_clock` stamps packet-ins. Tests drive both.
+    """
 
     def __init__(self, settings: ChannelSettings, on_packet_ins: PacketInSink, *,
                  on_malformed: Callable[[int], None] = lambda n: None,
@@ -125,10 +113,7 @@ class OpenFlowChannel:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_rx = 0.0
-        # Desired state: what the switch confirmed, replayed after reconnects.
-        self._flows: dict[tuple[Any, ...], m.FlowSpec] = {}
-        self._meters: dict[int, m.MeterSpec] = {}
-        self._groups: dict[int, m.GroupSpec] = {}
+        self._desired = DesiredState()  # what the switch confirmed, replayed after reconnects
         self.datapath_id: int | None = None
         self.meter_support: MeterSupport | None = None
         self.connects = 0
@@ -176,33 +161,13 @@ class OpenFlowChannel:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(self.settings.reconnect_max, delay * 2)
 
-    async def _open(self) -> _Protocol:
-        loop = asyncio.get_running_loop()
-        target = self.settings.target
-        if target.startswith("tcp:"):
-            host, _, port = target[4:].rpartition(":")
-            if self.settings.netns:
-                sock = socket_in_netns(self.settings.netns)
-                sock.setblocking(False)
-                try:
-                    await loop.sock_connect(sock, (host, int(port)))
-                except BaseException:
-                    sock.close()
-                    raise
-                _, proto = await loop.create_connection(lambda: _Protocol(self), sock=sock)
-            else:
-                _, proto = await loop.create_connection(lambda: _Protocol(self), host, int(port))
-            proto.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        else:
-            path = target[5:] if target.startswith("unix:") else target
-            _, proto = await loop.create_unix_connection(lambda: _Protocol(self), path)
-        return proto
-
     async def _connect_once(self) -> None:
         # The switch sends its HELLO as soon as it accepts: be ready for it before connecting.
         self._hello = asyncio.get_running_loop().create_future()
         try:
-            proto = await asyncio.wait_for(self._open(), self.settings.request_timeout)
+            proto = await asyncio.wait_for(
+                open_target(self.settings.target, self.settings.netns, lambda: _Protocol(self)),
+                self.settings.request_timeout)
         except BaseException:
             self._hello.cancel()  # nobody will wait for it
             raise
@@ -239,6 +204,7 @@ class OpenFlowChannel:
             echo.cancel()
 
     async def _keepalive(self, proto: _Protocol) -> None:
+        """Every echo_interval: an echo request, or give up on a switch silent for echo_timeout."""
         interval = self.settings.echo_interval
         while True:
             await asyncio.sleep(interval)
@@ -253,10 +219,11 @@ class OpenFlowChannel:
     async def _replay(self) -> None:
         """Reinstall the desired state. A refused item is logged and forgotten, not retried
         forever: the switch that refused it will refuse it again on every reconnect."""
+        desired = self._desired
         for what, items, install in (
-            ("meter", list(self._meters.values()), self._install_meters),
-            ("group", list(self._groups.values()), self._install_groups),
-            ("flow", list(self._flows.values()), self._install_flows),
+            ("meter", list(desired.meters.values()), self.install_meters),
+            ("group", list(desired.groups.values()), self.install_groups),
+            ("flow", list(desired.flows.values()), self.install_flows),
         ):
             if not items:
                 continue
@@ -265,9 +232,8 @@ class OpenFlowChannel:
             except OpenFlowError as exc:
                 log.error("replay to %s: %s was refused and is dropped from the desired state: %s",
                           self.settings.target, what, exc)
-        if self._meters or self._groups or self._flows:
-            log.info("replayed %d meters, %d groups, %d flows to %s", len(self._meters),
-                     len(self._groups), len(self._flows), self.settings.target)
+        if desired:
+            log.info("replayed %s to %s", desired.describe(), self.settings.target)
 
     # --- public requests -------------------------------------------------------------
     # Each returns once a barrier confirmed the whole batch. What the switch accepted
@@ -276,54 +242,45 @@ class OpenFlowChannel:
 
     async def install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
         """Add (or overwrite) flows."""
-        await self._install_flows(flows)
+        refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
+        settle(self._desired.flows, [f.key for f in flows], flows, refused)
 
     async def delete_flows(self, flows: Sequence[m.FlowSpec]) -> None:
         refused = await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
-        _settle(self._flows, [f.key for f in flows], None, refused)
+        settle(self._desired.flows, [f.key for f in flows], None, refused)
 
-    async def install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
+    async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
-        await self._install_meters(meters)
+        refused = await self._add_or_modify(
+            meters, m.meter_mod, ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, meter_exists)
+        settle(self._desired.meters, [x.meter_id for x in meters], meters, refused)
 
     async def delete_meters(self, meter_ids: Iterable[int]) -> None:
         ids = list(meter_ids)
         refused = await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
-        _settle(self._meters, ids, None, refused)
+        settle(self._desired.meters, ids, None, refused)
 
     async def install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
         """Add groups, or modify the ones that already exist."""
-        await self._install_groups(groups)
+        refused = await self._add_or_modify(
+            groups, m.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
+        settle(self._desired.groups, [g.group_id for g in groups], groups, refused)
 
     async def delete_groups(self, group_ids: Iterable[int]) -> None:
         ids = list(group_ids)
         refused = await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
-        _settle(self._groups, ids, None, refused)
-
-    async def _install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
-        refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
-        _settle(self._flows, [f.key for f in flows], flows, refused)
-
-    async def _install_meters(self, meters: Sequence[m.MeterSpec]) -> None:
-        refused = await self._add_or_modify(
-            meters, lambda x, cmd: m.meter_mod(x, cmd), ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, _meter_exists)
-        _settle(self._meters, [x.meter_id for x in meters], meters, refused)
-
-    async def _install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
-        refused = await self._add_or_modify(
-            groups, lambda g, cmd: m.group_mod(g, cmd), ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, _group_exists)
-        _settle(self._groups, [g.group_id for g in groups], groups, refused)
+        settle(self._desired.groups, ids, None, refused)
 
     async def delete_flows_by_cookie(self, cookie: int, mask: int) -> None:
         """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).
 
         Not part of the desired state: it removes what an earlier run left behind."""
         refused = await self._batch([(m.flow_delete_cookie(cookie, mask), f"delete cookie={cookie:#x}/{mask:#x}")])
-        _raise_first(refused)
+        raise_first(refused)
 
     @property
     def desired_flows(self) -> list[m.FlowSpec]:
-        return list(self._flows.values())
+        return list(self._desired.flows.values())
 
     async def request(self, msg: Any) -> Any:
         """Send a request and return the single reply with the same xid."""
@@ -359,11 +316,11 @@ class OpenFlowChannel:
     # --- batches ---------------------------------------------------------------------
 
     async def _add_or_modify(self, specs: Sequence[Any], build: Callable[[Any, int], Any],
-                             add: int, modify: int, exists: Callable[[Any], bool]
+                             add: int, modify: int, exists: Callable[[OpenFlowError], bool]
                              ) -> dict[int, OpenFlowError]:
         """ADD each spec; MODIFY the ones the switch says exist. Returns refusals by index."""
         refused = await self._batch([(build(x, add), x.describe()) for x in specs])
-        again = [i for i, err in refused.items() if exists(err.reply)]
+        again = [i for i, err in refused.items() if exists(err)]
         if again:
             retry = await self._batch([(build(specs[i], modify), specs[i].describe()) for i in again])
             for n, i in enumerate(again):
@@ -389,7 +346,7 @@ class OpenFlowChannel:
             await self._barrier()
         finally:
             replies = [self._errors.pop(x, None) for x in xids]
-        return {i: _openflow_error(err, items[i], xids[i])
+        return {i: refusal(err, items[i][0], items[i][1], xids[i])
                 for i, err in enumerate(replies) if err is not None}
 
     # --- I/O -------------------------------------------------------------------------
@@ -399,12 +356,7 @@ class OpenFlowChannel:
         return self._xid
 
     def _send(self, msg: Any) -> int:
-        proto = self._proto
-        if proto is None or proto.transport is None or proto.transport.is_closing():
-            raise ChannelClosed(f"not connected to {self.settings.target}")
-        xid = self._next_xid()
-        proto.transport.write(m.serialize(msg, xid))
-        return xid
+        return self._send_many([msg])[0]
 
     def _send_many(self, msgs: list[Any]) -> list[int]:
         """Serialise every message and hand them to the transport in one write."""
@@ -485,7 +437,7 @@ class OpenFlowChannel:
             else:
                 fut = self._pending.get(xid)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_openflow_error(msg, (None, "request"), xid))
+                    fut.set_exception(refusal(msg, None, "request", xid))
                 else:
                     log.warning("OpenFlow error for xid %d: type %d code %d", xid, msg.type, msg.code)
             return
@@ -493,42 +445,3 @@ class OpenFlowChannel:
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
-
-def _settle(store: dict[Any, Any], keys: Sequence[Any], installed: Sequence[Any] | None,
-            refused: dict[int, OpenFlowError]) -> None:
-    """Bring the desired state in line with what the switch confirmed, then raise the
-    first refusal. `installed` None = a delete: confirmed items leave the state;
-    otherwise confirmed items enter it and refused ones leave it."""
-    for i, key in enumerate(keys):
-        if installed is None:
-            if i not in refused:
-                store.pop(key, None)
-        elif i in refused:
-            store.pop(key, None)
-        else:
-            store[key] = installed[i]
-    _raise_first(refused)
-
-
-def _raise_first(refused: dict[int, OpenFlowError]) -> None:
-    if refused:
-        raise refused[min(refused)]
-
-
-def _meter_exists(err: Any) -> bool:
-    return err.type == _OFPET_METER_MOD_FAILED and err.code == _OFPMMFC_METER_EXISTS
-
-
-def _group_exists(err: Any) -> bool:
-    return err.type == _OFPET_GROUP_MOD_FAILED and err.code == _OFPGMFC_GROUP_EXISTS
-
-
-def _openflow_error(err: Any, item: tuple[Any, str], xid: int) -> OpenFlowError:
-    msg, what = item
-    kind = type(msg).__name__ if msg is not None else "request"
-    exc = OpenFlowError(
-        f"switch refused {kind} xid={xid} ({what}): error type {err.type} code {err.code}",
-        err_type=err.type, err_code=err.code, xid=xid, failed=f"{kind} {what}",
-    )
-    exc.reply = err
-    return exc

@@ -1,8 +1,9 @@
 """OpenFlow 1.5 messages built with os-ken, as pure functions (no switch attached).
 
-Desired state is described by frozen specs (FlowSpec, MeterSpec, GroupSpec) that
-the channel keeps and replays after a reconnect; the functions here turn specs
-into os-ken message objects and serialise them. Nothing here does I/O.
+Desired state is described by frozen specs (FlowSpec, GroupSpec, and MeterSpec
+from meters.ovs) that the channel keeps and replays after a reconnect; the
+functions here turn specs into os-ken message objects and serialise them.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Iterable, Mapping
 from os_ken.ofproto import nicira_ext
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+from meters.ovs import MeterSpec  # the spec lives with the meters; its encoding lives here
 
 NXPIF_NXT_PACKET_IN2 = 2
 # Property of NXAST_CONTROLLER2 that os-ken does not know (OVS >= 2.16):
@@ -175,19 +178,6 @@ class FlowSpec:
     def describe(self) -> str:
         match = ",".join(f"{k}={v}" for k, v in self.match) or "*"
         return f"table={self.table} priority={self.priority} match={match}"
-
-
-@dataclass(frozen=True, slots=True)
-class MeterSpec:
-    """A packets-per-second drop meter with a burst, one band."""
-
-    meter_id: int
-    rate_pps: int
-    burst: int = 0
-    stats: bool = True
-
-    def describe(self) -> str:
-        return f"meter_id={self.meter_id} rate={self.rate_pps}pktps burst={self.burst}"
 
 
 @dataclass(frozen=True, slots=True)

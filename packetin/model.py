@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from packetin.registers import USERDATA_LENGTH, USERDATA_VERSION
+from packetin.registers import DISPOSITION_BITS, USERDATA_LENGTH, USERDATA_VERSION
 
 
 class Category(enum.IntEnum):
@@ -85,7 +85,7 @@ class PacketIn(NamedTuple):
 
     @property
     def disposition(self) -> int:
-        return self.reg7 & 0xF
+        return self.reg7 & DISPOSITION_BITS
 
     @property
     def parsed_userdata(self) -> Userdata | None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 # reg7[0..3]: disposition of the rule that judged the packet (see Disposition).
 REG_DISPOSITION = 7
+REG_DISPOSITION_FIELD = f"reg{REG_DISPOSITION}"  # its OVS match / set-field name
 DISPOSITION_BITS = 0xF
 # reg6: 32-bit rule id, unique per realised rule, stable across restarts for the
 # same policy revision.
 REG_RULE_ID = 6
+REG_RULE_ID_FIELD = f"reg{REG_RULE_ID}"
 # reg0..reg5 are unallocated yet; claim them here with a comment before use.
 
 # OpenFlow 1.5 carries registers in packet-in metadata as 64-bit packet

@@ -14,7 +14,7 @@ from auditlog.aggregate import Aggregator
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.writer import AuditWriter
-from packetin import messages as m
+from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
 from packetin.gctune import settle_heap
@@ -128,11 +128,11 @@ class Agent:
         self.round_ = previous % 0xFFFFFFFF + 1
         _write_round(state_dir, self.round_)
         mc = cfg.meters
+        limits = MeterLimits(policy_allow=(mc.policy_allow.rate, mc.policy_allow.burst),
+                             policy_deny=(mc.policy_deny.rate, mc.policy_deny.burst),
+                             traceflow=(mc.traceflow.rate, mc.traceflow.burst))
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
-                                   meter_specs=[
-                                       m.MeterSpec(tables.METER_POLICY_ALLOW, mc.policy_allow.rate, mc.policy_allow.burst),
-                                       m.MeterSpec(tables.METER_POLICY_DENY, mc.policy_deny.rate, mc.policy_deny.burst),
-                                       m.MeterSpec(tables.METER_TRACEFLOW, mc.traceflow.rate, mc.traceflow.burst)],
+                                   meter_specs=desired_meters(limits, meters_ok),
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None)
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")

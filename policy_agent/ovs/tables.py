@@ -1,4 +1,4 @@
-"""The OVS pipeline on br-int: table numbers, meter ids, cookies, and the fixed flows.
+"""The OVS pipeline on br-int: table numbers, cookies, and the fixed flows (meter ids: meters.ovs).
 
  0 CLASSIFIER   known Pod port -> 10 (per Pod, installed last by the CNI path);
                 ARP by target IP -> that Pod's port; anything else dropped
@@ -16,6 +16,7 @@ connection while Drop is logged per packet (DESIGN.md §3).
 from __future__ import annotations
 
 from packetin import messages as m
+from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
 
 T_CLASSIFIER = 0
 T_CONNTRACK = 10
@@ -30,12 +31,6 @@ T_COMMIT = 60
 T_FORWARD = 70
 
 CT_ZONE = 0xF00  # the agent's conntrack zone
-
-# One meter per category and disposition class (DESIGN.md §3), so a drop flood
-# starves neither allow records nor traceflow.
-METER_POLICY_ALLOW = 1
-METER_POLICY_DENY = 2  # Drop, Reject, Pass
-METER_TRACEFLOW = 3
 
 # Cookie: agent round (upper 32 bits) | table-independent kind (lower bits).
 # Flows of a previous agent run are deleted by their round after a restart.
@@ -64,7 +59,7 @@ def next_table(table: int) -> int:
 def fixed_flows(round_: int) -> list[m.FlowSpec]:
     """Flows that do not depend on Pods or policy."""
     c = cookie(round_, COOKIE_KIND_FIXED)
-    ip = {"eth_type": 0x0800}
+    ip = {"eth_type": ETH_TYPE_IPV4}
 
     def flow(table: int, prio: int, match: dict, actions: list | None = None, goto: int | None = None
              ) -> m.FlowSpec:
@@ -92,10 +87,11 @@ def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[m.FlowSpec
     """A Pod's forwarding and classification: installed only after its policy flows."""
     c = cookie(round_, COOKIE_KIND_POD)
     return [
-        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": 0x0800, "ipv4_dst": ip},
+        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ip},
                         [m.SetField("eth_dst", mac), m.Output(ofport)], cookie=c),
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": 0x0806, "arp_tpa": ip}, [m.Output(ofport)], cookie=c),
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": ETH_TYPE_ARP, "arp_tpa": ip}, [m.Output(ofport)],
+                        cookie=c),
         # Only the Pod's own source address is accepted from its port (no spoofing past policy).
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": 0x0800, "ipv4_src": ip},
+        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": ETH_TYPE_IPV4, "ipv4_src": ip},
                         goto=T_CONNTRACK, cookie=c),
     ]

@@ -16,8 +16,11 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
 from packetin import messages as m
 from packetin.model import Category, Disposition, Flags, Userdata
+from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP
+from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
 from policy_agent.ovs import tables
 from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, Namespace, Peer, Pod,
@@ -32,7 +35,8 @@ from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
 # and took 4 s), and conjunction is never more flows than the cross product.
 CONJUNCTION_THRESHOLD = 4
 _ISOLATION_PRIORITY = 100
-_PROTO = {"TCP": (6, "tcp_dst"), "UDP": (17, "udp_dst"), "SCTP": (132, "sctp_dst")}
+_PROTO = {"TCP": (IPPROTO_TCP, "tcp_dst"), "UDP": (IPPROTO_UDP, "udp_dst"),
+          "SCTP": (IPPROTO_SCTP, "sctp_dst")}
 _DISPOSITION = {Action.ALLOW: Disposition.ALLOW, Action.DROP: Disposition.DROP,
                 Action.REJECT: Disposition.REJECT, Action.PASS: Disposition.PASS}
 ISOLATION_RULE = "default-isolation"
@@ -128,8 +132,8 @@ def _cidrs(peer: Peer) -> list[str]:
 
 
 def _port_matches(spec: PortSpec, dest: Endpoint | None) -> list[dict[str, Any]]:
-    proto, field_name = _PROTO.get(spec.protocol, (6, "tcp_dst"))
-    base: dict[str, Any] = {"eth_type": 0x0800, "ip_proto": proto}
+    proto, field_name = _PROTO.get(spec.protocol, _PROTO["TCP"])
+    base: dict[str, Any] = {"eth_type": ETH_TYPE_IPV4, "ip_proto": proto}
     if spec.port is None:
         return [base]
     port = spec.port
@@ -184,7 +188,7 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
                     addrs.update(ep.ip for ep in eps)
             if not addrs:
                 continue  # the rule selects no peer at all: it matches nothing
-            peer_addrs = [{"eth_type": 0x0800, addr_field: _addr(a)} for a in sorted(addrs)]
+            peer_addrs = [{"eth_type": ETH_TYPE_IPV4, addr_field: _addr(a)} for a in sorted(addrs)]
         if not rule.ports:
             terms.append(_Term(tuple(group), _tuple(peer_addrs), None))
         elif named and egress:
@@ -194,7 +198,8 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
             for ep in sorted(set(candidates), key=lambda e: e.pod.key):
                 ports = [pm for ps in rule.ports for pm in _port_matches(ps, ep)]
                 if ports:
-                    terms.append(_Term(tuple(group), ({"eth_type": 0x0800, "ipv4_dst": ep.ip},), tuple(ports)))
+                    dest_match = {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip}
+                    terms.append(_Term(tuple(group), (dest_match,), tuple(ports)))
         else:
             dest = group[0] if not egress else None
             ports = [pm for ps in rule.ports for pm in _port_matches(ps, dest)]
@@ -219,16 +224,16 @@ def _addr(a: str) -> Any:
 
 def _applied_match(ep: Endpoint, direction: Direction) -> dict[str, Any]:
     if direction == Direction.EGRESS:
-        return {"eth_type": 0x0800, "in_port": ep.ofport}
-    return {"eth_type": 0x0800, "ipv4_dst": ep.ip}
+        return {"eth_type": ETH_TYPE_IPV4, "in_port": ep.ofport}
+    return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip}
 
 
 def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[m.Action]:
     meter = None
     if state.meters:
-        meter = tables.METER_POLICY_ALLOW if disposition == Disposition.ALLOW else tables.METER_POLICY_DENY
+        meter = METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
-    return [m.SetField("reg7", int(disposition)), m.SetField("reg6", rule_id),
+    return [m.SetField(REG_DISPOSITION_FIELD, int(disposition)), m.SetField(REG_RULE_ID_FIELD, rule_id),
             m.Controller(reason=0, userdata=ud, meter_id=meter)]
 
 
@@ -238,7 +243,7 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     disposition = _DISPOSITION[action]
     flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
     actions = _log_actions(state, disposition, rule_id, int(flags)) if flags else \
-        [m.SetField("reg7", int(disposition)), m.SetField("reg6", rule_id)]
+        [m.SetField(REG_DISPOSITION_FIELD, int(disposition)), m.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT
     if action == Action.ALLOW:

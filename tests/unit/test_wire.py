@@ -23,6 +23,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from packetin import messages, wire
 from packetin.errors import DecodeError
 from packetin.model import Category, Userdata, PacketIn
+from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4, IPPROTO_ICMP
 
 DATA = Path(__file__).parent / "data" / "ovs31_packet_in2_stream.bin"
 STREAM = DATA.read_bytes()
@@ -33,7 +34,6 @@ NXPINT_PACKET, NXPINT_FULL_LEN, NXPINT_BUFFER_ID, NXPINT_TABLE_ID = 0, 1, 2, 3
 NXPINT_COOKIE, NXPINT_REASON, NXPINT_METADATA, NXPINT_USERDATA = 4, 5, 6, 7
 NXPINT_CONTINUATION = 8
 
-ETH_TYPE_IPV4, ETH_TYPE_ARP, IPPROTO_ICMP = 0x0800, 0x0806, 1
 
 u8 = st.integers(0, 0xFF)
 u32 = st.integers(0, 0xFFFF_FFFF)
