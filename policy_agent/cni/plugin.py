@@ -9,8 +9,7 @@ from typing import Any, Mapping, TextIO
 from policy_agent.cni.wire import (
     COMMANDS, CURRENT_VERSION, ERR_DECODE, ERR_INTERNAL, ERR_INVALID_CONFIG, ERR_INVALID_ENV, ERR_IO,
     ERR_TRY_AGAIN_LATER, ERR_UNKNOWN_CONTAINER, SUPPORTED_VERSIONS, CniError, CniRequest,
-    container_id_problem, ifname_problem, netconf_version, parse_cni_args, parse_response, recv_message,
-    send_message,
+    container_id_problem, ifname_problem, netconf_version, parse_cni_args, recv_response, send_request,
 )
 
 DEFAULT_AGENT_SOCKET = "/var/run/npaudit/cni.sock"
@@ -105,8 +104,8 @@ def call_agent(path: str, request: CniRequest) -> dict[str, Any] | None:
             raise CniError(ERR_IO, "cannot connect to the npaudit agent", f"{path}: {exc}") from exc
         sock.settimeout(RESPONSE_TIMEOUT)
         try:
-            send_message(sock, request.to_wire())
-            reply = recv_message(sock)
+            send_request(sock, request)
+            result = recv_response(sock)
         except socket.timeout as exc:
             raise CniError(ERR_TRY_AGAIN_LATER, f"the npaudit agent did not answer {request.command} "
                            f"within {RESPONSE_TIMEOUT:.0f}s", path) from exc
@@ -114,7 +113,7 @@ def call_agent(path: str, request: CniRequest) -> dict[str, Any] | None:
             raise CniError(ERR_IO, "lost the connection to the npaudit agent", f"{path}: {exc}") from exc
     finally:
         sock.close()
-    return parse_response(reply)
+    return result
 
 
 def _error_version(stdin: bytes) -> str:

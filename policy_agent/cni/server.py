@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from policy_agent.cni.wire import (
-    ERR_INTERNAL, ERR_UNKNOWN_CONTAINER, CniError, CniRequest, error_response, ok_response, read_message,
-    write_message,
+    ERR_INTERNAL, ERR_UNKNOWN_CONTAINER, CniError, CniRequest, error_response, ok_response, read_request,
+    write_response,
 )
 from policy_agent.errors import AgentError
 
@@ -125,7 +125,7 @@ class CniServer:
         try:
             response = await self._respond(reader)
             with contextlib.suppress(ConnectionError, OSError):
-                await write_message(writer, response)
+                await write_response(writer, response)
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError, OSError):
@@ -137,8 +137,7 @@ class CniServer:
         command, started = "?", time.monotonic()
         req: CniRequest | None = None
         try:
-            msg = await asyncio.wait_for(read_message(reader), self._read_timeout)
-            req = CniRequest.from_wire(msg)
+            req = await asyncio.wait_for(read_request(reader), self._read_timeout)
             command = req.command
             async with self._slots:
                 result = await self._dispatch(req)

@@ -1,19 +1,17 @@
-"""Wire format between the `npaudit cni` plugin and the agent: length-prefixed JSON, one request per connection."""
+"""The CNI protocol between the `npaudit cni` plugin and the agent: spec error codes, validation, messages.
+
+One request per connection, framed by policy_agent.rpc (4-byte length + JSON).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import socket
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# A frame is a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
-# 1 MiB is far above any real netconf and caps what a peer can make us buffer.
-MAX_FRAME = 1 << 20
-_LEN = struct.Struct(">I")
+from policy_agent import rpc
 
 # CNI spec 1.0.0 error codes (1-99 are reserved by the spec, 100+ are ours).
 ERR_INCOMPATIBLE_VERSION = 1
@@ -53,7 +51,7 @@ class CniError(Exception):
 
 
 class WireError(CniError):
-    """A frame or message that does not follow this protocol."""
+    """A frame or message that does not follow this protocol (framing errors wrapped as ERR_DECODE)."""
 
     def __init__(self, msg: str, details: str = "", code: int = ERR_DECODE) -> None:
         super().__init__(code, msg, details)
@@ -188,78 +186,44 @@ def parse_response(obj: Any) -> dict[str, Any] | None:
     raise CniError(code, msg, details if isinstance(details, str) else str(details))
 
 
-# ---- framing (pure) ----
+# ---- messages over policy_agent.rpc framing; framing errors become CNI errors here ----
 
-def encode_frame(message: Mapping[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
-    if len(body) > MAX_FRAME:
-        raise WireError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
-    return _LEN.pack(len(body)) + body
+def _wire_error(exc: rpc.FrameError) -> WireError:
+    return WireError(exc.msg, exc.details)
 
 
-def frame_length(header: bytes) -> int:
-    """Body length announced by a 4-byte header; WireError when over the cap."""
-    if len(header) != _LEN.size:
-        raise WireError("truncated frame header")
-    (length,) = _LEN.unpack(header)
-    if length > MAX_FRAME:
-        raise WireError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
-    return length
-
-
-def decode_body(body: bytes) -> dict[str, Any]:
+def send_request(sock: socket.socket, request: CniRequest) -> None:
+    """Plugin side: one request on a connected socket."""
     try:
-        obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError("frame is not UTF-8 JSON", str(exc)[:200]) from exc
-    if not isinstance(obj, dict):
-        raise WireError("frame must hold a JSON object")
-    return obj
+        rpc.send_message(sock, request.to_wire())
+    except rpc.FrameError as exc:
+        raise _wire_error(exc) from exc
 
 
-def decode_frame(data: bytes) -> dict[str, Any]:
-    """Decode one complete frame (header + body, nothing after it)."""
-    length = frame_length(data[:_LEN.size])
-    if len(data) != _LEN.size + length:
-        raise WireError(f"frame announces {length} bytes but holds {len(data) - _LEN.size}")
-    return decode_body(data[_LEN.size:])
-
-
-# ---- framing over asyncio streams (server side) ----
-
-async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+def recv_response(sock: socket.socket) -> dict[str, Any] | None:
+    """Plugin side: the agent's answer, as parse_response() reads it."""
     try:
-        header = await reader.readexactly(_LEN.size)
-        body = await reader.readexactly(frame_length(header))
-    except asyncio.IncompleteReadError as exc:
-        raise WireError("connection closed inside a frame", f"got {len(exc.partial)} bytes") from exc
-    return decode_body(body)
+        reply = rpc.recv_message(sock)
+    except rpc.ConnectionClosed as exc:
+        raise WireError("the npaudit agent closed the connection inside a frame", exc.details,
+                        code=ERR_IO) from exc
+    except rpc.FrameError as exc:
+        raise _wire_error(exc) from exc
+    return parse_response(reply)
 
 
-async def write_message(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
-    writer.write(encode_frame(message))
-    await writer.drain()
+async def read_request(reader: asyncio.StreamReader) -> CniRequest:
+    """Server side: one validated request."""
+    try:
+        msg = await rpc.read_message(reader)
+    except rpc.FrameError as exc:
+        raise _wire_error(exc) from exc
+    return CniRequest.from_wire(msg)
 
 
-# ---- framing over a blocking socket (plugin side) ----
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks: list[bytes] = []
-    got = 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 65536))
-        if not chunk:
-            raise WireError("the npaudit agent closed the connection inside a frame",
-                            f"got {got} of {n} bytes", code=ERR_IO)
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
-    sock.sendall(encode_frame(message))
-
-
-def recv_message(sock: socket.socket) -> dict[str, Any]:
-    length = frame_length(_recv_exactly(sock, _LEN.size))
-    return decode_body(_recv_exactly(sock, length))
+async def write_response(writer: asyncio.StreamWriter, response: Mapping[str, Any]) -> None:
+    """Server side: an ok_response() or error_response()."""
+    try:
+        await rpc.write_message(writer, response)
+    except rpc.FrameError as exc:
+        raise _wire_error(exc) from exc

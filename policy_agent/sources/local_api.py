@@ -1,6 +1,6 @@
 """The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode.
 
-Same framing as the CNI socket (4-byte length + JSON). A manifest set is
+Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A manifest set is
 validated as a whole before anything is applied: one bad object rejects the
 set, names the object and field, and leaves the agent as it was.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_agent.sources.applied_store import AppliedStore
-from policy_agent.cni.wire import WireError, read_message, recv_message, send_message, write_message
+from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
 from policy_agent.engine import PolicyEngine
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 
@@ -55,7 +55,7 @@ class LocalApi:
             try:
                 request = await read_message(reader)
                 response = await self.handle(request)
-            except WireError as exc:
+            except FrameError as exc:
                 response = {"ok": False, "errors": [str(exc)]}
             await write_message(writer, response)
         except Exception:  # one bad client must not take the API down

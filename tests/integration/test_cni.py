@@ -19,7 +19,8 @@ from typing import Any, Coroutine, Iterator
 
 import pytest
 
-from policy_agent.cni.pod_interfaces import PodInterfaceInfo, PodInterfaces, host_ifname, mac_for_ip
+from policy_agent.cni.netdev import host_ifname, mac_for_ip
+from policy_agent.cni.pod_interfaces import PodInterfaceInfo, PodInterfaces
 from policy_agent.cni.server import CniServer
 from policy_agent.ovs.embedded import netns_exists
 

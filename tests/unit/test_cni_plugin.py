@@ -1,4 +1,4 @@
-"""The `npaudit cni` plugin and its wire protocol against a CniServer with a fake handler."""
+"""The `npaudit cni` plugin and its CNI protocol against a CniServer with a fake handler (framing: test_rpc.py)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_agent import rpc
 from policy_agent.cni import wire
 from policy_agent.cni.plugin import run
 from policy_agent.cni.server import CniServer, CniServerError
-from policy_agent.cni.wire import CniError, CniRequest, WireError
+from policy_agent.cni.wire import CniError, CniRequest
+from tests.unit.test_rpc import json_values
 
 RESULT = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
           "ips": [{"address": "10.245.0.2/24", "gateway": "10.245.0.1", "interface": 0}],
@@ -226,7 +228,7 @@ def _raw_agent(path: Path, reply: bytes) -> threading.Thread:
     def serve() -> None:
         conn, _ = srv.accept()
         with conn:
-            wire.recv_message(conn)
+            rpc.recv_message(conn)
             conn.sendall(reply)
         srv.close()
 
@@ -240,8 +242,8 @@ def _raw_agent(path: Path, reply: bytes) -> threading.Thread:
     (struct.pack(">I", 100) + b"{}", wire.ERR_IO),             # closed inside the frame
     (struct.pack(">I", 5) + b"hello", wire.ERR_DECODE),        # not JSON
     (struct.pack(">I", 1 << 30), wire.ERR_DECODE),             # oversize announcement
-    (wire.encode_frame({"ok": "yes"}), wire.ERR_INTERNAL),     # not our response shape
-    (wire.encode_frame({"ok": True, "result": None}), wire.ERR_INTERNAL),  # ADD without result
+    (rpc.encode_frame({"ok": "yes"}), wire.ERR_INTERNAL),      # not our response shape
+    (rpc.encode_frame({"ok": True, "result": None}), wire.ERR_INTERNAL),  # ADD without result
 ])
 def test_broken_agent_answers_become_cni_errors(tmp: Path, reply: bytes, code: int) -> None:
     t = _raw_agent(tmp / "raw.sock", reply)
@@ -264,15 +266,15 @@ def _exchange(path: Path, data: bytes) -> dict[str, Any]:
         s.settimeout(5)
         s.connect(str(path))
         s.sendall(data)
-        return wire.recv_message(s)
+        return rpc.recv_message(s)
 
 
 @pytest.mark.parametrize("data, code", [
-    (struct.pack(">I", wire.MAX_FRAME + 1), wire.ERR_DECODE),
+    (struct.pack(">I", rpc.MAX_FRAME + 1), wire.ERR_DECODE),
     (struct.pack(">I", 7) + b"garbage", wire.ERR_DECODE),
-    (wire.encode_frame({"command": "ADD"}), wire.ERR_INVALID_ENV),
-    (wire.encode_frame({"command": "ADD", "container_id": "c1", "netns": "/x", "ifname": "eth0",
-                        "args": {}, "netconf": {"cniVersion": "9.9.9", "name": "n", "type": "t"}}),
+    (rpc.encode_frame({"command": "ADD"}), wire.ERR_INVALID_ENV),
+    (rpc.encode_frame({"command": "ADD", "container_id": "c1", "netns": "/x", "ifname": "eth0",
+                       "args": {}, "netconf": {"cniVersion": "9.9.9", "name": "n", "type": "t"}}),
      wire.ERR_INCOMPATIBLE_VERSION),
 ])
 def test_server_rejects_malformed_requests_and_keeps_serving(agent: Agent, data: bytes, code: int) -> None:
@@ -319,28 +321,7 @@ def test_server_replaces_stale_socket_but_not_other_files(tmp: Path) -> None:
         lt.stop()
 
 
-# ---- framing, pure ----
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
-def test_frame_round_trip(message: dict[str, Any]) -> None:
-    assert wire.decode_frame(wire.encode_frame(message)) == message
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=64))
-def test_garbage_frames_raise_wire_error_only(data: bytes) -> None:
-    try:
-        wire.decode_frame(data)
-    except WireError:
-        pass
-
+# ---- requests, pure ----
 
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(max_size=12), json_values, max_size=8))
@@ -349,14 +330,6 @@ def test_arbitrary_requests_raise_cni_error_only(obj: dict[str, Any]) -> None:
         CniRequest.from_wire(obj)
     except CniError:
         pass
-
-
-def test_oversize_frames_are_refused_both_ways() -> None:
-    with pytest.raises(WireError, match="exceeds"):
-        wire.encode_frame({"pad": "x" * wire.MAX_FRAME})
-    with pytest.raises(WireError, match="exceeds"):
-        wire.frame_length(struct.pack(">I", wire.MAX_FRAME + 1))
-    assert wire.frame_length(struct.pack(">I", wire.MAX_FRAME)) == wire.MAX_FRAME
 
 
 def test_cni_args_parsing() -> None:

@@ -1,0 +1,150 @@
+"""Pod netdev plumbing: a veth from the OVS namespace into the Pod's, its addresses, and its port on the bridge."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import ipaddress
+import logging
+import subprocess
+from typing import Iterator
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from policy_agent.cni.ipam import CHILD_PATH, IpamLease
+from policy_agent.cni.state import PodInterfaceInfo
+from policy_agent.cni.wire import ERR_INTERNAL, CniError, CniRequest
+from policy_agent.errors import OvsError
+from policy_agent.ovs.bridge import Ovsdb
+
+log = logging.getLogger(__name__)
+
+
+def host_ifname(container_id: str) -> str:
+    """The host end's name: stable per container, 13 characters (Linux allows 15)."""
+    return "np" + hashlib.sha1(container_id.encode()).hexdigest()[:11]
+
+
+def mac_for_ip(ip: str) -> str:
+    """02:00 + the IPv4 bytes: locally administered, unique while IPs are, readable in dumps."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(ip).packed)
+
+
+class Netdevs:
+    """Blocking netlink and OVSDB work for Pod interfaces on `bridge`, whose vswitchd runs in `ovs_netns`."""
+
+    def __init__(self, ovsdb: Ovsdb, bridge: str, ovs_netns: str) -> None:
+        self._ovsdb = ovsdb
+        self._bridge = bridge
+        self._ovs_netns = ovs_netns
+
+    def plumb(self, req: CniRequest, lease: IpamLease, host_if: str) -> tuple[str, int]:
+        """veth with the Pod end configured, host end up next to vswitchd, port on the bridge."""
+        ip, prefix = str(lease.address.ip), lease.address.network.prefixlen
+        try:
+            with self._ovs_ns() as hns, IPRoute(netns=req.netns, flags=0) as cns:
+                stale = hns.link_lookup(ifname=host_if)
+                if stale:  # left by an ADD of this container that died before recording state
+                    log.warning("ADD %s: removing stale %s", req.container_id, host_if)
+                    hns.link("del", index=stale[0])
+                # Created from the OVS namespace with the peer straight in the Pod's, so neither
+                # name ever appears in (or collides with) the host namespace.
+                hns.link("add", ifname=host_if, kind="veth",
+                         peer={"ifname": req.ifname, "net_ns_fd": req.netns})
+                hidx = hns.link_lookup(ifname=host_if)[0]
+                hns.link("set", index=hidx, state="up")
+                host_mac = str(hns.link("get", index=hidx)[0].get("address"))
+                cidx = cns.link_lookup(ifname=req.ifname)[0]
+                cns.link("set", index=cidx, address=mac_for_ip(ip))
+                cns.addr("add", index=cidx, address=ip, prefixlen=prefix)
+                cns.link("set", index=cidx, state="up")
+                for route in lease.routes:
+                    cns.route("add", dst=route["dst"], gateway=route.get("gw"), oif=cidx)
+        except (NetlinkError, OSError, IndexError) as exc:
+            raise CniError(ERR_INTERNAL, f"creating {host_if} / {req.ifname} in {req.netns} failed",
+                           f"{type(exc).__name__}: {exc}") from exc
+        # The userspace datapath forwards frames as read from AF_PACKET: with tx
+        # checksum offload on, the Pod's TCP/UDP checksums would stay partial.
+        _tx_off(self._ovs_netns_path(), host_if)
+        _tx_off(req.netns, req.ifname)
+        try:
+            ofport = self._ovsdb.add_port(self._bridge, host_if)
+        except OvsError as exc:
+            raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
+        return host_mac, ofport
+
+    def teardown(self, host_if: str) -> list[str]:
+        """Port off the bridge, veth gone (deleting the host end removes both); missing is fine."""
+        problems: list[str] = []
+        try:
+            self._ovsdb.del_port(self._bridge, host_if)
+        except OvsError as exc:
+            problems.append(str(exc))
+        try:
+            with self._ovs_ns() as hns:
+                for idx in hns.link_lookup(ifname=host_if):
+                    hns.link("del", index=idx)
+        except NetlinkError as exc:
+            if exc.code != errno.ENODEV:
+                problems.append(f"deleting {host_if}: {exc}")
+        except OSError as exc:
+            problems.append(f"deleting {host_if}: {exc}")
+        return problems
+
+    def inspect(self, info: PodInterfaceInfo) -> list[str]:
+        """What differs from `info` (CNI CHECK): the Pod end's MAC and address, the port and its ofport."""
+        problems: list[str] = []
+        want = f"{info.ip}/{info.prefix_len}"
+        try:
+            with IPRoute(netns=info.netns, flags=0) as cns:
+                idx = cns.link_lookup(ifname=info.ifname)
+                if not idx:
+                    problems.append(f"{info.ifname} is missing in {info.netns}")
+                else:
+                    mac = cns.link("get", index=idx[0])[0].get("address")
+                    if mac != info.mac:
+                        problems.append(f"{info.ifname} has MAC {mac}, expected {info.mac}")
+                    have = {f"{a.get('address')}/{a['prefixlen']}" for a in cns.addr("dump", index=idx[0])}
+                    if want not in have:
+                        problems.append(f"{info.ifname} lacks {want} (has {sorted(have)})")
+        except (NetlinkError, OSError) as exc:
+            problems.append(f"cannot inspect {info.netns}: {exc}")
+        try:
+            api = self._ovsdb.api
+            ports = api.list_ports(self._bridge).execute(check_error=True)
+            if info.host_ifname not in ports:
+                problems.append(f"{info.host_ifname} is not a port of {self._bridge}")
+            else:
+                got = api.db_get("Interface", info.host_ifname, "ofport").execute(check_error=True)
+                ofport = got[0] if isinstance(got, list) and got else got
+                if ofport != info.ofport:
+                    problems.append(f"{info.host_ifname} has ofport {ofport}, expected {info.ofport}")
+        except Exception as exc:  # ovsdbapp raises many types for "not there"
+            problems.append(f"cannot read {self._bridge} from OVSDB: {exc}")
+        return problems
+
+    def _ovs_netns_path(self) -> str:
+        ns = self._ovs_netns
+        return ns if not ns or "/" in ns else f"/run/netns/{ns}"
+
+    @contextlib.contextmanager
+    def _ovs_ns(self) -> Iterator[IPRoute]:
+        ipr = IPRoute(netns=self._ovs_netns, flags=0) if self._ovs_netns else IPRoute()
+        try:
+            yield ipr
+        finally:
+            ipr.close()
+
+
+def _tx_off(netns_path: str, ifname: str) -> None:
+    # nsenter takes the namespace as a path, which is what CNI_NETNS is
+    # (e.g. /proc/<pid>/ns/net); `ip netns exec` only knows /run/netns names.
+    cmd = ["ethtool", "-K", ifname, "tx", "off"]
+    if netns_path:
+        cmd = ["nsenter", f"--net={netns_path}", "--", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10, env={"PATH": CHILD_PATH})
+    if proc.returncode != 0:
+        raise CniError(ERR_INTERNAL, f"disabling tx checksum offload on {ifname} failed",
+                       proc.stderr.strip()[:500])

@@ -1,0 +1,105 @@
+"""Framing for the agent's unix sockets (CNI, local API): a 4-byte big-endian length, then UTF-8 JSON.
+
+Imports only the standard library: `npaudit cni` is exec'd once per Pod and loads this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from typing import Any, Mapping
+
+# 1 MiB is far above any real netconf or manifest request and caps what a peer can make us buffer.
+MAX_FRAME = 1 << 20
+_LEN = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """Bytes that are not a frame of this protocol; callers wrap it into their own protocol's error."""
+
+    def __init__(self, msg: str, details: str = "") -> None:
+        super().__init__(f"{msg}: {details}" if details else msg)
+        self.msg = msg
+        self.details = details
+
+
+class ConnectionClosed(FrameError):
+    """The peer closed the connection before a whole frame arrived."""
+
+
+# ---- pure ----
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _LEN.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """Body length announced by a 4-byte header; FrameError when over the cap."""
+    if len(header) != _LEN.size:
+        raise FrameError("truncated frame header")
+    (length,) = _LEN.unpack(header)
+    if length > MAX_FRAME:
+        raise FrameError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    return length
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FrameError("frame is not UTF-8 JSON", str(exc)[:200]) from exc
+    if not isinstance(obj, dict):
+        raise FrameError("frame must hold a JSON object")
+    return obj
+
+
+def decode_frame(data: bytes) -> dict[str, Any]:
+    """Decode one complete frame (header + body, nothing after it)."""
+    length = frame_length(data[:_LEN.size])
+    if len(data) != _LEN.size + length:
+        raise FrameError(f"frame announces {length} bytes but holds {len(data) - _LEN.size}")
+    return decode_body(data[_LEN.size:])
+
+
+# ---- over asyncio streams (the agent's servers) ----
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    try:
+        header = await reader.readexactly(_LEN.size)
+        body = await reader.readexactly(frame_length(header))
+    except asyncio.IncompleteReadError as exc:
+        raise ConnectionClosed("connection closed inside a frame", f"got {len(exc.partial)} bytes") from exc
+    return decode_body(body)
+
+
+async def write_message(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
+    writer.write(encode_frame(message))
+    await writer.drain()
+
+
+# ---- over a blocking socket (the clients: CNI plugin, CLI) ----
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 65536))
+        if not chunk:
+            raise ConnectionClosed("connection closed inside a frame", f"got {got} of {n} bytes")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any]:
+    length = frame_length(_recv_exactly(sock, _LEN.size))
+    return decode_body(_recv_exactly(sock, length))
