@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from auditlog import writer as writer_mod
+from auditlog import compressor as compressor_mod, writer as writer_mod
 from auditlog.chain import GENESIS, check_line
 from auditlog.fileset import audit_files, iter_lines
 from auditlog.verify import main as verify_main, verify
@@ -417,14 +417,14 @@ def test_rotation_interrupted_by_a_crash_is_finished_at_start(live, make_writer)
 
 def test_writing_and_rotation_go_on_while_compression_is_stuck(live, make_writer, monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    real_gzip = writer_mod._gzip_file
+    real_gzip = compressor_mod.gzip_file
 
     def stuck_gzip(src, dst, **kw):
         entered.set()
         release.wait(20)
         real_gzip(src, dst, **kw)
 
-    monkeypatch.setattr(writer_mod, "_gzip_file", stuck_gzip)
+    monkeypatch.setattr(compressor_mod, "gzip_file", stuck_gzip)
     w = make_writer(live, max_bytes=4096, backup_count=100)
     for i in range(100):
         assert w.submit(record(i))
@@ -446,14 +446,14 @@ def test_writing_and_rotation_go_on_while_compression_is_stuck(live, make_writer
 
 def test_compressed_file_keeps_the_age_of_its_records(live, make_writer, monkeypatch):
     made: list[Path] = []
-    real_gzip = writer_mod._gzip_file
+    real_gzip = compressor_mod.gzip_file
 
     def older_first(src, dst, **kw):
         os.utime(src.fileno(), (1_000_000_000, 1_000_000_000))  # as if written long ago
         made.append(dst)
         real_gzip(src, dst, **kw)
 
-    monkeypatch.setattr(writer_mod, "_gzip_file", older_first)
+    monkeypatch.setattr(compressor_mod, "gzip_file", older_first)
     w = make_writer(live, max_bytes=2048, backup_count=100)
     for i in range(40):
         w.submit(record(i))
@@ -463,7 +463,7 @@ def test_compressed_file_keeps_the_age_of_its_records(live, make_writer, monkeyp
 
 def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishes_it(live, make_writer,
                                                                                      monkeypatch):
-    real_gzip = writer_mod._gzip_file
+    real_gzip = compressor_mod.gzip_file
     slow = threading.Event()
 
     def slow_gzip(src, dst, *, abandon=None, **kw):
@@ -471,7 +471,7 @@ def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishe
         assert abandon is not None and abandon.wait(20)  # close gives up on the compression
         real_gzip(src, dst, abandon=abandon, **kw)
 
-    monkeypatch.setattr(writer_mod, "_gzip_file", slow_gzip)
+    monkeypatch.setattr(compressor_mod, "gzip_file", slow_gzip)
     w1 = make_writer(live, max_bytes=2048, backup_count=100)
     for i in range(30):
         w1.submit(record(i))
@@ -482,7 +482,7 @@ def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishe
     plain = [p for i, p in audit_files(live) if i and not p.name.endswith(".gz")]
     assert plain and not list(live.parent.glob(".*.tmp"))
     assert verify([live.parent]).ok
-    monkeypatch.setattr(writer_mod, "_gzip_file", real_gzip)
+    monkeypatch.setattr(compressor_mod, "gzip_file", real_gzip)
     live.with_name(f".{live.name}.gz-999.tmp").write_bytes(b"half a gzip")  # a crash mid-compression
     w2 = make_writer(live, max_bytes=2048, backup_count=100)
     assert w2.wait_compressed(10)
@@ -643,7 +643,7 @@ def test_a_file_that_cannot_be_compressed_stays_plain_counted_and_close_does_not
     def no_space(src, dst, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer_mod, "_gzip_file", no_space)
+    monkeypatch.setattr(compressor_mod, "gzip_file", no_space)
     w = make_writer(live, max_bytes=2048, backup_count=100)
     for i in range(40):
         w.submit(record(i))
