@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from contextlib import suppress
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,9 +32,37 @@ DEFAULT_PATH = Path("/var/log/npaudit/audit.jsonl")
 DIR_MODE = 0o750
 _DRAIN_MAX = 8192            # records per batch: bounds memory and time between queue checks
 _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writes
-STAT_KEYS = ("written", "batches", "bytes", "dropped_queue_full", "dropped_closed", "rotations",
-             "pruned", "unencodable", "write_errors", "lost_write_error", "chain_restarts", "compressed",
-             "compress_errors")
+
+
+@dataclass(frozen=True)
+class WriterEvents:
+    """The writer's counters, in the order they are exported."""
+
+    written: int
+    batches: int
+    bytes: int
+    dropped_queue_full: int
+    dropped_closed: int
+    rotations: int
+    pruned: int
+    unencodable: int
+    write_errors: int
+    lost_write_error: int
+    chain_restarts: int
+    compressed: int  # these two: the compressor's
+    compress_errors: int
+
+
+@dataclass(frozen=True)
+class WriterStats:
+    """A snapshot of the writer: its counters, its queue depth and the seq of the newest sealed record."""
+
+    events: WriterEvents
+    queued: int
+    seq: int
+
+
+STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
 
 
 # What submit takes: a record the pipeline built as canonical text, or any JSON object.
@@ -179,11 +208,15 @@ class AuditWriter:
         """(seq, chain) of the last record sealed."""
         return self._seq, self._chain
 
+    def snapshot(self) -> WriterStats:
+        c = self._compressor
+        events = WriterEvents(**self._counts, compressed=c.compressed, compress_errors=c.errors)
+        return WriterStats(events=events, queued=len(self._queue), seq=self._seq)
+
     @property
     def stats(self) -> dict[str, int]:
-        """Every counter, STAT_KEYS in order."""
-        c = self._compressor
-        return {**self._counts, "compressed": c.compressed, "compress_errors": c.errors}
+        """Every counter by name, STAT_KEYS in order."""
+        return asdict(self.snapshot().events)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._count_lock:  # producers on several threads
