@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import collections
-import copy
-import datetime as dt
 import fcntl
 import glob
 import logging
@@ -12,7 +10,6 @@ import os
 import sys
 import threading
 import time
-import uuid
 from contextlib import suppress
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
-from auditlog.chain import GENESIS, RecordText, seal
+from auditlog.chain import GENESIS, RecordText, chain_restart_record
 from auditlog.compressor import FILE_MODE, Compressor, remove_temporaries
 from auditlog.fileset import audit_files, scan_tail, set_lock
 from packetin.ratelimited_log import RateLimitedLog
@@ -65,36 +62,8 @@ class WriterStats:
 STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
 
 
-# What submit takes: a record the pipeline built as canonical text, or any JSON object.
-Record = RecordText | dict[str, Any]
-
-
-def _sealed_seq(record: Record) -> int:
-    return record.seq if type(record) is RecordText else record["npaudit"]["seq"]
-
-
 class AuditWriterError(RuntimeError):
     """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
-
-
-def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int, now: float,
-                         context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The state record that starts a new chain segment after bytes that are not a record.
-
-    `context` adds fields every record of the node carries (observer, orchestrator).
-    """
-    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
-    record: dict[str, Any] = copy.deepcopy(dict(context or {}))
-    record.update({
-        "@timestamp": stamp.replace("+00:00", "Z"),
-        "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
-                  "action": "chain-restart", "reason": "torn-write"},
-        "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
-                    f"that are not a complete record (a write cut short); last good seq {after_seq}"),
-        "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
-                                      "after_seq": after_seq}},
-    })
-    return record
 
 
 # --- rotation through concurrent-log-handler ---
@@ -119,7 +88,7 @@ class _JsonlHandler(ConcurrentRotatingFileHandler):
 
 
 class _WriteFailed(Exception):
-    def __init__(self, unwritten: list[Record], cause: BaseException) -> None:
+    def __init__(self, unwritten: list[RecordText], cause: BaseException) -> None:
         super().__init__(str(cause))
         self.unwritten = unwritten
 
@@ -156,7 +125,7 @@ class AuditWriter:
         self._clock = clock
         self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
         self._counts: dict[str, int] = dict.fromkeys(STAT_KEYS[:-2], 0)  # the compressor counts the last two
-        self._queue: collections.deque[Any] = collections.deque()
+        self._queue: collections.deque[RecordText | threading.Event] = collections.deque()
         self._wake = threading.Event()
         self._abandon = threading.Event()
         self._count_lock = threading.Lock()
@@ -165,7 +134,7 @@ class AuditWriter:
         self._handler: _JsonlHandler | None = None
         self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
-        self._restart: dict[str, Any] | None = None  # the latest chain-restart record made
+        self._restart: RecordText | None = None  # the latest chain-restart record made
         self._errors = RateLimitedLog(log, 10.0)
         # Renames in the file set (rotation, retention, a compressed file put in place)
         # happen under this lock, so the compressor never races a rotation.
@@ -174,7 +143,7 @@ class AuditWriter:
 
     # --- producer side (any thread) ---
 
-    def submit(self, record: Record) -> bool:
+    def submit(self, record: RecordText) -> bool:
         """Queue `record` (the writer now owns it and sets npaudit.seq/chain); False if full or closed."""
         if self._closing:
             self._count("dropped_closed")
@@ -341,8 +310,8 @@ class AuditWriter:
         except Exception:
             log.critical("audit writer thread failed; records now queue up and are dropped", exc_info=True)
 
-    def _take(self) -> tuple[list[Record], list[threading.Event]]:
-        records: list[Record] = []
+    def _take(self) -> tuple[list[RecordText], list[threading.Event]]:
+        records: list[RecordText] = []
         done: list[threading.Event] = []
         queue = self._queue
         while queue and len(records) < _DRAIN_MAX:
@@ -353,7 +322,7 @@ class AuditWriter:
                 records.append(item)
         return records, done
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, records: list[RecordText]) -> None:
         """Write `records`; on a failed write resynchronise with the disk and retry until closed."""
         delay = 0.05
         resync = False
@@ -364,7 +333,7 @@ class AuditWriter:
                     stale = self._restart  # superseded: a new one names the damage as it is now
                     restart = self._resync()
                     # Records up to the seq on disk made it in full; the rest are sealed again.
-                    records = [r for r in records if r is not stale and _sealed_seq(r) > self._seq]
+                    records = [r for r in records if r is not stale and r.seq > self._seq]
                     if restart is not None:
                         records.insert(0, restart)
                     self._handler = self._new_handler()
@@ -384,17 +353,13 @@ class AuditWriter:
                 return
             delay = min(delay * 2, 5.0)
 
-    def _emit_records(self, records: list[Record]) -> None:
-        sealed: list[tuple[Record, str]] = []
+    def _emit_records(self, records: list[RecordText]) -> None:
+        sealed: list[tuple[RecordText, str]] = []
         seq, chain = self._seq, self._chain
         for record in records:
             try:
-                if type(record) is RecordText:  # the pipeline's records: canonical text already
-                    line, next_chain = record.seal(chain, seq + 1)
-                else:
-                    line = seal(record, chain, seq + 1)
-                    next_chain = record["npaudit"]["chain"]
-            except (TypeError, ValueError, RecursionError, AttributeError) as exc:
+                line, next_chain = record.seal(chain, seq + 1)
+            except (ValueError, AttributeError) as exc:  # not ASCII (a bug upstream); not a RecordText
                 self._counts["unencodable"] += 1
                 self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
                 continue
@@ -437,7 +402,7 @@ class AuditWriter:
 
     # --- disk state: resume, repair, retention ---
 
-    def _resync(self) -> dict[str, Any] | None:
+    def _resync(self) -> RecordText | None:
         """Take seq/chain from the newest record on disk; a chain-restart record if damage follows it."""
         self._restart = None
         damage: tuple[Path, int, int, int] | None = None  # path, offset, line, bytes
@@ -456,10 +421,10 @@ class AuditWriter:
         if damage is None:
             return None
         path, offset, line, nbytes = damage
-        self._restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
-                                             context=self.state_fields,
-                                             after_seq=after_seq, now=self._clock())
-        log.warning("audit log %s: %s", self.path, self._restart["message"])
+        restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
+                                       context=self.state_fields, after_seq=after_seq, now=self._clock())
+        self._restart = RecordText.of(restart)
+        log.warning("audit log %s: %s", self.path, restart["message"])
         self._counts["chain_restarts"] += 1
         return self._restart
 

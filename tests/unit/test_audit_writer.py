@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from auditlog import compressor as compressor_mod, writer as writer_mod
-from auditlog.chain import GENESIS, check_line
+from auditlog.chain import GENESIS, RecordText, check_line
 from auditlog.fileset import audit_files, iter_lines
 from auditlog.verify import main as verify_main, verify
 from auditlog.writer import AuditWriter
@@ -23,7 +23,11 @@ from auditlog.writer import AuditWriter
 DAY = 86400.0
 
 
-def record(i: int) -> dict[str, Any]:
+def record(i: int) -> RecordText:
+    return RecordText.of(record_fields(i))
+
+
+def record_fields(i: int) -> dict[str, Any]:
     return {"@timestamp": "2024-05-01T02:14:03.512Z", "event": {"action": "dropped", "id": f"e{i}"},
             "source": {"ip": "10.0.0.5", "port": 40000 + i % 20000}, "destination": {"ip": "10.0.1.7", "port": 80},
             "rule": {"name": 'deny "all"\nnext-line \u2028 é'}, "npaudit": {"disposition": "Drop"}}
@@ -73,7 +77,7 @@ def test_lone_record_reaches_the_file_at_once(live, make_writer):
     assert time.perf_counter() - t1 < 0.1
     got = lines_of(live)
     assert [r["npaudit"]["seq"] for r in got] == [1, 2]
-    assert got[0]["rule"]["name"] == record(1)["rule"]["name"]
+    assert got[0]["rule"]["name"] == record_fields(1)["rule"]["name"]
     assert w.stats["written"] == 2 and w.stats["batches"] == 2
 
 
