@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import collections
 import fcntl
-import glob
 import logging
 import os
-import sys
 import threading
 import time
 from contextlib import suppress
@@ -15,11 +13,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from concurrent_log_handler import ConcurrentRotatingFileHandler
-
 from auditlog.chain import GENESIS, RecordText, chain_restart_record
-from auditlog.compressor import FILE_MODE, Compressor, remove_temporaries
+from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import audit_files, scan_tail, set_lock
+from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -66,27 +63,6 @@ class AuditWriterError(RuntimeError):
     """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
 
 
-# --- rotation through concurrent-log-handler ---
-
-class _JsonlHandler(ConcurrentRotatingFileHandler):
-    """ConcurrentRotatingFileHandler that hands write errors back and leaves compression to the writer.
-
-    With use_gzip the library shifts .N and .N.gz alike; do_gzip compresses
-    nothing, so the rotated file lands as a plain .1 and the writer's Compressor
-    turns it into .1.gz later, off the write path.
-    """
-
-    error: BaseException | None = None
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        # logging's default prints a traceback and forgets the batch; the writer
-        # must know, so it can resynchronise with the disk and retry.
-        self.error = sys.exc_info()[1]
-
-    def do_gzip(self, input_filename: str) -> None:
-        return
-
-
 class _WriteFailed(Exception):
     def __init__(self, unwritten: list[RecordText], cause: BaseException) -> None:
         super().__init__(str(cause))
@@ -131,7 +107,7 @@ class AuditWriter:
         self._count_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._handler: _JsonlHandler | None = None
+        self._handler: JsonlHandler | None = None
         self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
         self._restart: RecordText | None = None  # the latest chain-restart record made
@@ -200,7 +176,7 @@ class AuditWriter:
         try:
             self._prepare_directory()
             self._take_ownership()
-            self._finish_interrupted_rotation()
+            finish_interrupted_rotation(self.path)
             self._prune()
             restart = self._resync()
             if restart is not None:
@@ -281,8 +257,8 @@ class AuditWriter:
             os.close(self._owner_fd)  # closing releases the lock
             self._owner_fd = -1
 
-    def _new_handler(self) -> _JsonlHandler:
-        handler = _JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
+    def _new_handler(self) -> JsonlHandler:
+        handler = JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
                                 encoding="ascii", use_gzip=self.compress, chmod=FILE_MODE, newline="")
         return handler
 
@@ -431,50 +407,5 @@ class AuditWriter:
     def _prune(self) -> None:
         # The set's file lock too: `npaudit verify` lists the set under it.
         with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
-            self._prune_locked()
-
-    def _prune_locked(self) -> None:
-        horizon = self._clock() - self.max_age_days * 86400 if self.max_age_days else None
-        for index, path in audit_files(self.path):
-            if index == 0:
-                continue
-            try:
-                if index > self.backup_count or (horizon is not None and path.stat().st_mtime < horizon):
-                    path.unlink()
-                    self._counts["pruned"] += 1
-                    log.info("audit log: removed %s (retention: %d files, %s days)",
-                             path, self.backup_count, self.max_age_days)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                self._errors.log(logging.WARNING, "prune", "audit log: cannot remove %s: %s", path, exc)
-
-    def _finish_interrupted_rotation(self) -> None:
-        """Put a file left as audit.jsonl.rotate.N[.gz] by a crash mid-rotation in place as .1[.gz]
-        (the compressor gzips a plain one), and drop half-compressed temporaries."""
-        remove_temporaries(self.path)
-        pattern = glob.escape(str(self.path)) + ".rotate.*"
-        for name in sorted(glob.glob(pattern), key=os.path.getmtime):
-            src = Path(name)
-            if not src.exists():
-                continue
-            if src.name.endswith(".gz"):
-                if Path(name[:-3]).exists():
-                    src.unlink()  # a half-written .gz next to its whole source
-                    continue
-            self._shift_rotated()
-            suffix = ".gz" if src.name.endswith(".gz") else ""
-            dest = self.path.with_name(f"{self.path.name}.1{suffix}")
-            os.replace(src, dest)
-            log.warning("audit log: finished a rotation interrupted by a crash: %s -> %s", name, dest.name)
-
-    def _shift_rotated(self) -> None:
-        # As the library does: move the contiguous run .1, .2, ... up by one, oldest first.
-        existing = {index: path for index, path in audit_files(self.path) if index}
-        run = 0
-        while run + 1 in existing:
-            run += 1
-        for index in range(run, 0, -1):
-            src = existing[index]
-            suffix = ".gz" if src.name.endswith(".gz") else ""
-            os.replace(src, self.path.with_name(f"{self.path.name}.{index + 1}{suffix}"))
+            pruned = prune_rotated(self.path, self.backup_count, self.max_age_days, self._clock(), self._errors)
+        self._counts["pruned"] += pruned

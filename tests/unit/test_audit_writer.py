@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from auditlog import compressor as compressor_mod, writer as writer_mod
+from auditlog import compressor as compressor_mod, rotation as rotation_mod, writer as writer_mod
 from auditlog.chain import GENESIS, RecordText, check_line
 from auditlog.fileset import audit_files, iter_lines
 from auditlog.verify import main as verify_main, verify
@@ -313,14 +313,14 @@ def test_complete_last_record_without_newline_just_continues(live, make_writer):
 
 def test_submit_never_blocks_while_rotation_is_stuck(live, make_writer, monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    real_gzip = writer_mod._JsonlHandler.do_gzip
+    real_gzip = rotation_mod.JsonlHandler.do_gzip
 
     def stuck_gzip(self, name):
         entered.set()
         release.wait(20)
         real_gzip(self, name)
 
-    monkeypatch.setattr(writer_mod._JsonlHandler, "do_gzip", stuck_gzip)
+    monkeypatch.setattr(rotation_mod.JsonlHandler, "do_gzip", stuck_gzip)
     w = make_writer(live, max_bytes=65536, backup_count=100, queue_size=5000)
     accepted = refused = 0
     i = 0
@@ -369,7 +369,7 @@ def text_record(i: int) -> Any:
 
 @pytest.mark.parametrize("make_record", [record, text_record], ids=["dict", "RecordText"])
 def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_writer, monkeypatch, make_record):
-    real_write = writer_mod._JsonlHandler.do_write
+    real_write = rotation_mod.JsonlHandler.do_write
     calls = [0]
 
     def disk_full_once(self, msg):
@@ -382,7 +382,7 @@ def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_write
         self.stream.flush()
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer_mod._JsonlHandler, "do_write", disk_full_once)
+    monkeypatch.setattr(rotation_mod.JsonlHandler, "do_write", disk_full_once)
     w = make_writer(live)
     for i in range(8):
         w.submit(make_record(i))
