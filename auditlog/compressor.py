@@ -138,7 +138,9 @@ class Compressor:
         deadline = time.monotonic() + timeout
         thread = self._thread
         while thread is not None:
-            if self.next_plain_rotated() is None:
+            with self._files_lock:
+                idle = self.next_plain_rotated() is None
+            if idle:
                 return True
             if time.monotonic() >= deadline or not thread.is_alive():
                 return False
@@ -193,4 +195,4 @@ class Compressor:
                     return
                 os.replace(tmp, now_at.with_name(now_at.name + ".gz"))
                 now_at.unlink()
-        self.compressed += 1
+                self.compressed += 1  # under the lock: wait_idle never sees the file gone but uncounted

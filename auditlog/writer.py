@@ -205,7 +205,9 @@ class AuditWriter:
                 self._abandon.set()  # stop retrying a failing disk
                 self._compressor.abandon()
                 self._thread.join(5.0)
-        self._compressor.stop(deadline - time.monotonic())
+        if not self._compressor.stop(deadline - time.monotonic()):
+            log.info("audit log %s: compression stopped at close; rotated files left plain are "
+                     "compressed at the next start", self.path)
         left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
         if left:
             self._count("dropped_closed", left)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gzip
 import json
+import logging
 import os
 import stat
 import threading
@@ -64,17 +65,18 @@ def make_writer() -> Iterator[Callable[..., AuditWriter]]:
 
 
 def test_lone_record_reaches_the_file_at_once(live, make_writer):
-    w = make_writer(live)
-    t0 = time.perf_counter()
+    # No batching window: with the writer's clock frozen, no flush and no second record,
+    # the first record still reaches the file (the latency itself: bench/auditlog_throughput.py).
+    w = make_writer(live, clock=lambda: 1e9)
     assert w.submit(record(1))
-    # Without asking for a flush: poll the file as a tailing reader would.
-    while not (live.exists() and live.read_bytes().endswith(b"\n")):
-        assert time.perf_counter() - t0 < 0.1, "a lone record took more than 100 ms to reach the file"
+    # Without asking for a flush: poll the file as a tailing reader would (5 s: a hang guard).
+    for _ in range(5000):
+        if live.exists() and live.read_bytes().endswith(b"\n"):
+            break
         time.sleep(0.001)
-    t1 = time.perf_counter()
+    assert [r["npaudit"]["seq"] for r in lines_of(live)] == [1], "a lone record never reached the file"
     assert w.submit(record(2))
-    assert w.flush_wait(0.1)
-    assert time.perf_counter() - t1 < 0.1
+    assert w.flush_wait(5)
     got = lines_of(live)
     assert [r["npaudit"]["seq"] for r in got] == [1, 2]
     assert got[0]["rule"]["name"] == record_fields(1)["rule"]["name"]
@@ -257,7 +259,7 @@ def test_torn_last_line_starts_a_new_segment_that_verify_accepts(live, make_writ
     data = live.read_bytes()
     last_start = data.rstrip(b"\n").rfind(b"\n") + 1
     live.write_bytes(data[:-25])  # the agent died in the middle of writing seq 10
-    w2 = make_writer(live, state_fields={"observer": {"hostname": "node-1"}})
+    w2 = make_writer(live, state_fields={"observer": {"hostname": "node-1"}}, clock=lambda: 1_000_000_000.123)
     assert w2.stats["chain_restarts"] == 1
     for i in range(10, 15):
         w2.submit(record(i))
@@ -266,6 +268,7 @@ def test_torn_last_line_starts_a_new_segment_that_verify_accepts(live, make_writ
     assert raws[9] == data[last_start:-25] + b"\n"  # the torn bytes stay, ended by a newline
     restart = json.loads(raws[10])
     assert restart["event"]["kind"] == "state" and restart["event"]["action"] == "chain-restart"
+    assert restart["@timestamp"] == "2001-09-09T01:46:40.123Z"  # the writer's injected clock
     assert restart["observer"] == {"hostname": "node-1"} and len(restart["event"]["id"]) == 32
     assert restart["npaudit"]["chain_restart"]["line"] == 10
     assert restart["npaudit"]["chain_restart"]["offset"] == last_start
@@ -315,9 +318,12 @@ def test_submit_never_blocks_while_rotation_is_stuck(live, make_writer, monkeypa
     entered, release = threading.Event(), threading.Event()
     real_gzip = rotation_mod.JsonlHandler.do_gzip
 
+    left = threading.Event()
+
     def stuck_gzip(self, name):
         entered.set()
         release.wait(20)
+        left.set()
         real_gzip(self, name)
 
     monkeypatch.setattr(rotation_mod.JsonlHandler, "do_gzip", stuck_gzip)
@@ -328,17 +334,11 @@ def test_submit_never_blocks_while_rotation_is_stuck(live, make_writer, monkeypa
         ok = w.submit(record(i))
         accepted, refused, i = accepted + ok, refused + (not ok), i + 1
         assert i < 200_000, "rotation never started"
-    took = []
     for _ in range(20_000):  # the writer thread sits in the rotation all along
-        t = time.perf_counter()
         ok = w.submit(record(i))
-        took.append(time.perf_counter() - t)
         accepted, refused, i = accepted + ok, refused + (not ok), i + 1
-    assert not release.is_set() and w.queued >= 4999
-    took.sort()
-    # Blocking on the writer would take the 20 s the rotation is held for; the
-    # worst case allows for this machine's scheduler, the 99th percentile not.
-    assert took[-1] < 0.5 and took[int(len(took) * 0.99)] < 0.001 and sum(took) < 1.0, took[-5:]
+    # Every submit returned while the rotation was still held: none waited for the writer.
+    assert not release.is_set() and not left.is_set() and w.queued >= 4999
     assert refused > 0 and w.stats["dropped_queue_full"] == refused
     release.set()
     assert w.flush_wait(20)
@@ -466,13 +466,15 @@ def test_compressed_file_keeps_the_age_of_its_records(live, make_writer, monkeyp
 
 
 def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishes_it(live, make_writer,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, caplog):
     real_gzip = compressor_mod.gzip_file
     slow = threading.Event()
 
+    abandoned: list[bool] = []
+
     def slow_gzip(src, dst, *, abandon=None, **kw):
         slow.set()
-        assert abandon is not None and abandon.wait(20)  # close gives up on the compression
+        abandoned.append(abandon is not None and abandon.wait(20))  # close gives up on the compression
         real_gzip(src, dst, abandon=abandon, **kw)
 
     monkeypatch.setattr(compressor_mod, "gzip_file", slow_gzip)
@@ -480,9 +482,10 @@ def test_close_leaves_an_unfinished_compression_plain_and_the_next_start_finishe
     for i in range(30):
         w1.submit(record(i))
     assert w1.flush_wait(5) and slow.wait(5)
-    t = time.monotonic()
-    assert w1.close(timeout=0.5)  # every record written; only the compression is left
-    assert time.monotonic() - t < 5
+    with caplog.at_level(logging.INFO, logger="auditlog.writer"):
+        assert w1.close(timeout=0.5)  # every record written; only the compression is left
+    # close abandoned the compression (not waited out its 20 s) and the compressor has ended.
+    assert abandoned == [True] and "compression stopped at close" in caplog.text
     plain = [p for i, p in audit_files(live) if i and not p.name.endswith(".gz")]
     assert plain and not list(live.parent.glob(".*.tmp"))
     assert verify([live.parent]).ok
@@ -594,8 +597,10 @@ def test_a_cut_short_live_line_is_damage_unless_the_file_is_still_growing(live, 
     live.write_bytes(whole[:-20])
     files, _, pinned = pin_files([live])
     sizes = iter([False, False, True])  # the writer finishes the line while verify looks
-    walk = _Walk(files, pinned.open, lambda path, size: next(sizes))
+    naps: list[float] = []
+    walk = _Walk(files, pinned.open, lambda path, size: next(sizes), sleep=naps.append)
     assert walk.run() is None and walk.records == 4
+    assert len(naps) == 2  # looked three times, waiting between looks
     assert any("being written" in warning for warning in walk.warnings)
     pinned.close()
 
@@ -643,7 +648,7 @@ def test_a_record_text_that_is_not_ascii_is_skipped_and_the_writer_goes_on(live,
 
 
 def test_a_file_that_cannot_be_compressed_stays_plain_counted_and_close_does_not_hang(live, make_writer,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, caplog):
     def no_space(src, dst, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -652,9 +657,10 @@ def test_a_file_that_cannot_be_compressed_stays_plain_counted_and_close_does_not
     for i in range(40):
         w.submit(record(i))
     assert w.flush_wait(5)
-    t = time.monotonic()
-    assert w.close(timeout=10)
-    assert time.monotonic() - t < 2
+    with caplog.at_level(logging.INFO, logger="auditlog.writer"):
+        assert w.close(timeout=10)
+    # The compressor ended by itself after the failure: close had nothing to abandon.
+    assert "compression stopped at close" not in caplog.text
     assert w.stats["compress_errors"] >= 1 and w.stats["compressed"] == 0
     assert all(not p.name.endswith(".gz") for _, p in audit_files(live))
     result = verify([live.parent])
