@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, TypeAlias
 
 # (rule id, disposition, direction, src, dst, protocol, dst port or ICMP type): the caller
@@ -37,6 +38,21 @@ class Emission(NamedTuple):
 # tuple.__new__ with all fields in order: skips the NamedTuple's Python-level __new__
 # on the per-packet paths.
 _new: Callable[..., Emission] = tuple.__new__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class AggregatorStats:
+    """A snapshot of the aggregator's counters and of what its open windows hold."""
+
+    packets_in: int
+    records_out: int
+    packets_out: int
+    offloaded_packets_in: int
+    offloaded_packets_out: int
+    evicted_early: int
+    clock_steps: int
+    open_windows: int
+    packets_held: int  # in open windows, not yet in any record
 
 
 class _Window:
@@ -107,6 +123,9 @@ class Aggregator:
             "clock_steps": self._clock_steps,
             "open_windows": len(self._open),
         }
+
+    def snapshot(self) -> AggregatorStats:
+        return AggregatorStats(**self.stats, packets_held=self._held)
 
     def packets_held(self) -> int:
         """OVS packets accumulated in open windows, not yet in any record."""

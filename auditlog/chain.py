@@ -42,11 +42,14 @@ forwarded copy is what makes that visible.
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import hashlib
 import json
 import json.encoder
 import re
-from typing import Any, Callable
+import uuid
+from typing import Any, Callable, Mapping
 
 try:
     import orjson as _orjson
@@ -127,26 +130,6 @@ def _hash(prev_chain: str, body: str) -> str:
     return hashlib.sha256(f"{prev_chain}\n{body}".encode("ascii")).hexdigest()
 
 
-def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
-    """Set npaudit.seq and npaudit.chain on `record` and return its line (no "\\n").
-
-    Raises TypeError or ValueError for a record that cannot be encoded (then the
-    record may carry the new seq but no chain; the caller skips it).
-    """
-    meta = record.get("npaudit")
-    if meta is None:
-        meta = record["npaudit"] = {}
-    elif not isinstance(meta, dict):
-        raise TypeError("record['npaudit'] must be an object")
-    meta.pop("chain", None)  # a record sealed again must not hash its old chain
-    meta["seq"] = seq
-    # Two encodes (body, then line): with orjson each costs ~2 us, less than
-    # encoding the parts once and splicing them.
-    chain = _hash(prev_chain, _encode(record))
-    meta["chain"] = chain
-    return _encode(record)
-
-
 class RecordText:
     """A record already in canonical form, with its two chain fields left open.
 
@@ -182,6 +165,51 @@ class RecordText:
         """The record as a dict (seq as sealed, no chain): for tests and tools, not the hot path."""
         parsed: dict[str, Any] = json.loads(self.body(self.seq))
         return parsed
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> RecordText:
+        """The RecordText of a record given as a dict; its npaudit.seq and npaudit.chain, if any, are ignored.
+
+        For the rare record not built by auditlog.record (the writer's chain-restart
+        record). The canonical form sorts keys at every level, so the text is the
+        members encoded one by one, npaudit's split around "chain" and "seq". Raises
+        TypeError or ValueError for what it cannot hold (NaN, a set, a non-object npaudit).
+        """
+        meta = record.get("npaudit", {})
+        if not isinstance(meta, dict):
+            raise TypeError("record['npaudit'] must be an object")
+        outer = sorted(k for k in record if k != "npaudit")
+        inner = sorted(k for k in meta if k not in ("chain", "seq"))
+        head = ("{" + "".join(_member(k, record[k]) + "," for k in outer if k < "npaudit") + '"npaudit":{'
+                + "".join(_member(k, meta[k]) + "," for k in inner if k < "chain"))
+        mid = "".join(_member(k, meta[k]) + "," for k in inner if k < "seq" and k > "chain") + '"seq":'
+        tail = ("".join("," + _member(k, meta[k]) for k in inner if k > "seq") + "}"
+                + "".join("," + _member(k, record[k]) for k in outer if k > "npaudit") + "}")
+        return cls(head, mid, tail)
+
+
+def _member(key: str, value: Any) -> str:
+    return f"{_encode(key)}:{_encode(value)}"
+
+
+def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int, now: float,
+                         context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The state record that starts a new chain segment after bytes that are not a record.
+
+    `context` adds fields every record of the node carries (observer, orchestrator).
+    """
+    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
+    record: dict[str, Any] = copy.deepcopy(dict(context or {}))
+    record.update({
+        "@timestamp": stamp.replace("+00:00", "Z"),
+        "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
+                  "action": "chain-restart", "reason": "torn-write"},
+        "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
+                    f"that are not a complete record (a write cut short); last good seq {after_seq}"),
+        "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
+                                      "after_seq": after_seq}},
+    })
+    return record
 
 
 _sha256 = hashlib.sha256

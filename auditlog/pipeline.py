@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
-from auditlog.aggregate import Aggregator, Emission
+from auditlog.aggregate import Aggregator, AggregatorStats, Emission
+from auditlog.chain import RecordText
 from auditlog.packet import decode_frame
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
@@ -25,8 +27,25 @@ log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
 
 
+class RecordSink(Protocol):
+    """Where the pipeline's records go (AuditWriter): never blocks, False when it refuses one."""
+
+    def submit(self, record: RecordText) -> bool: ...
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """A snapshot of the pipeline's counters and its aggregator's."""
+
+    packet_ins: int
+    records: int  # queued at the writer
+    writer_full: int  # refused by the writer
+    decode_truncated: int
+    aggregator: AggregatorStats
+
+
 class AuditPipeline:
-    def __init__(self, ctx: RecordContext, writer: Any, aggregator: Aggregator,
+    def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregator,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._encode = RecordEncoder(ctx).encode_positional
         self._writer = writer
@@ -100,6 +119,9 @@ class AuditPipeline:
     @property
     def aggregator(self) -> Aggregator:
         return self._agg
+
+    def snapshot(self) -> PipelineStats:
+        return PipelineStats(**self.stats, aggregator=self._agg.snapshot())
 
     async def close(self) -> None:
         """Write what the open windows hold, then stop the timer."""

@@ -1,9 +1,8 @@
-"""The ECS-aligned audit record (DESIGN.md §5): build one from a packet-in, serialise it to one line."""
+"""The ECS-aligned audit record (DESIGN.md §5): a packet-in encoded straight to the chain's canonical text."""
 
 from __future__ import annotations
 
 import enum
-import json
 import math
 import time
 import itertools
@@ -15,8 +14,8 @@ from auditlog.chain import RecordText, encode
 from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 
-__all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "build_record", "clean_text",
-           "dumps_record", "format_timestamp", "ACTIONS", "DISPOSITIONS"]
+__all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
+           "ACTIONS", "DISPOSITIONS"]
 
 # reg7[0..3] -> (npaudit.disposition, event.action, the verdict word of event.type).
 # Pass hands the packet to the next policy layer: it is neither allowed nor denied
@@ -110,22 +109,6 @@ class RecordContext:
 
 def _enum_value(value: Any) -> str:
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
-
-
-def _epoch_ms(t: float) -> int:
-    # Nearest millisecond: epoch floats carry binary noise (….512 may be ….51199999),
-    # which truncation would turn into the previous millisecond.
-    return round(t * 1000)
-
-
-def _format_ms(ms: int) -> str:
-    seconds, millis = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + ".%03dZ" % millis
-
-
-def format_timestamp(t: float) -> str:
-    """Epoch seconds -> '2026-11-30T02:14:03.512Z' (UTC, nearest millisecond)."""
-    return _format_ms(_epoch_ms(t))
 
 
 def _text(value: Any) -> str:
@@ -270,7 +253,9 @@ class RecordEncoder:
                       f'"ovs":{{"cookie":"0x{cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{port}"table":{table}}},')
 
     def _timestamp(self, t: float) -> str:
-        ms = round(t * 1000)  # see _epoch_ms
+        # UTC, nearest millisecond: epoch floats carry binary noise (….512 may be
+        # ….51199999), which truncation would turn into the previous millisecond.
+        ms = round(t * 1000)
         if ms == self._ms:  # under load, dozens of records share a millisecond
             return self._ms_text
         seconds, millis = divmod(ms, 1000)
@@ -352,30 +337,6 @@ def _cache(cache: dict[Any, Any], key: Any, value: Any) -> Any:
     return value
 
 
-def build_record(ctx: RecordContext, pin: PacketIn, summary: PacketSummary, *, packets: int, bytes_: int,
-                 first: float, last: float, offloaded_packets: int = 0, seq: int,
-                 chain: str | None = None) -> dict[str, Any]:
-    """RecordEncoder.encode as a dict with npaudit.seq (and npaudit.chain if given): for tests and tools."""
-    text = RecordEncoder(ctx).encode(pin, summary, packets=packets, bytes_=bytes_, first=first, last=last,
-                                     offloaded_packets=offloaded_packets)
-    text.seq = seq
-    record = text.record()
-    if chain is not None:
-        record["npaudit"]["chain"] = chain
-    return record
-
-
-# ---- serialisation -----------------------------------------------------------------------
-
-# ASCII, like the hash chain's canonical form (auditlog/chain.py), whose verifier
-# reads lines as ASCII: every non-ASCII character is a \uXXXX escape, so no Pod
-# name or label (newline, U+2028, NUL, ...) can break a line or a syslog frame,
-# and the line survives any downstream charset. Insertion order, @timestamp first.
-_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False,
-                            default=lambda o: _enum_value(o) if isinstance(o, enum.Enum) else str(o))
-_MAX_DEPTH = 32
-
-
 def clean_text(value: str) -> str:
     """`value` as valid Unicode: each lone surrogate becomes U+FFFD, and two surrogate
     code points that form a pair become the character they encode."""
@@ -386,74 +347,3 @@ def clean_text(value: str) -> str:
         return value
     except UnicodeEncodeError:
         return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def dumps_record(record: dict[str, Any]) -> str:
-    """One line of compact ASCII JSON (no newline at the end). Never raises.
-
-    Strings are written as clean_text() gives them (lone surrogates as U+FFFD).
-    What JSON cannot express is dropped (NaN, infinities, cycles, nesting deeper
-    than 32, integers too long to print) or stringified (non-string keys, other
-    objects); a record that defeats even that is written as {}.
-    """
-    try:
-        line = _ENCODER.encode(record)
-    except Exception:  # NaN, a cycle, an odd key or object: keep what JSON can say
-        return _dumps_sanitized(record)
-    # A surrogate escape is either half of a non-BMP character (fine) or a lone
-    # surrogate (not Unicode); only then pay for the walk that tells them apart.
-    if "\\ud" in line:
-        return _dumps_sanitized(record)
-    return line
-
-
-def _dumps_sanitized(record: Any) -> str:
-    try:
-        return _ENCODER.encode(_sanitize(record, 0, set()))
-    except Exception:  # a container whose iteration itself fails
-        return "{}"
-
-
-def _sanitize(value: Any, depth: int, seen: set[int]) -> Any:
-    """A JSON-safe copy: clean text, keys as str, no NaN/inf, no cycles, bounded depth; else `_DROP`."""
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else _DROP
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            int.__repr__(value)  # ints past sys.get_int_max_str_digits() cannot be written
-        except ValueError:
-            return _DROP
-        return value
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, enum.Enum):
-        return _sanitize(value.value, depth, seen)
-    if isinstance(value, (dict, list, tuple)):
-        if depth >= _MAX_DEPTH or id(value) in seen:
-            return _DROP
-        seen.add(id(value))
-        try:
-            if isinstance(value, dict):
-                out_d = {}
-                for k, v in value.items():
-                    v2 = _sanitize(v, depth + 1, seen)
-                    if v2 is not _DROP:
-                        out_d[clean_text(k) if isinstance(k, str) else _safe_str(k)] = v2
-                return out_d
-            out_l = [_sanitize(v, depth + 1, seen) for v in value]
-            return [v for v in out_l if v is not _DROP]
-        finally:
-            seen.discard(id(value))
-    return _safe_str(value)
-
-
-def _safe_str(value: Any) -> str:
-    try:
-        return clean_text(str(value))
-    except Exception:  # a hostile __str__ must not cost the record
-        return "<unprintable>"
-
-
-_DROP = object()

@@ -94,6 +94,7 @@ class _Walk:
     files: list[Path]
     opener: Callable[[Path], IO[bytes]] = open_audit_file
     growing: Callable[[Path, int], bool] = lambda path, size: False  # has the file grown past size?
+    sleep: Callable[[float], None] = time.sleep  # between looks at a live file being written
     prev_seq: int | None = None
     prev_chain: str = GENESIS
     prev_pos: tuple[int, int] = (0, 0)       # (file index, line) of the last good record
@@ -132,7 +133,7 @@ class _Walk:
         for _ in range(10):  # a batch write lands within milliseconds
             if self.growing(path, end):
                 return True
-            time.sleep(0.02)
+            self.sleep(0.02)
         return False
 
     def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:

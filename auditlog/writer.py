@@ -3,139 +3,68 @@
 from __future__ import annotations
 
 import collections
-import copy
-import datetime as dt
 import fcntl
-import glob
-import gzip
 import logging
 import os
-import sys
 import threading
 import time
-import uuid
 from contextlib import suppress
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from concurrent_log_handler import ConcurrentRotatingFileHandler
-
-from auditlog.chain import GENESIS, RecordText, seal
+from auditlog.chain import GENESIS, RecordText, chain_restart_record
+from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import audit_files, scan_tail, set_lock
+from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 DEFAULT_PATH = Path("/var/log/npaudit/audit.jsonl")
-FILE_MODE = 0o640
 DIR_MODE = 0o750
-# Level 1: ~280 MB/s of audit JSONL on this VM and 17x smaller; gzip(1)'s default 6
-# is half as fast for 21x (a 100 MiB file: 6.0 instead of 4.8 MB). At 50k records/s
-# (~57 MB/s) level 6 would keep ~40% of a core busy, level 1 ~20%. Rotated files
-# are compressed by a thread of their own at nice 10, never on the write path.
-GZIP_LEVEL = 1
-COMPRESSOR_NICE = 10
 _DRAIN_MAX = 8192            # records per batch: bounds memory and time between queue checks
 _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writes
-STAT_KEYS = ("written", "batches", "bytes", "dropped_queue_full", "dropped_closed", "rotations",
-             "pruned", "unencodable", "write_errors", "lost_write_error", "chain_restarts", "compressed",
-             "compress_errors")
 
 
-# What submit takes: a record the pipeline built as canonical text, or any JSON object.
-Record = RecordText | dict[str, Any]
+@dataclass(frozen=True)
+class WriterEvents:
+    """The writer's counters, in the order they are exported."""
+
+    written: int
+    batches: int
+    bytes: int
+    dropped_queue_full: int
+    dropped_closed: int
+    rotations: int
+    pruned: int
+    unencodable: int
+    write_errors: int
+    lost_write_error: int
+    chain_restarts: int
+    compressed: int  # these two: the compressor's
+    compress_errors: int
 
 
-def _identity(path: Path) -> tuple[int, int]:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return (-1, -1)
-    return st.st_dev, st.st_ino
+@dataclass(frozen=True)
+class WriterStats:
+    """A snapshot of the writer: its counters, its queue depth and the seq of the newest sealed record."""
+
+    events: WriterEvents
+    queued: int
+    seq: int
 
 
-def _sealed_seq(record: Record) -> int:
-    return record.seq if type(record) is RecordText else record["npaudit"]["seq"]
+STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
 
 
 class AuditWriterError(RuntimeError):
     """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
 
 
-def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, after_seq: int, now: float,
-                         context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The state record that starts a new chain segment after bytes that are not a record.
-
-    `context` adds fields every record of the node carries (observer, orchestrator).
-    """
-    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
-    record: dict[str, Any] = copy.deepcopy(dict(context or {}))
-    record.update({
-        "@timestamp": stamp.replace("+00:00", "Z"),
-        "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
-                  "action": "chain-restart", "reason": "torn-write"},
-        "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
-                    f"that are not a complete record (a write cut short); last good seq {after_seq}"),
-        "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
-                                      "after_seq": after_seq}},
-    })
-    return record
-
-
-# --- rotation through concurrent-log-handler ---
-
-class _Abandoned(Exception):
-    """Compression stopped because the writer is closing (the plain file stays)."""
-
-
-def _gzip_file(src: BinaryIO, dst: Path, *, fsync: bool, abandon: threading.Event | None = None) -> None:
-    """Compress the open file `src` into `dst` (mode 0640, the source's mtime); `dst` is removed on failure."""
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)  # the umask may have narrowed it
-        with os.fdopen(fd, "wb") as raw:
-            fd = -1
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL) as gz:
-                while chunk := src.read(MiB):
-                    if abandon is not None and abandon.is_set():
-                        raise _Abandoned(str(dst))
-                    gz.write(chunk)  # zlib lets go of the GIL while it compresses
-            if fsync:
-                raw.flush()
-                os.fsync(raw.fileno())
-        # The file's age is its last record's, not the compression's (age-based retention).
-        st = os.fstat(src.fileno())
-        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with suppress(OSError):
-            os.unlink(dst)
-        raise
-
-
-class _JsonlHandler(ConcurrentRotatingFileHandler):
-    """ConcurrentRotatingFileHandler that hands write errors back and leaves compression to the writer.
-
-    With use_gzip the library shifts .N and .N.gz alike; do_gzip compresses
-    nothing, so the rotated file lands as a plain .1 and the writer's compressor
-    thread turns it into .1.gz later, off the write path.
-    """
-
-    error: BaseException | None = None
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        # logging's default prints a traceback and forgets the batch; the writer
-        # must know, so it can resynchronise with the disk and retry.
-        self.error = sys.exc_info()[1]
-
-    def do_gzip(self, input_filename: str) -> None:
-        return
-
-
 class _WriteFailed(Exception):
-    def __init__(self, unwritten: list[Record], cause: BaseException) -> None:
+    def __init__(self, unwritten: list[RecordText], cause: BaseException) -> None:
         super().__init__(str(cause))
         self.unwritten = unwritten
 
@@ -171,28 +100,26 @@ class AuditWriter:
         self.state_fields = state_fields  # e.g. observer, orchestrator: put into the writer's own records
         self._clock = clock
         self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
-        self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
-        self._queue: collections.deque[Any] = collections.deque()
+        self._counts: dict[str, int] = dict.fromkeys(STAT_KEYS[:-2], 0)  # the compressor counts the last two
+        self._queue: collections.deque[RecordText | threading.Event] = collections.deque()
         self._wake = threading.Event()
         self._abandon = threading.Event()
         self._count_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._handler: _JsonlHandler | None = None
+        self._handler: JsonlHandler | None = None
         self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
-        self._restart: dict[str, Any] | None = None  # the latest chain-restart record made
+        self._restart: RecordText | None = None  # the latest chain-restart record made
         self._errors = RateLimitedLog(log, 10.0)
         # Renames in the file set (rotation, retention, a compressed file put in place)
         # happen under this lock, so the compressor never races a rotation.
         self._files_lock = threading.Lock()
-        self._compress_wake = threading.Event()
-        self._writer_done = threading.Event()  # set by close once the writer thread has ended
-        self._compressor: threading.Thread | None = None
+        self._compressor = Compressor(self.path, self._files_lock, fsync=fsync, errors=self._errors)
 
     # --- producer side (any thread) ---
 
-    def submit(self, record: Record) -> bool:
+    def submit(self, record: RecordText) -> bool:
         """Queue `record` (the writer now owns it and sets npaudit.seq/chain); False if full or closed."""
         if self._closing:
             self._count("dropped_closed")
@@ -215,15 +142,7 @@ class AuditWriter:
 
     def wait_compressed(self, timeout: float = 30.0) -> bool:
         """Wait until no rotated file waits for compression; False on timeout (or compress off)."""
-        deadline = time.monotonic() + timeout
-        while self.compress and self._compressor is not None:
-            if self._next_plain_rotated() is None:
-                return True
-            if time.monotonic() >= deadline or not self._compressor.is_alive():
-                return False
-            self._compress_wake.set()
-            time.sleep(0.01)
-        return False
+        return self.compress and self._compressor.wait_idle(timeout)
 
     @property
     def queued(self) -> int:
@@ -234,9 +153,19 @@ class AuditWriter:
         """(seq, chain) of the last record sealed."""
         return self._seq, self._chain
 
+    def snapshot(self) -> WriterStats:
+        c = self._compressor
+        events = WriterEvents(**self._counts, compressed=c.compressed, compress_errors=c.errors)
+        return WriterStats(events=events, queued=len(self._queue), seq=self._seq)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Every counter by name, STAT_KEYS in order."""
+        return asdict(self.snapshot().events)
+
     def _count(self, key: str, n: int = 1) -> None:
         with self._count_lock:  # producers on several threads
-            self.stats[key] += n
+            self._counts[key] += n
 
     # --- lifecycle ---
 
@@ -247,7 +176,7 @@ class AuditWriter:
         try:
             self._prepare_directory()
             self._take_ownership()
-            self._finish_interrupted_rotation()
+            finish_interrupted_rotation(self.path)
             self._prune()
             restart = self._resync()
             if restart is not None:
@@ -259,9 +188,7 @@ class AuditWriter:
         self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
         self._thread.start()
         if self.compress:
-            self._compressor = threading.Thread(target=self._compress_loop, name="npaudit-audit-gzip", daemon=True)
             self._compressor.start()
-            self._compress_wake.set()  # plain rotated files a previous run left
 
     def close(self, timeout: float = 10.0) -> bool:
         """Write what is queued, then stop; True if everything submitted was written.
@@ -276,19 +203,15 @@ class AuditWriter:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 self._abandon.set()  # stop retrying a failing disk
+                self._compressor.abandon()
                 self._thread.join(5.0)
-        self._writer_done.set()
-        self._compress_wake.set()
-        if self._compressor is not None:
-            self._compressor.join(max(0.0, deadline - time.monotonic()))
-            if self._compressor.is_alive():
-                self._abandon.set()
-                self._compress_wake.set()
-                self._compressor.join(5.0)
+        if not self._compressor.stop(deadline - time.monotonic()):
+            log.info("audit log %s: compression stopped at close; rotated files left plain are "
+                     "compressed at the next start", self.path)
         left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
         if left:
             self._count("dropped_closed", left)
-        stuck = [t.name for t in (self._thread, self._compressor) if t is not None and t.is_alive()]
+        stuck = [t.name for t in (self._thread, self._compressor.thread) if t is not None and t.is_alive()]
         if stuck:
             # Closing the file under a thread still in a write (a hung disk) could tear a
             # record; the file and the ownership lock go with the process instead.
@@ -336,8 +259,8 @@ class AuditWriter:
             os.close(self._owner_fd)  # closing releases the lock
             self._owner_fd = -1
 
-    def _new_handler(self) -> _JsonlHandler:
-        handler = _JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
+    def _new_handler(self) -> JsonlHandler:
+        handler = JsonlHandler(str(self.path), maxBytes=self.max_bytes, backupCount=self.backup_count,
                                 encoding="ascii", use_gzip=self.compress, chmod=FILE_MODE, newline="")
         return handler
 
@@ -365,8 +288,8 @@ class AuditWriter:
         except Exception:
             log.critical("audit writer thread failed; records now queue up and are dropped", exc_info=True)
 
-    def _take(self) -> tuple[list[Record], list[threading.Event]]:
-        records: list[Record] = []
+    def _take(self) -> tuple[list[RecordText], list[threading.Event]]:
+        records: list[RecordText] = []
         done: list[threading.Event] = []
         queue = self._queue
         while queue and len(records) < _DRAIN_MAX:
@@ -377,7 +300,7 @@ class AuditWriter:
                 records.append(item)
         return records, done
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, records: list[RecordText]) -> None:
         """Write `records`; on a failed write resynchronise with the disk and retry until closed."""
         delay = 0.05
         resync = False
@@ -388,7 +311,7 @@ class AuditWriter:
                     stale = self._restart  # superseded: a new one names the damage as it is now
                     restart = self._resync()
                     # Records up to the seq on disk made it in full; the rest are sealed again.
-                    records = [r for r in records if r is not stale and _sealed_seq(r) > self._seq]
+                    records = [r for r in records if r is not stale and r.seq > self._seq]
                     if restart is not None:
                         records.insert(0, restart)
                     self._handler = self._new_handler()
@@ -400,26 +323,22 @@ class AuditWriter:
             except OSError as exc:  # the resynchronisation itself failed
                 cause = exc
             resync = True
-            self.stats["write_errors"] += 1
+            self._counts["write_errors"] += 1
             self._errors.log(logging.ERROR, "write", "audit log %s: write failed, %d records held, retrying: %s",
                              self.path, len(records), cause)
             if self._abandon.wait(delay):
-                self.stats["lost_write_error"] += len(records)
+                self._counts["lost_write_error"] += len(records)
                 return
             delay = min(delay * 2, 5.0)
 
-    def _emit_records(self, records: list[Record]) -> None:
-        sealed: list[tuple[Record, str]] = []
+    def _emit_records(self, records: list[RecordText]) -> None:
+        sealed: list[tuple[RecordText, str]] = []
         seq, chain = self._seq, self._chain
         for record in records:
             try:
-                if type(record) is RecordText:  # the pipeline's records: canonical text already
-                    line, next_chain = record.seal(chain, seq + 1)
-                else:
-                    line = seal(record, chain, seq + 1)
-                    next_chain = record["npaudit"]["chain"]
-            except (TypeError, ValueError, RecursionError, AttributeError) as exc:
-                self.stats["unencodable"] += 1
+                line, next_chain = record.seal(chain, seq + 1)
+            except (ValueError, AttributeError) as exc:  # not ASCII (a bug upstream); not a RecordText
+                self._counts["unencodable"] += 1
                 self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
                 continue
             seq += 1
@@ -436,9 +355,9 @@ class AuditWriter:
                 self._emit("\n".join(line for _, line in sealed[start:end]))
             except Exception as exc:
                 raise _WriteFailed([r for r, _ in sealed[start:]], exc) from exc
-            self.stats["written"] += end - start
-            self.stats["batches"] += 1
-            self.stats["bytes"] += size
+            self._counts["written"] += end - start
+            self._counts["batches"] += 1
+            self._counts["bytes"] += size
             start = end
 
     def _emit(self, text: str) -> None:
@@ -455,64 +374,13 @@ class AuditWriter:
         if self.fsync and handler.stream is not None:
             os.fsync(handler.stream.fileno())
         if handler.num_rollovers != rotations:
-            self.stats["rotations"] += handler.num_rollovers - rotations
+            self._counts["rotations"] += handler.num_rollovers - rotations
             self._prune()
-            self._compress_wake.set()
-
-    # --- the compressor thread ---
-
-    def _compress_loop(self) -> None:
-        with suppress(OSError):  # Linux: a thread is a task with a nice value of its own
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPRESSOR_NICE)
-        while not self._abandon.is_set():
-            self._compress_wake.wait()
-            self._compress_wake.clear()
-            failed = False
-            while not self._abandon.is_set() and (path := self._next_plain_rotated()) is not None:
-                try:
-                    self._compress_one(path)
-                except _Abandoned:
-                    return
-                except Exception as exc:  # a disk error (or a bug) must not end compression for good
-                    self.stats["compress_errors"] += 1
-                    self._errors.log(logging.WARNING, "gzip", "audit log: cannot gzip %s, keeping it plain: %s",
-                                     path, exc)
-                    failed = True
-                    break  # try again at the next rotation, not in a loop
-            if self._writer_done.is_set() and (failed or self._next_plain_rotated() is None):
-                return  # no rotation can come any more: the next start tries what is left
-
-    def _next_plain_rotated(self) -> Path | None:
-        plain = [path for index, path in audit_files(self.path) if index and not path.name.endswith(".gz")]
-        return plain[-1] if plain else None  # the newest first: the oldest may be pruned anyway
-
-    def _compress_one(self, path: Path) -> None:
-        try:
-            src = open(path, "rb")
-        except FileNotFoundError:
-            return
-        with src:
-            # The identity of what is read, not of the name: a rotation may move the name
-            # on. The file stays open until it is replaced, so its inode number cannot be
-            # freed and reused by a newer file meanwhile (which would then be the one
-            # "found" and overwritten).
-            st = os.fstat(src.fileno())
-            identity = (st.st_dev, st.st_ino)
-            tmp = path.with_name(f".{self.path.name}.gz-{st.st_ino}.tmp")  # outside the file set's names
-            _gzip_file(src, tmp, fsync=self.fsync, abandon=self._abandon)
-            with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
-                now_at = next((p for index, p in audit_files(self.path)
-                               if index and not p.name.endswith(".gz") and _identity(p) == identity), None)
-                if now_at is None:  # pruned meanwhile
-                    tmp.unlink()
-                    return
-                os.replace(tmp, now_at.with_name(now_at.name + ".gz"))
-                now_at.unlink()
-        self.stats["compressed"] += 1
+            self._compressor.wake()
 
     # --- disk state: resume, repair, retention ---
 
-    def _resync(self) -> dict[str, Any] | None:
+    def _resync(self) -> RecordText | None:
         """Take seq/chain from the newest record on disk; a chain-restart record if damage follows it."""
         self._restart = None
         damage: tuple[Path, int, int, int] | None = None  # path, offset, line, bytes
@@ -531,62 +399,15 @@ class AuditWriter:
         if damage is None:
             return None
         path, offset, line, nbytes = damage
-        self._restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
-                                             context=self.state_fields,
-                                             after_seq=after_seq, now=self._clock())
-        log.warning("audit log %s: %s", self.path, self._restart["message"])
-        self.stats["chain_restarts"] += 1
+        restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
+                                       context=self.state_fields, after_seq=after_seq, now=self._clock())
+        self._restart = RecordText.of(restart)
+        log.warning("audit log %s: %s", self.path, restart["message"])
+        self._counts["chain_restarts"] += 1
         return self._restart
 
     def _prune(self) -> None:
         # The set's file lock too: `npaudit verify` lists the set under it.
         with self._files_lock, set_lock(self.path, fcntl.LOCK_EX):
-            self._prune_locked()
-
-    def _prune_locked(self) -> None:
-        horizon = self._clock() - self.max_age_days * 86400 if self.max_age_days else None
-        for index, path in audit_files(self.path):
-            if index == 0:
-                continue
-            try:
-                if index > self.backup_count or (horizon is not None and path.stat().st_mtime < horizon):
-                    path.unlink()
-                    self.stats["pruned"] += 1
-                    log.info("audit log: removed %s (retention: %d files, %s days)",
-                             path, self.backup_count, self.max_age_days)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                self._errors.log(logging.WARNING, "prune", "audit log: cannot remove %s: %s", path, exc)
-
-    def _finish_interrupted_rotation(self) -> None:
-        """Put a file left as audit.jsonl.rotate.N[.gz] by a crash mid-rotation in place as .1[.gz]
-        (the compressor gzips a plain one), and drop half-compressed temporaries."""
-        for stale in glob.glob(glob.escape(str(self.path.with_name(f".{self.path.name}.gz-"))) + "*.tmp"):
-            with suppress(FileNotFoundError):
-                os.unlink(stale)
-        pattern = glob.escape(str(self.path)) + ".rotate.*"
-        for name in sorted(glob.glob(pattern), key=os.path.getmtime):
-            src = Path(name)
-            if not src.exists():
-                continue
-            if src.name.endswith(".gz"):
-                if Path(name[:-3]).exists():
-                    src.unlink()  # a half-written .gz next to its whole source
-                    continue
-            self._shift_rotated()
-            suffix = ".gz" if src.name.endswith(".gz") else ""
-            dest = self.path.with_name(f"{self.path.name}.1{suffix}")
-            os.replace(src, dest)
-            log.warning("audit log: finished a rotation interrupted by a crash: %s -> %s", name, dest.name)
-
-    def _shift_rotated(self) -> None:
-        # As the library does: move the contiguous run .1, .2, ... up by one, oldest first.
-        existing = {index: path for index, path in audit_files(self.path) if index}
-        run = 0
-        while run + 1 in existing:
-            run += 1
-        for index in range(run, 0, -1):
-            src = existing[index]
-            suffix = ".gz" if src.name.endswith(".gz") else ""
-            os.replace(src, self.path.with_name(f"{self.path.name}.{index + 1}{suffix}"))
+            pruned = prune_rotated(self.path, self.backup_count, self.max_age_days, self._clock(), self._errors)
+        self._counts["pruned"] += pruned

@@ -7,11 +7,14 @@ The registry is passed in, never the process-wide default.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from dataclasses import fields
+from typing import Callable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from auditlog.pipeline import PipelineStats
+from auditlog.writer import WriterStats
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
@@ -83,39 +86,50 @@ def build_registry(demux: Demux, channel: OpenFlowChannel,
     return registry
 
 
+class PipelineStatsSource(Protocol):
+    """The audit pipeline as this collector sees it (AuditPipeline)."""
+
+    def snapshot(self) -> PipelineStats: ...
+
+
+class WriterStatsSource(Protocol):
+    """The audit writer as this collector sees it (AuditWriter)."""
+
+    def snapshot(self) -> WriterStats: ...
+
+
 class AuditCollector:
     """Exports the audit pipeline's and writer's counters: nothing the audit trail loses is silent."""
 
-    def __init__(self, pipeline: Any, writer: Any) -> None:
+    def __init__(self, pipeline: PipelineStatsSource, writer: WriterStatsSource) -> None:
         self._pipeline = pipeline
         self._writer = writer
 
     def collect(self) -> Iterator[Metric]:
-        p = self._pipeline.stats
+        p = self._pipeline.snapshot()
         yield CounterMetricFamily("npaudit_audit_packet_ins", "Packet-ins the audit pipeline accounted for",
-                                  value=p["packet_ins"])
+                                  value=p.packet_ins)
         yield CounterMetricFamily("npaudit_audit_packet_ins_truncated",
-                                  "Audited packet-ins whose frame ended inside a header", value=p["decode_truncated"])
+                                  "Audited packet-ins whose frame ended inside a header", value=p.decode_truncated)
         records = CounterMetricFamily("npaudit_audit_records", "Audit records by outcome at the writer's queue",
                                       labels=["outcome"])
-        records.add_metric(["queued"], p["records"])
-        records.add_metric(["dropped_writer_full"], p["writer_full"])
+        records.add_metric(["queued"], p.records)
+        records.add_metric(["dropped_writer_full"], p.writer_full)
         yield records
-        w = self._writer.stats
+        w = self._writer.snapshot()
         writer = CounterMetricFamily("npaudit_audit_writer", "Audit writer events (records written, dropped, "
                                      "rotations, compression, write errors)", labels=["event"])
-        for event, n in w.items():
-            writer.add_metric([event], n)
+        for event in fields(w.events):
+            writer.add_metric([event.name], getattr(w.events, event.name))
         yield writer
         yield GaugeMetricFamily("npaudit_audit_writer_queue_depth", "Records waiting for the writer thread",
-                                value=self._writer.queued)
+                                value=w.queued)
         yield GaugeMetricFamily("npaudit_audit_chain_seq", "npaudit.seq of the newest sealed record "
-                                "(compare with the forwarded copy)", value=self._writer.head[0])
-        agg = self._pipeline.aggregator
+                                "(compare with the forwarded copy)", value=w.seq)
+        a = p.aggregator
         yield GaugeMetricFamily("npaudit_audit_packets_held", "Packets in open aggregation windows, "
-                                "not yet in a record", value=agg.packets_held())
-        a = agg.stats
+                                "not yet in a record", value=a.packets_held)
         yield GaugeMetricFamily("npaudit_audit_open_windows", "Open aggregation windows",
-                                value=a["open_windows"])
+                                value=a.open_windows)
         yield CounterMetricFamily("npaudit_audit_windows_evicted", "Aggregation windows closed early "
-                                  "because the key limit was reached", value=a["evicted_early"])
+                                  "because the key limit was reached", value=a.evicted_early)

@@ -14,10 +14,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from auditlog import chain
-from auditlog.chain import GENESIS, ChainError, check_line, seal
+from auditlog.chain import GENESIS, ChainError, RecordText, check_line
 from auditlog.verify import main, verify
 
 SIZES = [30, 25, 40, 35]  # audit.jsonl.3.gz, .2.gz, .1.gz, audit.jsonl
+
+
+def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
+    """Seal `record` as the writer does (through RecordText) and set its npaudit.seq and .chain."""
+    line, chain_value = RecordText.of(record).seal(prev_chain, seq)
+    meta = record.setdefault("npaudit", {})
+    meta.pop("chain", None)
+    meta.update(seq=seq, chain=chain_value)
+    return line
 
 
 def make_record(seq: int) -> dict[str, Any]:

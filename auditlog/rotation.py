@@ -1,0 +1,90 @@
+"""The live audit file's rotation: the rotating handler, retention, and a rotation a crash cut short."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import sys
+from pathlib import Path
+
+from concurrent_log_handler import ConcurrentRotatingFileHandler
+
+from auditlog.compressor import remove_temporaries
+from auditlog.fileset import audit_files
+from packetin.ratelimited_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+
+class JsonlHandler(ConcurrentRotatingFileHandler):
+    """ConcurrentRotatingFileHandler that hands write errors back and leaves compression to the writer.
+
+    With use_gzip the library shifts .N and .N.gz alike; do_gzip compresses
+    nothing, so the rotated file lands as a plain .1 and the writer's Compressor
+    turns it into .1.gz later, off the write path.
+    """
+
+    error: BaseException | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's default prints a traceback and forgets the batch; the writer
+        # must know, so it can resynchronise with the disk and retry.
+        self.error = sys.exc_info()[1]
+
+    def do_gzip(self, input_filename: str) -> None:
+        return
+
+
+def prune_rotated(live: Path, backup_count: int, max_age_days: float, now: float, errors: RateLimitedLog) -> int:
+    """Remove rotated files past `backup_count` or older than `max_age_days` (0: no age limit) at `now`.
+
+    Returns how many were removed. The caller holds the locks that keep renames out.
+    """
+    horizon = now - max_age_days * 86400 if max_age_days else None
+    removed = 0
+    for index, path in audit_files(live):
+        if index == 0:
+            continue
+        try:
+            if index > backup_count or (horizon is not None and path.stat().st_mtime < horizon):
+                path.unlink()
+                removed += 1
+                log.info("audit log: removed %s (retention: %d files, %s days)", path, backup_count, max_age_days)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            errors.log(logging.WARNING, "prune", "audit log: cannot remove %s: %s", path, exc)
+    return removed
+
+
+def finish_interrupted_rotation(live: Path) -> None:
+    """Put a file left as audit.jsonl.rotate.N[.gz] by a crash mid-rotation in place as .1[.gz]
+    (the compressor gzips a plain one), and drop half-compressed temporaries."""
+    remove_temporaries(live)
+    pattern = glob.escape(str(live)) + ".rotate.*"
+    for name in sorted(glob.glob(pattern), key=os.path.getmtime):
+        src = Path(name)
+        if not src.exists():
+            continue
+        if src.name.endswith(".gz"):
+            if Path(name[:-3]).exists():
+                src.unlink()  # a half-written .gz next to its whole source
+                continue
+        _shift_rotated(live)
+        suffix = ".gz" if src.name.endswith(".gz") else ""
+        dest = live.with_name(f"{live.name}.1{suffix}")
+        os.replace(src, dest)
+        log.warning("audit log: finished a rotation interrupted by a crash: %s -> %s", name, dest.name)
+
+
+def _shift_rotated(live: Path) -> None:
+    # As the library does: move the contiguous run .1, .2, ... up by one, oldest first.
+    existing = {index: path for index, path in audit_files(live) if index}
+    run = 0
+    while run + 1 in existing:
+        run += 1
+    for index in range(run, 0, -1):
+        src = existing[index]
+        suffix = ".gz" if src.name.endswith(".gz") else ""
+        os.replace(src, live.with_name(f"{live.name}.{index + 1}{suffix}"))
