@@ -21,6 +21,7 @@ from auditlog.packet import decode_frame
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class AuditPipeline:
         if summary.truncated:
             stats["decode_truncated"] += 1
         stats["packet_ins"] += 1
-        disposition = pin.reg7 & 0xF  # PacketIn.disposition, without the property call per packet
+        disposition = pin.reg7 & DISPOSITION_BITS  # PacketIn.disposition, without the property call per packet
         # flow_key(summary), spelled out: this runs once per packet-in.
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
         key = (pin.rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 from auditlog.chain import RecordText, encode
 from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
+from packetin.registers import DISPOSITION_BITS
 
 __all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
            "ACTIONS", "DISPOSITIONS"]
@@ -212,7 +213,7 @@ class RecordEncoder:
     def _rule_parts(self, pin: PacketIn) -> _RuleParts:
         rule_id = pin.rule_id
         rule = self._rules_get(rule_id) if rule_id else None
-        key = (rule_id, pin.reg7 & 0xF)
+        key = (rule_id, pin.reg7 & DISPOSITION_BITS)
         parts = self._rules.get(key)
         if parts is None or parts.rule is not rule:
             parts = _cache(self._rules, key, _RuleParts(rule, pin))

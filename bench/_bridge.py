@@ -27,6 +27,8 @@ import psutil  # noqa: E402
 from packetin import messages as m  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category, Disposition, Userdata  # noqa: E402
+from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_UDP  # noqa: E402
+from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD  # noqa: E402
 from policy_agent.ovs.embedded import EmbeddedOvs  # noqa: E402
 from policy_agent.ovs.coverage import CoverageReader  # noqa: E402
 from tests.support.bridge import BRIDGE, private_bridge  # noqa: E402
@@ -172,11 +174,11 @@ async def _install_flood_rule(target: str, copies: int, distinct_rules: bool) ->
     closes (fail_mode=secure)."""
     from packetin.channel import ChannelSettings, OpenFlowChannel
 
-    actions: list[Any] = [m.SetField("reg7", int(Disposition.DROP))]
+    actions: list[Any] = [m.SetField(REG_DISPOSITION_FIELD, int(Disposition.DROP))]
     for rule_id in ([RULE_ID + i for i in range(copies)] if distinct_rules else [RULE_ID] * copies):
         ud = Userdata(category=Category.POLICY, flags=1, rule_id=rule_id).encode()
-        actions += [m.SetField("reg6", rule_id), m.Controller(0, ud)]
-    flow = m.FlowSpec.make(0, 100, {"eth_type": 0x0800, "ip_proto": 17}, actions)
+        actions += [m.SetField(REG_RULE_ID_FIELD, rule_id), m.Controller(0, ud)]
+    flow = m.FlowSpec.make(0, 100, {"eth_type": ETH_TYPE_IPV4, "ip_proto": IPPROTO_UDP}, actions)
     ch = OpenFlowChannel(ChannelSettings(target=target), lambda b, n: None)
     ch.start()
     await ch.wait_ready(10)

@@ -13,6 +13,7 @@ from typing import Any
 
 from packetin import messages as m
 from packetin.model import Userdata
+from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
 
 
 @dataclass
@@ -98,7 +99,7 @@ class FlowTable:
                 if isinstance(a, m.SetField):
                     verdict.regs[a.name] = a.value
                 elif isinstance(a, m.Controller):
-                    verdict.copies.append((verdict.regs.get("reg7", 0), verdict.regs.get("reg6", 0),
+                    verdict.copies.append((verdict.regs.get(REG_DISPOSITION_FIELD, 0), verdict.regs.get(REG_RULE_ID_FIELD, 0),
                                            Userdata.decode(a.userdata)))
                 elif isinstance(a, m.Output):
                     verdict.output = a.port
