@@ -18,9 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-from policy_agent.sources.kubernetes import (
-    KubernetesConfigError, KubernetesSource, api_client_from_config, backoff_delay,
-)
+from policy_agent.sources.kubernetes import KubernetesConfigError, KubernetesSource, api_client_from_config
+from policy_agent.sources.kubernetes_watch import backoff_delay
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
 
 DATA = Path(__file__).parent / "data" / "k8s"
