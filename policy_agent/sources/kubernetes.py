@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 from kubernetes import client, config
 from kubernetes.config import incluster_config
@@ -31,6 +31,7 @@ from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Ti
 from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
+from policy_agent.sources.sink import PolicySink
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,6 @@ Model = Namespace | Pod | Tier | Policy
 
 class KubernetesConfigError(AgentError):
     """No usable Kubernetes client configuration (kubeconfig or in-cluster service account)."""
-
-
-class PolicySink(Protocol):
-    """What the source drives: the PolicyEngine's object methods."""
-
-    async def apply(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
-                    tiers: Iterable[Tier] = (), policies: Iterable[Policy] = ()) -> None: ...
-
-    async def delete(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
-                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = ()) -> None: ...
 
 
 def api_client_from_config(kubeconfig: str | None, *,
