@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from packetin import messages as m
-from packetin.channel import OpenFlowChannel
+from packetin import messages
 from policy_agent.ovs import tables
 from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
 from policy_agent.errors import AgentError
@@ -29,11 +28,22 @@ class PodUnknown(AgentError):
     """CNI ADD for a Pod whose object (labels) has not arrived."""
 
 
+class FlowProgrammer(Protocol):
+    """What the engine needs of the switch (the OpenFlow channel): each call returns once the
+    switch has confirmed it, which is what makes the engine's ordering hold."""
+
+    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+    async def install_meters(self, meters: Sequence[messages.MeterSpec]) -> None: ...
+
+
 class PolicyEngine:
     """Owns the policy state and the policy/Pod flows on one bridge."""
 
-    def __init__(self, channel: OpenFlowChannel, registry: RuleRegistry, *, round_: int,
-                 meters: Callable[[], bool], meter_specs: Iterable[m.MeterSpec] = (),
+    def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
+                 meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
                  pod_wait: float | None = None) -> None:
         self._channel = channel
         self.registry = registry
@@ -47,7 +57,7 @@ class PolicyEngine:
         self.endpoints: dict[tuple[str, str], Endpoint] = {}
         self._by_ip: dict[str, tuple[str, str]] = {}
         self._priorities: dict[int, dict[str, int]] = {}
-        self._policy_flows: dict[FlowKey, m.FlowSpec] = {}
+        self._policy_flows: dict[FlowKey, messages.FlowSpec] = {}
         self._lock = asyncio.Lock()
         self.syncs = 0
         # With a Kubernetes source, a Pod's labels arrive by watch and may trail its

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import yaml
 
-_CLUSTER_SCOPED = {"Namespace", "Tier", "ClusterNetworkPolicy"}
+from policy_agent.policy.kinds import ANTREA_GROUP_NAMES, CLUSTER_SCOPED
 
 
 def _documents(text: str) -> Iterator[dict[str, Any]]:
@@ -31,9 +31,9 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
     group = str(doc.get("apiVersion", "")).rpartition("/")[0]
     kind = str(doc.get("kind", ""))
     meta = doc.get("metadata") or {}
-    namespace = "" if kind in _CLUSTER_SCOPED else str(meta.get("namespace") or "default")
+    namespace = "" if kind in CLUSTER_SCOPED else str(meta.get("namespace") or "default")
     # The legacy Antrea groups name the same objects as crd.antrea.io.
-    if group.endswith("antrea.io") or group.endswith("antrea.tanzu.vmware.com"):
+    if group in ANTREA_GROUP_NAMES:
         group = "antrea"
     return (group, kind, namespace, str(meta.get("name", "")))
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Callable, Hashable, TypeVar
 
-from policy_agent.engine import PolicyEngine
 from packetin.tasks import cancel_and_wait
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_path
+from policy_agent.sources.sink import PolicySink
 
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".yaml", ".yml", ".json")
+
+T = TypeVar("T")
 
 
 def _fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
@@ -35,8 +38,16 @@ def _fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
+def _gone(before: tuple[T, ...], after: tuple[T, ...], key: Callable[[T], Hashable]) -> list[T]:
+    """What `before` held that `after` no longer does."""
+    keep = {key(o) for o in after}
+    return [o for o in before if key(o) not in keep]
+
+
 class ManifestDirectory:
-    def __init__(self, directory: Path, engine: PolicyEngine, poll_interval: float) -> None:
+    """Polls one directory every `poll_interval` seconds and applies it as one set."""
+
+    def __init__(self, directory: Path, engine: PolicySink, poll_interval: float) -> None:
         self.directory = directory
         self._engine = engine
         self._interval = poll_interval
@@ -60,16 +71,11 @@ class ManifestDirectory:
             return False
         self.errors = []
         old = self._applied
-
-        def gone(before: tuple, after: tuple, key) -> list:  # type: ignore[no-untyped-def]
-            keep = {key(o) for o in after}
-            return [o for o in before if key(o) not in keep]
-
         await self._engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
-        await self._engine.delete(gone(old.namespaces, objs.namespaces, lambda o: o.name),
-                                  gone(old.pods, objs.pods, lambda o: o.key),
-                                  gone(old.tiers, objs.tiers, lambda o: o.name),
-                                  gone(old.policies, objs.policies, lambda o: o.key))
+        await self._engine.delete(_gone(old.namespaces, objs.namespaces, lambda o: o.name),
+                                  _gone(old.pods, objs.pods, lambda o: o.key),
+                                  _gone(old.tiers, objs.tiers, lambda o: o.name),
+                                  _gone(old.policies, objs.policies, lambda o: o.key))
         self._applied = objs
         log.info("manifest directory %s: %d policies, %d pods, %d namespaces", self.directory,
                  len(objs.policies), len(objs.pods), len(objs.namespaces))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Sequence
 
 import pytest
 
-from packetin import messages as m
+from packetin import messages
 from policy_agent.ovs import tables
 from policy_agent.engine import PodUnknown, PolicyEngine
 from policy_agent.policy.model import (
@@ -17,16 +18,18 @@ from policy_agent.policy.rules import RuleRegistry
 
 
 class RecordingChannel:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[m.FlowSpec]]] = []
+    """A FlowProgrammer that confirms everything at once and records each call in order."""
 
-    async def install_flows(self, flows: list[m.FlowSpec]) -> None:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[messages.FlowSpec]]] = []
+
+    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         self.calls.append(("install", list(flows)))
 
-    async def delete_flows(self, flows: list[m.FlowSpec]) -> None:
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         self.calls.append(("delete", list(flows)))
 
-    async def install_meters(self, meters: list[m.MeterSpec]) -> None:
+    async def install_meters(self, meters: Sequence[messages.MeterSpec]) -> None:
         self.calls.append(("meters", []))
 
 
@@ -47,10 +50,10 @@ def drop_web(name: str = "drop-web", label: str = "web") -> Policy:
 
 def engine(pod_wait: float | None = None) -> tuple[PolicyEngine, RecordingChannel]:
     ch = RecordingChannel()
-    return PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True, pod_wait=pod_wait), ch  # type: ignore[arg-type]
+    return PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True, pod_wait=pod_wait), ch
 
 
-def is_pod_flow(f: m.FlowSpec) -> bool:
+def is_pod_flow(f: messages.FlowSpec) -> bool:
     return f.cookie == tables.cookie(3, tables.COOKIE_KIND_POD)
 
 

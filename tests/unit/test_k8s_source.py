@@ -10,6 +10,7 @@ import queue
 import socket
 import threading
 import time
+from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Iterator
@@ -18,9 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-from policy_agent.sources.kubernetes import (
-    KubernetesConfigError, KubernetesSource, api_client_from_config, backoff_delay,
-)
+from policy_agent.sources.kubernetes import KubernetesConfigError, KubernetesSource, api_client_from_config
+from policy_agent.sources.kubernetes_watch import SHORT_WATCH, backoff_delay
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
 
 DATA = Path(__file__).parent / "data" / "k8s"
@@ -92,6 +92,10 @@ class FakeApiServer:
         self.send(path, "ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                                   "message": "too old resource version: 1502 (48990)", "reason": "Expired",
                                   "code": 410})
+        self._streams[path].put(_END)
+
+    def end(self, path: str) -> None:
+        """End the watch as the server does at its timeout: the final chunk, no event."""
         self._streams[path].put(_END)
 
     def drop(self, path: str) -> None:
@@ -243,13 +247,56 @@ async def until(cond: Callable[[], bool], timeout: float = 2.0) -> None:
         await asyncio.sleep(0.01)
 
 
+JITTER = 0.5  # the source's rand(): backoff delays and watch timeouts are then exact
+
+
+class FakeTime:
+    """The watchers' clock and wait: the clock moves only when the test advances it, and
+    every wait (backoff, absent-CRD recheck) is recorded per resource, in order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: dict[str, list[float]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        resource = threading.current_thread().name.removeprefix("k8s-watch-")
+        with self._lock:
+            self.waits[resource].append(seconds)
+        # A moment of real time only so a retry loop does not hog the interpreter.
+        return stop.wait(0.002)
+
+
+def fake_time_source(api: client.ApiClient, engine: FakeEngine, fake: FakeTime, **kw: Any) -> KubernetesSource:
+    return KubernetesSource(api, engine, node_name=NODE, clock=fake.monotonic, wait=fake.wait,
+                            rand=lambda: JITTER, **kw)
+
+
+def backoffs(n: int, cap: float = 30.0) -> list[float]:
+    """The first n retry delays the source must wait, in order."""
+    return [backoff_delay(i, cap, lambda: JITTER) for i in range(1, n + 1)]
+
+
+def watch_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("k8s-watch-")}
+
+
 class Rig:
     def __init__(self, server: FakeApiServer, **kw: Any) -> None:
         cfg = client.Configuration(host=server.url)
         cfg.proxy = None  # loopback only, whatever the environment says
         self.api = client.ApiClient(cfg)
         self.engine = FakeEngine()
-        self.source = KubernetesSource(self.api, self.engine, node_name=NODE, **kw)
+        self.time = FakeTime()
+        self.source = fake_time_source(self.api, self.engine, self.time, **kw)
         self.server = server
 
     async def __aenter__(self) -> Rig:
@@ -458,7 +505,7 @@ def test_expired_resource_version_relists_and_reconciles(server: FakeApiServer) 
 
 def test_dropped_watch_is_resumed_from_the_last_resource_version(server: FakeApiServer) -> None:
     async def body() -> None:
-        async with Rig(server, resync_backoff_max=0.2) as r:
+        async with Rig(server) as r:
             server.send(ACNP, "ADDED", acnp("first", "49080"))
             server.drop(ACNP)
             server.send(ACNP, "ADDED", acnp("second", "49081"))
@@ -466,6 +513,31 @@ def test_dropped_watch_is_resumed_from_the_last_resource_version(server: FakeApi
             assert (*ACNP_KEY, "first") in r.engine.policies
             assert [w["resourceVersion"] for w in server.watches(ACNP)] == ["48221", "49080"]
             assert r.source.stats["clusternetworkpolicies.crd.antrea.io"]["errors"] == 1
+            # One backoff before the watch was resumed; no other resource waited.
+            assert dict(r.time.waits) == {"clusternetworkpolicies.crd.antrea.io": backoffs(1)}
+
+    run(body())
+
+
+def test_watch_ending_at_once_without_events_is_a_failure_but_a_quiet_timeout_is_not(
+        server: FakeApiServer) -> None:
+    async def body() -> None:
+        async with Rig(server) as r:
+            stats = r.source.stats["networkpolicies.networking.k8s.io"]
+            await until(lambda: len(server.watches(NETPOL)) == 1)
+            # The server-side timeout is drawn per watch from rand(): 300 s + JITTER * 300 s.
+            assert server.watches(NETPOL)[0]["timeoutSeconds"] == "450"
+            server.end(NETPOL)  # no time has passed on the source's clock
+            await until(lambda: len(server.watches(NETPOL)) == 2 and stats["errors"] == 1)
+            assert r.time.waits["networkpolicies.networking.k8s.io"] == backoffs(1)
+            r.time.advance(SHORT_WATCH)
+            server.end(NETPOL)  # a watch that ran its course quietly: resumed at once
+            await until(lambda: len(server.watches(NETPOL)) == 3)
+            assert stats["errors"] == 1
+            assert r.time.waits["networkpolicies.networking.k8s.io"] == backoffs(1)
+            rv = json.loads((DATA / RECORDED[NETPOL]).read_text())["metadata"]["resourceVersion"]
+            assert [w["resourceVersion"] for w in server.watches(NETPOL)] == [rv, rv, rv]
+            assert len(server.lists_of(NETPOL)) == 1  # resumed, never relisted
 
     run(body())
 
@@ -474,10 +546,12 @@ def test_failing_list_is_retried_until_it_answers(server: FakeApiServer) -> None
     server.fail_lists[NAMESPACES] = 2
 
     async def body() -> None:
-        async with Rig(server, resync_backoff_max=0.2) as r:
+        async with Rig(server, resync_backoff_max=0.3) as r:
             assert len(r.engine.namespaces) == 4
             assert len(server.lists_of(NAMESPACES)) == 3
             assert r.stat("namespaces", "errors") == 2
+            # Two growing waits between the three lists, the second at the cap.
+            assert r.time.waits["namespaces"] == backoffs(2, cap=0.3) == pytest.approx([0.15, 0.225])
 
     run(body())
 
@@ -491,13 +565,23 @@ def test_unreachable_server_is_retried_and_close_still_prompt() -> None:
         cfg = client.Configuration(host=f"http://127.0.0.1:{port}")
         cfg.proxy = None
         api = client.ApiClient(cfg)
-        source = KubernetesSource(api, FakeEngine(), node_name=NODE, resync_backoff_max=0.1)
+        fake = FakeTime()
+        before = watch_threads()
+        source = fake_time_source(api, FakeEngine(), fake)
         source.start()
-        await until(lambda: all(s["errors"] >= 2 for s in source.stats.values()))
-        assert not source.synced.is_set()
-        started = time.monotonic()
-        await source.close()
-        assert time.monotonic() - started < 1.0
+        try:
+            await until(lambda: all(s["errors"] >= 3 for s in source.stats.values()))
+            await until(lambda: all(len(fake.waits[name]) >= 3 for name in source.stats))
+            assert not source.synced.is_set()
+            # Every resource retried after exponentially growing, jittered waits.
+            for name in source.stats:
+                assert fake.waits[name][:3] == backoffs(3) == pytest.approx([0.15, 0.3, 0.6])
+            threads = watch_threads() - before
+            assert len(threads) == len(source.stats)
+        finally:
+            await source.close()
+        # close interrupted the waits itself instead of giving up at its timeout.
+        assert not [t.name for t in threads if t.is_alive()]
         api.close()
 
     run(body())
@@ -508,7 +592,7 @@ def test_absent_antrea_crds_degrade_and_k8s_policies_still_work(server: FakeApiS
     server.missing.update(ANTREA)
 
     async def body() -> None:
-        async with Rig(server, resync_backoff_max=0.05) as r:
+        async with Rig(server) as r:
             assert r.source.skipped == {"tiers.crd.antrea.io", "clusternetworkpolicies.crd.antrea.io",
                                         "networkpolicies.crd.antrea.io"}
             assert {k[0] for k in r.engine.policies} == {PolicyKind.K8S.value}
@@ -519,6 +603,9 @@ def test_absent_antrea_crds_degrade_and_k8s_policies_still_work(server: FakeApiS
             # The source keeps checking quietly in case Antrea gets installed.
             await until(lambda: len(server.lists_of(ACNP)) >= 3)
             assert all(s["errors"] == 0 for s in r.source.stats.values())
+            # Rechecks wait the full resync interval each time, without backing off further.
+            waits = r.time.waits["clusternetworkpolicies.crd.antrea.io"]
+            assert len(waits) >= 2 and set(waits) == {30.0}
 
     with caplog.at_level(logging.WARNING, logger="policy_agent.sources.kubernetes"):
         run(body())
@@ -531,7 +618,7 @@ def test_crd_installed_later_is_picked_up(server: FakeApiServer) -> None:
     server.missing.update(ANTREA)
 
     async def body() -> None:
-        async with Rig(server, resync_backoff_max=0.05) as r:
+        async with Rig(server) as r:
             server.missing.clear()
             await until(lambda: (*ACNP_KEY, "isolate-db") in r.engine.policies)
             await until(lambda: not r.source.skipped)
@@ -566,15 +653,18 @@ def test_list_in_pages_is_applied_whole(server: FakeApiServer) -> None:
     run(body())
 
 
-def test_close_returns_within_one_second_and_ends_the_watches(server: FakeApiServer) -> None:
+def test_close_ends_every_watch_before_it_returns(server: FakeApiServer) -> None:
     async def body() -> None:
+        before = watch_threads()
         r = Rig(server)
         await r.__aenter__()
         await until(lambda: all(server.watches(p) for p in RECORDED))
-        started = time.monotonic()
+        threads = watch_threads() - before
+        assert len(threads) == len(RECORDED)
         await r.source.close()
-        assert time.monotonic() - started < 1.0
-        await until(lambda: not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")], 1.0)
+        # The watches' sockets were shut, so close did not give up at its timeout with
+        # threads still reading (a server-side watch lasts minutes).
+        assert not [t.name for t in threads if t.is_alive()]
         r.api.close()
 
     run(body())
