@@ -449,7 +449,7 @@ def replay(n_rules: int, n_pods: int, observed_agent_ms: list[float], plumbing_m
     flows, and building + serialising the OpenFlow messages that go on the wire (os-ken OFPFlowMod
     for each added flow, delete_strict for each stale one). Set against the observed agent-side
     time, the rest is socket writes, OVS applying the batch until the barrier, and the event loop."""
-    from packetin import messages as m
+    from packetin import messages
     from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
     from policy_agent.policy.manifests import load_text
     from policy_agent.policy.model import STANDARD_TIERS, Pod
@@ -487,10 +487,10 @@ def replay(n_rules: int, n_pods: int, observed_agent_ms: list[float], plumbing_m
         # Per-flow cost from an evenly spaced sample, scaled to the batch (the cost per flow is
         # flat; timing every flow would add ~10 s to the run).
         t_ser = 0.0
-        for flows_, build in ((add, m.flow_add), (stale, m.flow_delete_strict)):
+        for flows_, build in ((add, messages.flow_add), (stale, messages.flow_delete_strict)):
             if flows_:
                 sample = flows_[::max(1, len(flows_) // SERIALISE_SAMPLE)]
-                t, _ = timed(lambda: [m.serialize(build(f), 1) for f in sample])
+                t, _ = timed(lambda: [messages.serialize(build(f), 1) for f in sample])
                 t_ser += t * len(flows_) / len(sample)
         prev, prio = desired, compiled.priorities
         for key, val in (("compile_ms", t_compile), ("diff_ms", t_diff), ("flowmod_build_serialise_ms", t_ser),

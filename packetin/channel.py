@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from meters.ovs import MeterSpec, MeterSupport
-from packetin import messages as m
+from packetin import messages
 from packetin import wire
 from packetin.connect import open_target
 from packetin.desired_state import DesiredState, settle
@@ -173,18 +173,18 @@ class OpenFlowChannel:
             raise
         self._proto = proto
         self._last_rx = self._mono()
-        self._send(m.hello())
+        self._send(messages.hello())
         version = await asyncio.wait_for(self._hello, self.settings.request_timeout)
         if version < ofp.OFP_VERSION:
             raise ChannelClosed(f"switch offers OpenFlow version {version}; need 0x06 (1.5): "
                                 "set protocols=OpenFlow15 on the bridge")
-        features = await self.request(m.features_request())
+        features = await self.request(messages.features_request())
         self.datapath_id = features.datapath_id
-        self._send(m.set_config())
-        self._send(m.set_packet_in_format_nxt2())
+        self._send(messages.set_config())
+        self._send(messages.set_packet_in_format_nxt2())
         try:
-            parts = await self.multipart(m.meter_features_request())
-            max_meter, band_types, max_bands = m.parse_meter_features(parts[0])
+            parts = await self.multipart(messages.meter_features_request())
+            max_meter, band_types, max_bands = messages.parse_meter_features(parts[0])
         except OpenFlowError as exc:  # a datapath without meters may refuse the request
             log.debug("meter features request refused: %s", exc)
             max_meter = band_types = max_bands = 0
@@ -214,7 +214,7 @@ class OpenFlowChannel:
                 if proto.transport is not None:
                     proto.transport.abort()
                 return
-            self._send(m.echo_request())
+            self._send(messages.echo_request())
 
     async def _replay(self) -> None:
         """Reinstall the desired state. A refused item is logged and forgotten, not retried
@@ -240,46 +240,46 @@ class OpenFlowChannel:
     # becomes desired state (replayed after reconnects) even when another item of the
     # same batch was refused; the first refusal is then raised as OpenFlowError.
 
-    async def install_flows(self, flows: Sequence[m.FlowSpec]) -> None:
+    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         """Add (or overwrite) flows."""
-        refused = await self._batch([(m.flow_add(f), f.describe()) for f in flows])
+        refused = await self._batch([(messages.flow_add(f), f.describe()) for f in flows])
         settle(self._desired.flows, [f.key for f in flows], flows, refused)
 
-    async def delete_flows(self, flows: Sequence[m.FlowSpec]) -> None:
-        refused = await self._batch([(m.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
+        refused = await self._batch([(messages.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
         settle(self._desired.flows, [f.key for f in flows], None, refused)
 
     async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
         refused = await self._add_or_modify(
-            meters, m.meter_mod, ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, meter_exists)
+            meters, messages.meter_mod, ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, meter_exists)
         settle(self._desired.meters, [x.meter_id for x in meters], meters, refused)
 
     async def delete_meters(self, meter_ids: Iterable[int]) -> None:
         ids = list(meter_ids)
-        refused = await self._batch([(m.meter_delete(i), f"delete meter_id={i}") for i in ids])
+        refused = await self._batch([(messages.meter_delete(i), f"delete meter_id={i}") for i in ids])
         settle(self._desired.meters, ids, None, refused)
 
-    async def install_groups(self, groups: Sequence[m.GroupSpec]) -> None:
+    async def install_groups(self, groups: Sequence[messages.GroupSpec]) -> None:
         """Add groups, or modify the ones that already exist."""
         refused = await self._add_or_modify(
-            groups, m.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
+            groups, messages.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
         settle(self._desired.groups, [g.group_id for g in groups], groups, refused)
 
     async def delete_groups(self, group_ids: Iterable[int]) -> None:
         ids = list(group_ids)
-        refused = await self._batch([(m.group_delete(i), f"delete group_id={i}") for i in ids])
+        refused = await self._batch([(messages.group_delete(i), f"delete group_id={i}") for i in ids])
         settle(self._desired.groups, ids, None, refused)
 
     async def delete_flows_by_cookie(self, cookie: int, mask: int) -> None:
         """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).
 
         Not part of the desired state: it removes what an earlier run left behind."""
-        refused = await self._batch([(m.flow_delete_cookie(cookie, mask), f"delete cookie={cookie:#x}/{mask:#x}")])
+        refused = await self._batch([(messages.flow_delete_cookie(cookie, mask), f"delete cookie={cookie:#x}/{mask:#x}")])
         raise_first(refused)
 
     @property
-    def desired_flows(self) -> list[m.FlowSpec]:
+    def desired_flows(self) -> list[messages.FlowSpec]:
         return list(self._desired.flows.values())
 
     async def request(self, msg: Any) -> Any:
@@ -331,7 +331,7 @@ class OpenFlowChannel:
         return refused
 
     async def _barrier(self) -> None:
-        await self.request(m.barrier())
+        await self.request(messages.barrier())
 
     async def _batch(self, items: list[tuple[Any, str]]) -> dict[int, OpenFlowError]:
         """Send messages then a barrier; return the switch's refusals by item index."""
@@ -364,7 +364,7 @@ class OpenFlowChannel:
         if proto is None or proto.transport is None or proto.transport.is_closing():
             raise ChannelClosed(f"not connected to {self.settings.target}")
         xids = [self._next_xid() for _ in msgs]
-        proto.transport.write(b"".join(m.serialize(msg, xid) for msg, xid in zip(msgs, xids)))
+        proto.transport.write(b"".join(messages.serialize(msg, xid) for msg, xid in zip(msgs, xids)))
         return xids
 
     def _fail_pending(self, exc: Exception) -> None:
@@ -412,7 +412,7 @@ class OpenFlowChannel:
             return
         if msg_type == ofp.OFPT_ECHO_REQUEST:
             if self._proto is not None and self._proto.transport is not None:
-                reply = m.serialize(m.echo_reply(raw[8:]), xid)
+                reply = messages.serialize(messages.echo_reply(raw[8:]), xid)
                 self._proto.transport.write(reply)
             return
         if msg_type == ofp.OFPT_ECHO_REPLY:
@@ -422,13 +422,13 @@ class OpenFlowChannel:
             if parts is None:
                 return
             parts.append(raw)
-            if m.multipart_more(raw):
+            if messages.multipart_more(raw):
                 return
             fut = self._pending.get(xid)
             if fut is not None and not fut.done():
                 fut.set_result(None)
             return
-        msg = m.parse(raw)
+        msg = messages.parse(raw)
         if msg is None:
             raise DecodeError(f"os-ken could not parse message type {msg_type}")
         if msg_type == ofp.OFPT_ERROR:

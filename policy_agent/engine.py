@@ -13,9 +13,10 @@ import logging
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from packetin import messages
+from policy_agent.cni.state import PodInterfaceInfo
+from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
 from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
-from policy_agent.errors import AgentError
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
 from policy_agent.policy.rules import RuleRegistry
 
@@ -105,7 +106,7 @@ class PolicyEngine:
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
-    async def pod_added(self, info: Any) -> None:
+    async def pod_added(self, info: PodInterfaceInfo) -> None:
         """Realise every policy that selects the Pod or names it, then let it forward."""
         key = (info.namespace, info.name)
         if self._pod_wait is not None and key not in self.pods:
@@ -132,7 +133,7 @@ class PolicyEngine:
             except asyncio.TimeoutError:
                 pass
 
-    async def pod_deleted(self, info: Any) -> None:
+    async def pod_deleted(self, info: PodInterfaceInfo) -> None:
         """Stop forwarding first, then drop the Pod from policy."""
         key = (info.namespace, info.name)
         async with self._lock:

@@ -15,7 +15,7 @@ connection while Drop is logged per packet (DESIGN.md §3).
 
 from __future__ import annotations
 
-from packetin import messages as m
+from packetin import messages
 from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
 
 T_CLASSIFIER = 0
@@ -56,25 +56,25 @@ def next_table(table: int) -> int:
     return _NEXT[table]
 
 
-def fixed_flows(round_: int) -> list[m.FlowSpec]:
+def fixed_flows(round_: int) -> list[messages.FlowSpec]:
     """Flows that do not depend on Pods or policy."""
     c = cookie(round_, COOKIE_KIND_FIXED)
     ip = {"eth_type": ETH_TYPE_IPV4}
 
     def flow(table: int, prio: int, match: dict, actions: list | None = None, goto: int | None = None
-             ) -> m.FlowSpec:
-        return m.FlowSpec.make(table, prio, match, actions or [], goto=goto, cookie=c)
+             ) -> messages.FlowSpec:
+        return messages.FlowSpec.make(table, prio, match, actions or [], goto=goto, cookie=c)
 
     flows = [
         flow(T_CLASSIFIER, 0, {}),  # unknown ports and protocols: drop
         flow(T_CONNTRACK, 0, {}),
-        flow(T_CONNTRACK, 100, ip, [m.Ct(table=T_CT_STATE, zone=CT_ZONE)]),
+        flow(T_CONNTRACK, 100, ip, [messages.Ct(table=T_CT_STATE, zone=CT_ZONE)]),
         flow(T_CT_STATE, 0, {}),
         flow(T_CT_STATE, 200, {**ip, "ct_state": (CS_TRK | CS_INV, CS_TRK | CS_INV)}),
         flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_EST, CS_TRK | CS_EST)}, goto=T_FORWARD),
         flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_REL, CS_TRK | CS_REL)}, goto=T_FORWARD),
         flow(T_CT_STATE, 180, {**ip, "ct_state": (CS_TRK | CS_NEW, CS_TRK | CS_NEW)}, goto=T_EGRESS),
-        flow(T_COMMIT, 0, {**ip}, [m.Ct(commit=True, zone=CT_ZONE)], goto=T_FORWARD),
+        flow(T_COMMIT, 0, {**ip}, [messages.Ct(commit=True, zone=CT_ZONE)], goto=T_FORWARD),
         flow(T_FORWARD, 0, {}),
     ]
     # Policy tables: no opinion -> the next layer.
@@ -83,15 +83,15 @@ def fixed_flows(round_: int) -> list[m.FlowSpec]:
     return flows
 
 
-def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[m.FlowSpec]:
+def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[messages.FlowSpec]:
     """A Pod's forwarding and classification: installed only after its policy flows."""
     c = cookie(round_, COOKIE_KIND_POD)
     return [
-        m.FlowSpec.make(T_FORWARD, 100, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ip},
-                        [m.SetField("eth_dst", mac), m.Output(ofport)], cookie=c),
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": ETH_TYPE_ARP, "arp_tpa": ip}, [m.Output(ofport)],
+        messages.FlowSpec.make(T_FORWARD, 100, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ip},
+                        [messages.SetField("eth_dst", mac), messages.Output(ofport)], cookie=c),
+        messages.FlowSpec.make(T_CLASSIFIER, 100, {"eth_type": ETH_TYPE_ARP, "arp_tpa": ip}, [messages.Output(ofport)],
                         cookie=c),
         # Only the Pod's own source address is accepted from its port (no spoofing past policy).
-        m.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": ETH_TYPE_IPV4, "ipv4_src": ip},
+        messages.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": ETH_TYPE_IPV4, "ipv4_src": ip},
                         goto=T_CONNTRACK, cookie=c),
     ]

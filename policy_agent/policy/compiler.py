@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
-from packetin import messages as m
+from packetin import messages
 from packetin.model import Category, Disposition, Flags, Userdata
 from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP
 from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
@@ -64,7 +64,7 @@ class ClusterState:
 
 @dataclass
 class Compiled:
-    flows: list[m.FlowSpec]
+    flows: list[messages.FlowSpec]
     rules: dict[int, RuleInfo]
     # table -> rule key -> OpenFlow priority; hand back to the next compile so
     # unchanged rules keep their priority (and their flows stay untouched).
@@ -228,22 +228,22 @@ def _applied_match(ep: Endpoint, direction: Direction) -> dict[str, Any]:
     return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip}
 
 
-def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[m.Action]:
+def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[messages.Action]:
     meter = None
     if state.meters:
         meter = METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
-    return [m.SetField(REG_DISPOSITION_FIELD, int(disposition)), m.SetField(REG_RULE_ID_FIELD, rule_id),
-            m.Controller(reason=0, userdata=ud, meter_id=meter)]
+    return [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id),
+            messages.Controller(reason=0, userdata=ud, meter_id=meter)]
 
 
 def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: bool, table: int
-                  ) -> tuple[list[m.Action], int | None]:
+                  ) -> tuple[list[messages.Action], int | None]:
     """(actions, goto table or None = drop) for a rule in `table`."""
     disposition = _DISPOSITION[action]
     flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
     actions = _log_actions(state, disposition, rule_id, int(flags)) if flags else \
-        [m.SetField(REG_DISPOSITION_FIELD, int(disposition)), m.SetField(REG_RULE_ID_FIELD, rule_id)]
+        [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT
     if action == Action.ALLOW:
@@ -257,8 +257,8 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     return actions, None  # Drop and Reject
 
 
-def _emit(flows: list[m.FlowSpec], table: int, priority: int, term: _Term, direction: Direction,
-          actions: list[m.Action], goto: int | None, cookie: int, conj_id: int) -> None:
+def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: _Term, direction: Direction,
+          actions: list[messages.Action], goto: int | None, cookie: int, conj_id: int) -> None:
     dims: list[list[dict[str, Any]]] = [[_applied_match(ep, direction) for ep in term.applied]]
     if term.peers is not None:
         dims.append(list(term.peers))
@@ -270,7 +270,7 @@ def _emit(flows: list[m.FlowSpec], table: int, priority: int, term: _Term, direc
     live = [d for d in dims if len(d) > 1]
     if product <= CONJUNCTION_THRESHOLD or len(live) < 2:
         for combo in _product(dims):
-            flows.append(m.FlowSpec.make(table, priority, combo, actions, goto=goto, cookie=cookie))
+            flows.append(messages.FlowSpec.make(table, priority, combo, actions, goto=goto, cookie=cookie))
         return
     # Conjunctive match: one flow per element of each multi-valued dimension; the
     # single-valued dimensions ride along on the conj_id flow.
@@ -280,9 +280,9 @@ def _emit(flows: list[m.FlowSpec], table: int, priority: int, term: _Term, direc
             fixed.update(d[0])
     for clause, dim in enumerate(live):
         for match in dim:
-            flows.append(m.FlowSpec.make(table, priority, {**fixed, **match},
-                                         [m.Conjunction(conj_id, clause, len(live))], cookie=cookie))
-    flows.append(m.FlowSpec.make(table, priority, {**fixed, "conj_id": conj_id}, actions, goto=goto,
+            flows.append(messages.FlowSpec.make(table, priority, {**fixed, **match},
+                                         [messages.Conjunction(conj_id, clause, len(live))], cookie=cookie))
+    flows.append(messages.FlowSpec.make(table, priority, {**fixed, "conj_id": conj_id}, actions, goto=goto,
                                  cookie=cookie))
 
 
@@ -321,7 +321,7 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
             keys.append(rule_key(policy, direction, ISOLATION_RULE))
     ids = allocate_ids(keys)
 
-    flows: list[m.FlowSpec] = []
+    flows: list[messages.FlowSpec] = []
     rules: dict[int, RuleInfo] = {}
     ns_logging = {name: ns.logging_enabled for name, ns in state.namespaces.items()}
 
@@ -376,6 +376,6 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
                                   policy_name=policy.name, rule_name=ISOLATION_RULE, tier="", priority=0.0,
                                   action=Action.DROP, direction=direction, log_label="", logged=logged)
             actions, _ = _rule_actions(state, Action.DROP, rid, logged, table)
-            flows.append(m.FlowSpec.make(table, _ISOLATION_PRIORITY, _applied_match(ep, direction), actions,
+            flows.append(messages.FlowSpec.make(table, _ISOLATION_PRIORITY, _applied_match(ep, direction), actions,
                                          cookie=cookie))
     return Compiled(flows=flows, rules=rules, priorities=priorities)

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import AsyncIterator
 
-from packetin import messages as m
+from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import DELIVERED, RECEIVED, Demux
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
@@ -78,11 +78,11 @@ def two_pods(make_pod: PodFactory) -> tuple[PodNet, PodNet]:
     return a, b
 
 
-def logged_rule(a: PodNet, b: PodNet, disposition: Disposition, extra_match: dict) -> m.FlowSpec:
+def logged_rule(a: PodNet, b: PodNet, disposition: Disposition, extra_match: dict) -> messages.FlowSpec:
     ud = Userdata(category=Category.POLICY, flags=int(Flags.LOG | Flags.REJECT), rule_id=RULE_ID)
-    return m.FlowSpec.make(0, 200, {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, **extra_match}, [
-        m.SetField("reg7", int(disposition)), m.SetField("reg6", RULE_ID),
-        m.Controller(reason=0, userdata=ud.encode(), meter_id=METER_POLICY)], cookie=COOKIE)
+    return messages.FlowSpec.make(0, 200, {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, **extra_match}, [
+        messages.SetField("reg7", int(disposition)), messages.SetField("reg6", RULE_ID),
+        messages.Controller(reason=0, userdata=ud.encode(), meter_id=METER_POLICY)], cookie=COOKIE)
 
 
 def test_logged_policy_flow_yields_typed_packet_ins(ovs_env: OvsEnv, make_pod: PodFactory) -> None:
@@ -92,7 +92,7 @@ def test_logged_policy_flow_yields_typed_packet_ins(ovs_env: OvsEnv, make_pod: P
     async def scenario() -> None:
         async with connected(ovs_env.target, got) as (channel, demux):
             assert channel.meter_support is not None and channel.meter_support.supported
-            await channel.install_meters([m.MeterSpec(METER_POLICY, rate_pps=1000, burst=100)])
+            await channel.install_meters([messages.MeterSpec(METER_POLICY, rate_pps=1000, burst=100)])
             await channel.install_flows([logged_rule(a, b, Disposition.REJECT, {"ip_proto": 1})])
             res = await asyncio.to_thread(_in, a.netns, "ping", "-c", "3", "-i", "0.2", "-W", "1", b.ip)
             assert res.returncode != 0  # the flow outputs nowhere: the ping really was dropped
@@ -124,13 +124,13 @@ def test_traceflow_category_reaches_its_own_subscriber(ovs_env: OvsEnv, make_pod
     base = {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, "ip_proto": 17}
     flows = [
         # Traceflow with our userdata: category from userdata byte 1.
-        m.FlowSpec.make(0, 100, {**base, "udp_dst": 9}, [
-            m.Controller(reason=1, userdata=Userdata(category=Category.TRACEFLOW).encode()), m.Output(b.ofport)]),
+        messages.FlowSpec.make(0, 100, {**base, "udp_dst": 9}, [
+            messages.Controller(reason=1, userdata=Userdata(category=Category.TRACEFLOW).encode()), messages.Output(b.ofport)]),
         # No userdata at all: demux falls back to the reason code (action -> traceflow).
-        m.FlowSpec.make(0, 100, {**base, "udp_dst": 10}, [m.Controller(reason=1), m.Output(b.ofport)]),
+        messages.FlowSpec.make(0, 100, {**base, "udp_dst": 10}, [messages.Controller(reason=1), messages.Output(b.ofport)]),
         # Userdata claiming a category nobody knows: counted as unroutable, not delivered.
-        m.FlowSpec.make(0, 100, {**base, "udp_dst": 11}, [
-            m.Controller(reason=0, userdata=Userdata(category=9).encode())]),
+        messages.FlowSpec.make(0, 100, {**base, "udp_dst": 11}, [
+            messages.Controller(reason=0, userdata=Userdata(category=9).encode())]),
     ]
 
     async def scenario() -> Demux:
@@ -159,7 +159,7 @@ def test_meter_caps_packet_ins_while_flow_counts_every_packet(ovs_env: OvsEnv, m
 
     async def scenario() -> None:
         async with connected(ovs_env.target, got) as (channel, _):
-            await channel.install_meters([m.MeterSpec(METER_POLICY, rate_pps=10, burst=10)])
+            await channel.install_meters([messages.MeterSpec(METER_POLICY, rate_pps=10, burst=10)])
             await channel.install_flows([logged_rule(a, b, Disposition.DROP, {"ip_proto": 17})])
             t0 = time.monotonic()
             await asyncio.to_thread(send_udp, a, b, 5353, sent, 0.001)  # ~1000/s: 100x the meter

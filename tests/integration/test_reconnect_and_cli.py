@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from packetin import messages as m
+from packetin import messages
 from packetin.model import Category, PacketIn
 from tests.support.podnet import set_neighbor
 
@@ -35,7 +35,7 @@ def test_flows_and_meters_come_back_after_vswitchd_restart(ovs_env: OvsEnv, make
 
     async def scenario() -> float:
         async with connected(ovs_env.target, got) as (channel, _):
-            await channel.install_meters([m.MeterSpec(METER_POLICY, rate_pps=1000, burst=100)])
+            await channel.install_meters([messages.MeterSpec(METER_POLICY, rate_pps=1000, burst=100)])
             await channel.install_flows([rule])
             assert "reg6" in dump(ovs_env, "dump-flows")
             connects = channel.connects

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from packetin import messages as m
+from packetin import messages
 from packetin.model import Userdata
 from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
 
@@ -51,9 +51,9 @@ def _matches(pkt: dict[str, Any], match: tuple[tuple[str, Any], ...]) -> bool:
 
 
 class FlowTable:
-    def __init__(self, flows: list[m.FlowSpec]) -> None:
-        self.by_table: dict[int, list[m.FlowSpec]] = {}
-        seen: dict[tuple[Any, ...], m.FlowSpec] = {}
+    def __init__(self, flows: list[messages.FlowSpec]) -> None:
+        self.by_table: dict[int, list[messages.FlowSpec]] = {}
+        seen: dict[tuple[Any, ...], messages.FlowSpec] = {}
         for f in flows:
             if f.key in seen and seen[f.key] != f:
                 raise AssertionError(f"two different flows share an OpenFlow identity: {f.describe()}")
@@ -63,7 +63,7 @@ class FlowTable:
         for flows_ in self.by_table.values():
             flows_.sort(key=lambda f: -f.priority)
 
-    def _lookup(self, table: int, pkt: dict[str, Any]) -> m.FlowSpec | None:
+    def _lookup(self, table: int, pkt: dict[str, Any]) -> messages.FlowSpec | None:
         flows = self.by_table.get(table, [])
         priorities = sorted({f.priority for f in flows}, reverse=True)
         for prio in priorities:
@@ -96,14 +96,14 @@ class FlowTable:
             if flow is None:
                 return verdict  # table miss = drop
             for a in flow.actions:
-                if isinstance(a, m.SetField):
+                if isinstance(a, messages.SetField):
                     verdict.regs[a.name] = a.value
-                elif isinstance(a, m.Controller):
+                elif isinstance(a, messages.Controller):
                     verdict.copies.append((verdict.regs.get(REG_DISPOSITION_FIELD, 0), verdict.regs.get(REG_RULE_ID_FIELD, 0),
                                            Userdata.decode(a.userdata)))
-                elif isinstance(a, m.Output):
+                elif isinstance(a, messages.Output):
                     verdict.output = a.port
-                elif isinstance(a, m.Ct):
+                elif isinstance(a, messages.Ct):
                     if a.table is not None:  # recirculate as a new connection (tests use new ones)
                         pkt["ct_state"] = 0x21
                         table = a.table
@@ -116,5 +116,5 @@ class FlowTable:
         return verdict
 
 
-def _is_conj(f: m.FlowSpec) -> bool:
-    return bool(f.actions) and all(isinstance(a, m.Conjunction) for a in f.actions)
+def _is_conj(f: messages.FlowSpec) -> bool:
+    return bool(f.actions) and all(isinstance(a, messages.Conjunction) for a in f.actions)

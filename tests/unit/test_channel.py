@@ -20,7 +20,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from meters.ovs import MeterSupport
-from packetin import messages as m
+from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.errors import ChannelClosed, OpenFlowError
 from packetin.model import PacketIn
@@ -91,8 +91,8 @@ async def rig(path: str, *, wait: bool = True, fake_kw: dict[str, Any] | None = 
             await f.stop()
 
 
-def flow(table: int, priority: int, port: int, **match: Any) -> m.FlowSpec:
-    return m.FlowSpec.make(table, priority, match, [m.Output(port)])
+def flow(table: int, priority: int, port: int, **match: Any) -> messages.FlowSpec:
+    return messages.FlowSpec.make(table, priority, match, [messages.Output(port)])
 
 
 def ports(actions: list[Any]) -> list[int]:
@@ -113,7 +113,7 @@ def test_handshake_reports_datapath_id_and_meter_support(sock_path: str) -> None
             assert r.chan.connects == 1
             # The client spoke 1.5 and asked for NXT_PACKET_IN2 with full packets.
             assert r.fake.received_raw[0][:2] == bytes([6, ofp.OFPT_HELLO])
-            assert r.fake.packet_in_format == m.NXPIF_NXT_PACKET_IN2
+            assert r.fake.packet_in_format == messages.NXPIF_NXT_PACKET_IN2
             assert r.fake.miss_send_len == 0xFFFF
     run(main())
 
@@ -160,10 +160,10 @@ def test_switch_without_openflow15_never_becomes_ready(sock_path: str) -> None:
 
 def test_install_flows_returns_only_after_the_barrier(sock_path: str) -> None:
     flows = [
-        m.FlowSpec.make(0, 100, {"in_port": 3, "eth_type": 0x0800},
-                        [m.SetField("reg7", 1), m.Output(2)], goto=5, cookie=0xC0FFEE),
-        m.FlowSpec.make(5, 10, {"eth_type": 0x86DD}, [m.Controller(userdata=b"\x01\x00\x01")]),
-        m.FlowSpec.make(5, 0, None, [], goto=6),
+        messages.FlowSpec.make(0, 100, {"in_port": 3, "eth_type": 0x0800},
+                        [messages.SetField("reg7", 1), messages.Output(2)], goto=5, cookie=0xC0FFEE),
+        messages.FlowSpec.make(5, 10, {"eth_type": 0x86DD}, [messages.Controller(userdata=b"\x01\x00\x01")]),
+        messages.FlowSpec.make(5, 0, None, [], goto=6),
     ]
 
     async def main() -> None:
@@ -260,10 +260,10 @@ def test_overwrite_and_delete_flows(sock_path: str) -> None:
 def test_install_meters_falls_back_to_modify_and_delete(sock_path: str) -> None:
     async def main() -> None:
         async with rig(sock_path) as r:
-            await r.chan.install_meters([m.MeterSpec(5, rate_pps=100, burst=10)])
+            await r.chan.install_meters([messages.MeterSpec(5, rate_pps=100, burst=10)])
             assert r.fake.meters[5].bands == [(100, 10)]
             start = len(r.fake.mods)
-            await r.chan.install_meters([m.MeterSpec(5, rate_pps=200, burst=20), m.MeterSpec(6, 50)])
+            await r.chan.install_meters([messages.MeterSpec(5, rate_pps=200, burst=20), messages.MeterSpec(6, 50)])
             assert [(x.command, x.ident) for x in r.fake.mods[start:]] == [
                 (ofp.OFPMC_ADD, 5), (ofp.OFPMC_ADD, 6), (ofp.OFPMC_MODIFY, 5)]
             assert r.fake.meters[5].bands == [(200, 20)]
@@ -283,16 +283,16 @@ def test_meter_that_exists_on_the_switch_is_modified(sock_path: str) -> None:
     async def main() -> None:
         async with rig(sock_path) as r:
             r.fake.meters[9] = Meter(9, 0, [(1, 1)])  # left over from a previous agent run
-            await r.chan.install_meters([m.MeterSpec(9, rate_pps=300)])
+            await r.chan.install_meters([messages.MeterSpec(9, rate_pps=300)])
             assert [x.command for x in r.fake.mods] == [ofp.OFPMC_ADD, ofp.OFPMC_MODIFY]
             assert r.fake.meters[9].bands == [(300, 0)]
     run(main())
 
 
 def test_install_groups_falls_back_to_modify_and_delete(sock_path: str) -> None:
-    g1 = m.GroupSpec(10, buckets=((m.Output(1),), (m.Output(2),)))
-    g1b = m.GroupSpec(10, buckets=((m.Output(3),),))
-    g2 = m.GroupSpec(11, group_type=ofp.OFPGT_INDIRECT, buckets=((m.SetField("reg7", 2), m.Output(4)),))
+    g1 = messages.GroupSpec(10, buckets=((messages.Output(1),), (messages.Output(2),)))
+    g1b = messages.GroupSpec(10, buckets=((messages.Output(3),),))
+    g2 = messages.GroupSpec(11, group_type=ofp.OFPGT_INDIRECT, buckets=((messages.SetField("reg7", 2), messages.Output(4)),))
 
     async def main() -> None:
         async with rig(sock_path) as r:
@@ -316,15 +316,15 @@ def test_install_groups_falls_back_to_modify_and_delete(sock_path: str) -> None:
 
 
 def test_reconnect_replays_meters_groups_then_flows(sock_path: str) -> None:
-    flows = [m.FlowSpec.make(0, 100, {"in_port": 1}, [m.Controller(userdata=b"\x01\x00")]),
-             m.FlowSpec.make(0, 90, {"in_port": 2, "eth_type": 0x0800}, [m.Output(3)], goto=2),
+    flows = [messages.FlowSpec.make(0, 100, {"in_port": 1}, [messages.Controller(userdata=b"\x01\x00")]),
+             messages.FlowSpec.make(0, 90, {"in_port": 2, "eth_type": 0x0800}, [messages.Output(3)], goto=2),
              flow(2, 5, 4, in_port=5)]
 
     async def main() -> None:
         async with rig(sock_path) as r:
             await r.chan.install_flows(flows)  # flows first, to show replay reorders
-            await r.chan.install_groups([m.GroupSpec(7, buckets=((m.Output(1),), (m.Output(2),)))])
-            await r.chan.install_meters([m.MeterSpec(1, 10), m.MeterSpec(2, 20), m.MeterSpec(3, 30)])
+            await r.chan.install_groups([messages.GroupSpec(7, buckets=((messages.Output(1),), (messages.Output(2),)))])
+            await r.chan.install_meters([messages.MeterSpec(1, 10), messages.MeterSpec(2, 20), messages.MeterSpec(3, 30)])
             await r.chan.delete_flows([flows[2]])
             await r.chan.delete_meters([3])
             before = dict(r.fake.flows)
@@ -400,19 +400,19 @@ def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> Non
             with pytest.raises(ChannelClosed):  # not started
                 await chan.install_flows([flow(0, 1, 1)])
             with pytest.raises(ChannelClosed):
-                await chan.request(m.barrier())
+                await chan.request(messages.barrier())
             chan.start()
             await chan.wait_ready(2.0)
             await fake.stop()
             await eventually(lambda: not chan.ready, 1.0, "channel to notice")
             for call in (lambda: chan.install_flows([flow(0, 1, 1)]),
-                         lambda: chan.install_meters([m.MeterSpec(1, 1)]),
+                         lambda: chan.install_meters([messages.MeterSpec(1, 1)]),
                          lambda: chan.delete_groups([1]),
-                         lambda: chan.request(m.barrier())):
+                         lambda: chan.request(messages.barrier())):
                 with pytest.raises(ChannelClosed):
                     await call()
             with pytest.raises(ChannelClosed):
-                chan.send_nowait(m.echo_request())
+                chan.send_nowait(messages.echo_request())
             assert chan.desired_flows == []
         finally:
             await chan.close()
@@ -553,7 +553,7 @@ def test_close_is_clean(sock_path: str, caplog: pytest.LogCaptureFixture) -> Non
     async def main() -> None:
         before = asyncio.all_tasks()  # the test's own tasks (run's wait_for wrapper)
         async with rig(sock_path, echo_interval=0.05) as r:
-            await r.chan.install_meters([m.MeterSpec(1, 10)])
+            await r.chan.install_meters([messages.MeterSpec(1, 10)])
             await r.chan.install_flows([flow(0, 1, 1, in_port=1)])
             r.fake.send(packet_in2(rule_id=1))
             await eventually(lambda: len(r.packet_ins) == 1, 1.0, "packet-in")

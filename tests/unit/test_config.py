@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config as c
+from policy_agent import config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "npaudit.yaml"
 
 
 def test_shipped_config_documents_exactly_the_defaults() -> None:
-    assert c.load(SHIPPED) == c.AgentConfig()
+    assert config.load(SHIPPED) == config.AgentConfig()
 
 
 def test_empty_file_means_defaults() -> None:
-    assert c.loads("") == c.AgentConfig()
+    assert config.loads("") == config.AgentConfig()
 
 
 def test_every_error_names_its_field() -> None:
@@ -31,8 +31,8 @@ metrics: {listen: nope}
 log_level: loud
 extra: 1
 """
-    with pytest.raises(c.ConfigError) as err:
-        c.loads(text)
+    with pytest.raises(config.ConfigError) as err:
+        config.loads(text)
     errors = err.value.errors
     expected_prefixes = [
         "ovs.brdge: unknown field (did you mean 'bridge'?)",
@@ -55,17 +55,17 @@ extra: 1
 
 @pytest.mark.parametrize("text", ["[1, 2]", "ovs: [a]", "a: b: c: :"])
 def test_wrong_shapes_are_errors_not_crashes(text: str) -> None:
-    with pytest.raises(c.ConfigError):
-        c.loads(text)
+    with pytest.raises(config.ConfigError):
+        config.loads(text)
 
 
 def test_booleans_are_not_numbers() -> None:
-    with pytest.raises(c.ConfigError, match="ovs.controller_queue_size: must be an integer, got bool"):
-        c.loads("ovs: {controller_queue_size: true}")
+    with pytest.raises(config.ConfigError, match="ovs.controller_queue_size: must be an integer, got bool"):
+        config.loads("ovs: {controller_queue_size: true}")
 
 
 def test_embedded_with_private_netns_defaults_to_tcp_on_its_loopback() -> None:
-    cfg = c.AgentConfig()
+    cfg = config.AgentConfig()
     assert cfg.openflow_transport == "tcp"
     assert cfg.controller_target == "ptcp:6653:127.0.0.1"
     assert cfg.openflow_target == "tcp:127.0.0.1:6653"
@@ -74,16 +74,16 @@ def test_embedded_with_private_netns_defaults_to_tcp_on_its_loopback() -> None:
 
 def test_without_a_private_namespace_the_default_is_a_unix_socket() -> None:
     for text in ("ovs: {netns: ''}", "ovs: {mode: external}"):
-        cfg = c.loads(text)
+        cfg = config.loads(text)
         assert cfg.openflow_transport == "unix"
         assert cfg.controller_target == f"punix:{cfg.openflow_target}"
         assert cfg.openflow_target.endswith("/br-int.npaudit")
         assert cfg.openflow_netns == ""
-    assert c.loads("ovs: {mode: external}").ovs.db_remote == "unix:/var/run/openvswitch/db.sock"
+    assert config.loads("ovs: {mode: external}").ovs.db_remote == "unix:/var/run/openvswitch/db.sock"
 
 
 def test_explicit_target_means_no_controller_row() -> None:
-    cfg = c.loads("openflow: {target: /run/openvswitch/br-int.mgmt}")
+    cfg = config.loads("openflow: {target: /run/openvswitch/br-int.mgmt}")
     assert cfg.controller_target is None
     assert cfg.openflow_target == "/run/openvswitch/br-int.mgmt"
 

@@ -1,4 +1,4 @@
-"""The package layers hold: meters < packetin < auditlog < policy_agent.
+"""The package layers hold (meters < packetin < auditlog < policy_agent) and modules stay small.
 
 Every import in a module counts, including the ones inside functions (the agent
 imports lazily to keep `npaudit cni` lean), so a lazy upward import is caught too.
@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("meters", "packetin", "auditlog", "policy_agent")
+MAX_LINES = 500  # STYLE.md: a module answers one question
 
 
 def _modules() -> list[Path]:
@@ -49,3 +50,7 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
     layer = path.relative_to(ROOT).parts[0]
     assert upward_imports(layer, path.read_text()) == set(), (
         f"{path.relative_to(ROOT)} ({layer}) imports a higher layer; order: {' < '.join(LAYERS)}")
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_over_the_size_limit(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it by what it does"

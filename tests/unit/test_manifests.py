@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy_agent.policy import manifests as m
+from policy_agent.policy import manifests
 from policy_agent.policy.model import (
     Action, AppliedTo, ContainerPort, Direction, IPBlock, LabelSelector, Namespace, Peer, Pod,
     Policy, PolicyKind, PortSpec, Requirement, Rule, Tier,
@@ -25,12 +25,12 @@ LEGACY_GROUPS = ["crd.antrea.io/v1alpha1", "security.antrea.tanzu.vmware.com/v1a
 SRC = "t.yaml"
 
 
-def load(text: str) -> m.ObjectSet:
-    return m.load_text(textwrap.dedent(text), SRC)
+def load(text: str) -> manifests.ObjectSet:
+    return manifests.load_text(textwrap.dedent(text), SRC)
 
 
 def errors_of(text: str) -> list[str]:
-    with pytest.raises(m.ManifestError) as err:
+    with pytest.raises(manifests.ManifestError) as err:
         load(text)
     return err.value.errors
 
@@ -74,7 +74,7 @@ def test_namespace_gets_sorted_labels_annotations_and_the_name_label() -> None:
           uid: 1234            # server-set metadata is ignored
         status: {phase: Active}
     """)
-    assert s == m.ObjectSet(namespaces=(Namespace(
+    assert s == manifests.ObjectSet(namespaces=(Namespace(
         name="z",
         labels=(("env", "prod"), ("kubernetes.io/metadata.name", "z"), ("team", "red")),
         annotations=(("networkpolicy.antrea.io/enable-logging", "true"),)),))
@@ -102,7 +102,7 @@ def test_pod_with_container_ports_and_default_namespace() -> None:
 
 def test_tier() -> None:
     s = load(tier("devops", 120) + "  description: DevOps team\n")
-    assert s == m.ObjectSet(tiers=(Tier(name="devops", priority=120),))
+    assert s == manifests.ObjectSet(tiers=(Tier(name="devops", priority=120),))
 
 
 K8S_NETPOL = netpol("""
@@ -218,7 +218,7 @@ def test_antrea_network_policy_exact_model_defaults_to_application_tier() -> Non
 def test_legacy_api_groups_build_identical_objects(api: str) -> None:
     legacy = load("---\n".join([acnp(ACNP_SPEC, name="acnp-drop", api=api), anp(ANP_SPEC, name="anp-1", api=api),
                                 tier("devops", 120, api=api)]))
-    assert legacy == m.ObjectSet(tiers=(Tier("devops", 120),), policies=(ACNP_MODEL, ANP_MODEL))
+    assert legacy == manifests.ObjectSet(tiers=(Tier("devops", 120),), policies=(ACNP_MODEL, ANP_MODEL))
 
 
 def test_legacy_camelcase_standard_tier_names_are_normalised() -> None:
@@ -236,11 +236,11 @@ def test_list_items_are_loaded_and_located() -> None:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "x"}},
     ]}
-    s = m.load_text(yaml.safe_dump(text), SRC)
+    s = manifests.load_text(yaml.safe_dump(text), SRC)
     assert [n.name for n in s.namespaces] == ["x"] and s.pods == (Pod("x", "a"),)
     text["items"].append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "B"}})
-    with pytest.raises(m.ManifestError) as err:
-        m.load_text(yaml.safe_dump(text), SRC)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_text(yaml.safe_dump(text), SRC)
     assert err.value.errors == [
         "Pod/default/B (t.yaml#1.items[2]): metadata.name: must be a DNS-1123 subdomain (at most 253 "
         "characters: lowercase letters, digits, '-' and '.', starting and ending alphanumeric); got 'B'"]
@@ -394,7 +394,7 @@ INVALID = [
     (anp("priority: 1\nappliedTo: [{namespaceSelector: {}}]"),
      f"{AN}: spec.appliedTo[0].namespaceSelector: not allowed in an Antrea NetworkPolicy, which applies only in "
      "its own Namespace"),
-    (anp(f"priority: 1\ningress: [{{action: Drop, appliedTo: [{{namespaceSelector: {{}}}}]}}]"),
+    (anp("priority: 1\ningress: [{action: Drop, appliedTo: [{namespaceSelector: {}}]}]"),
      f"{AN}: spec.ingress[0].appliedTo[0].namespaceSelector: not allowed in an Antrea NetworkPolicy, which "
      "applies only in its own Namespace"),
     # peers: a typo must never widen a policy
@@ -611,24 +611,24 @@ def test_wrong_types_everywhere_are_errors_never_exceptions() -> None:
 
 
 def test_yaml_syntax_errors_name_the_source() -> None:
-    with pytest.raises(m.ManifestError) as err:
-        m.load_text("apiVersion: v1\nkind: [Namespace\n", "bad.yaml")
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_text("apiVersion: v1\nkind: [Namespace\n", "bad.yaml")
     [line] = err.value.errors
     assert line.startswith("bad.yaml: invalid YAML at line 3, column 1: ")
 
 
 @pytest.mark.parametrize("text", ["a: 2001-02-30\n", f"a: {'9' * 5000}\n", "!!python/object:os.system {}\n"])
 def test_yaml_that_pyyaml_cannot_construct_is_a_manifest_error(text: str) -> None:
-    with pytest.raises(m.ManifestError) as err:
-        m.load_text(text, "odd.yaml")
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_text(text, "odd.yaml")
     assert err.value.errors[0].startswith("odd.yaml: invalid YAML")
 
 
 def test_empty_documents_are_skipped_but_counted() -> None:
-    s = m.load_text("# comment only\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n", SRC)
+    s = manifests.load_text("# comment only\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n", SRC)
     assert [n.name for n in s.namespaces] == ["x"]
-    with pytest.raises(m.ManifestError) as err:
-        m.load_text("---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: X}\n", SRC)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_text("---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: X}\n", SRC)
     assert err.value.errors[0].startswith("Namespace/X (t.yaml#2): metadata.name:")
 
 
@@ -665,10 +665,10 @@ spec: {podSelector: {}}
 
 
 def test_one_bad_object_rejects_the_whole_set_and_is_named_precisely() -> None:
-    good = m.load_text(FIVE_OBJECTS % "Drop", "policies.yaml")
+    good = manifests.load_text(FIVE_OBJECTS % "Drop", "policies.yaml")
     assert (len(good.namespaces), len(good.pods), len(good.tiers), len(good.policies)) == (1, 1, 1, 2)
-    with pytest.raises(m.ManifestError) as err:
-        m.load_text(FIVE_OBJECTS % "Deny", "policies.yaml")
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_text(FIVE_OBJECTS % "Deny", "policies.yaml")
     assert err.value.errors == [
         "ClusterNetworkPolicy/acnp-drop (policies.yaml#4): spec.ingress[0].action: must be one of Allow, Drop, "
         "Reject, Pass; got 'Deny'"]
@@ -684,8 +684,8 @@ def test_every_problem_of_every_object_is_listed() -> None:
 
 def test_load_documents_takes_parsed_objects() -> None:
     docs = list(yaml.safe_load_all(FIVE_OBJECTS % "Drop"))
-    assert m.load_documents(docs, "api") == m.load_text(FIVE_OBJECTS % "Drop", "api")
-    assert m.load_documents([], "api") == m.ObjectSet()
+    assert manifests.load_documents(docs, "api") == manifests.load_text(FIVE_OBJECTS % "Drop", "api")
+    assert manifests.load_documents([], "api") == manifests.ObjectSet()
 
 
 # --- directories ------------------------------------------------------------------------------
@@ -697,8 +697,8 @@ def test_directory_loads_yaml_yml_json_in_name_order(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("not a manifest: [")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "d.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: d}\n")
-    assert [n.name for n in m.load_path(tmp_path).namespaces] == ["a", "b", "c"]
-    assert [n.name for n in m.load_path(tmp_path / "b.yml").namespaces] == ["b"]
+    assert [n.name for n in manifests.load_path(tmp_path).namespaces] == ["a", "b", "c"]
+    assert [n.name for n in manifests.load_path(tmp_path / "b.yml").namespaces] == ["b"]
 
 
 def test_directory_is_one_all_or_nothing_set(tmp_path: Path) -> None:
@@ -706,8 +706,8 @@ def test_directory_is_one_all_or_nothing_set(tmp_path: Path) -> None:
     (tmp_path / "02.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
     (tmp_path / "03.json").write_text("{\"apiVersion\": \"v1\",")
     (tmp_path / "04.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: A}\n")
-    with pytest.raises(m.ManifestError) as err:
-        m.load_path(tmp_path)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_path(tmp_path)
     errors = err.value.errors
     assert errors[0].startswith("03.json: invalid JSON at line 1, column ")
     assert errors[1].startswith("Pod/default/A (04.yaml#1): metadata.name: must be a DNS-1123 subdomain")
@@ -716,13 +716,13 @@ def test_directory_is_one_all_or_nothing_set(tmp_path: Path) -> None:
 
 
 def test_missing_path_is_a_manifest_error(tmp_path: Path) -> None:
-    with pytest.raises(m.ManifestError) as err:
-        m.load_path(tmp_path / "nope")
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.load_path(tmp_path / "nope")
     assert err.value.errors == [f"{tmp_path / 'nope'}: no such file or directory"]
 
 
 def test_shipped_samples_load() -> None:
-    s = m.load_path(SAMPLES)
+    s = manifests.load_path(SAMPLES)
     assert [n.name for n in s.namespaces] == ["x", "y", "z"]
     assert [n.name for n in s.namespaces if n.logging_enabled] == ["z"]
     assert sorted(p.key for p in s.pods) == [(ns, p) for ns in "xyz" for p in "abc"]
@@ -747,12 +747,12 @@ def test_shipped_samples_load() -> None:
     ("ns", "Namespace"), ("namespace", "Namespace"), ("namespaces", "Namespace"),
 ])
 def test_resolve_kind(name: str, kind: str) -> None:
-    assert m.resolve_kind(name) == kind
+    assert manifests.resolve_kind(name) == kind
 
 
 def test_resolve_kind_names_the_accepted_names() -> None:
     with pytest.raises(ValueError) as err:
-        m.resolve_kind("svc")
+        manifests.resolve_kind("svc")
     assert "unknown kind 'svc'" in str(err.value)
     for name in ("acnp", "anp", "netpol", "tr", "pod", "ns"):
         assert name in str(err.value)
@@ -760,7 +760,7 @@ def test_resolve_kind_names_the_accepted_names() -> None:
 
 def test_resolved_policy_kinds_are_model_kinds() -> None:
     for name in ("acnp", "anp", "netpol"):
-        assert PolicyKind(m.resolve_kind(name))
+        assert PolicyKind(manifests.resolve_kind(name))
 
 
 # --- nothing but ManifestError, whatever the input --------------------------------------------
@@ -806,11 +806,11 @@ def _replace(data: Any, path: list[Any], value: Any) -> Any:
 def test_arbitrary_data_in_any_field_raises_only_manifest_error(where: tuple[str, list[Any]], value: Any) -> None:
     base, path = where
     document = _replace(BASES[base], path, value)
-    for load_one in (lambda: m.load_documents([document], "h.yaml"),
-                     lambda: m.load_text(yaml.safe_dump(document), "h.yaml")):
+    for load_one in (lambda: manifests.load_documents([document], "h.yaml"),
+                     lambda: manifests.load_text(yaml.safe_dump(document), "h.yaml")):
         try:
             load_one()
-        except m.ManifestError as err:
+        except manifests.ManifestError as err:
             assert err.errors and all(isinstance(e, str) and e for e in err.errors)
 
 
@@ -818,6 +818,6 @@ def test_arbitrary_data_in_any_field_raises_only_manifest_error(where: tuple[str
 @given(text=st.text(max_size=200))
 def test_arbitrary_text_raises_only_manifest_error(text: str) -> None:
     try:
-        m.load_text(text, "h.yaml")
-    except m.ManifestError:
+        manifests.load_text(text, "h.yaml")
+    except manifests.ManifestError:
         pass
