@@ -51,6 +51,8 @@ import re
 import uuid
 from typing import Any, Callable, Mapping
 
+from auditlog.errors import AuditLogError
+
 try:
     import orjson as _orjson
 except ImportError:  # the canonical encoder alone is correct, only slower
@@ -109,7 +111,7 @@ def _encode(value: Any) -> str:
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class ChainError(Exception):
+class ChainError(AuditLogError):
     """A line that does not continue the chain; `kind` is one of the constants above."""
 
     def __init__(self, kind: str, detail: str, *, expected: int | None = None,

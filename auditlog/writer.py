@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from auditlog.chain import GENESIS, RecordText, chain_restart_record
 from auditlog.compressor import FILE_MODE, Compressor
+from auditlog.errors import AuditLogError
 from auditlog.fileset import audit_files, scan_tail, set_lock
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from packetin.ratelimited_log import RateLimitedLog
@@ -59,7 +60,7 @@ class WriterStats:
 STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
 
 
-class AuditWriterError(RuntimeError):
+class AuditWriterError(AuditLogError):
     """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
 
 

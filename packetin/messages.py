@@ -245,32 +245,19 @@ def _instructions(actions: Iterable[Action], goto: GotoTable | None) -> list[Any
     return out
 
 
+def _flow_mod(spec: FlowSpec, command: int, **extra: Any) -> Any:
+    return parser.OFPFlowMod(CODEC, table_id=spec.table, command=command, priority=spec.priority,
+                             buffer_id=ofp.OFP_NO_BUFFER, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+                             match=parser.OFPMatch(**dict(spec.match)), **extra)
+
+
 def flow_add(spec: FlowSpec) -> Any:
-    return parser.OFPFlowMod(
-        CODEC,
-        cookie=spec.cookie,
-        table_id=spec.table,
-        command=ofp.OFPFC_ADD,
-        priority=spec.priority,
-        buffer_id=ofp.OFP_NO_BUFFER,
-        out_port=ofp.OFPP_ANY,
-        out_group=ofp.OFPG_ANY,
-        match=parser.OFPMatch(**dict(spec.match)),
-        instructions=_instructions(spec.actions, spec.goto),
-    )
+    return _flow_mod(spec, ofp.OFPFC_ADD, cookie=spec.cookie,
+                     instructions=_instructions(spec.actions, spec.goto))
 
 
 def flow_delete_strict(spec: FlowSpec) -> Any:
-    return parser.OFPFlowMod(
-        CODEC,
-        table_id=spec.table,
-        command=ofp.OFPFC_DELETE_STRICT,
-        priority=spec.priority,
-        buffer_id=ofp.OFP_NO_BUFFER,
-        out_port=ofp.OFPP_ANY,
-        out_group=ofp.OFPG_ANY,
-        match=parser.OFPMatch(**dict(spec.match)),
-    )
+    return _flow_mod(spec, ofp.OFPFC_DELETE_STRICT)
 
 
 def flow_delete_cookie(cookie: int, mask: int) -> Any:

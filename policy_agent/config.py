@@ -16,8 +16,10 @@ from typing import Any, Callable
 
 import yaml
 
+from policy_agent.errors import AgentError
 
-class ConfigError(Exception):
+
+class ConfigError(AgentError):
     """The configuration is invalid; `errors` lists "field.path: reason" lines."""
 
     def __init__(self, errors: list[str]) -> None:

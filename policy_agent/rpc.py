@@ -11,12 +11,14 @@ import socket
 import struct
 from typing import Any, Mapping
 
+from policy_agent.errors import AgentError
+
 # 1 MiB is far above any real netconf or manifest request and caps what a peer can make us buffer.
 MAX_FRAME = 1 << 20
 _LEN = struct.Struct(">I")
 
 
-class FrameError(Exception):
+class FrameError(AgentError):
     """Bytes that are not a frame of this protocol; callers wrap it into their own protocol's error."""
 
     def __init__(self, msg: str, details: str = "") -> None:

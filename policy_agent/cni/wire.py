@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from policy_agent import rpc
+from policy_agent.errors import AgentError
 
 # CNI spec 1.0.0 error codes (1-99 are reserved by the spec, 100+ are ours).
 ERR_INCOMPATIBLE_VERSION = 1
@@ -33,7 +34,7 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _MAX_ID = 256
 
 
-class CniError(Exception):
+class CniError(AgentError):
     """A failure to report to the container runtime as a CNI error object."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:

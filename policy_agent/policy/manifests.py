@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from policy_agent.errors import AgentError
 from policy_agent.policy.kinds import CLUSTER_SCOPED, KIND_NAMES, NAMESPACE, POD, SERVED, TIER
 from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, ContainerPort, Direction,
@@ -30,7 +31,7 @@ _LEGACY_TIER_NAMES = {"Emergency": "emergency", "SecurityOps": "securityops", "N
                       "Platform": "platform", "Application": "application", "Baseline": "baseline"}
 
 
-class ManifestError(Exception):
+class ManifestError(AgentError):
     """The manifests are invalid and none were applied; `errors` has one line per problem:
     "<Kind>/<namespace>/<name> (<source>#<doc index>): <field path>: <reason>"."""
 

@@ -117,7 +117,7 @@ def _modules_after(statement: str) -> set[str]:
 def test_rpc_imports_only_the_standard_library() -> None:
     loaded = _modules_after("import policy_agent.rpc")
     foreign = {m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names}
-    assert foreign == {"policy_agent", "policy_agent.rpc"}
+    assert foreign == {"policy_agent", "policy_agent.errors", "policy_agent.rpc"}
 
 
 def test_the_cni_plugin_loads_no_agent_machinery() -> None:
