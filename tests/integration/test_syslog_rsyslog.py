@@ -18,6 +18,7 @@ import pytest
 from auditlog.syslog.forwarder import Forwarder, make_destination
 from auditlog.syslog.transport import TlsOptions
 from auditlog.verify import verify
+from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Rsyslog
@@ -79,7 +80,7 @@ def write_records(live: Path, first: int, count: int, per_second: float = 0.0) -
     """Write records through the real writer (rotating every 64 KiB, gzip); paced if per_second."""
     with AuditWriter(live, max_bytes=64 * 1024, backup_count=100, max_age_days=0) as writer:
         for i in range(first, first + count):
-            assert writer.submit(record(i))
+            assert writer.submit(RecordText.of(record(i)))
             if per_second:
                 time.sleep(1 / per_second)
         assert writer.flush_wait()

@@ -14,6 +14,7 @@ from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name, make_destination
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import Endpoint, TlsOptions
+from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
@@ -63,7 +64,7 @@ def live(tmp_path: Path) -> Iterator[Path]:
 def write(live: Path, first: int, count: int, size: int = 0) -> None:
     with AuditWriter(live, max_bytes=8192, backup_count=100, max_age_days=0) as w:
         for i in range(first, first + count):
-            w.submit(record(i, size))
+            w.submit(RecordText.of(record(i, size)))
         assert w.flush_wait()
 
 
@@ -137,7 +138,7 @@ def test_records_removed_by_retention_before_sending_are_counted_lost(live: Path
     fwd.stop()
     with AuditWriter(live, max_bytes=4096, backup_count=1, max_age_days=0) as w:
         for i in range(4, 200):
-            w.submit(record(i))
+            w.submit(RecordText.of(record(i)))
         assert w.flush_wait() and w.wait_compressed()
     sender = FakeSender()
     fwd = forwarder(live, sender)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditlog.chain import GENESIS, seal
+from auditlog.chain import GENESIS, RecordText
 from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
 from auditlog.syslog.rfc5424 import (MIN_UDP_MAX_BYTES, Framing, Header, encode_record, facility_code, frame,
                                      header_hostname, sd_escape)
@@ -29,7 +29,7 @@ def sealed(disposition: str | None = "Drop", *, name: str = "web-1", label: str 
     }
     if disposition is not None:
         record["npaudit"]["disposition"] = disposition
-    line = seal(record, GENESIS, seq)
+    line, _ = RecordText.of(record).seal(GENESIS, seq)
     return json.loads(line), line.encode("ascii") + b"\n"
 
 

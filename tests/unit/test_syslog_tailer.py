@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from auditlog.chain import RecordText
 from auditlog.fileset import audit_files
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError
@@ -36,7 +37,7 @@ def writer(live: Path) -> Iterator[AuditWriter]:
 
 def write(w: AuditWriter, first: int, count: int) -> None:
     for i in range(first, first + count):
-        assert w.submit(record(i))
+        assert w.submit(RecordText.of(record(i)))
     assert w.flush_wait()
 
 
