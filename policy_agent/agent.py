@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from auditlog.aggregate import Aggregator
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
+from auditlog.syslog.forwarder import Forwarder, checkpoint_name
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
@@ -21,11 +22,11 @@ from packetin.gctune import settle_heap
 from packetin.model import Category
 from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
-from policy_agent.config import AgentConfig, CategoryLimits
+from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
 from policy_agent.engine import PolicyEngine
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
-from policy_agent.metrics import AuditCollector, build_registry
+from policy_agent.metrics import AuditCollector, SyslogCollector, build_registry
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
@@ -68,6 +69,10 @@ class Agent:
         if config.audit.enabled:
             self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine)
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
+        # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
+        self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
+        if self.syslog:
+            self.registry.register(SyslogCollector(self.syslog))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY))
         self._handlers[Category.POLICY] = self.policy_packetins
@@ -106,6 +111,8 @@ class Agent:
         if self.audit is not None and self.audit_writer is not None:
             await asyncio.to_thread(self.audit_writer.start)
             self.audit.start()
+            for forwarder in self.syslog:
+                forwarder.start()
         self.demux.start()
         self.channel.start()
         if cfg.metrics.listen:
@@ -205,6 +212,8 @@ class Agent:
         if self.audit is not None and self.audit_writer is not None:
             await self.audit.close()  # what the open aggregation windows hold, written now
             await asyncio.to_thread(self.audit_writer.close)
+        for forwarder in self.syslog:  # a batch in flight is sent again from the checkpoint next time
+            await asyncio.to_thread(forwarder.stop)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -255,3 +264,12 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
                          max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields)
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
     return AuditPipeline(ctx, writer, Aggregator(window=ac.window)), writer
+
+
+def _build_syslog(config: AgentConfig) -> list[Forwarder]:
+    forwarders = []
+    for dest_config in config.syslog.destinations:
+        dest = syslog_destination(dest_config, config.node)  # checked at load: raises only on a race
+        forwarders.append(Forwarder(dest, live=Path(config.audit.path),
+                                    checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
+    return forwarders

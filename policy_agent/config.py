@@ -12,11 +12,14 @@ import socket
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
 from policy_agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from auditlog.syslog.forwarder import Destination
 
 
 class ConfigError(AgentError):
@@ -191,6 +194,33 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class SyslogDestinationConfig:
+    # udp://HOST:PORT, tcp://HOST:PORT or tls://HOST:PORT (ports default to 514, 514, 6514).
+    url: str = field(default="", metadata=_check(lambda v: None if v else "is required"))
+    # Facility name (local0..local7, daemon, ...) or number 0..23; severity comes from the disposition.
+    facility: str = "local0"
+    # tcp/tls only: octet-counting (RFC 6587 / RFC 5425) or lf.
+    framing: str = field(default="octet-counting", metadata=_check(_one_of("octet-counting", "lf")))
+    # tls only: CA file the server must chain to ("" = the system's trust store), optional client
+    # certificate and key, and the name the server certificate must carry ("" = the URL's host).
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    server_name: str = ""
+    # udp only: longest datagram; a longer record is sent with a JSON stub as MSG (counted).
+    udp_max_bytes: int = 2048
+
+
+@dataclass(frozen=True)
+class SyslogConfig:
+    # Forward every audit record to each destination (RFC 5424, one thread each).
+    destinations: tuple[SyslogDestinationConfig, ...] = ()
+    # Where each destination's checkpoint is kept; "" = <state_dir>/syslog. On a tmpfs
+    # state_dir a reboot forgets it and the files on disk are sent again (duplicates, no loss).
+    checkpoint_dir: str = ""
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     # Prometheus endpoint, HOST:PORT; "" disables it.
     listen: str = field(default="127.0.0.1:9495", metadata=_check(_listen))
@@ -213,6 +243,7 @@ class AgentConfig:
     cni: CniConfig = CniConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     audit: AuditConfig = AuditConfig()
+    syslog: SyslogConfig = SyslogConfig()
     metrics: MetricsConfig = MetricsConfig()
 
     @property
@@ -222,6 +253,10 @@ class AgentConfig:
     @property
     def cni_socket(self) -> Path:
         return Path(self.state_dir) / "cni.sock"
+
+    @property
+    def syslog_checkpoint_dir(self) -> Path:
+        return Path(self.syslog.checkpoint_dir or Path(self.state_dir) / "syslog")
 
     @property
     def node(self) -> str:
@@ -279,6 +314,8 @@ def loads(text: str, source: str = "<config>") -> AgentConfig:
         data = {}
     errors: list[str] = []
     config = _build(AgentConfig, data, "", errors)
+    if not errors:
+        errors += _syslog_errors(config)
     if errors:
         raise ConfigError(errors)
     return config
@@ -306,6 +343,13 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
         if dataclasses.is_dataclass(kind):
             values[name] = _build(kind, value, full + ".", errors)
             continue
+        item = _tuple_of(kind)
+        if item is not None:
+            if not isinstance(value, list):
+                errors.append(f"{full}: must be a list, got {type(value).__name__}")
+                continue
+            values[name] = tuple(_build(item, v, f"{full}[{i}].", errors) for i, v in enumerate(value))
+            continue
         coerced = _coerce(kind, value)
         if coerced is _INVALID:
             errors.append(f"{full}: must be {_type_name(kind)}, got {type(value).__name__} {value!r}")
@@ -320,6 +364,15 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
 
 
 _INVALID = object()
+
+
+def _tuple_of(kind: Any) -> Any:
+    """The dataclass X of a `tuple[X, ...]` field, else None."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis \
+            and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
 
 
 def _coerce(kind: Any, value: Any) -> Any:
@@ -338,3 +391,37 @@ def _coerce(kind: Any, value: Any) -> Any:
 
 def _type_name(kind: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
+
+
+def _syslog_errors(config: AgentConfig) -> list[str]:
+    """What each syslog destination gets wrong across its fields (the forwarder's own checks)."""
+    from auditlog.syslog.errors import SyslogConfigError
+
+    errors = []
+    if config.syslog.destinations and not config.audit.enabled:
+        errors.append("syslog.destinations: forwarding needs audit.enabled: true")
+    seen: dict[str, int] = {}
+    for i, dest in enumerate(config.syslog.destinations):
+        try:
+            name = syslog_destination(dest, config.node).name
+        except SyslogConfigError as exc:
+            errors.append(f"syslog.destinations[{i}]: {exc}")
+            continue
+        if name in seen:  # one checkpoint per destination
+            errors.append(f"syslog.destinations[{i}]: {name} is already destinations[{seen[name]}]")
+        seen.setdefault(name, i)
+    return errors
+
+
+def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
+    """The forwarder's Destination for one configured destination; SyslogConfigError if it cannot work."""
+    from auditlog.syslog.forwarder import make_destination
+    from auditlog.syslog.transport import TlsOptions
+
+    tls = None
+    if dest.url.startswith("tls:") or dest.ca or dest.cert or dest.key or dest.server_name:
+        tls = TlsOptions(ca=Path(dest.ca) if dest.ca else None, cert=Path(dest.cert) if dest.cert else None,
+                         key=Path(dest.key) if dest.key else None, server_name=dest.server_name or None)
+    framing = None if dest.url.startswith("udp:") and dest.framing == "octet-counting" else dest.framing
+    return make_destination(dest.url, node_name=node, facility=dest.facility, framing=framing, tls=tls,
+                            udp_max_bytes=dest.udp_max_bytes)

@@ -8,12 +8,13 @@ The registry is passed in, never the process-wide default.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from auditlog.pipeline import PipelineStats
+from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.writer import WriterStats
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
@@ -133,3 +134,44 @@ class AuditCollector:
                                 value=a.open_windows)
         yield CounterMetricFamily("npaudit_audit_windows_evicted", "Aggregation windows closed early "
                                   "because the key limit was reached", value=a.evicted_early)
+
+
+class SyslogStatsSource(Protocol):
+    """One syslog forwarder as this collector sees it (auditlog.syslog.forwarder.Forwarder)."""
+
+    def stats(self) -> ForwarderStats: ...
+
+
+class SyslogCollector:
+    """Exports each syslog destination's counters, connection state and position."""
+
+    def __init__(self, forwarders: Sequence[SyslogStatsSource]) -> None:
+        self._forwarders = forwarders
+
+    def collect(self) -> Iterator[Metric]:
+        records = CounterMetricFamily("npaudit_syslog_records", "Audit records per syslog destination and "
+                                      "outcome (truncated: sent with a stub MSG, also counted as sent; skipped: "
+                                      "not a sealed record or not encodable)", labels=["destination", "outcome"])
+        lost = CounterMetricFamily("npaudit_syslog_records_lost", "Audit records removed by retention before "
+                                   "they were forwarded", labels=["destination"])
+        errors = CounterMetricFamily("npaudit_syslog_errors", "Failed connects and sends (each retried with "
+                                     "backoff; TLS verification failures included)", labels=["destination"])
+        connected = GaugeMetricFamily("npaudit_syslog_connected", "1 while connected to the destination",
+                                      labels=["destination"])
+        last_seq = GaugeMetricFamily("npaudit_syslog_last_seq_sent", "npaudit.seq of the newest record "
+                                     "delivered (compare with npaudit_audit_chain_seq)", labels=["destination"])
+        backlog = GaugeMetricFamily("npaudit_syslog_backlog_bytes", "Bytes of audit files not yet read "
+                                    "(gzip files as stored)", labels=["destination"])
+        for fwd in self._forwarders:
+            st = fwd.stats()
+            dest = [st.destination]
+            for outcome in ("sent", "truncated", "skipped"):
+                records.add_metric([*dest, outcome], getattr(st, outcome))
+            lost.add_metric(dest, st.lost)
+            errors.add_metric(dest, st.errors)
+            connected.add_metric(dest, int(st.connected))
+            if st.last_seq_sent is not None:
+                last_seq.add_metric(dest, st.last_seq_sent)
+            if st.backlog_bytes is not None:
+                backlog.add_metric(dest, st.backlog_bytes)
+        yield from (records, lost, errors, connected, last_seq, backlog)

@@ -1,0 +1,216 @@
+r"""RFC 5424 messages and RFC 6587 / RFC 5425 framing for audit records: pure functions, bytes out.
+
+One audit line becomes one message::
+
+    <PRI>1 TIMESTAMP HOSTNAME npaudit - MSGID [npaudit@32473 seq="N" chain="HEX"] MSG
+
+- PRI = facility * 8 + severity. Facility is configured (default local0 = 16).
+  Severity and MSGID per disposition (SEVERITY / MSGID below):
+
+  ===========  ========  ==================
+  disposition  MSGID     severity
+  ===========  ========  ==================
+  Allow        ALLOW     6 informational
+  Pass         PASS      6 informational
+  Drop         DROP      4 warning
+  Reject       REJECT    4 warning
+  (none)       STATE     5 notice  (the writer's own records, e.g. chain-restart)
+  ===========  ========  ==================
+
+  Drop and Reject are "warning", not "notice", so that a receiver filtering on
+  severity <= warning keeps exactly the denials.
+- TIMESTAMP is the record's ``@timestamp`` (RFC 3339, milliseconds, ``Z``); a value
+  that is not a valid RFC 5424 TIMESTAMP becomes ``-``.
+- HOSTNAME is the node name if it is 1..255 PRINTUSASCII characters (``!``..``~``),
+  else ``-`` (the record carries ``observer.hostname`` anyway): a hostile name can
+  never shift the header fields.
+- STRUCTURED-DATA ``npaudit@32473`` (32473 is the documentation enterprise number of
+  RFC 5612) carries ``seq`` and ``chain``; PARAM-VALUEs escape ``"``, ``\`` and ``]``
+  with a backslash (RFC 5424 §6.3.3). A shortened message adds ``original_bytes``.
+- MSG is the record line exactly as in the file, without its newline and without a
+  BOM: the canonical encoder (auditlog.chain) writes pure ASCII, which is valid as
+  MSG-ANY and as UTF-8, and a BOM would end up in front of the JSON that receivers
+  parse (rsyslog's mmjsonparse would then refuse it).
+
+Framing: octet counting ``LEN SP MSG`` (RFC 6587 §3.4.1, RFC 5425 §4.3) on TCP and
+TLS by default, or LF framing (``MSG LF``; a record line never contains a raw LF);
+UDP sends one message per datagram, no framing.
+
+UDP datagrams are capped (default 2048 bytes, the size RFC 5424 §6.1 says receivers
+SHOULD accept; at least 1024, room for a stub after any header). A longer message keeps its header and
+structured data and replaces MSG by a stub that is still one JSON object::
+
+    {"@timestamp":..,"event":{"action":..,"id":..},
+     "npaudit":{"chain":..,"disposition":..,"original_bytes":N,"seq":..,"truncated":true}}
+
+so a receiver still sees which record was shortened; the file keeps it whole.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from auditlog.chain import encode
+from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
+
+__all__ = ["APP_NAME", "DEFAULT_FACILITY", "DEFAULT_UDP_MAX_BYTES", "FACILITIES", "MIN_UDP_MAX_BYTES", "MSGID",
+           "SD_ID", "SEVERITY", "Encoded", "Framing", "Header", "encode_record", "facility_code", "frame",
+           "header_hostname", "sd_escape"]
+
+APP_NAME = "npaudit"
+SD_ID = "npaudit@32473"
+DEFAULT_FACILITY = 16           # local0
+DEFAULT_UDP_MAX_BYTES = 2048    # RFC 5424 §6.1: receivers SHOULD accept 2048 octets
+# RFC 5424 lets a receiver refuse more than 480; we need room for the stub after a
+# 255-byte HOSTNAME and the structured data, so the cap may not go below 1024.
+MIN_UDP_MAX_BYTES = 1024
+
+# RFC 5424 §6.2.1 table 1.
+FACILITIES: dict[str, int] = {
+    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5, "lpr": 6, "news": 7,
+    "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11, "ntp": 12, "audit": 13, "alert": 14, "clock": 15,
+    **{f"local{i}": 16 + i for i in range(8)},
+}
+
+SEVERITY: dict[str, int] = {"Allow": 6, "Pass": 6, "Drop": 4, "Reject": 4}
+MSGID: dict[str, str] = {"Allow": "ALLOW", "Pass": "PASS", "Drop": "DROP", "Reject": "REJECT"}
+_STATE_MSGID, _STATE_SEVERITY = "STATE", 5
+
+# RFC 5424 §6.2.3 (RFC 3339 with at most 6 fraction digits); leap second 60 allowed.
+_TIMESTAMP = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)"
+                        r"(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
+_PRINTUSASCII = re.compile(r"[\x21-\x7e]{1,255}")
+_SD_SPECIALS = re.compile(r'(["\\\]])')
+_STUB_TEXT_MAX = 64  # longest event.id / event.action copied into a stub
+
+
+class Framing(enum.Enum):
+    """How messages are delimited on the wire."""
+
+    OCTET_COUNTING = "octet-counting"
+    LF = "lf"
+    DATAGRAM = "datagram"  # UDP: one message per datagram
+
+
+@dataclass(frozen=True)
+class Header:
+    """The per-destination part of every message: facility and the node's HOSTNAME."""
+
+    facility: int = DEFAULT_FACILITY
+    hostname: str = "-"
+
+    @classmethod
+    def for_node(cls, node_name: str, facility: int | str = DEFAULT_FACILITY) -> Header:
+        """A header for `node_name` (made safe by header_hostname) and a facility name or code."""
+        return cls(facility_code(facility), header_hostname(node_name))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One message ready to frame: its bytes, the record's seq, and whether MSG was replaced by a stub."""
+
+    message: bytes
+    seq: int
+    truncated: bool = False
+
+
+def facility_code(value: int | str) -> int:
+    """The facility number of a name ("local0") or number (0..23); SyslogConfigError otherwise."""
+    if isinstance(value, bool):
+        raise SyslogConfigError(f"syslog facility: {value!r} is not a facility name or 0..23")
+    if isinstance(value, int):
+        if 0 <= value <= 23:
+            return value
+    elif isinstance(value, str) and value.lower() in FACILITIES:
+        return FACILITIES[value.lower()]
+    raise SyslogConfigError(f"syslog facility: {value!r} is not one of {', '.join(FACILITIES)} or 0..23")
+
+
+def header_hostname(name: str) -> str:
+    """`name` if it is a valid RFC 5424 HOSTNAME (1..255 PRINTUSASCII), else the NILVALUE "-"."""
+    return name if _PRINTUSASCII.fullmatch(name) else "-"
+
+
+def sd_escape(value: str) -> str:
+    """An SD PARAM-VALUE: `"`, `\\` and `]` escaped with a backslash (RFC 5424 §6.3.3)."""
+    return _SD_SPECIALS.sub(r"\\\1", value)
+
+
+def _structured_data(seq: int, chain: str | None, original_bytes: int | None) -> str:
+    params = [f'seq="{seq}"']
+    if chain is not None:
+        params.append(f'chain="{sd_escape(chain)}"')
+    if original_bytes is not None:
+        params.append(f'original_bytes="{original_bytes}"')
+    return f"[{SD_ID} {' '.join(params)}]"
+
+
+def _fields(record: Mapping[str, Any]) -> tuple[int, str | None, str | None, str]:
+    """(seq, chain, disposition, timestamp) of a sealed record."""
+    meta = record.get("npaudit")
+    if not isinstance(meta, Mapping) or type(meta.get("seq")) is not int:
+        raise SyslogFormatError("record without an integer npaudit.seq")
+    chain = meta.get("chain")
+    disposition = meta.get("disposition")
+    stamp = record.get("@timestamp")
+    return (meta["seq"], chain if isinstance(chain, str) else None,
+            disposition if isinstance(disposition, str) else None,
+            stamp if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp) else "-")
+
+
+def _stub(record: Mapping[str, Any], original_bytes: int, with_event: bool) -> bytes:
+    meta = record["npaudit"]
+    stub_meta: dict[str, Any] = {"seq": meta["seq"], "truncated": True, "original_bytes": original_bytes}
+    for key in ("chain", "disposition"):
+        if isinstance(meta.get(key), str) and len(meta[key]) <= _STUB_TEXT_MAX:
+            stub_meta[key] = meta[key]
+    stub: dict[str, Any] = {"npaudit": stub_meta}
+    stamp = record.get("@timestamp")
+    if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp):
+        stub["@timestamp"] = stamp
+    event = record.get("event")
+    if with_event and isinstance(event, Mapping):
+        kept = {k: event[k] for k in ("id", "action")
+                if isinstance(event.get(k), str) and len(event[k]) <= _STUB_TEXT_MAX}
+        if kept:
+            stub["event"] = kept
+    return encode(stub).encode("ascii")
+
+
+def encode_record(record: Mapping[str, Any], line: bytes, header: Header, max_bytes: int | None = None) -> Encoded:
+    """The RFC 5424 message for one sealed record (`line` is its file line, with or without "\\n").
+
+    With `max_bytes` (UDP) a longer message gets the stub MSG described above;
+    SyslogFormatError if even that does not fit or the record is not sealed.
+    """
+    seq, chain, disposition, stamp = _fields(record)
+    msg = line[:-1] if line.endswith(b"\n") else line
+    if disposition in MSGID:
+        msgid, severity = MSGID[disposition], SEVERITY[disposition]
+    else:
+        msgid, severity = _STATE_MSGID, _STATE_SEVERITY
+    prefix = f"<{header.facility * 8 + severity}>1 {stamp} {header.hostname} {APP_NAME} - {msgid} "
+    message = f"{prefix}{_structured_data(seq, chain, None)} ".encode("ascii") + msg
+    if max_bytes is None or len(message) <= max_bytes:
+        return Encoded(message, seq)
+    head = f"{prefix}{_structured_data(seq, chain, len(msg))} ".encode("ascii")
+    for with_event in (True, False):
+        shortened = head + _stub(record, len(msg), with_event)
+        if len(shortened) <= max_bytes:
+            return Encoded(shortened, seq, truncated=True)
+    raise SyslogFormatError(f"seq {seq}: even a shortened message is longer than {max_bytes} bytes")
+
+
+def frame(message: bytes, framing: Framing) -> bytes:
+    """`message` delimited for the wire: "LEN SP MSG", "MSG LF", or as is for a datagram."""
+    if framing is Framing.OCTET_COUNTING:
+        return b"%d %s" % (len(message), message)
+    if framing is Framing.LF:
+        if b"\n" in message:
+            raise SyslogFormatError("a message with a line feed cannot be LF-framed")
+        return message + b"\n"
+    return message
+

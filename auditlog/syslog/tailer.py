@@ -1,0 +1,294 @@
+"""Tail the audit file set in seq order across rotation and gzip, from a checkpoint, counting what retention removed.
+
+The writer rotates audit.jsonl to .1 (same inode), its compressor replaces .N by
+.N.gz (a new inode, same uncompressed bytes) and retention deletes the oldest. So
+a position is found again by file identity and offset when that file is still
+there, else by seq: the newest file whose first record is not past the one
+wanted. An open file is finished once the live name names another file; it is
+read to its end once more after that is seen (the writer never appends to a
+file it has rotated away), then the next file is the one whose first seq
+follows it. fileset.py offers no "open with identity", so _open_file is here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from auditlog.chain import ChainError, parse_line
+from auditlog.fileset import GZIP_ERRORS, audit_files, open_audit_file, scan_tail, set_lock
+from auditlog.syslog.checkpoint import Position
+
+log = logging.getLogger(__name__)
+
+_BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the record it follows
+_FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
+
+
+@dataclass(frozen=True)
+class TailRecord:
+    """One sealed record read from the set: its seq, line (no newline), parsed JSON and position after it."""
+
+    seq: int
+    line: bytes
+    record: dict[str, Any]
+    position: Position
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one poll read: records in seq order, records found missing (retention) and lines skipped."""
+
+    records: tuple[TailRecord, ...] = ()
+    lost: int = 0
+    skipped: int = 0
+    bytes: int = 0
+
+    @property
+    def end(self) -> Position | None:
+        return self.records[-1].position if self.records else None
+
+
+@dataclass
+class _Open:
+    reader: IO[bytes]
+    raw: IO[bytes]
+    identity: tuple[int, int]
+    gz: bool
+    offset: int = 0
+    first_seq: int | None = None
+    finished_seen: bool = False
+
+
+@dataclass
+class _Poll:
+    records: list[TailRecord] = field(default_factory=list)
+    lost: int = 0
+    skipped: int = 0
+    bytes: int = 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open_file(path: Path) -> _Open:
+    raw = open(path, "rb")
+    try:
+        st = os.fstat(raw.fileno())
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        reader: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+    except BaseException:
+        raw.close()
+        raise
+    return _Open(reader, raw, (st.st_dev, st.st_ino), gz)
+
+
+def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
+    """The seq of the record whose line ends at `offset` (None if none does); leaves `reader` at `offset`."""
+    begin = max(0, offset - _BACK_WINDOW)
+    reader.seek(begin)
+    block = reader.read(offset - begin)
+    if len(block) != offset - begin or not block.endswith(b"\n"):
+        return None
+    start = block.rfind(b"\n", 0, len(block) - 1) + 1
+    if start == 0 and begin > 0:
+        return None  # a line longer than the window: not a line we wrote
+    try:
+        return parse_line(block[start:-1])[1]
+    except ChainError:
+        return None
+
+
+def first_seq(path: Path) -> int | None:
+    """The seq of the first record in `path` (None for a file without one in its first lines)."""
+    try:
+        with open_audit_file(path) as f:
+            for _, raw in zip(range(_FIRST_SEQ_LINES), f):
+                if raw.endswith(b"\n"):
+                    try:
+                        return parse_line(raw[:-1])[1]
+                    except ChainError:
+                        continue
+    except (FileNotFoundError, *GZIP_ERRORS):
+        return None
+    return None
+
+
+class Tailer:
+    """Reads sealed records from the set of `live` in seq order, from `start` (None: the oldest on disk).
+
+    `poll` never blocks or sleeps: it returns what is there now. The caller
+    persists a record's position only once it has delivered it.
+    """
+
+    def __init__(self, live: Path, start: Position | None = None) -> None:
+        self.live = Path(live)
+        self._start = start
+        self._want: int | None = None if start is None else start.seq + 1
+        self._resuming = start is not None  # records before `_want` are skipped only while resuming
+        self._cur: _Open | None = None
+
+    @property
+    def next_seq(self) -> int | None:
+        """The seq expected next (None before the first record is read)."""
+        return self._want
+
+    def close(self) -> None:
+        if self._cur is not None:
+            self._cur.reader.close()
+            self._cur.raw.close()
+            self._cur = None
+
+    def poll(self, max_records: int = 500, max_bytes: int = 1 << 20) -> Batch:
+        """Up to `max_records` records (about `max_bytes` of lines) that follow the last one read."""
+        out = _Poll()
+        if self._cur is None and not self._reopen():
+            return Batch()
+        while len(out.records) < max_records and out.bytes < max_bytes:
+            cur = self._cur
+            if cur is None:
+                break
+            try:
+                raw = cur.reader.readline()
+            except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
+                log.warning("syslog tailer: %s ends early: %s", self.live, exc)
+                raw = b""
+                cur.finished_seen = True
+            if raw.endswith(b"\n"):
+                start = cur.offset
+                cur.offset += len(raw)
+                self._take(cur, raw[:-1], start, out)
+                continue
+            if raw and (cur.gz or cur.finished_seen):
+                cur.offset += len(raw)  # a torn last line of a finished file: the writer restarted the chain
+                out.skipped += 1
+                continue
+            if raw:
+                cur.reader.seek(cur.offset)  # the writer is in the middle of this line
+                break
+            if not cur.finished_seen:
+                if cur.gz or _identity(self.live) != cur.identity:
+                    cur.finished_seen = True
+                    continue  # read once more: lines written just before the rotation
+                break
+            if not self._next_file():
+                break
+        return Batch(tuple(out.records), out.lost, out.skipped, out.bytes)
+
+    def _take(self, cur: _Open, line: bytes, start: int, out: _Poll) -> None:
+        try:
+            record, seq, _ = parse_line(line)
+        except ChainError:
+            out.skipped += 1
+            return
+        if cur.first_seq is None:
+            cur.first_seq = seq
+        want = self._want
+        if want is not None and seq < want:
+            if self._resuming:
+                return  # before the checkpoint: delivered already
+            # Seq went back outside a resume: the file set was started anew (logs removed).
+            log.warning("syslog tailer: %s: seq went back from %d to %d; the audit log was started anew",
+                        self.live, want - 1, seq)
+        elif want is not None and seq > want:
+            out.lost += seq - want
+            log.warning("syslog tailer: %s: records %d..%d were removed before they were forwarded",
+                        self.live, want, seq - 1)
+        self._resuming = False
+        self._want = seq + 1
+        out.records.append(TailRecord(seq, line, record, Position(*cur.identity, cur.offset, seq)))
+        out.bytes += len(line)
+
+    # --- choosing a file ---
+
+    def _listing(self) -> list[tuple[Path, int | None]]:
+        return [(path, first_seq(path)) for _, path in audit_files(self.live)]
+
+    def _open_chosen(self, pick: Path, after: Position | None = None) -> bool:
+        """Open `pick`, at `after` if given and the record before it there is after.seq."""
+        try:
+            cur = _open_file(pick)
+        except FileNotFoundError:
+            return False
+        if after is not None:
+            # An inode freed by the compressor or retention is soon reused by a newer
+            # file: the identity alone does not prove it is the checkpoint's file.
+            try:
+                ok = _seq_ending_at(cur.reader, after.offset) == after.seq
+            except (OSError, *GZIP_ERRORS):
+                ok = False
+            if not ok:
+                cur.reader.close()
+                cur.raw.close()
+                return False
+            cur.offset = after.offset
+        self.close()
+        self._cur = cur
+        return True
+
+    def _reopen(self) -> bool:
+        """Open the file to continue from (the checkpoint's, else the one holding the seq wanted)."""
+        with set_lock(self.live, fcntl.LOCK_SH):
+            start, self._start = self._start, None
+            if start is not None:
+                for _, path in audit_files(self.live):
+                    if _identity(path) == start.identity and self._open_chosen(path, start):
+                        return True
+            listing = self._listing()
+            if self._want is not None and self._disk_head(listing) < self._want - 1:
+                log.warning("syslog tailer: %s: newest record on disk is before seq %d: starting anew",
+                            self.live, self._want - 1)
+                self._want, self._resuming = None, False
+            with_records = [(path, seq) for path, seq in listing if seq is not None]
+            if not with_records:
+                return self._open_chosen(self.live) if self.live.exists() else False
+            want = self._want
+            at_or_before = [path for path, seq in with_records if want is None or seq <= want]
+            pick = at_or_before[-1] if want is not None and at_or_before else with_records[0][0]
+            return self._open_chosen(pick)
+
+    def _disk_head(self, listing: list[tuple[Path, int | None]]) -> int:
+        for path, seq in reversed(listing):
+            if seq is not None:
+                last = scan_tail(path).last
+                return last[0] if last is not None else seq
+        return 0
+
+    def _next_file(self) -> bool:
+        """Move from the finished file to the one after it; False if there is none yet."""
+        cur = self._cur
+        if cur is None:
+            return False
+        after = cur.first_seq if cur.first_seq is not None else (self._want or 1) - 1
+        with set_lock(self.live, fcntl.LOCK_SH):
+            newer = [(seq, path) for path, seq in self._listing() if seq is not None and seq > after]
+            if newer:
+                return self._open_chosen(min(newer)[1])
+            live = _identity(self.live)
+            if live is not None and live != cur.identity:
+                return self._open_chosen(self.live)  # a fresh live file without records yet
+        return False
+
+    def backlog_bytes(self) -> int:
+        """Bytes on disk not read yet: the rest of the open file and every newer file (gzip files as stored)."""
+        cur = self._cur
+        if cur is None:
+            return sum(path.stat().st_size for _, path in audit_files(self.live) if path.exists())
+        total = 0 if cur.gz else max(0, os.fstat(cur.raw.fileno()).st_size - cur.offset)
+        after = cur.first_seq if cur.first_seq is not None else 0
+        for path, seq in self._listing():
+            ident = _identity(path)
+            if ident is not None and ident != cur.identity and (seq is None or seq > after):
+                total += path.stat().st_size
+        return total

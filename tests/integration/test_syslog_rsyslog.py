@@ -1,0 +1,215 @@
+"""The syslog forwarder against a real rsyslogd on loopback: UDP, TCP and TLS, hostile names, outage, restart, wrong CA.
+
+rsyslog here has no TLS stream driver (rsyslog-gnutls / -openssl are not
+installed), so TLS ends at the test's terminator, which hands the plaintext to a
+second imtcp port of the same rsyslogd and keeps every wire byte it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from auditlog.syslog.forwarder import Forwarder, make_destination
+from auditlog.syslog.transport import TlsOptions
+from auditlog.verify import verify
+from auditlog.chain import RecordText
+from auditlog.writer import AuditWriter
+from tests.support.certs import Pki, make_pki
+from tests.support.rsyslog import Rsyslog
+from tests.support.syslog_parse import parse_message
+from tests.support.tls_terminator import TlsTerminator
+
+NODE = "node-a.example"
+HOSTILE = ['web "quoted"', "x]y[z", "new\nline\r\n", "back\\slash", "café ☕ 名前", "tab\tend",
+           '[npaudit@32473 seq="1"]', "\u2028", "k" * 10_000]
+
+
+def record(i: int) -> dict[str, Any]:
+    name = HOSTILE[i % len(HOSTILE)]
+    return {"@timestamp": "2026-11-30T02:14:03.512Z",
+            "event": {"action": ("allowed", "dropped", "rejected", "passed")[i % 4], "id": f"ev{i}"},
+            "labels": {"log_label": HOSTILE[(i + 3) % len(HOSTILE)]},
+            "npaudit": {"disposition": ("Allow", "Drop", "Reject", "Pass")[i % 4], "priority": 10.0,
+                        "source": {"pod": {"name": name, "namespace": "ns-\u00e9"}}},
+            "source": {"ip": "10.244.0.2", "port": 40000 + i}}
+
+
+@pytest.fixture
+def rsyslog(tmp_path: Path) -> Iterator[Rsyslog]:
+    server = Rsyslog(tmp_path / "rsyslog")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki", "good")
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Path:
+    return tmp_path / "log" / "audit.jsonl"
+
+
+@pytest.fixture
+def forwarders() -> Iterator[Callable[..., Forwarder]]:
+    made: list[Forwarder] = []
+
+    def make(url: str, live: Path, checkpoint: Path, **kw: Any) -> Forwarder:
+        tls = kw.pop("tls", None)
+        dest = make_destination(url, node_name=NODE, tls=tls, batch_records=kw.pop("batch_records", 50))
+        fwd = Forwarder(dest, live=live, checkpoint=checkpoint, poll_interval=0.05, backoff_base=0.1,
+                        backoff_cap=0.5, **kw)
+        made.append(fwd)
+        fwd.start()
+        return fwd
+
+    yield make
+    for fwd in made:
+        fwd.stop()
+
+
+def write_records(live: Path, first: int, count: int, per_second: float = 0.0) -> None:
+    """Write records through the real writer (rotating every 64 KiB, gzip); paced if per_second."""
+    with AuditWriter(live, max_bytes=64 * 1024, backup_count=100, max_age_days=0) as writer:
+        for i in range(first, first + count):
+            assert writer.submit(RecordText.of(record(i)))
+            if per_second:
+                time.sleep(1 / per_second)
+        assert writer.flush_wait()
+
+
+def file_lines(live: Path) -> dict[int, bytes]:
+    """seq -> line (no newline) of every record on disk."""
+    from auditlog.fileset import audit_files, iter_lines
+    out = {}
+    for _, path in audit_files(live):
+        for _, _, raw in iter_lines(path):
+            out[json.loads(raw)["npaudit"]["seq"]] = raw.rstrip(b"\n")
+    return out
+
+
+def seqs_of(messages: list[dict[str, Any]]) -> list[int]:
+    return [int(parse_sd(m)["seq"]) for m in messages]
+
+
+def parse_sd(message: dict[str, Any]) -> dict[str, str]:
+    """rsyslog's STRUCTURED-DATA text, read back with the test's own RFC 5424 parser."""
+    return parse_message(f"<0>1 - - - - - {message['sd']}".encode()).sd["npaudit@32473"]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def test_udp_tcp_and_tls_deliver_every_record_field_by_field(
+        rsyslog: Rsyslog, pki: Pki, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
+    count = 3 * len(HOSTILE)
+    write_records(live, 1, count)
+    lines = file_lines(live)
+    terminator = TlsTerminator(str(pki.cert), str(pki.key), ("127.0.0.1", rsyslog.ports["tls"]))
+    try:
+        udp = forwarders(f"udp://127.0.0.1:{rsyslog.ports['udp']}", live, tmp_path / "ck" / "udp.json")
+        forwarders(f"tcp://127.0.0.1:{rsyslog.ports['tcp']}", live, tmp_path / "ck" / "tcp.json")
+        forwarders(f"tls://127.0.0.1:{terminator.port}", live, tmp_path / "ck" / "tls.json",
+                   tls=TlsOptions(ca=pki.ca))
+        for name in ("udp", "tcp", "tls"):
+            wait_for(lambda: len(rsyslog.received(name)) >= count)
+    finally:
+        terminator.close()
+    for name in ("udp", "tcp", "tls"):
+        received = rsyslog.received(name)
+        assert seqs_of(received) == list(range(1, count + 1)), name
+        for message in received:
+            seq = int(parse_sd(message)["seq"])
+            original = json.loads(lines[seq])
+            assert (message["hostname"], message["app_name"], message["procid"]) == (NODE, "npaudit", "-")
+            assert message["msgid"] == original["npaudit"]["disposition"].upper()
+            assert message["timestamp"] == original["@timestamp"]
+            assert parse_sd(message)["chain"] == original["npaudit"]["chain"]
+            got = json.loads(message["msg"])
+            if name == "udp" and got["npaudit"].get("truncated") is True:
+                assert len(lines[seq]) > 1800
+                assert got["npaudit"] == {"seq": seq, "chain": original["npaudit"]["chain"], "truncated": True,
+                                          "disposition": original["npaudit"]["disposition"],
+                                          "original_bytes": len(lines[seq])}
+                continue
+            assert got == original, (name, seq)
+            assert message["msg"].encode("ascii") == lines[seq]  # byte for byte
+    assert udp.stats().truncated == sum(len(line) > 2048 for line in lines.values()) > 0
+    assert b'"npaudit"' not in terminator.wire and terminator.handshakes >= 1  # TLS on the wire, not JSON
+    # The TCP copy is the node's chain: `npaudit verify` accepts it as it arrived.
+    copy = tmp_path / "copy" / "audit.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(b"".join(m["msg"].encode("ascii") + b"\n" for m in rsyslog.received("tcp")))
+    result = verify([copy])
+    assert result.ok and (result.first_seq, result.last_seq) == (1, count)
+
+
+def test_an_rsyslog_outage_loses_nothing_and_repeats_at_most_the_last_batch(
+        rsyslog: Rsyslog, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
+    fwd = forwarders(f"tcp://127.0.0.1:{rsyslog.ports['tcp']}", live, tmp_path / "ck" / "tcp.json",
+                     batch_records=20)
+    writer = threading.Thread(target=write_records, args=(live, 1, 600, 100.0))
+    writer.start()
+    wait_for(lambda: len(rsyslog.received("tcp")) >= 100)
+    rsyslog.stop()
+    time.sleep(3.0)  # records keep being written meanwhile
+    outage_errors = fwd.stats().errors
+    rsyslog.start()
+    writer.join()
+    wait_for(lambda: fwd.stats().last_seq_sent == 600)
+    rsyslog.stop()  # flushes its files
+    seqs = seqs_of(rsyslog.received("tcp"))
+    assert sorted(set(seqs)) == list(range(1, 601))
+    assert len(seqs) - 600 <= 20, "more duplicates than one batch"
+    assert outage_errors >= 1 and fwd.stats().lost == 0
+
+
+def test_a_forwarder_restarted_mid_stream_resumes_from_its_checkpoint(
+        rsyslog: Rsyslog, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
+    checkpoint = tmp_path / "ck" / "tcp.json"
+    url = f"tcp://127.0.0.1:{rsyslog.ports['tcp']}"
+    writer = threading.Thread(target=write_records, args=(live, 1, 400, 200.0))
+    writer.start()
+    first = forwarders(url, live, checkpoint, batch_records=10)
+    wait_for(lambda: (first.stats().last_seq_sent or 0) >= 100)
+    assert first.stop()
+    time.sleep(0.5)
+    second = forwarders(url, live, checkpoint, batch_records=10)
+    writer.join()
+    wait_for(lambda: second.stats().last_seq_sent == 400)
+    rsyslog.stop()
+    seqs = seqs_of(rsyslog.received("tcp"))
+    assert sorted(set(seqs)) == list(range(1, 401)) and len(seqs) - 400 <= 10
+
+
+def test_tls_with_a_wrong_ca_delivers_nothing_counts_the_error_and_sends_no_plaintext(
+        rsyslog: Rsyslog, pki: Pki, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
+    write_records(live, 1, 20)
+    other = make_pki(tmp_path / "other-pki", "other")
+    terminator = TlsTerminator(str(pki.cert), str(pki.key), ("127.0.0.1", rsyslog.ports["tls"]))
+    try:
+        fwd = forwarders(f"tls://127.0.0.1:{terminator.port}", live, tmp_path / "ck" / "tls.json",
+                         tls=TlsOptions(ca=other.ca))
+        wait_for(lambda: fwd.stats().errors >= 3)
+        stats = fwd.stats()
+        time.sleep(0.3)
+    finally:
+        terminator.close()
+    assert "certificate" in (stats.last_error or "") and not stats.connected
+    assert stats.sent == 0 and stats.last_seq_sent is None and not fwd.checkpoint.exists()
+    assert terminator.handshakes == 0 and terminator.wire  # it did try, in TLS
+    assert b"npaudit" not in terminator.wire and b"ev1" not in terminator.wire
+    assert rsyslog.received("tls") == [] and rsyslog.received("tcp") == []

@@ -1,0 +1,93 @@
+"""A private rsyslogd for tests: its own config, pid file, work directory and loopback ports; stopped by its pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+# One JSON object per received message, the RFC 5424 fields as rsyslog parsed them.
+_TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
+  property(outname="pri" name="pri" format="jsonf")
+  property(outname="timestamp" name="timereported" dateFormat="rfc3339" format="jsonf")
+  property(outname="hostname" name="hostname" format="jsonf")
+  property(outname="app_name" name="app-name" format="jsonf")
+  property(outname="procid" name="procid" format="jsonf")
+  property(outname="msgid" name="msgid" format="jsonf")
+  property(outname="sd" name="structured-data" format="jsonf")
+  property(outname="msg" name="msg" format="jsonf")
+}
+"""
+INPUTS = ("udp", "tcp", "tls")  # "tls": a plain imtcp port behind the test's TLS terminator
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Rsyslog:
+    """rsyslogd -n with imudp and imtcp on 127.0.0.1; each input writes what it received to <input>.out."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
+        self.conf = self.dir / "rsyslog.conf"
+        self.pidfile = self.dir / "rsyslogd.pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+        rulesets = "".join(
+            f'ruleset(name="{name}") {{ action(type="omfile" file="{self.out(name)}" template="npaudit_fields") }}\n'
+            for name in INPUTS)
+        self.conf.write_text(
+            f'global(workDirectory="{self.dir}" maxMessageSize="128k")\n'
+            'module(load="imudp")\nmodule(load="imtcp")\n' + _TEMPLATE + rulesets
+            + f'input(type="imudp" address="127.0.0.1" port="{self.ports["udp"]}" ruleset="udp")\n'
+            + f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}" ruleset="tcp")\n'
+            + f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}" ruleset="tls")\n')
+
+    def out(self, name: str) -> Path:
+        return self.dir / f"{name}.out"
+
+    def start(self) -> None:
+        log = open(self.dir / "rsyslogd.log", "ab")
+        self.proc = subprocess.Popen(["rsyslogd", "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rsyslogd exited: {(self.dir / 'rsyslogd.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.ports["tls"]), timeout=0.2).close()
+                socket.create_connection(("127.0.0.1", self.ports["tcp"]), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("rsyslogd did not listen within 10 s")
+
+    def stop(self) -> None:
+        """SIGTERM by pid (rsyslog finishes its queue and closes the files), SIGKILL if it hangs."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def received(self, name: str) -> list[dict[str, Any]]:
+        """What the input `name` wrote, one dict per message (complete lines only)."""
+        try:
+            data = self.out(name).read_bytes()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in data.split(b"\n")[:-1]]

@@ -1,0 +1,192 @@
+"""auditlog.syslog.forwarder: batches in seq order, checkpoint only after success, backoff, restart, stats."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from auditlog.syslog.checkpoint import load_checkpoint
+from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
+from auditlog.syslog.forwarder import Forwarder, checkpoint_name, make_destination
+from auditlog.syslog.rfc5424 import Framing
+from auditlog.syslog.transport import Endpoint, TlsOptions
+from auditlog.chain import RecordText
+from auditlog.writer import AuditWriter
+from tests.support.syslog_parse import parse_message, split_octet_counted
+
+
+class FakeSender:
+    """Keeps what it was sent; fails while `down` is set."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.connected = False
+        self.down = False
+        self.connects = 0
+
+    def connect(self) -> None:
+        self.connects += 1
+        if self.down:
+            raise SyslogTransportError("tcp://fake:1: cannot connect: refused")
+        self.connected = True
+
+    def send(self, frames: Sequence[bytes]) -> None:
+        if self.down or not self.connected:
+            self.connected = False
+            raise SyslogTransportError("tcp://fake:1: send failed")
+        self.frames += frames
+
+    def close(self) -> None:
+        self.connected = False
+
+    def seqs(self) -> list[int]:
+        out = []
+        for f in self.frames:
+            (msg,), _ = split_octet_counted(f) if f[:1].isdigit() else ([f], b"")
+            out.append(json.loads(parse_message(msg).msg)["npaudit"]["seq"])
+        return out
+
+
+def record(i: int, size: int = 0) -> dict[str, Any]:
+    return {"@timestamp": "2026-11-30T02:14:03.512Z", "event": {"action": "allowed", "id": f"e{i}"},
+            "labels": {"log_label": "L" * size}, "npaudit": {"disposition": "Allow"}}
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "log" / "audit.jsonl"
+
+
+def write(live: Path, first: int, count: int, size: int = 0) -> None:
+    with AuditWriter(live, max_bytes=8192, backup_count=100, max_age_days=0) as w:
+        for i in range(first, first + count):
+            w.submit(RecordText.of(record(i, size)))
+        assert w.flush_wait()
+
+
+def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", **kw: Any) -> Forwarder:
+    dest = make_destination(url, node_name="node-a", batch_records=10, **kw)
+    return Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
+                     rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0)
+
+
+def run(fwd: Forwarder, now: float = 0.0, steps: int = 100) -> float:
+    """Step until the forwarder waits; returns the wait."""
+    for _ in range(steps):
+        delay = fwd.step(now)
+        if delay > 0:
+            return delay
+    raise AssertionError("forwarder never waited")
+
+
+def test_every_record_is_sent_in_seq_order_and_the_checkpoint_follows(live: Path) -> None:
+    write(live, 1, 35)
+    sender = FakeSender()
+    fwd = forwarder(live, sender)
+    assert run(fwd) == 0.25  # caught up: poll again later
+    assert sender.seqs() == list(range(1, 36))
+    ckpt = load_checkpoint(fwd.checkpoint)
+    assert ckpt is not None and ckpt.seq == 35
+    stats = fwd.stats()
+    assert (stats.sent, stats.last_seq_sent, stats.connected, stats.errors, stats.lost) == (35, 35, True, 0, 0)
+    msg = parse_message(split_octet_counted(sender.frames[0])[0][0])
+    assert (msg.hostname, msg.msgid, msg.severity, msg.facility) == ("node-a", "ALLOW", 6, 16)
+
+
+def test_an_outage_holds_the_batch_backs_off_and_loses_nothing(live: Path) -> None:
+    write(live, 1, 25)
+    sender = FakeSender()
+    fwd = forwarder(live, sender)
+    fwd.step(0.0)
+    assert sender.seqs() == list(range(1, 11))
+    sender.down = True
+    sender.connected = False
+    waits = [run(fwd, now=t) for t in (0.0, 1.0, 3.0, 7.0)]
+    assert waits == [1.0, 2.0, 4.0, 8.0]  # rand 1.0: the top of each doubling window
+    assert run(fwd, now=7.5) == pytest.approx(7.5)  # not yet time: nothing tried
+    assert sender.connects == 1 + 4  # the first connection, then one attempt per wait
+    assert load_checkpoint(fwd.checkpoint).seq == 10  # type: ignore[union-attr]
+    stats = fwd.stats()
+    assert stats.errors == 4 and "cannot connect" in (stats.last_error or "") and not stats.connected
+    sender.down = False
+    run(fwd, now=15.0)
+    assert sender.seqs() == list(range(1, 26))
+    assert load_checkpoint(fwd.checkpoint).seq == 25  # type: ignore[union-attr]
+
+
+def test_a_restarted_forwarder_resumes_from_its_checkpoint_with_nothing_missing_or_repeated(live: Path) -> None:
+    write(live, 1, 12)
+    first = FakeSender()
+    fwd = forwarder(live, first)
+    fwd.step(0.0)
+    fwd.stop()
+    write(live, 13, 30)  # the writer restarts too: rotations meanwhile
+    second = FakeSender()
+    run(forwarder(live, second))
+    assert first.seqs() + second.seqs() == list(range(1, 43))
+
+
+def test_records_removed_by_retention_before_sending_are_counted_lost(live: Path) -> None:
+    write(live, 1, 3)
+    sender = FakeSender()
+    fwd = forwarder(live, sender)
+    run(fwd)
+    fwd.stop()
+    with AuditWriter(live, max_bytes=4096, backup_count=1, max_age_days=0) as w:
+        for i in range(4, 200):
+            w.submit(RecordText.of(record(i)))
+        assert w.flush_wait() and w.wait_compressed()
+    sender = FakeSender()
+    fwd = forwarder(live, sender)
+    run(fwd)
+    seqs = sender.seqs()
+    assert seqs[-1] == 199 and fwd.stats().lost == seqs[0] - 4 > 0
+
+
+def test_udp_datagrams_over_the_cap_are_sent_shortened_and_counted(live: Path) -> None:
+    write(live, 1, 4, size=3000)
+    write(live, 5, 2)
+    sender = FakeSender()
+    fwd = forwarder(live, sender, "udp://fake:1")
+    run(fwd)
+    assert all(len(f) <= 2048 for f in sender.frames) and sender.seqs() == [1, 2, 3, 4, 5, 6]
+    assert fwd.stats().truncated == 4
+    stub = json.loads(parse_message(sender.frames[0]).msg)
+    assert stub["npaudit"]["truncated"] is True and stub["npaudit"]["original_bytes"] > 3000
+
+
+def test_the_thread_forwards_until_stopped(live: Path) -> None:
+    write(live, 1, 5)
+    sender = FakeSender()
+    fwd = forwarder(live, sender)
+    fwd.start()
+    for _ in range(500):
+        if fwd.stats().last_seq_sent == 5:
+            break
+        time.sleep(0.01)
+    assert fwd.stop()
+    assert sender.seqs() == [1, 2, 3, 4, 5] and not sender.connected
+
+
+@pytest.mark.parametrize("url,kw,field", [
+    ("udp://h:1", {"framing": "lf"}, "framing"),
+    ("tcp://h:1", {"framing": "newline"}, "framing"),
+    ("udp://h:1", {"udp_max_bytes": 100}, "udp_max_bytes"),
+    ("tcp://h:1", {"tls": TlsOptions()}, "tls://"),
+    ("tcp://h:1", {"facility": "local9"}, "facility"),
+    ("tcp://h:1", {"batch_records": 0}, "batch_records"),
+])
+def test_a_bad_destination_setting_names_its_field(url: str, kw: dict[str, Any], field: str) -> None:
+    with pytest.raises(SyslogConfigError, match=field):
+        make_destination(url, node_name="n", **kw)
+
+
+def test_stream_destinations_default_to_octet_counting_and_name_their_checkpoint() -> None:
+    dest = make_destination("tls://[::1]:6514", node_name="n", framing="lf", tls=TlsOptions())
+    assert dest.framing is Framing.LF and dest.tls == TlsOptions()
+    assert make_destination("tcp://h", node_name="n").framing is Framing.OCTET_COUNTING
+    assert checkpoint_name(Endpoint("tls", "::1", 6514)) == "tls___1_6514.json"
