@@ -1,8 +1,8 @@
 """The syslog forwarder against a real rsyslogd on loopback: UDP, TCP and TLS, hostile names, outage, restart, wrong CA.
 
-rsyslog here has no TLS stream driver (rsyslog-gnutls / -openssl are not
-installed), so TLS ends at the test's terminator, which hands the plaintext to a
-second imtcp port of the same rsyslogd and keeps every wire byte it saw.
+TLS ends in rsyslog itself (imtcp with the ossl stream driver); a plain relay in
+front of it keeps every byte the forwarder sent, to show that nothing crossed
+the wire in the clear.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from auditlog.writer import AuditWriter
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Rsyslog
 from tests.support.syslog_parse import parse_message
-from tests.support.tls_terminator import TlsTerminator
+from tests.support.wire_tap import WireTap
 
 NODE = "node-a.example"
+TLS_HANDSHAKE = b"\x16"  # the TLS record type a ClientHello travels in
 HOSTILE = ['web "quoted"', "x]y[z", "new\nline\r\n", "back\\slash", "café ☕ 名前", "tab\tend",
            '[npaudit@32473 seq="1"]', "\u2028", "k" * 10_000]
 
@@ -41,8 +42,8 @@ def record(i: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def rsyslog(tmp_path: Path) -> Iterator[Rsyslog]:
-    server = Rsyslog(tmp_path / "rsyslog")
+def rsyslog(tmp_path: Path, pki: Pki) -> Iterator[Rsyslog]:
+    server = Rsyslog(tmp_path / "rsyslog", pki)
     server.start()
     yield server
     server.stop()
@@ -118,16 +119,16 @@ def test_udp_tcp_and_tls_deliver_every_record_field_by_field(
     count = 3 * len(HOSTILE)
     write_records(live, 1, count)
     lines = file_lines(live)
-    terminator = TlsTerminator(str(pki.cert), str(pki.key), ("127.0.0.1", rsyslog.ports["tls"]))
+    tap = WireTap(("127.0.0.1", rsyslog.ports["tls"]))
     try:
         udp = forwarders(f"udp://127.0.0.1:{rsyslog.ports['udp']}", live, tmp_path / "ck" / "udp.json")
         forwarders(f"tcp://127.0.0.1:{rsyslog.ports['tcp']}", live, tmp_path / "ck" / "tcp.json")
-        forwarders(f"tls://127.0.0.1:{terminator.port}", live, tmp_path / "ck" / "tls.json",
+        forwarders(f"tls://127.0.0.1:{tap.port}", live, tmp_path / "ck" / "tls.json",
                    tls=TlsOptions(ca=pki.ca))
         for name in ("udp", "tcp", "tls"):
             wait_for(lambda: len(rsyslog.received(name)) >= count)
     finally:
-        terminator.close()
+        tap.close()
     for name in ("udp", "tcp", "tls"):
         received = rsyslog.received(name)
         assert seqs_of(received) == list(range(1, count + 1)), name
@@ -148,7 +149,8 @@ def test_udp_tcp_and_tls_deliver_every_record_field_by_field(
             assert got == original, (name, seq)
             assert message["msg"].encode("ascii") == lines[seq]  # byte for byte
     assert udp.stats().truncated == sum(len(line) > 2048 for line in lines.values()) > 0
-    assert b'"npaudit"' not in terminator.wire and terminator.handshakes >= 1  # TLS on the wire, not JSON
+    # TLS on the wire (a handshake record first), never the JSON.
+    assert tap.wire[:1] == TLS_HANDSHAKE and b'"npaudit"' not in tap.wire and b"ev1" not in tap.wire
     # The TCP copy is the node's chain: `npaudit verify` accepts it as it arrived.
     copy = tmp_path / "copy" / "audit.jsonl"
     copy.parent.mkdir()
@@ -201,17 +203,17 @@ def test_tls_with_a_wrong_ca_delivers_nothing_counts_the_error_and_sends_no_plai
         rsyslog: Rsyslog, pki: Pki, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     write_records(live, 1, 20)
     other = make_pki(tmp_path / "other-pki", "other")
-    terminator = TlsTerminator(str(pki.cert), str(pki.key), ("127.0.0.1", rsyslog.ports["tls"]))
+    tap = WireTap(("127.0.0.1", rsyslog.ports["tls"]))
     try:
-        fwd = forwarders(f"tls://127.0.0.1:{terminator.port}", live, tmp_path / "ck" / "tls.json",
+        fwd = forwarders(f"tls://127.0.0.1:{tap.port}", live, tmp_path / "ck" / "tls.json",
                          tls=TlsOptions(ca=other.ca))
         wait_for(lambda: fwd.stats().errors >= 3)
         stats = fwd.stats()
         time.sleep(0.3)
     finally:
-        terminator.close()
+        tap.close()
     assert "certificate" in (stats.last_error or "") and not stats.connected
     assert stats.sent == 0 and stats.last_seq_sent is None and not fwd.checkpoint.exists()
-    assert terminator.handshakes == 0 and terminator.wire  # it did try, in TLS
-    assert b"npaudit" not in terminator.wire and b"ev1" not in terminator.wire
+    assert tap.connections >= 3 and tap.wire[:1] == TLS_HANDSHAKE  # it did try, in TLS
+    assert b"npaudit" not in tap.wire and b"ev1" not in tap.wire
     assert rsyslog.received("tls") == [] and rsyslog.received("tcp") == []

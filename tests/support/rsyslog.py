@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.certs import Pki
+
 # One JSON object per received message, the RFC 5424 fields as rsyslog parsed them.
 _TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
   property(outname="pri" name="pri" format="jsonf")
@@ -23,7 +25,7 @@ _TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
   property(outname="msg" name="msg" format="jsonf")
 }
 """
-INPUTS = ("udp", "tcp", "tls")  # "tls": a plain imtcp port behind the test's TLS terminator
+INPUTS = ("udp", "tcp", "tls")  # "tls": imtcp with the ossl stream driver (rsyslog-openssl)
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -33,9 +35,10 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 
 class Rsyslog:
-    """rsyslogd -n with imudp and imtcp on 127.0.0.1; each input writes what it received to <input>.out."""
+    """rsyslogd -n with imudp, imtcp and imtcp over TLS (server certificate `pki`) on 127.0.0.1;
+    each input writes what it received to <input>.out."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, pki: Pki) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
@@ -46,11 +49,14 @@ class Rsyslog:
             f'ruleset(name="{name}") {{ action(type="omfile" file="{self.out(name)}" template="npaudit_fields") }}\n'
             for name in INPUTS)
         self.conf.write_text(
-            f'global(workDirectory="{self.dir}" maxMessageSize="128k")\n'
+            f'global(workDirectory="{self.dir}" maxMessageSize="128k" '
+            f'defaultNetstreamDriverCAFile="{pki.ca}" defaultNetstreamDriverCertFile="{pki.cert}" '
+            f'defaultNetstreamDriverKeyFile="{pki.key}")\n'
             'module(load="imudp")\nmodule(load="imtcp")\n' + _TEMPLATE + rulesets
             + f'input(type="imudp" address="127.0.0.1" port="{self.ports["udp"]}" ruleset="udp")\n'
             + f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}" ruleset="tcp")\n'
-            + f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}" ruleset="tls")\n')
+            + f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}" ruleset="tls" '
+              'streamDriver.name="ossl" streamDriver.mode="1" streamDriver.authMode="anon")\n')
 
     def out(self, name: str) -> Path:
         return self.dir / f"{name}.out"
