@@ -16,8 +16,8 @@ import yaml
 
 from policy_agent.policy.kinds import CLUSTER_SCOPED, SERVED
 
-# Documented caps (docs/manifests.md keeps the user-facing list).
-# One input file or request text; the local API frame (rpc.MAX_FRAME) is smaller still.
+# Caps, each named with its number in the error it causes.
+# One input file or `npaudit apply` text; the local API frame (rpc.MAX_FRAME) is smaller still.
 MAX_MANIFEST_BYTES = 8 << 20
 # Nodes of one document with every alias expanded: what validation will walk.
 MAX_DOCUMENT_NODES = 1_000_000
@@ -31,7 +31,7 @@ YAML_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 YAML_DUMPER: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_BARE_DOC_START = re.compile(r"^---[ \t]*$", re.M)
+_BARE_DOC_START = re.compile(r"^---[ \t\r]*$", re.M)
 
 Problems = list[str]
 

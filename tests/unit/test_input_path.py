@@ -179,12 +179,14 @@ def test_a_manifest_file_over_the_size_cap_is_rejected_in_one_line(tmp_path: Pat
 
 # --- JSON as JSON -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("source", ["in.json", "-", "dir"])
+@pytest.mark.parametrize("source", ["in.json", "-", "dir", "dir-crlf"])
 def test_a_raw_line_separator_in_a_json_string_keeps_the_following_space(source: str) -> None:
     # YAML 1.1 reads U+2028 as a line break and folds the space after it away.
     text = json.dumps(namespace(annotations={"a": "x\u2028 y"}), ensure_ascii=False)
-    if source == "dir":  # how `npaudit apply -f DIR` joins a directory's files
+    if source.startswith("dir"):  # how `npaudit apply -f DIR` joins a directory's files
         text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: w}\n\n---\n" + text
+        if source == "dir-crlf":
+            text = text.replace("\n", "\r\n")
     objs = manifests.load_text(text, source)
     assert dict(objs.namespaces[-1].annotations) == {"a": "x\u2028 y"}
 
