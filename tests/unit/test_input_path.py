@@ -122,7 +122,7 @@ def test_a_flat_alias_bomb_of_sixty_thousand_rules_is_rejected_naming_the_field(
                                  for i in range(1, 10)),
 ])
 def test_exponential_alias_bombs_are_rejected_before_they_are_built(bomb: str) -> None:
-    errors = errors_of(f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: x}}\nstatus:\n" +
+    errors = errors_of("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\nstatus:\n" +
                        "".join(f"  {line}\n" for line in bomb.splitlines()))
     assert len(errors) == 1
     assert errors[0].startswith("Namespace/x (in.yaml#1): status: YAML aliases expand the document to ")
