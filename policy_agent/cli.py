@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from pathlib import Path
 
+from policy_agent.errors import AgentError
+
 if TYPE_CHECKING:
     from policy_agent import config as config_mod
 
@@ -123,24 +125,56 @@ def cmd_ovs(args: argparse.Namespace) -> int:
     return 0
 
 
+class ManifestInputError(AgentError):
+    """`npaudit apply -f` input that is not sent to the agent; the text is the one line to print."""
+
+
+def _read_manifests(filename: str) -> str:
+    """The text `npaudit apply -f` sends: a file, a directory's manifests joined as one stream,
+    or stdin; strict UTF-8 and at most documents.MAX_MANIFEST_BYTES."""
+    from policy_agent.policy.documents import MAX_MANIFEST_BYTES, size_problem
+
+    path = Path(filename)
+    try:
+        if filename == "-":
+            sources = [("<stdin>", sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1))]
+        elif path.is_dir():
+            files = sorted(f for f in path.iterdir() if f.suffix in (".yaml", ".yml", ".json") and f.is_file())
+            sources = [(str(f), f.read_bytes()) for f in files]
+        else:
+            sources = [(str(path), path.read_bytes())]
+    except OSError as exc:
+        raise ManifestInputError(f"cannot read {exc.filename or filename}: {exc.strerror}") from exc
+    too_big = size_problem(sum(len(data) for _, data in sources), filename)
+    if too_big:
+        raise ManifestInputError(too_big)
+    texts = []
+    for name, data in sources:
+        try:
+            texts.append(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ManifestInputError(f"{name}: not UTF-8 at line {line} (byte {exc.start}): "
+                                     f"{data[exc.start:exc.end]!r} {exc.reason}") from exc
+    # Bare `---` lines keep each file its own document(s), JSON files included (documents.parse_text).
+    return "\n---\n".join(texts)
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
+    from policy_agent.rpc import FrameError
     from policy_agent.sources.local_api import call
 
     cfg = _load_config(args.config)
-    path = Path(args.filename)
-    if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
-        text = "\n---\n".join(f.read_text() for f in files)
-    elif args.filename == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            print(f"error: cannot read {path}: {exc.strerror}", file=sys.stderr)
-            return 1
     try:
-        reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": str(path)})
+        text = _read_manifests(args.filename)
+    except ManifestInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": args.filename})
+    except FrameError as exc:
+        print(f"error: {args.filename}: too large for one request to the agent: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"error: agent API at {cfg.api_socket} unreachable: {exc}", file=sys.stderr)
         return 1

@@ -6,22 +6,21 @@ other; the checks of one field's value live in validation.py.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
 from policy_agent.errors import AgentError
+from policy_agent.policy import documents
 from policy_agent.policy.kinds import CLUSTER_SCOPED, KIND_NAMES, NAMESPACE, POD, SERVED, TIER
 from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, ContainerPort, Direction,
     Namespace, Pod, Policy, PolicyKind, Rule, Tier,
 )
 from policy_agent.policy.validation import (
-    Errs, applied_to_list, check_log_label, check_name, check_port_name, fields_of, integer, items_of,
-    label_map, label_selector, number, peer, port_spec, protocol, show, string, type_name,
+    Errs, applied_to_list, capacity_problems, check_log_label, check_name, check_port_name, fields_of, integer,
+    items_of, label_map, label_selector, number, peer, port_spec, protocol, rule_count_problem, show, string,
+    type_name,
 )
 
 # Antrea reserves these Tier priorities besides the standard tiers' own.
@@ -58,11 +57,24 @@ def resolve_kind(name: str) -> str:
     return kind
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A validated set and the documents it came from (Lists flattened), for the applied store."""
+
+    objects: ObjectSet
+    documents: tuple[dict[str, Any], ...]
+
+
+def read_text(text: str, source: str) -> Loaded:
+    """Parse (documents.parse_text) and validate every document of `text` as one set."""
+    problems: list[str] = []
+    docs = documents.parse_text(text, source, problems)
+    return _load([(source, docs)], problems)
+
+
 def load_text(text: str, source: str) -> ObjectSet:
     """Load every document of a multi-document YAML (or JSON) text as one set."""
-    problems: list[str] = []
-    docs = _parse_yaml(text, source, problems)
-    return _load([(source, docs)], problems)
+    return read_text(text, source).objects
 
 
 def load_path(path: str | Path) -> ObjectSet:
@@ -78,47 +90,29 @@ def load_path(path: str | Path) -> ObjectSet:
     sources: list[tuple[str, list[Any]]] = []
     for file in files:
         try:
+            too_big = documents.size_problem(file.stat().st_size, file.name)
+            if too_big:
+                problems.append(too_big)
+                continue
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(f"{file.name}: cannot read: {exc}")
             continue
-        parse = _parse_json if file.suffix == ".json" else _parse_yaml
-        sources.append((file.name, parse(text, file.name, problems)))
-    return _load(sources, problems)
+        sources.append((file.name, documents.parse_text(text, file.name, problems)))
+    return _load(sources, problems).objects
 
 
 def load_documents(docs: Iterable[Any], source: str) -> ObjectSet:
     """Validate already-parsed documents (None entries are empty documents and skipped)."""
-    return _load([(source, list(docs))], [])
+    problems: list[str] = []
+    checked = [documents.checked(doc, f"{source}#{i}", problems) for i, doc in enumerate(docs, start=1)]
+    return _load([(source, checked)], problems).objects
 
 
-# --- parsing ----------------------------------------------------------------------------------
+# --- sets -------------------------------------------------------------------------------------
 
-def _parse_yaml(text: str, source: str, problems: list[str]) -> list[Any]:
-    try:
-        return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problems.append(f"{source}: invalid YAML{where}: {exc.problem or exc.context or exc}")
-    # PyYAML raises ValueError for impossible dates and over-long integers.
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
-        problems.append(f"{source}: invalid YAML: {exc}")
-    return []
-
-
-def _parse_json(text: str, source: str, problems: list[str]) -> list[Any]:
-    try:
-        return [json.loads(text)]
-    except json.JSONDecodeError as exc:
-        problems.append(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
-    except (ValueError, RecursionError) as exc:
-        problems.append(f"{source}: invalid JSON: {exc}")
-    return []
-
-
-def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> ObjectSet:
-    built: list[tuple[str, Any]] = []  # (header, model object)
+def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> Loaded:
+    built: list[tuple[str, Any, dict[str, Any]]] = []  # (header, model object, document)
     for source, docs in sources:
         for index, doc in enumerate(docs, start=1):
             if doc is None:
@@ -133,23 +127,24 @@ def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> ObjectSe
                     _load_object(item, f"{where}.items[{i}]", built, problems)
             else:
                 _load_object(doc, where, built, problems)
-    problems += _cross_check(built)
+    problems += _cross_check([(header, obj) for header, obj, _ in built])
     if problems:
         raise ManifestError(problems)
-    objs = [obj for _, obj in built]
-    return ObjectSet(namespaces=tuple(o for o in objs if isinstance(o, Namespace)),
-                     pods=tuple(o for o in objs if isinstance(o, Pod)),
-                     tiers=tuple(o for o in objs if isinstance(o, Tier)),
-                     policies=tuple(o for o in objs if isinstance(o, Policy)))
+    objs = [obj for _, obj, _ in built]
+    return Loaded(ObjectSet(namespaces=tuple(o for o in objs if isinstance(o, Namespace)),
+                            pods=tuple(o for o in objs if isinstance(o, Pod)),
+                            tiers=tuple(o for o in objs if isinstance(o, Tier)),
+                            policies=tuple(o for o in objs if isinstance(o, Policy))),
+                  tuple(doc for _, _, doc in built))
 
 
-def _load_object(doc: Any, where: str, built: list[tuple[str, Any]], problems: list[str]) -> None:
+def _load_object(doc: Any, where: str, built: list[tuple[str, Any, dict[str, Any]]], problems: list[str]) -> None:
     if not isinstance(doc, dict):
         problems.append(f"Document ({where}): must be a mapping with apiVersion and kind, got {type_name(doc)}")
         return
     api, raw_kind = doc.get("apiVersion"), doc.get("kind")
     kind = SERVED.get((api, raw_kind)) if isinstance(api, str) and isinstance(raw_kind, str) else None
-    header = _header(doc, kind, where)
+    header = documents.describe(doc, where)
     errs: Errs = []
     obj: Any = None
     if kind is None:
@@ -160,7 +155,7 @@ def _load_object(doc: Any, where: str, built: list[tuple[str, Any]], problems: l
     if errs:
         problems += _format(header, errs)
     elif obj is not None:
-        built.append((header, obj))
+        built.append((header, obj, doc))
 
 
 def _kind_errors(doc: dict[Any, Any], errs: Errs) -> None:
@@ -177,22 +172,12 @@ def _kind_errors(doc: dict[Any, Any], errs: Errs) -> None:
         errs.append(("apiVersion", f"{show(api)} does not serve kind {kind}; expected one of {', '.join(apis)}"))
 
 
-def _header(doc: dict[Any, Any], kind: str | None, where: str) -> str:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    name = meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else "<unnamed>"
-    shown = kind or (doc.get("kind") if isinstance(doc.get("kind"), str) else "<no kind>")
-    if kind in CLUSTER_SCOPED or kind is None and "namespace" not in meta:
-        return f"{shown}/{name} ({where})"
-    ns = meta.get("namespace") if isinstance(meta.get("namespace"), str) and meta.get("namespace") else "default"
-    return f"{shown}/{ns}/{name} ({where})"
-
-
 def _format(header: str, errs: Errs) -> list[str]:
     return [f"{header}: {path}: {reason}" if path else f"{header}: {reason}" for path, reason in errs]
 
 
 def _cross_check(built: list[tuple[str, Any]]) -> list[str]:
-    """Checks that need the whole set: duplicates, Tier priorities, Tier references."""
+    """Checks that need the whole set: duplicates, Tier priorities, Tier references, priority capacity."""
     problems: list[str] = []
     seen: dict[tuple[str, str, str], str] = {}
     tier_priority: dict[int, str] = {}
@@ -211,6 +196,7 @@ def _cross_check(built: list[tuple[str, Any]]) -> list[str]:
                 and obj.tier not in tiers:
             problems.append(f"{header}: spec.tier: unknown tier {obj.tier!r}; expected a standard tier "
                             f"({', '.join(STANDARD_TIERS)}) or a Tier in this set")
+    problems += capacity_problems((header, obj) for header, obj in built if isinstance(obj, Policy))
     return problems
 
 
@@ -320,7 +306,7 @@ def _k8s_policy(doc: dict[Any, Any], errs: Errs) -> Policy:
         # Kubernetes' defaulting: Ingress always, Egress only when there are egress rules.
         types = {Direction.INGRESS} | ({Direction.EGRESS} if spec.get("egress") else set())
     rules: list[Rule] = []
-    for direction in Direction:
+    for direction in Direction if not rule_count_problem(spec, errs) else ():
         for i, raw in items_of(spec.get(direction.value), f"spec.{direction.value}", errs):
             rule = _rule(raw, f"spec.{direction.value}[{i}]", errs, direction, i, None)
             # Rules of a direction the policy does not isolate have no effect in Kubernetes.
@@ -343,7 +329,7 @@ def _antrea_policy(doc: dict[Any, Any], errs: Errs, kind: PolicyKind) -> Policy:
     applied_to = applied_to_list(spec.get("appliedTo"), "spec.appliedTo", errs, kind)
     rules: list[Rule] = []
     rule_paths: list[str] = []
-    for direction in Direction:
+    for direction in Direction if not rule_count_problem(spec, errs) else ():
         for i, raw in items_of(spec.get(direction.value), f"spec.{direction.value}", errs):
             path = f"spec.{direction.value}[{i}]"
             rule = _rule(raw, path, errs, direction, i, kind)

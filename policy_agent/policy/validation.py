@@ -9,11 +9,22 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from typing import Any
+from collections import Counter
+from typing import Any, Iterable
 
-from policy_agent.policy.model import AppliedTo, IPBlock, LabelSelector, Peer, PolicyKind, PortSpec, Requirement
+from policy_agent.policy import priorities
+from policy_agent.policy.model import (
+    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IPBlock, LabelSelector, Peer, Policy, PolicyKind, PortSpec,
+    Requirement,
+)
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")
+# Documented cap: ingress plus egress rules of one policy. Validation, compilation and
+# every flow change are linear in it; a bigger policy is more likely a bomb than a design.
+MAX_RULES_PER_POLICY = 20_000
+# How many rules one OpenFlow table can order: priorities.spread gives each rule its own
+# priority in TOP..FLOOR and fails beyond that.
+RULES_PER_TABLE = priorities.TOP - priorities.FLOOR
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_LABEL_RE = re.compile(_DNS_LABEL)
@@ -309,6 +320,44 @@ def port_spec(raw: Any, path: str, errs: Errs) -> PortSpec | None:
         elif isinstance(port, int) and end is not None and end < port:
             errs.append((f"{path}.endPort", f"must be >= port {port}; got {end}"))
     return PortSpec(protocol=proto, port=port, end_port=end)
+
+
+# --- size ---------------------------------------------------------------------------------------
+
+def rule_count_problem(spec: dict[str, Any], errs: Errs) -> bool:
+    """True (and an error) when a policy spec has more rules than MAX_RULES_PER_POLICY;
+    checked before any rule, so an oversized policy is refused without walking it."""
+    counts = {d.value: len(spec[d.value]) for d in Direction if isinstance(spec.get(d.value), list)}
+    total = sum(counts.values())
+    if total <= MAX_RULES_PER_POLICY:
+        return False
+    field = max(counts, key=lambda d: counts[d])
+    errs.append((f"spec.{field}", f"{total:,} rules ({', '.join(f'{n:,} {d}' for d, n in counts.items())}); "
+                                  f"a policy may have at most {MAX_RULES_PER_POLICY:,}"))
+    return True
+
+
+def capacity_problems(policies: Iterable[tuple[str, Policy]]) -> list[str]:
+    """One line per OpenFlow table that `policies` (header, policy) would overfill: the
+    compiler gives every rule a priority of its own, and a table has RULES_PER_TABLE."""
+    used: Counter[tuple[str, Direction]] = Counter()
+    problems: list[str] = []
+    for header, policy in policies:
+        before = dict(used)
+        for rule in policy.rules:
+            used[(_table_name(policy), rule.direction)] += 1
+        for (table, direction), n in used.items():
+            if n > RULES_PER_TABLE >= before.get((table, direction), 0):
+                problems.append(f"{header}: spec.{direction.value}: brings the {table} {direction.value} rules "
+                                f"to {n:,}; one table orders at most {RULES_PER_TABLE:,} rules")
+    return problems
+
+
+def _table_name(policy: Policy) -> str:
+    """Which of the compiler's rule tables a policy's rules share (see compiler.compile_policies)."""
+    if policy.kind is PolicyKind.K8S:
+        return "Kubernetes NetworkPolicy"
+    return "Antrea baseline tier" if (policy.tier or DEFAULT_TIER) == BASELINE_TIER else "Antrea"
 
 
 # --- messages ---------------------------------------------------------------------------------

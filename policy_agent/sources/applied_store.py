@@ -9,22 +9,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import yaml
-
+from policy_agent.policy import documents
 from policy_agent.policy.kinds import ANTREA_GROUP_NAMES, CLUSTER_SCOPED
-
-
-def _documents(text: str) -> Iterator[dict[str, Any]]:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    for doc in yaml.load_all(text, Loader=loader):
-        if not isinstance(doc, dict):
-            continue
-        if doc.get("kind") == "List":
-            yield from (item for item in doc.get("items") or [] if isinstance(item, dict))
-        else:
-            yield doc
+from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents, read_text
 
 
 def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -39,36 +28,52 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 class AppliedStore:
+    """One YAML file of documents, written by documents.dump_yaml and read back by
+    documents.parse_text: the parser that validated them when they were applied."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._docs: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         if path.exists():
-            for doc in _documents(path.read_text()):
-                self._docs[_key(doc)] = doc
+            problems: list[str] = []
+            docs = documents.parse_text(path.read_text(encoding="utf-8"), str(path), problems)
+            if problems:
+                raise ManifestError(problems)
+            for doc in docs:
+                if doc is None:
+                    continue
+                items = (doc.get("items") or []) if doc.get("kind") == "List" else [doc]
+                for item in items:
+                    self._docs[_key(item)] = item
 
     def text(self) -> str:
-        # libyaml's dumper when present: the pure-Python one costs ~0.3 s per apply at 1000 rules.
-        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        return yaml.dump_all(list(self._docs.values()), Dumper=dumper, sort_keys=False)
+        return documents.dump_yaml(self._docs.values())
+
+    def objects(self) -> ObjectSet:
+        """What the store holds, validated as one set."""
+        return load_documents(self._docs.values(), str(self.path))
 
     def __len__(self) -> int:
         return len(self._docs)
 
     def record(self, op: str, text: str) -> None:
-        """Remember an apply or delete that the agent has carried out (text already validated)."""
-        for doc in _documents(text):
+        """Remember an apply or delete that the agent has carried out. The text is validated
+        again here (ManifestError, nothing written) so nothing the validator rejects is stored."""
+        docs = dict(self._docs)
+        for doc in read_text(text, "<record>").documents:
             if op == "apply":
-                self._docs[_key(doc)] = doc
+                docs[_key(doc)] = doc
             else:
-                self._docs.pop(_key(doc), None)
-        self._write()
+                docs.pop(_key(doc), None)
+        self._write(documents.dump_yaml(docs.values()))
+        self._docs = docs  # only once the file holds it: memory and disk never disagree
 
-    def _write(self) -> None:
+    def _write(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".applied.", dir=self.path.parent)
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.text())
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o640)
