@@ -58,11 +58,12 @@ def resolve_kind(name: str) -> str:
     return kind
 
 
-def load_text(text: str, source: str) -> ObjectSet:
-    """Load every document of a multi-document YAML (or JSON) text as one set."""
+def load_text(text: str, source: str, known_tiers: Iterable[str] = ()) -> ObjectSet:
+    """Load every document of a multi-document YAML (or JSON) text as one set. Policies may
+    name a Tier of the set or one of `known_tiers` (those a running agent already has)."""
     problems: list[str] = []
     docs = _parse_yaml(text, source, problems)
-    return _load([(source, docs)], problems)
+    return _load([(source, docs)], problems, known_tiers)
 
 
 def load_path(path: str | Path) -> ObjectSet:
@@ -117,7 +118,7 @@ def _parse_json(text: str, source: str, problems: list[str]) -> list[Any]:
     return []
 
 
-def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> ObjectSet:
+def _load(sources: list[tuple[str, list[Any]]], problems: list[str], known_tiers: Iterable[str] = ()) -> ObjectSet:
     built: list[tuple[str, Any]] = []  # (header, model object)
     for source, docs in sources:
         for index, doc in enumerate(docs, start=1):
@@ -133,7 +134,7 @@ def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> ObjectSe
                     _load_object(item, f"{where}.items[{i}]", built, problems)
             else:
                 _load_object(doc, where, built, problems)
-    problems += _cross_check(built)
+    problems += _cross_check(built, known_tiers)
     if problems:
         raise ManifestError(problems)
     objs = [obj for _, obj in built]
@@ -191,12 +192,12 @@ def _format(header: str, errs: Errs) -> list[str]:
     return [f"{header}: {path}: {reason}" if path else f"{header}: {reason}" for path, reason in errs]
 
 
-def _cross_check(built: list[tuple[str, Any]]) -> list[str]:
+def _cross_check(built: list[tuple[str, Any]], known_tiers: Iterable[str] = ()) -> list[str]:
     """Checks that need the whole set: duplicates, Tier priorities, Tier references."""
     problems: list[str] = []
     seen: dict[tuple[str, str, str], str] = {}
     tier_priority: dict[int, str] = {}
-    tiers = {t.name for _, t in built if isinstance(t, Tier)}
+    tiers = {t.name for _, t in built if isinstance(t, Tier)} | set(known_tiers)
     for header, obj in built:
         key = _key(obj)
         if key in seen:
