@@ -24,6 +24,7 @@ from policy_agent.policy.rules import RuleRegistry
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.local_api import LocalApi
 from tests.unit.test_channel import rig, run
+from tests.unit.test_engine import Info
 
 @pytest.fixture
 def sock_path() -> Iterator[str]:
@@ -50,15 +51,6 @@ spec:
   appliedTo: [{podSelector: {matchLabels: {app: web}}}]
   ingress: [{action: Drop, ports: [{protocol: TCP, port: 81}]}]
 """
-
-
-@dataclass
-class Info:
-    namespace: str
-    name: str
-    ip: str
-    mac: str
-    ofport: int
 
 
 POD_A = Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5)
