@@ -4,7 +4,8 @@ The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
 on the event-loop thread. Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
-OpenFlowError naming the failing message. What the switch confirmed is kept as
+OpenFlowError naming the failing message; `commit_flows` sends a change as one
+atomic bundle instead (all or nothing). What the switch confirmed is kept as
 the desired state and replayed (meters, groups, then flows) after every
 reconnect, e.g. when ovs-vswitchd restarts and comes back with an empty table.
 """
@@ -12,6 +13,7 @@ reconnect, e.g. when ovs-vswitchd restarts and comes back with an empty table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -21,9 +23,9 @@ from typing import Any, Callable, Iterable, Sequence
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from meters.ovs import MeterSpec, MeterSupport
-from packetin import messages
+from packetin import bundles, messages
 from packetin import wire
-from packetin.connect import open_target
+from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.model import PacketIn
@@ -49,44 +51,6 @@ class ChannelSettings:
     request_timeout: float = 10.0
 
 
-class _Protocol(asyncio.Protocol):
-    def __init__(self, owner: "OpenFlowChannel") -> None:
-        self._owner = owner
-        self._framer = wire.Framer()
-        self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        framer = self._framer
-        try:
-            msgs = framer.feed(data)
-        except DecodeError as exc:
-            self._broken(exc)
-            return
-        self._owner._on_messages(msgs)
-        if framer.failed:
-            try:
-                framer.feed(b"")
-            except DecodeError as exc:
-                self._broken(exc)
-
-    def _broken(self, exc: DecodeError) -> None:
-        log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting",
-                  self._owner.settings.target, exc)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # Fail waiting requests now: a handshake or replay must not sit out its timeout.
-        if self._owner._proto in (self, None):
-            self._owner._fail_pending(ChannelClosed(f"connection to {self._owner.settings.target} lost"))
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
 class OpenFlowChannel:
     """One OpenFlow connection to one bridge, kept up until `close`.
 
@@ -103,7 +67,7 @@ class OpenFlowChannel:
         self._on_malformed = on_malformed
         self._mono = mono_clock
         self._wall = wall_clock
-        self._proto: _Protocol | None = None
+        self._proto: OpenFlowStream | None = None
         self._xid = random.randrange(1 << 16, 1 << 24)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._multipart: dict[int, list[Any]] = {}
@@ -114,6 +78,11 @@ class OpenFlowChannel:
         self._closing = False
         self._last_rx = 0.0
         self._desired = DesiredState()  # what the switch confirmed, replayed after reconnects
+        # Flows of a bundle whose commit got no answer (connection lost): the switch may hold
+        # them or not; the next replay puts their keys back as desired.
+        self._in_doubt: dict[tuple[object, ...], messages.FlowSpec] = {}
+        self._bundle_id = 0
+        self._bundle_lock = asyncio.Lock()
         self.datapath_id: int | None = None
         self.meter_support: MeterSupport | None = None
         self.connects = 0
@@ -166,7 +135,7 @@ class OpenFlowChannel:
         self._hello = asyncio.get_running_loop().create_future()
         try:
             proto = await asyncio.wait_for(
-                open_target(self.settings.target, self.settings.netns, lambda: _Protocol(self)),
+                open_target(self.settings.target, self.settings.netns, self._new_stream),
                 self.settings.request_timeout)
         except BaseException:
             self._hello.cancel()  # nobody will wait for it
@@ -203,7 +172,15 @@ class OpenFlowChannel:
         finally:
             echo.cancel()
 
-    async def _keepalive(self, proto: _Protocol) -> None:
+    def _new_stream(self) -> OpenFlowStream:
+        return OpenFlowStream(self.settings.target, self._on_messages, self._stream_lost)
+
+    def _stream_lost(self, stream: OpenFlowStream) -> None:
+        # Fail waiting requests now: a handshake or replay must not sit out its timeout.
+        if self._proto in (stream, None):
+            self._fail_pending(ChannelClosed(f"connection to {self.settings.target} lost"))
+
+    async def _keepalive(self, proto: OpenFlowStream) -> None:
         """Every echo_interval: an echo request, or give up on a switch silent for echo_timeout."""
         interval = self.settings.echo_interval
         while True:
@@ -232,6 +209,10 @@ class OpenFlowChannel:
             except OpenFlowError as exc:
                 log.error("replay to %s: %s was refused and is dropped from the desired state: %s",
                           self.settings.target, what, exc)
+        doubt = [f for k, f in self._in_doubt.items() if k not in desired.flows]
+        if doubt:  # what an unanswered commit may have added: gone, so the switch holds exactly `desired`
+            await self.delete_flows(doubt)
+        self._in_doubt.clear()
         if desired:
             log.info("replayed %s to %s", desired.describe(), self.settings.target)
 
@@ -248,6 +229,60 @@ class OpenFlowChannel:
     async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         refused = await self._batch([(messages.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
         settle(self._desired.flows, [f.key for f in flows], None, refused)
+
+    async def commit_flows(self, install: Sequence[messages.FlowSpec], delete: Sequence[messages.FlowSpec]) -> None:
+        """Install and delete flows as one atomic, ordered bundle: the switch applies all of it or
+        none. Returns once the commit and a barrier are confirmed. A refusal (OpenFlowError naming
+        the flow) leaves the switch and the desired state as they were; so does a connection lost
+        before the commit. Lost after it (ChannelClosed), the outcome is unknown until the
+        reconnect, whose replay brings the switch back to the desired state, which stays the old one.
+        """
+        specs = [*install, *delete]
+        if not specs:
+            return
+        async with self._bundle_lock:
+            self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
+            bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
+            # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
+            wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
+            what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
+            await self.request(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
+            self._errors.update(dict.fromkeys(xids))
+            try:
+                self._send_raw(wire_bytes)
+                await self._barrier()  # every add was checked; a refused one means no commit at all
+                refused = self._refusals(xids, what)
+                if refused:
+                    with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
+                        await self.request(bundles.control(bundle_id, ofp.OFPBCT_DISCARD_REQUEST))
+                    raise_first(refused)
+                await self._commit(bundle_id, specs, xids, what)
+            finally:
+                for xid in xids:
+                    self._errors.pop(xid, None)
+        self._desired.flows.update((f.key, f) for f in install)
+        for f in delete:
+            self._desired.flows.pop(f.key, None)
+
+    async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int], what: list[str]) -> None:
+        xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
+        try:
+            await self._reply(xid)
+        except OpenFlowError:
+            # The switch names the failing message with an error of its own, sent before the commit's.
+            raise_first(self._refusals(xids, what))
+            raise
+        except (ChannelClosed, asyncio.TimeoutError) as exc:
+            self._in_doubt.update((f.key, f) for f in specs)
+            if self._proto is not None and self._proto.transport is not None:
+                self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
+            raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
+                                f"({len(specs)} flows): outcome unknown until the reconnect") from exc
+        await self._barrier()
+
+    def _refusals(self, xids: list[int], what: list[str]) -> dict[int, OpenFlowError]:
+        return {i: refusal(err, None, what[i], xid) for i, xid in enumerate(xids)
+                if (err := self._errors.get(xid)) is not None}
 
     async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
@@ -284,7 +319,9 @@ class OpenFlowChannel:
 
     async def request(self, msg: Any) -> Any:
         """Send a request and return the single reply with the same xid."""
-        xid = self._send(msg)
+        return await self._reply(self._send(msg))
+
+    async def _reply(self, xid: int) -> Any:
         fut = asyncio.get_running_loop().create_future()
         self._pending[xid] = fut
         try:
@@ -360,12 +397,15 @@ class OpenFlowChannel:
 
     def _send_many(self, msgs: list[Any]) -> list[int]:
         """Serialise every message and hand them to the transport in one write."""
+        xids = [self._next_xid() for _ in msgs]
+        self._send_raw(b"".join(messages.serialize(msg, xid) for msg, xid in zip(msgs, xids)))
+        return xids
+
+    def _send_raw(self, data: bytes) -> None:
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             raise ChannelClosed(f"not connected to {self.settings.target}")
-        xids = [self._next_xid() for _ in msgs]
-        proto.transport.write(b"".join(messages.serialize(msg, xid) for msg, xid in zip(msgs, xids)))
-        return xids
+        proto.transport.write(data)
 
     def _fail_pending(self, exc: Exception) -> None:
         for fut in self._pending.values():

@@ -1,12 +1,18 @@
-"""Reaching a switch's OpenFlow target: a unix socket path, tcp:HOST:PORT, or tcp from another netns."""
+"""Reaching a switch's OpenFlow target (a unix socket path, tcp:HOST:PORT, or tcp from another netns)
+and the asyncio Protocol that frames its byte stream into messages."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from typing import Callable, TypeVar
 
+from packetin import wire
+from packetin.errors import DecodeError
 from packetin.netns_socket import socket_in_netns
+
+log = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=asyncio.Protocol)
 
@@ -37,3 +43,44 @@ async def open_target(target: str, netns: str, factory: Callable[[], P]) -> P:
     # Small control messages (barriers, echo) must not wait for Nagle.
     transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return proto
+
+
+class OpenFlowStream(asyncio.Protocol):
+    """One connection: whole messages go to `on_messages`, the loss of the connection to `on_lost`;
+    a stream that cannot be framed is aborted (the owner reconnects)."""
+
+    def __init__(self, target: str, on_messages: Callable[[list[bytes]], None],
+                 on_lost: Callable[["OpenFlowStream"], None]) -> None:
+        self._target = target
+        self._on_messages = on_messages
+        self._on_lost = on_lost
+        self._framer = wire.Framer()
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        framer = self._framer
+        try:
+            msgs = framer.feed(data)
+        except DecodeError as exc:
+            self._broken(exc)
+            return
+        self._on_messages(msgs)
+        if framer.failed:
+            try:
+                framer.feed(b"")
+            except DecodeError as exc:
+                self._broken(exc)
+
+    def _broken(self, exc: DecodeError) -> None:
+        log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting", self._target, exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(self)
+        if not self.closed.done():
+            self.closed.set_result(None)

@@ -160,9 +160,13 @@ def _read_manifests(filename: str) -> str:
     return "\n---\n".join(texts)
 
 
+# `npaudit apply|delete` exit status when the agent went away before answering.
+EXIT_OUTCOME_UNKNOWN = 3
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from policy_agent.rpc import FrameError
-    from policy_agent.sources.local_api import call
+    from policy_agent.sources.local_api import OutcomeUnknown, call
 
     cfg = _load_config(args.config)
     try:
@@ -172,6 +176,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return 1
     try:
         reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": args.filename})
+    except OutcomeUnknown as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_OUTCOME_UNKNOWN
     except FrameError as exc:
         print(f"error: {args.filename}: too large for one request to the agent: {exc}", file=sys.stderr)
         return 1
@@ -216,7 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.set_defaults(func=cmd_ovs)
 
     for op in ("apply", "delete"):
-        ap = sub.add_parser(op, help=f"{op} manifests (file, directory or '-') on the running agent")
+        ap = sub.add_parser(op, help=f"{op} manifests (file, directory or '-') on the running agent",
+                            description=f"{op.capitalize()} manifests on the running agent, all or nothing.",
+                            epilog="exit status: 0 done; 1 rejected or failed, nothing changed; "
+                                   f"{EXIT_OUTCOME_UNKNOWN} outcome unknown: the agent went away before "
+                                   "answering (check status: the agent's log, its flows)")
         ap.add_argument("-f", "--filename", required=True)
         ap.add_argument("--config", help="the agent's config (for its state_dir)")
         ap.set_defaults(func=cmd_apply, op=op)

@@ -1,32 +1,53 @@
-"""Keeps OVS in line with the policy state: recompiles on every change, sends only the difference.
+"""Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
-Ordering is the point of this module. A new Pod's policy flows are confirmed
-(barrier) before its classifier and forwarding flows exist, so no packet of
-the Pod is forwarded without policy. On changes, new flows go in before stale
-ones are deleted, so enforcement never has a gap.
+A change (apply, delete, a Pod coming or going) is validated, compiled in full
+on a copy of the state off the event loop, sent to the switch as one atomic
+bundle, persisted by the caller's hook, and only then becomes the engine's
+state. Any failure leaves the engine, the switch and the store as they were, so
+one bad change can neither wedge the engine nor be enforced after being refused.
+
+Ordering matters too: a new Pod's policy flows are confirmed before its
+classifier and forwarding flows exist, so no packet of the Pod is forwarded
+without policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from packetin import messages
+from packetin.errors import PacketInError
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
-from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policies
-from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
+from policy_agent.policy.compiler import ClusterState, Compiled, Endpoint, compile_policies
+from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
 
 log = logging.getLogger(__name__)
 
 FlowKey = tuple[Any, ...]
+Persist = Callable[[], None]
 
 
 class PodUnknown(AgentError):
     """CNI ADD for a Pod whose object (labels) has not arrived."""
+
+
+class PolicyRejected(AgentError):
+    """The change contradicts the engine's state or cannot be compiled; nothing was applied.
+    `errors` has one line per problem, naming the object and field."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+class ApplyFailed(AgentError):
+    """The switch or the store did not take the change; nothing was applied."""
 
 
 class FlowProgrammer(Protocol):
@@ -37,7 +58,66 @@ class FlowProgrammer(Protocol):
 
     async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
 
+    async def commit_flows(self, install: Sequence[messages.FlowSpec],
+                           delete: Sequence[messages.FlowSpec]) -> None: ...
+
     async def install_meters(self, meters: Sequence[messages.MeterSpec]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Objects:
+    """The engine's inputs; a change builds a new one and swaps it in only once it is applied."""
+
+    namespaces: dict[str, Namespace] = field(default_factory=dict)
+    pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    policies: dict[tuple[str, str, str], Policy] = field(default_factory=dict)
+    endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    compiled: Compiled
+    desired: dict[FlowKey, messages.FlowSpec]
+    add: list[messages.FlowSpec]  # new or changed flows
+    stale: list[messages.FlowSpec]  # flows of the current state that are no longer desired
+
+
+def _plan(state: ClusterState, priorities: dict[int, dict[str, int]],
+          current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
+    """Compile in full and diff against the current flows (pure: runs in a worker thread)."""
+    compiled = compile_policies(state, priorities)
+    desired = {f.key: f for f in compiled.flows}
+    add = [f for k, f in desired.items() if current.get(k) != f]
+    stale = [f for k, f in current.items() if k not in desired]
+    return _Plan(compiled, desired, add, stale)
+
+
+def _policy_name(policy: Policy) -> str:
+    return "/".join(x for x in (policy.kind.value, policy.namespace, policy.name) if x)
+
+
+def tier_problems(objs: _Objects, tiers: Iterable[str] = (), policies: Iterable[Policy] = (),
+                  deleted: Iterable[str] = ()) -> list[str]:
+    """Tiers across the whole state `objs`, as Antrea checks them: the changed `tiers` keep
+    priorities unique, the changed `policies` name known tiers, and a `deleted` Tier is
+    used by no policy left (the error names them)."""
+    problems: list[str] = []
+    for name in sorted(set(tiers)):
+        tier = objs.tiers[name]
+        same = sorted(t.name for t in objs.tiers.values() if t.priority == tier.priority and t.name != name)
+        if same:
+            problems.append(f"Tier/{name}: spec.priority: {tier.priority} is already used by Tier/{same[0]}")
+    for policy in policies:
+        if policy.kind is not PolicyKind.K8S and policy.tier and policy.tier not in STANDARD_TIERS \
+                and policy.tier not in objs.tiers:
+            problems.append(f"{_policy_name(policy)}: spec.tier: unknown tier {policy.tier!r}; expected a "
+                            f"standard tier ({', '.join(STANDARD_TIERS)}) or an applied Tier")
+    for name in sorted(set(deleted)):
+        users = sorted(_policy_name(p) for p in objs.policies.values() if p.tier == name)
+        if users:
+            problems.append(f"Tier/{name}: cannot be deleted: used by {', '.join(users)}")
+    return problems
 
 
 class PolicyEngine:
@@ -51,11 +131,7 @@ class PolicyEngine:
         self.round_ = round_
         self._meters = meters
         self._meter_specs = list(meter_specs)
-        self.namespaces: dict[str, Namespace] = {}
-        self.pods: dict[tuple[str, str], Pod] = {}
-        self.policies: dict[tuple[str, str, str], Policy] = {}
-        self.tiers: dict[str, Tier] = {}
-        self.endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._objects = _Objects()
         self._by_ip: dict[str, tuple[str, str]] = {}
         self._priorities: dict[int, dict[str, int]] = {}
         self._policy_flows: dict[FlowKey, messages.FlowSpec] = {}
@@ -66,6 +142,26 @@ class PolicyEngine:
         self._pod_wait = pod_wait
         self._pods_changed = asyncio.Event()
 
+    @property
+    def namespaces(self) -> dict[str, Namespace]:
+        return self._objects.namespaces
+
+    @property
+    def pods(self) -> dict[tuple[str, str], Pod]:
+        return self._objects.pods
+
+    @property
+    def tiers(self) -> dict[str, Tier]:
+        return self._objects.tiers
+
+    @property
+    def policies(self) -> dict[tuple[str, str, str], Policy]:
+        return self._objects.policies
+
+    @property
+    def endpoints(self) -> dict[tuple[str, str], Endpoint]:
+        return self._objects.endpoints
+
     async def start(self) -> None:
         """Meters and the fixed pipeline (idempotent: flows are ADDs, meters add-or-modify)."""
         if self._meters() and self._meter_specs:
@@ -75,34 +171,44 @@ class PolicyEngine:
     # --- objects ---------------------------------------------------------------------
 
     async def apply(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
-                    tiers: Iterable[Tier] = (), policies: Iterable[Policy] = ()) -> None:
+                    tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
+                    persist: Persist | None = None) -> None:
+        """Add or replace objects, all or nothing. `persist` (run in a thread once the switch
+        has the change, before the engine takes it) makes the change durable; if it raises,
+        the switch is put back and ApplyFailed raised."""
         async with self._lock:
-            for ns in namespaces:
-                self.namespaces[ns.name] = ns
+            cur = self._objects
+            pods = list(pods)
+            endpoints = dict(cur.endpoints)
             for pod in pods:
-                self.pods[pod.key] = pod
-                self._pods_changed.set()
-                ep = self.endpoints.get(pod.key)
+                ep = endpoints.get(pod.key)
                 if ep is not None:  # labels of a running Pod changed
-                    self.endpoints[pod.key] = Endpoint(pod, ep.ip, ep.mac, ep.ofport)
-            for tier in tiers:
-                self.tiers[tier.name] = tier
-            for policy in policies:
-                self.policies[policy.key] = policy
-            await self._sync()
+                    endpoints[pod.key] = Endpoint(pod, ep.ip, ep.mac, ep.ofport)
+            tiers = {t.name: t for t in tiers}
+            policies = list(policies)
+            nxt = _Objects(namespaces={**cur.namespaces, **{ns.name: ns for ns in namespaces}},
+                           pods={**cur.pods, **{pod.key: pod for pod in pods}},
+                           tiers={**cur.tiers, **tiers}, policies={**cur.policies, **{p.key: p for p in policies}},
+                           endpoints=endpoints)
+            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies)
+            if pods:
+                self._pods_changed.set()
 
     async def delete(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
-                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = ()) -> None:
+                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
+                     persist: Persist | None = None) -> None:
+        """Remove objects, all or nothing (see apply). Deleting a Tier that a policy left in
+        place still uses is refused (PolicyRejected names those policies)."""
         async with self._lock:
-            for ns in namespaces:
-                self.namespaces.pop(ns.name, None)
-            for pod in pods:
-                self.pods.pop(pod.key, None)
-            for tier in tiers:
-                self.tiers.pop(tier.name, None)
-            for policy in policies:
-                self.policies.pop(policy.key, None)
-            await self._sync()
+            cur = self._objects
+            gone_ns, gone_pods = {ns.name for ns in namespaces}, {pod.key for pod in pods}
+            gone_tiers, gone_policies = {t.name for t in tiers}, {p.key for p in policies}
+            nxt = _Objects(namespaces={k: v for k, v in cur.namespaces.items() if k not in gone_ns},
+                           pods={k: v for k, v in cur.pods.items() if k not in gone_pods},
+                           tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
+                           policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
+                           endpoints=cur.endpoints)
+            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers))
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
@@ -111,13 +217,13 @@ class PolicyEngine:
         key = (info.namespace, info.name)
         if self._pod_wait is not None and key not in self.pods:
             await self._wait_for_pod(key, self._pod_wait)
-        pod = self.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
         async with self._lock:
-            self.endpoints[key] = Endpoint(pod, info.ip, info.mac, info.ofport)
-            self._by_ip[info.ip] = key
-            await self._sync()
+            cur = self._objects
+            pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
+            endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
             await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
-                                                          ofport=info.ofport))
+                                                               ofport=info.ofport))
 
     async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -137,40 +243,78 @@ class PolicyEngine:
         """Stop forwarding first, then drop the Pod from policy."""
         key = (info.namespace, info.name)
         async with self._lock:
-            ep = self.endpoints.pop(key, None)
+            cur = self._objects
+            ep = cur.endpoints.get(key)
             if ep is not None:
-                self._by_ip.pop(ep.ip, None)
                 await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
-            await self._sync()
+            endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
         return self._by_ip.get(ip)
 
-    # --- sync ------------------------------------------------------------------------
+    # --- the transaction ---------------------------------------------------------------
 
     def state(self) -> ClusterState:
+        return self._cluster_state(self._objects)
+
+    def _cluster_state(self, objs: _Objects) -> ClusterState:
         tiers = dict(STANDARD_TIERS)
-        tiers.update({t.name: t.priority for t in self.tiers.values()})
-        return ClusterState(namespaces=dict(self.namespaces), endpoints=tuple(self.endpoints.values()),
-                            policies=tuple(self.policies.values()), tiers=tiers, meters=self._meters(),
+        tiers.update({t.name: t.priority for t in objs.tiers.values()})
+        return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
+                            policies=tuple(objs.policies.values()), tiers=tiers, meters=self._meters(),
                             round_=self.round_)
 
-    async def _sync(self) -> None:
-        compiled = compile_policies(self.state(), self._priorities)
-        desired = {f.key: f for f in compiled.flows}
-        current = self._policy_flows
-        add = [f for k, f in desired.items() if current.get(k) != f]
-        stale = [f for k, f in current.items() if k not in desired]
+    async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+                        changed: Sequence[Policy] = ()) -> None:
+        """validate -> compile (thread) -> one bundle -> persist (thread) -> swap. Call under the lock."""
+        if problems:
+            raise PolicyRejected(list(problems))
+        try:
+            # In full and off the loop: the OpenFlow channel keeps answering echo and packet-ins.
+            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._priorities, self._policy_flows)
+        except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
+            names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
+            raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
+                                  f"{type(exc).__name__}: {exc}"]) from exc
+        old_rules = {r.rule_id: r for r in self.registry.all()}
         # Records for packet-ins of old and new rules stay enrichable during the switch-over.
-        self.registry.replace({**{r.rule_id: r for r in self.registry.all()}, **compiled.rules})
-        if add:
-            await self._channel.install_flows(add)
-        if stale:
-            await self._channel.delete_flows(stale)
-        self._policy_flows = desired
-        self._priorities = compiled.priorities
-        self.registry.replace(compiled.rules)
+        self.registry.replace({**old_rules, **plan.compiled.rules})
+        try:
+            await self._channel.commit_flows(plan.add, plan.stale)
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            self.registry.replace(old_rules)
+            raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
+                              f"{exc or type(exc).__name__}") from exc
+        if persist is not None:
+            try:
+                await asyncio.to_thread(persist)
+            except Exception as exc:
+                await self._undo(plan, nxt, exc)
+                self.registry.replace(old_rules)
+                raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
+        self._swap(nxt, plan)
+
+    async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
+        """Put the switch back as it was before `plan` went in (after a failed persist)."""
+        current = self._policy_flows
+        back = [current[f.key] for f in plan.add if f.key in current] + plan.stale
+        extra = [f for f in plan.add if f.key not in current]
+        try:
+            await self._channel.commit_flows(back, extra)
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            # The switch keeps the change (the channel replays it): so does the engine, and says so.
+            self._swap(nxt, plan)
+            raise ApplyFailed(f"could not save the change ({cause}) nor take it back from the switch ({exc}): "
+                              "it is in force until the agent restarts") from exc
+
+    def _swap(self, nxt: _Objects, plan: _Plan) -> None:
+        self._objects = nxt
+        self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
+        self._policy_flows = plan.desired
+        self._priorities = plan.compiled.priorities
+        self.registry.replace(plan.compiled.rules)
         self.syncs += 1
-        log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(desired), len(add),
-                  len(stale), len(compiled.rules))
+        log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(plan.desired), len(plan.add),
+                  len(plan.stale), len(plan.compiled.rules))

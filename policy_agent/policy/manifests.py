@@ -65,16 +65,17 @@ class Loaded:
     documents: tuple[dict[str, Any], ...]
 
 
-def read_text(text: str, source: str) -> Loaded:
-    """Parse (documents.parse_text) and validate every document of `text` as one set."""
+def read_text(text: str, source: str, known_tiers: Iterable[str] = ()) -> Loaded:
+    """Parse (documents.parse_text) and validate every document of `text` as one set. Policies may
+    name a Tier of the set or one of `known_tiers` (those a running agent already has)."""
     problems: list[str] = []
     docs = documents.parse_text(text, source, problems)
-    return _load([(source, docs)], problems)
+    return _load([(source, docs)], problems, known_tiers)
 
 
-def load_text(text: str, source: str) -> ObjectSet:
-    """Load every document of a multi-document YAML (or JSON) text as one set."""
-    return read_text(text, source).objects
+def load_text(text: str, source: str, known_tiers: Iterable[str] = ()) -> ObjectSet:
+    """Load every document of a multi-document YAML (or JSON) text as one set (see read_text)."""
+    return read_text(text, source, known_tiers).objects
 
 
 def load_path(path: str | Path) -> ObjectSet:
@@ -111,7 +112,7 @@ def load_documents(docs: Iterable[Any], source: str) -> ObjectSet:
 
 # --- sets -------------------------------------------------------------------------------------
 
-def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> Loaded:
+def _load(sources: list[tuple[str, list[Any]]], problems: list[str], known_tiers: Iterable[str] = ()) -> Loaded:
     built: list[tuple[str, Any, dict[str, Any]]] = []  # (header, model object, document)
     for source, docs in sources:
         for index, doc in enumerate(docs, start=1):
@@ -127,7 +128,7 @@ def _load(sources: list[tuple[str, list[Any]]], problems: list[str]) -> Loaded:
                     _load_object(item, f"{where}.items[{i}]", built, problems)
             else:
                 _load_object(doc, where, built, problems)
-    problems += _cross_check([(header, obj) for header, obj, _ in built])
+    problems += _cross_check([(header, obj) for header, obj, _ in built], known_tiers)
     if problems:
         raise ManifestError(problems)
     objs = [obj for _, obj, _ in built]
@@ -176,12 +177,12 @@ def _format(header: str, errs: Errs) -> list[str]:
     return [f"{header}: {path}: {reason}" if path else f"{header}: {reason}" for path, reason in errs]
 
 
-def _cross_check(built: list[tuple[str, Any]]) -> list[str]:
+def _cross_check(built: list[tuple[str, Any]], known_tiers: Iterable[str] = ()) -> list[str]:
     """Checks that need the whole set: duplicates, Tier priorities, Tier references, priority capacity."""
     problems: list[str] = []
     seen: dict[tuple[str, str, str], str] = {}
     tier_priority: dict[int, str] = {}
-    tiers = {t.name for _, t in built if isinstance(t, Tier)}
+    tiers = {t.name for _, t in built if isinstance(t, Tier)} | set(known_tiers)
     for header, obj in built:
         key = _key(obj)
         if key in seen:
@@ -195,7 +196,7 @@ def _cross_check(built: list[tuple[str, Any]]) -> list[str]:
         if isinstance(obj, Policy) and obj.kind is not PolicyKind.K8S and obj.tier not in STANDARD_TIERS \
                 and obj.tier not in tiers:
             problems.append(f"{header}: spec.tier: unknown tier {obj.tier!r}; expected a standard tier "
-                            f"({', '.join(STANDARD_TIERS)}) or a Tier in this set")
+                            f"({', '.join(STANDARD_TIERS)}), a Tier in this set or one applied earlier")
     problems += capacity_problems((header, obj) for header, obj in built if isinstance(obj, Policy))
     return problems
 

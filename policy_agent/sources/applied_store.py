@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from policy_agent.policy import documents
 from policy_agent.policy.kinds import ANTREA_GROUP_NAMES, CLUSTER_SCOPED
@@ -56,11 +56,12 @@ class AppliedStore:
     def __len__(self) -> int:
         return len(self._docs)
 
-    def record(self, op: str, text: str) -> None:
+    def record(self, op: str, text: str, known_tiers: Iterable[str] = ()) -> None:
         """Remember an apply or delete that the agent has carried out. The text is validated
-        again here (ManifestError, nothing written) so nothing the validator rejects is stored."""
+        again here (ManifestError, nothing written) so nothing the validator rejects is stored;
+        `known_tiers` are the Tiers its policies may name beyond its own (as at the apply)."""
         docs = dict(self._docs)
-        for doc in read_text(text, "<record>").documents:
+        for doc in read_text(text, "<record>", known_tiers).documents:
             if op == "apply":
                 docs[_key(doc)] = doc
             else:

@@ -1,8 +1,10 @@
 """The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode.
 
-Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A manifest set is
-validated as a whole before anything is applied: one bad object rejects the
-set, names the object and field, and leaves the agent as it was.
+Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
+transaction: the set is validated as a whole (against the Tiers the agent already has), the
+engine compiles and installs it atomically, the applied store records it, and only then is
+the reply sent. Any failure rejects the whole set with one line per problem and leaves the
+agent, OVS and the store as they were.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from policy_agent.errors import AgentError
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
-from policy_agent.engine import PolicyEngine
+from policy_agent.engine import ApplyFailed, PolicyEngine, PolicyRejected
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 
 log = logging.getLogger(__name__)
@@ -71,23 +74,46 @@ class LocalApi:
         if not isinstance(text, str):
             return {"ok": False, "errors": ["manifests: must be a string"]}
         try:
-            objs = load_text(text, str(request.get("source") or "<request>"))
+            objs = load_text(text, str(request.get("source") or "<request>"), known_tiers=self._engine.tiers)
         except ManifestError as exc:
             return {"ok": False, "errors": exc.errors}
-        if op == "apply":
-            await self._engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
-        else:
-            await self._engine.delete(objs.namespaces, objs.pods, objs.tiers, objs.policies)
-        if self._store is not None:
-            await asyncio.to_thread(self._store.record, op, text)
+        change = self._engine.apply if op == "apply" else self._engine.delete
+        try:
+            await change(objs.namespaces, objs.pods, objs.tiers, objs.policies,
+                         persist=None if self._store is None else lambda: self._persist(op, text))
+        except PolicyRejected as exc:
+            return {"ok": False, "errors": exc.errors}
+        except AgentError as exc:
+            log.error("%s from %s failed, nothing applied: %s", op, request.get("source"), exc)
+            return {"ok": False, "errors": [str(exc)]}
         log.info("%s from %s: %s", op, request.get("source"), counts(objs))
         return {"ok": True, op: counts(objs), "rules": len(self._engine.registry)}
 
+    def _persist(self, op: str, text: str) -> None:
+        """The engine's persist hook (a worker thread): record the change in the applied store."""
+        store = self._store
+        if store is None:
+            return
+        try:
+            store.record(op, text, known_tiers=self._engine.tiers)
+        except Exception as exc:  # record() changes nothing, in memory or on disk, when it fails
+            raise ApplyFailed(f"applied store {store.path}: {exc}") from exc
+
+
+class OutcomeUnknown(AgentError):
+    """The agent took the request but the connection ended before its reply: the change may
+    or may not be in force."""
+
 
 def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Client side (the CLI)."""
+    """Client side (the CLI). OSError: the agent was not reached, nothing happened.
+    OutcomeUnknown: it went away (or stayed silent) after the request was sent."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(socket_path))
         send_message(sock, request)
-        return recv_message(sock)
+        try:
+            return recv_message(sock)
+        except (OSError, FrameError) as exc:
+            raise OutcomeUnknown(f"agent at {socket_path} closed the connection before replying "
+                                 f"({exc}): outcome unknown, check status") from exc

@@ -1,4 +1,5 @@
-"""A hand-written fake OpenFlow 1.5 switch on a unix socket, with a faucet-style fake flow table."""
+"""A hand-written fake OpenFlow 1.5 switch on a unix socket, with a faucet-style fake flow table
+and OVS-like bundles (atomic commit; discarded on error or when the connection closes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from packetin import messages
+from packetin import bundles, messages
 
 HEADER = struct.Struct("!BBHI")  # version, type, length, xid
 VERSION = 6
@@ -94,12 +95,19 @@ async def eventually(pred: Callable[[], bool], timeout: float = 2.0, what: str =
         await asyncio.sleep(0.005)
 
 
+@dataclass
+class Bundle:
+    flags: int
+    msgs: list[bytes]  # the bundled flow_mods, in order
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self, switch: "FakeSwitch") -> None:
         self.switch = switch
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.dropped = False
+        self.bundles: dict[int, Bundle] = {}  # open bundles die with the connection, as in OVS
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -152,6 +160,11 @@ class FakeSwitch:
         self.answer_echo = True
         self.hold_barriers = False  # queue barrier replies until release_barriers()
         self.drop_on: int | None = None  # drop the connection on the next message of this type
+        # Drop the connection at the next bundle commit, "before" or "after" carrying it out.
+        self.drop_on_commit: str | None = None
+        self.refuse_table: int | None = None  # refuse every flow ADD into this table
+        self.refuse_on_add = False  # refusals at OFPT_BUNDLE_ADD_MESSAGE time (else at the commit)
+        self.commits = 0  # bundles committed
         self.flows: dict[FlowKey, Flow] = {}
         self.meters: dict[int, Meter] = {}
         self.groups: dict[int, Group] = {}
@@ -236,7 +249,11 @@ class FakeSwitch:
             else:
                 err = (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART)
         elif msg_type == ofp.OFPT_FLOW_MOD:
-            err = self._flow_mod(raw, xid)
+            err = self._flow_mod(raw, xid, self.flows, self.mods)
+        elif msg_type == ofp.OFPT_BUNDLE_CONTROL:
+            reply, err = self._bundle_control(conn, raw, xid)
+        elif msg_type == ofp.OFPT_BUNDLE_ADD_MESSAGE:
+            err = self._bundle_add(conn, raw, xid)
         elif msg_type == ofp.OFPT_METER_MOD:
             err = self._meter_mod(raw, xid)
         elif msg_type == ofp.OFPT_GROUP_MOD:
@@ -248,13 +265,76 @@ class FakeSwitch:
         if reply is not None:
             conn.send(reply)
 
-    def _flow_mod(self, raw: bytes, xid: int) -> tuple[int, int] | None:
+    def _bundle_control(self, conn: _Conn, raw: bytes, xid: int) -> tuple[bytes | None, tuple[int, int] | None]:
+        bundle_id, ctrl_type, flags = bundles.parse_control(raw)
+        failed = ofp.OFPET_BUNDLE_FAILED
+        bundle = conn.bundles.get(bundle_id)
+        if ctrl_type == ofp.OFPBCT_OPEN_REQUEST:
+            if bundle is not None:
+                return None, (failed, ofp.OFPBFC_BAD_ID)
+            conn.bundles[bundle_id] = Bundle(flags, [])
+        elif bundle is None:
+            return None, (failed, ofp.OFPBFC_BAD_ID)
+        elif ctrl_type == ofp.OFPBCT_DISCARD_REQUEST:
+            del conn.bundles[bundle_id]
+        elif ctrl_type == ofp.OFPBCT_COMMIT_REQUEST:
+            del conn.bundles[bundle_id]
+            if bundle.flags != flags:
+                return None, (failed, ofp.OFPBFC_BAD_FLAGS)
+            if self.drop_on_commit == "before":
+                self.drop_on_commit = None
+                conn.drop()
+                return None, None
+            if not self._commit(conn, bundle):
+                return None, (failed, ofp.OFPBFC_MSG_FAILED)
+            if self.drop_on_commit == "after":
+                self.drop_on_commit = None
+                conn.drop()
+                return None, None
+        else:
+            return None, (failed, ofp.OFPBFC_BAD_TYPE)
+        return message(ofp.OFPT_BUNDLE_CONTROL, xid, struct.pack("!IHH", bundle_id, ctrl_type + 1, flags)), None
+
+    def _bundle_add(self, conn: _Conn, raw: bytes, xid: int) -> tuple[int, int] | None:
+        bundle_id, flags, inner = bundles.parse_add(raw)
+        bundle = conn.bundles.get(bundle_id)
+        if bundle is None:
+            return (ofp.OFPET_BUNDLE_FAILED, ofp.OFPBFC_BAD_ID)
+        if HEADER.unpack_from(inner)[3] != xid:
+            return (ofp.OFPET_BUNDLE_FAILED, ofp.OFPBFC_MSG_BAD_XID)
+        if flags != bundle.flags:
+            return (ofp.OFPET_BUNDLE_FAILED, ofp.OFPBFC_BAD_FLAGS)
+        if inner[1] != ofp.OFPT_FLOW_MOD:
+            return (ofp.OFPET_BUNDLE_FAILED, ofp.OFPBFC_MSG_UNSUP)
+        if self.refuse_on_add:
+            err = self._flow_mod(inner, xid, dict(self.flows), [])  # checked, not applied
+            if err is not None:
+                return err
+        bundle.msgs.append(inner)
+        return None
+
+    def _commit(self, conn: _Conn, bundle: Bundle) -> bool:
+        """Apply every message to a copy of the table; keep it only if all succeeded (atomic)."""
+        staged, mods = dict(self.flows), []
+        for inner in bundle.msgs:
+            inner_xid = HEADER.unpack_from(inner)[3]
+            err = self._flow_mod(inner, inner_xid, staged, mods)
+            if err is not None:
+                conn.send(error(inner_xid, err[0], err[1], inner))  # OVS names the failing message too
+                return False
+        self.flows.clear()
+        self.flows.update(staged)
+        self.mods.extend(mods)
+        self.commits += 1
+        return True
+
+    def _flow_mod(self, raw: bytes, xid: int, flows: dict[FlowKey, Flow], mods: list[Mod]) -> tuple[int, int] | None:
         msg = messages.parse(raw)
         if msg is None:  # os-ken cannot read it (e.g. controller2 with meter_id)
             return (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_LEN)
         match = dict(msg.match.items())
         key: FlowKey = (msg.table_id, msg.priority, tuple(sorted(match.items())))
-        self.mods.append(Mod("flow", msg.command, xid, key))
+        mods.append(Mod("flow", msg.command, xid, key))
         actions: list[Any] = []
         goto = None
         for inst in msg.instructions:
@@ -266,9 +346,14 @@ class FakeSwitch:
             if any(isinstance(a, parser.OFPActionOutput) and a.port == self.refuse_out_port
                    for a in actions):
                 return (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
-            self.flows[key] = Flow(msg.table_id, msg.priority, match, actions, goto, msg.cookie)
+            if msg.table_id == self.refuse_table:
+                return (ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_TABLE_FULL)
+            flows[key] = Flow(msg.table_id, msg.priority, match, actions, goto, msg.cookie)
         elif msg.command == ofp.OFPFC_DELETE_STRICT:
-            self.flows.pop(key, None)
+            flows.pop(key, None)
+        elif msg.command == ofp.OFPFC_DELETE:  # by cookie, in every table (a previous agent round)
+            for k in [k for k, f in flows.items() if f.cookie & msg.cookie_mask == msg.cookie & msg.cookie_mask]:
+                del flows[k]
         return None
 
     def _meter_mod(self, raw: bytes, xid: int) -> tuple[int, int] | None:

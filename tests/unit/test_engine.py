@@ -21,13 +21,19 @@ class RecordingChannel:
     """A FlowProgrammer that confirms everything at once and records each call in order."""
 
     def __init__(self) -> None:
+        # ("install" | "delete", flows), or ("commit", installed + deleted) for one atomic bundle
         self.calls: list[tuple[str, list[messages.FlowSpec]]] = []
+        self.commits: list[tuple[list[messages.FlowSpec], list[messages.FlowSpec]]] = []
 
     async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         self.calls.append(("install", list(flows)))
 
     async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         self.calls.append(("delete", list(flows)))
+
+    async def commit_flows(self, install: Sequence[messages.FlowSpec], delete: Sequence[messages.FlowSpec]) -> None:
+        self.calls.append(("commit", [*install, *delete]))
+        self.commits.append((list(install), list(delete)))
 
     async def install_meters(self, meters: Sequence[messages.MeterSpec]) -> None:
         self.calls.append(("meters", []))
@@ -64,7 +70,7 @@ def test_pod_policy_is_installed_before_its_forwarding_flows() -> None:
         ch.calls.clear()
         await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
         kinds = [("pod" if any(is_pod_flow(f) for f in flows) else "policy", op) for op, flows in ch.calls]
-        assert kinds == [("policy", "install"), ("pod", "install")]
+        assert kinds == [("policy", "commit"), ("pod", "install")]
         policy_flows = ch.calls[0][1]
         assert any(("ipv4_dst", "10.0.0.2") in f.match for f in policy_flows)
     asyncio.run(main())
@@ -77,15 +83,14 @@ def test_adding_a_policy_sends_only_its_flows() -> None:
                                                            Pod("x", "b", (("app", "db"),))], policies=[drop_web()])
         await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
         await eng.pod_added(Info("x", "b", "10.0.0.3", "02:00:0a:00:00:03", 6))
-        ch.calls.clear()
+        ch.commits.clear()
         await eng.apply(policies=[drop_web("drop-db", "db")])
-        assert [op for op, _ in ch.calls] == ["install"]
-        (_, flows), = ch.calls
-        assert flows and all(("ipv4_dst", "10.0.0.3") in f.match for f in flows)
-        ch.calls.clear()
+        (flows, deleted), = ch.commits
+        assert flows and not deleted and all(("ipv4_dst", "10.0.0.3") in f.match for f in flows)
+        ch.commits.clear()
         await eng.delete(policies=[drop_web("drop-db", "db")])
-        assert [op for op, _ in ch.calls] == ["delete"]
-        assert {f.key for f in ch.calls[0][1]} == {f.key for f in flows}
+        (added, deleted), = ch.commits
+        assert not added and {f.key for f in deleted} == {f.key for f in flows}
     asyncio.run(main())
 
 
@@ -98,7 +103,7 @@ def test_with_a_kubernetes_source_cni_waits_for_the_pods_labels() -> None:
         assert not add.done()  # no labels yet: no policy decision, no forwarding
         await eng.apply(pods=[Pod("x", "late", (("app", "web"),))])
         await asyncio.wait_for(add, 1.0)
-        installed = [f for op, flows in ch.calls if op == "install" for f in flows]
+        installed = [f for op, flows in ch.calls if op in ("install", "commit") for f in flows]
         assert any(("ipv4_dst", "10.0.0.9") in f.match and not is_pod_flow(f) for f in installed)
     asyncio.run(main())
 

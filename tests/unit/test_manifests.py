@@ -350,7 +350,7 @@ INVALID = [
     (acnp(f"priority: 1\ntier: [a]\n{APPLY_ALL}"), f"{AC}: spec.tier: must be a string, got list"),
     (acnp(f"priority: 1\ntier: nosuch\n{APPLY_ALL}"),
      f"{AC}: spec.tier: unknown tier 'nosuch'; expected a standard tier (emergency, securityops, networkops, "
-     "platform, application, baseline) or a Tier in this set"),
+     "platform, application, baseline), a Tier in this set or one applied earlier"),
     (acnp(f"priority: 1\ntier: baseline\n{APPLY_ALL}\negress: [{{action: Pass}}]"),
      f"{AC}: spec.egress[0].action: Pass is not allowed in the baseline tier"),
     # rule fields
