@@ -212,7 +212,7 @@ def encode_match_fields(match: tuple[tuple[str, Any], ...]) -> bytes:
 
     A (value, mask) pair is written masked, with value & mask as OFPMatch stores it.
     """
-    fields = []
+    fields: dict[int, bytes] = {}
     fields_get = _FIELDS.get
     for item in match:
         try:
@@ -225,15 +225,13 @@ def encode_match_fields(match: tuple[tuple[str, Any], ...]) -> bytes:
         if type(value) is tuple:
             if len(value) != 2:
                 raise Unsupported(f"match field {name!r}: {len(value)}-tuple")
-            fields.append((f.key, f.masked(value[0], value[1])))
+            fields[f.key] = f.masked(value[0], value[1])
         else:
-            fields.append((f.key, f.tlv(value)))
-    if len(fields) > 1:
-        fields.sort()
-        if len({key for key, _ in fields}) != len(fields):
-            # Named twice: OFPMatch(**dict(...)) keeps the last one; os-ken's to do.
-            raise Unsupported(f"a match field given twice in {match!r}")
-    return b"".join([tlv for _, tlv in fields])
+            fields[f.key] = f.tlv(value)
+    if len(fields) != len(match):
+        # Named twice: OFPMatch(**dict(...)) keeps the last one; os-ken's to do.
+        raise Unsupported(f"a match field given twice in {match!r}")
+    return b"".join([fields[key] for key in sorted(fields)])
 
 
 # --- actions ---------------------------------------------------------------------------
