@@ -3,6 +3,8 @@
 Desired state is described by frozen specs (FlowSpec, GroupSpec, and MeterSpec
 from meters.ovs) that the channel keeps and replays after a reconnect; the
 functions here turn specs into os-ken message objects and serialise them.
+Flow mods (flow_add, flow_delete_strict) are FlowMods, written by
+packetin.flow_encoder, or by os-ken for a shape the encoder does not cover.
 Nothing here does I/O.
 """
 
