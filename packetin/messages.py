@@ -3,6 +3,8 @@
 Desired state is described by frozen specs (FlowSpec, GroupSpec, and MeterSpec
 from meters.ovs) that the channel keeps and replays after a reconnect; the
 functions here turn specs into os-ken message objects and serialise them.
+Flow mods (flow_add, flow_delete_strict) are FlowMods, written by
+packetin.flow_encoder, or by os-ken for a shape the encoder does not cover.
 Nothing here does I/O.
 """
 
@@ -196,6 +198,8 @@ class GroupSpec:
 
 
 def serialize(msg: Any, xid: int) -> bytes:
+    if type(msg) is FlowMod:
+        return msg.encode(xid)
     msg.xid = xid
     msg.serialize()
     return bytes(msg.buf)
@@ -251,13 +255,60 @@ def _flow_mod(spec: FlowSpec, command: int, **extra: Any) -> Any:
                              match=parser.OFPMatch(**dict(spec.match)), **extra)
 
 
-def flow_add(spec: FlowSpec) -> Any:
-    return _flow_mod(spec, ofp.OFPFC_ADD, cookie=spec.cookie,
-                     instructions=_instructions(spec.actions, spec.goto))
+class FlowMod:
+    """An OFPT_FLOW_MOD (ADD or DELETE_STRICT) of `spec`, encoded when serialised.
+
+    packetin.flow_encoder writes the bytes (os-ken's, without its object tree);
+    a spec it does not cover goes through os-ken's OFPFlowMod (to_ofp). It has
+    what serialize() and os-ken's wrappers (OFPBundleAddMsg) use of a message:
+    xid, set_xid, serialize and buf.
+    """
+
+    __slots__ = ("spec", "command", "xid", "buf")
+    version = ofp.OFP_VERSION
+    msg_type = cls_msg_type = ofp.OFPT_FLOW_MOD
+
+    def __init__(self, spec: FlowSpec, command: int) -> None:
+        self.spec = spec
+        self.command = command
+        self.xid: int | None = None
+        self.buf: bytearray | None = None
+
+    @property
+    def msg_len(self) -> int | None:
+        return None if self.buf is None else len(self.buf)
+
+    def set_xid(self, xid: int) -> None:
+        self.xid = xid
+
+    def to_ofp(self) -> Any:
+        """The same message as an os-ken OFPFlowMod."""
+        if self.command == ofp.OFPFC_ADD:
+            return _flow_mod(self.spec, self.command, cookie=self.spec.cookie,
+                             instructions=_instructions(self.spec.actions, self.spec.goto))
+        return _flow_mod(self.spec, self.command)
+
+    def encode(self, xid: int) -> bytes:
+        """The message's bytes with `xid`."""
+        self.xid = xid
+        try:
+            return encode_flow_mod(self.spec, self.command, xid)
+        except Unsupported:
+            return serialize(self.to_ofp(), xid)
+
+    def serialize(self) -> None:
+        self.buf = bytearray(self.encode(self.xid or 0))
+
+    def __repr__(self) -> str:
+        return f"FlowMod(command={self.command}, {self.spec.describe()})"
 
 
-def flow_delete_strict(spec: FlowSpec) -> Any:
-    return _flow_mod(spec, ofp.OFPFC_DELETE_STRICT)
+def flow_add(spec: FlowSpec) -> FlowMod:
+    return FlowMod(spec, ofp.OFPFC_ADD)
+
+
+def flow_delete_strict(spec: FlowSpec) -> FlowMod:
+    return FlowMod(spec, ofp.OFPFC_DELETE_STRICT)
 
 
 def flow_delete_cookie(cookie: int, mask: int) -> Any:
@@ -326,3 +377,7 @@ def parse(raw: bytes) -> Any:
 
     version, msg_type, msg_len, xid = struct.unpack_from("!BBHI", raw, 0)
     return ofproto_parser.msg(CODEC, version, msg_type, msg_len, xid, bytearray(raw))
+
+
+# The encoder reads the spec classes above, so it is imported once they exist.
+from packetin.flow_encoder import Unsupported, encode_flow_mod  # noqa: E402
