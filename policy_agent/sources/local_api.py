@@ -1,4 +1,4 @@
-"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode.
+"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode, `npaudit syslog status`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A manifest set is
 validated as a whole before anything is applied: one bad object rejects the
@@ -12,7 +12,9 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from auditlog.syslog.status import SyslogStatus
 
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
@@ -27,11 +29,16 @@ def counts(objs: ObjectSet) -> dict[str, int]:
             "policies": len(objs.policies)}
 
 
+SYSLOG_STATUS_OP = "syslog-status"
+
+
 class LocalApi:
-    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None) -> None:
+    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None,
+                 syslog_status: Callable[[], SyslogStatus] | None = None) -> None:
         self.socket_path = socket_path
         self._engine = engine
         self._store = store
+        self._syslog_status = syslog_status
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -65,6 +72,8 @@ class LocalApi:
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
+        if op == SYSLOG_STATUS_OP:
+            return self.syslog_status()
         if op not in ("apply", "delete"):
             return {"ok": False, "errors": [f"op: must be apply or delete, got {op!r}"]}
         text = request.get("manifests")
@@ -82,6 +91,12 @@ class LocalApi:
             await asyncio.to_thread(self._store.record, op, text)
         log.info("%s from %s: %s", op, request.get("source"), counts(objs))
         return {"ok": True, op: counts(objs), "rules": len(self._engine.registry)}
+
+
+    def syslog_status(self) -> dict[str, Any]:
+        """Read-only: each syslog forwarder's snapshot and the writer's newest seq (no destinations: an empty list)."""
+        status = self._syslog_status() if self._syslog_status is not None else SyslogStatus(None)
+        return {"ok": True, "syslog": status.to_json()}
 
 
 def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
