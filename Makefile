@@ -54,6 +54,7 @@ bench: setup
 	$(PY) bench/packetin_throughput.py
 	$(PY) bench/auditlog_throughput.py
 	$(PY) bench/cni_latency.py
+	$(PY) bench/syslog_throughput.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -14,6 +14,7 @@ from auditlog.aggregate import Aggregator
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
+from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
@@ -171,7 +172,7 @@ class Agent:
             await self.channel.delete_flows_by_cookie(previous << tables.COOKIE_ROUND_SHIFT, tables.ROUND_MASK)
         if self.cni is not None:
             await self.cni.start()
-        self.api = LocalApi(cfg.api_socket, self.engine, store)
+        self.api = LocalApi(cfg.api_socket, self.engine, store, syslog_status=self.syslog_status)
         await self.api.start()
         if self.manifests is not None:
             self.manifests.start()
@@ -188,6 +189,11 @@ class Agent:
         except asyncio.TimeoutError:
             log.warning("Kubernetes API not fully listed after %.0fs (%s); serving CNI anyway: "
                         "Pods wait up to %.0fs for their labels", kc.sync_timeout, self.k8s.stats, kc.pod_wait)
+
+    def syslog_status(self) -> SyslogStatus:
+        """The forwarders' snapshots and the writer's newest seq, for `npaudit syslog status`."""
+        writer_seq = self.audit_writer.head[0] if self.audit_writer is not None else None
+        return SyslogStatus(writer_seq, tuple(forwarder.stats() for forwarder in self.syslog))
 
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server

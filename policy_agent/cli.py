@@ -240,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the audit log's hash chain (live and rotated files); exit 1 on a break "
                         "(npaudit verify --help)")
 
+    from policy_agent.syslog_commands import add_parser as add_syslog_parser
+
+    add_syslog_parser(sub, _load_config)
+
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")
     d.add_argument("--keep", action="store_true", help="leave OVS and the Pod namespaces up afterwards")

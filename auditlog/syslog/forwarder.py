@@ -21,7 +21,7 @@ from typing import Callable
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError, SyslogConfigError, SyslogError, SyslogFormatError
 from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, Framing, Header,
-                                     encode_record, frame)
+                                     encode_record, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
 from auditlog.syslog.transport import Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint
 
@@ -71,6 +71,24 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
                        tls if endpoint.scheme == "tls" else None,
                        udp_max_bytes if endpoint.scheme == "udp" else None, batch_records)
+
+
+def send_test_message(destination: Destination, *, now: float, test_id: str, sender: Sender | None = None,
+                      timeout: float = 10.0) -> None:
+    """Send one marked test message (rfc5424.encode_test_message) to `destination` on a connection of its own.
+
+    Returns once TCP/TLS receivers acknowledged it (UDP: once it left the socket);
+    SyslogError (transport, TLS or a TLS file that cannot be read) otherwise.
+    Touches neither the audit files nor any checkpoint.
+    """
+    message = encode_test_message(destination.header, timestamp=rfc3339_millis(now), test_id=test_id)
+    if sender is None:
+        sender = open_sender(destination.endpoint, destination.tls, timeout)
+    try:
+        sender.connect()
+        sender.send([frame(message, destination.framing)])
+    finally:
+        sender.close()
 
 
 def checkpoint_name(endpoint: Endpoint) -> str:

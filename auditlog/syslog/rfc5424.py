@@ -44,11 +44,19 @@ structured data and replaces MSG by a stub that is still one JSON object::
      "npaudit":{"chain":..,"disposition":..,"original_bytes":N,"seq":..,"truncated":true}}
 
 so a receiver still sees which record was shortened; the file keeps it whole.
+
+A test message (``npaudit syslog test``) is marked three times, so no receiver
+filter and no reader of a forwarded copy can take it for an audit record: MSGID
+``TEST``, structured data ``[npaudit@32473 test="true" id="ID"]`` with no seq and
+no chain, and a MSG object with ``"npaudit":{"test":true}`` and a ``message``
+that says it is not part of the hash chain. It is never written to the audit files.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -57,8 +65,8 @@ from auditlog.chain import encode
 from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
 
 __all__ = ["APP_NAME", "DEFAULT_FACILITY", "DEFAULT_UDP_MAX_BYTES", "FACILITIES", "MIN_UDP_MAX_BYTES", "MSGID",
-           "SD_ID", "SEVERITY", "Encoded", "Framing", "Header", "encode_record", "facility_code", "frame",
-           "header_hostname", "sd_escape"]
+           "SD_ID", "SEVERITY", "TEST_MSGID", "Encoded", "Framing", "Header", "encode_record",
+           "encode_test_message", "facility_code", "frame", "header_hostname", "rfc3339_millis", "sd_escape"]
 
 APP_NAME = "npaudit"
 SD_ID = "npaudit@32473"
@@ -78,6 +86,8 @@ FACILITIES: dict[str, int] = {
 SEVERITY: dict[str, int] = {"Allow": 6, "Pass": 6, "Drop": 4, "Reject": 4}
 MSGID: dict[str, str] = {"Allow": "ALLOW", "Pass": "PASS", "Drop": "DROP", "Reject": "REJECT"}
 _STATE_MSGID, _STATE_SEVERITY = "STATE", 5
+TEST_MSGID, _TEST_SEVERITY = "TEST", 5
+TEST_TEXT = "npaudit syslog test message: not an audit record, not part of the hash chain"
 
 # RFC 5424 §6.2.3 (RFC 3339 with at most 6 fraction digits); leap second 60 allowed.
 _TIMESTAMP = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)"
@@ -214,3 +224,22 @@ def frame(message: bytes, framing: Framing) -> bytes:
         return message + b"\n"
     return message
 
+
+
+def rfc3339_millis(now: float) -> str:
+    """`now` (seconds since the epoch) as an RFC 5424 TIMESTAMP in UTC with milliseconds."""
+    return dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def encode_test_message(header: Header, *, timestamp: str, test_id: str) -> bytes:
+    """The marked test message described above (MSGID TEST, no seq, no chain); `test_id` finds it at the receiver."""
+    stamp = timestamp if _TIMESTAMP.fullmatch(timestamp) else "-"
+    body = {"@timestamp": stamp, "event": {"action": "syslog-test", "dataset": "npaudit.test", "id": test_id,
+                                           "kind": "event"},
+            "message": TEST_TEXT, "npaudit": {"test": True}}
+    if stamp == "-":
+        del body["@timestamp"]
+    msg = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)  # ASCII: no BOM question
+    sd = f'[{SD_ID} test="true" id="{sd_escape(test_id)}"]'
+    pri = header.facility * 8 + _TEST_SEVERITY
+    return f"<{pri}>1 {stamp} {header.hostname} {APP_NAME} - {TEST_MSGID} {sd} {msg}".encode("ascii")

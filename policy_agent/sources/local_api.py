@@ -1,4 +1,4 @@
-"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode.
+"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode, `npaudit syslog status`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
@@ -14,7 +14,9 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from auditlog.syslog.status import SyslogStatus
 
 from policy_agent.errors import AgentError
 from policy_agent.sources.applied_store import AppliedStore
@@ -30,11 +32,16 @@ def counts(objs: ObjectSet) -> dict[str, int]:
             "policies": len(objs.policies)}
 
 
+SYSLOG_STATUS_OP = "syslog-status"
+
+
 class LocalApi:
-    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None) -> None:
+    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None,
+                 syslog_status: Callable[[], SyslogStatus] | None = None) -> None:
         self.socket_path = socket_path
         self._engine = engine
         self._store = store
+        self._syslog_status = syslog_status
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -68,6 +75,8 @@ class LocalApi:
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
+        if op == SYSLOG_STATUS_OP:
+            return self.syslog_status()
         if op not in ("apply", "delete"):
             return {"ok": False, "errors": [f"op: must be apply or delete, got {op!r}"]}
         text = request.get("manifests")
@@ -103,6 +112,12 @@ class LocalApi:
 class OutcomeUnknown(AgentError):
     """The agent took the request but the connection ended before its reply: the change may
     or may not be in force."""
+
+
+    def syslog_status(self) -> dict[str, Any]:
+        """Read-only: each syslog forwarder's snapshot and the writer's newest seq (no destinations: an empty list)."""
+        status = self._syslog_status() if self._syslog_status is not None else SyslogStatus(None)
+        return {"ok": True, "syslog": status.to_json()}
 
 
 def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:

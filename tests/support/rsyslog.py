@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tests.support.certs import Pki
 
@@ -34,17 +34,56 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
-class Rsyslog:
+class RsyslogDaemon:
+    """rsyslogd -n with the config file `conf`; started once each TCP port in `tcp_ports` accepts (else the pid file)."""
+
+    def __init__(self, workdir: Path, conf: Path, tcp_ports: Sequence[int] = ()) -> None:
+        self.dir = workdir
+        self.conf = conf
+        self.tcp_ports = tuple(tcp_ports)
+        self.pidfile = self.dir / "rsyslogd.pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.dir / "rsyslogd.log", "ab")
+        self.proc = subprocess.Popen(["rsyslogd", "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rsyslogd exited: {(self.dir / 'rsyslogd.log').read_text()}")
+            try:
+                for port in self.tcp_ports:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                if self.tcp_ports or self.pidfile.exists():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("rsyslogd did not start within 10 s")
+
+    def stop(self) -> None:
+        """SIGTERM by pid (rsyslog finishes its queue and closes the files), SIGKILL if it hangs."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+class Rsyslog(RsyslogDaemon):
     """rsyslogd -n with imudp, imtcp and imtcp over TLS (server certificate `pki`) on 127.0.0.1;
     each input writes what it received to <input>.out."""
 
     def __init__(self, workdir: Path, pki: Pki) -> None:
-        self.dir = workdir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(parents=True, exist_ok=True)
         self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
-        self.conf = self.dir / "rsyslog.conf"
-        self.pidfile = self.dir / "rsyslogd.pid"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(workdir, workdir / "rsyslog.conf", (self.ports["tls"], self.ports["tcp"]))
         rulesets = "".join(
             f'ruleset(name="{name}") {{ action(type="omfile" file="{self.out(name)}" template="npaudit_fields") }}\n'
             for name in INPUTS)
@@ -60,35 +99,6 @@ class Rsyslog:
 
     def out(self, name: str) -> Path:
         return self.dir / f"{name}.out"
-
-    def start(self) -> None:
-        log = open(self.dir / "rsyslogd.log", "ab")
-        self.proc = subprocess.Popen(["rsyslogd", "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
-                                     stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rsyslogd exited: {(self.dir / 'rsyslogd.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.ports["tls"]), timeout=0.2).close()
-                socket.create_connection(("127.0.0.1", self.ports["tcp"]), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("rsyslogd did not listen within 10 s")
-
-    def stop(self) -> None:
-        """SIGTERM by pid (rsyslog finishes its queue and closes the files), SIGKILL if it hangs."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
     def received(self, name: str) -> list[dict[str, Any]]:
         """What the input `name` wrote, one dict per message (complete lines only)."""
