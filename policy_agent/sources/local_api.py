@@ -98,6 +98,11 @@ class LocalApi:
         log.info("%s from %s: %s", op, request.get("source"), counts(objs))
         return {"ok": True, op: counts(objs), "rules": len(self._engine.registry)}
 
+    def syslog_status(self) -> dict[str, Any]:
+        """Read-only: each syslog forwarder's snapshot and the writer's newest seq (no destinations: an empty list)."""
+        status = self._syslog_status() if self._syslog_status is not None else SyslogStatus(None)
+        return {"ok": True, "syslog": status.to_json()}
+
     def _persist(self, op: str, text: str) -> None:
         """The engine's persist hook (a worker thread): record the change in the applied store."""
         store = self._store
@@ -112,12 +117,6 @@ class LocalApi:
 class OutcomeUnknown(AgentError):
     """The agent took the request but the connection ended before its reply: the change may
     or may not be in force."""
-
-
-    def syslog_status(self) -> dict[str, Any]:
-        """Read-only: each syslog forwarder's snapshot and the writer's newest seq (no destinations: an empty list)."""
-        status = self._syslog_status() if self._syslog_status is not None else SyslogStatus(None)
-        return {"ok": True, "syslog": status.to_json()}
 
 
 def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
