@@ -1,4 +1,4 @@
-"""The ECS-aligned audit record (DESIGN.md §5): a packet-in encoded straight to the chain's canonical text."""
+"""The ECS-aligned audit record (config/audit-record.schema.json): a packet-in encoded straight to the chain's JCS text."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from auditlog.chain import RecordText, encode
+from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, RecordText
+from auditlog.jcs import SAFE_INTEGER, canonical, number
 from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 from packetin.registers import DISPOSITION_BITS
@@ -31,8 +32,9 @@ _BY_ACTION_NAME = {v[0]: k for k, v in _BY_DISPOSITION.items()}
 DISPOSITIONS = tuple(v[0] for v in _BY_DISPOSITION.values())
 ACTIONS = tuple(v[1] for v in _BY_DISPOSITION.values())
 
-_OBSERVER_TYPE = "switch"
-_OBSERVER_VENDOR = "Open vSwitch"
+# The observer is the switch that matched the packet; the vendor is who makes the record.
+_OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
+_ECS = f',"ecs":{{"version":"{ECS_VERSION}"}}'
 
 
 class EventIds:
@@ -146,13 +148,14 @@ class _RuleParts:
                              "which is no disposition, and the rule is unknown")
         name, action, verdict_type = verdict
         types = ["connection", verdict_type] if verdict_type else ["connection"]
-        self.event_head = f'"event":{{"action":"{action}","category":["network"],"id":'
-        self.event_tail = f',"kind":"event","outcome":"success","type":{encode(types)}}}'
+        # event.end, event.id and event.start are written per record between these.
+        self.event_head = f'"event":{{"action":"{action}","category":["network"],"dataset":"{DATASET}","end":"'
+        self.event_tail = f'","type":{canonical(types)}}}'
         self.disposition = f'"disposition":"{name}",'
         self.direction = _enum_value(rule.direction).lower() if rule is not None else ""
         self.network_direction = (f'"direction":"{self.direction}",'
                                   if self.direction in ("ingress", "egress") else "")
-        self.labels = (f',"labels":{encode({"log_label": _text(rule.log_label)})}'
+        self.labels = (f',"labels":{canonical({"log_label": _text(rule.log_label)})}'
                        if rule is not None and rule.log_label else "")
         self.namespace = rule.namespace if rule is not None else ""
         fields: dict[str, str] = {}
@@ -166,26 +169,26 @@ class _RuleParts:
                 fields["category"] = _text(rule.tier)
                 # Only tiered (Antrea) rules have a priority; a K8s NetworkPolicy has none
                 # (the registry fills 0.0 there), and a non-finite number is not JSON.
-                # Always a float, so a SIEM's dynamic mapping does not make it an integer
-                # field from the first record and then truncate 5.5 to 5.
+                # JCS writes 10.0 as 10, as any JavaScript-like re-encoder would: the
+                # schema tells a SIEM to map npaudit.priority as a float.
                 if isinstance(rule.priority, (int, float)) and math.isfinite(rule.priority):
-                    self.priority = f'"priority":{encode(float(rule.priority))},'
-                self.tier = f',"tier":{encode(_text(rule.tier))}'
+                    self.priority = f'"priority":{number(float(rule.priority))},'
+                self.tier = f',"tier":{canonical(_text(rule.tier))}'
         else:
             # The same slot as priority (which only a known rule has): "rule_unknown" sorts
             # after "priority" and before "seq", so canonical order holds either way.
             self.priority = '"rule_unknown":true,'
         if rule_id:  # reg6 is known from the packet even when the registry has no such rule
             fields["id"] = str(rule_id)
-        self.rule_text = f',"rule":{encode(fields)}' if fields else ""
+        self.rule_text = f',"rule":{canonical(fields)}' if fields else ""
 
 
 class RecordEncoder:
-    """Builds audit records straight into canonical text (chain.RecordText), ~4 µs each.
+    """Builds audit records straight into JCS text (chain.RecordText); bench/auditlog_throughput.py times it.
 
-    The record is the one DESIGN.md §5 describes; fields that are not known are
-    absent, never null. Everything taken from the rule, the Pods and the node is
-    escaped by the canonical encoder once and kept (a rule is re-read when the
+    The record is the one config/audit-record.schema.json describes; fields that
+    are not known are absent, never null. Everything taken from the rule, the Pods
+    and the node is put in canonical form once and kept (a rule is re-read when the
     registry hands out a different object for its id; a Pod's text is keyed by its
     (namespace, name)); per packet only numbers, addresses and times are written.
     """
@@ -200,12 +203,10 @@ class RecordEncoder:
         self._rules: dict[tuple[int, int], _RuleParts] = {}
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}
         self._orchestrators: dict[str, str] = {}
-        self._networks: dict[tuple[str, int | None, int | None, int | None], str] = {}
+        self._networks: dict[tuple[str, int | None, int | None, int | None], tuple[str, str]] = {}
         self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
-        observer["type"] = _OBSERVER_TYPE
-        observer["vendor"] = _OBSERVER_VENDOR
-        self._observer = f',"observer":{encode(observer)}'
+        self._observer = f',"observer":{canonical({**observer, **_OBSERVER})}'
         self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
         self._second = self._ms = -1
         self._second_text = self._ms_text = ""
@@ -222,7 +223,7 @@ class RecordEncoder:
     def _pod_texts(self, found: tuple[str, str]) -> tuple[str, str]:
         """(as npaudit.destination + ",", as "," + npaudit.source) of a Pod by_ip found."""
         pod = _pod_fields(found)
-        text = encode({"pod": pod}) if pod else ""
+        text = canonical({"pod": pod}) if pod else ""
         return _cache(self._pods, found, (f'"destination":{text},', f',"source":{text}') if text else ("", ""))
 
     def _orchestrator(self, namespace: str) -> str:
@@ -231,21 +232,22 @@ class RecordEncoder:
             fields["cluster"] = self._cluster
         if namespace:
             fields["namespace"] = _text(namespace)
-        return _cache(self._orchestrators, namespace, f',"orchestrator":{encode(fields)}')
+        return _cache(self._orchestrators, namespace, f',"orchestrator":{canonical(fields)}')
 
-    def _network(self, key: tuple[str, int | None, int | None, int | None]) -> str:
+    def _network(self, key: tuple[str, int | None, int | None, int | None]) -> tuple[str, str]:
+        """The network members that sort between "bytes" and "packets", and those after "packets"."""
         direction, protocol, version, vlan = key
-        network = direction
+        before, after = direction, ""
         if protocol is not None:
-            network += f'"iana_number":"{protocol}",'  # ECS keyword
+            before += f'"iana_number":"{protocol}",'  # ECS keyword
             transport = transport_name(protocol)
             if transport is not None:
-                network += f'"transport":"{transport}",'
+                after += f',"transport":"{transport}"'
         if version is not None:
-            network += f'"type":"ipv{version}",'
+            after += f',"type":"ipv{version}"'
         if vlan is not None:
-            network += f'"vlan":{{"id":"{vlan}"}},'  # ECS keyword
-        return _cache(self._networks, key, f',"network":{{{network[:-1]}}}' if network else "")
+            after += f',"vlan":{{"id":"{vlan}"}}'  # ECS keyword
+        return _cache(self._networks, key, (before, after))
 
     def _ovs(self, key: tuple[int, int, int | None]) -> str:
         cookie, table, in_port = key
@@ -297,27 +299,38 @@ class RecordEncoder:
             port = s.dst_port
             destination = (f',"destination":{{"ip":"{dst_ip}"}}' if port is None else
                            f',"destination":{{"ip":"{dst_ip}","port":{port}}}')
+            related = (f',"related":{{"ip":["{src_ip}","{dst_ip}"]}}' if src_ip is not None and src_ip != dst_ip
+                       else f',"related":{{"ip":["{dst_ip}"]}}')
         else:
             destination = ""
+            related = "" if src_ip is None else f',"related":{{"ip":["{src_ip}"]}}'
         event_id = self._new_event_id()
         if not (event_id.isascii() and event_id.isalnum()):
-            event_id = encode(_text(event_id))[1:-1]
+            event_id = canonical(_text(event_id))[1:-1]
         icmp = ""
-        if s.icmp_type is not None:
+        if s.icmp_type is not None:  # ECS has no icmp field set: a vendor field
             code = "" if s.icmp_code is None else f'"code":{s.icmp_code},'
-            icmp = f',"icmp":{{{code}"type":{s.icmp_type}}}'
+            icmp = f'"icmp":{{{code}"type":{s.icmp_type}}},'
+        if (packets | bytes_ | offloaded_packets) > SAFE_INTEGER:  # never in practice; JCS rounds these
+            counts = number(packets), number(bytes_), number(offloaded_packets)
+        else:
+            counts = packets, bytes_, offloaded_packets
+        n_packets, n_bytes, n_offloaded = counts
         net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
-        network = self._networks.get(net_key) or self._network(net_key)
-        head = (f'{{"@timestamp":"{first_s}"{destination},{rp.event_head}"{event_id}"{rp.event_tail}{icmp}'
-                f'{rp.labels}{network},"npaudit":{{"aggregate":{{"bytes":{bytes_},"first":"{first_s}",'
-                f'"last":"{last_s}","offloaded_packets":{offloaded_packets},"packets":{packets}}},')
+        net_before, net_after = self._networks.get(net_key) or self._network(net_key)
+        head = (f'{{"@timestamp":"{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
+                f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
+                f',"network":{{"bytes":{n_bytes},{net_before}"packets":{n_packets}{net_after}}}'
+                f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},"first":"{first_s}",'
+                f'"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
         pods = self._pods
         dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
         src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
-        mid = f'{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{ovs}{rp.priority}"seq":'
+        mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
+               f'{rp.priority}"seq":')
         orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
         if src_ip is not None:
             port = s.src_port
@@ -326,7 +339,7 @@ class RecordEncoder:
         else:
             source = "}"
         tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
-                f'{rp.rule_text}{source}')
+                f'{related}{rp.rule_text}{source}')
         return RecordText(head, mid, tail)
 
 

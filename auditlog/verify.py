@@ -1,9 +1,15 @@
-"""`npaudit verify`: check seq and hash chain across live and rotated audit files, report the first break."""
+"""`npaudit verify`: check seq and hash chain across live and rotated audit files, report the first break.
+
+It checks copies too: records re-encoded by another JSON tool (auditlog/chain.py
+says why they still verify), and files of forwarded RFC 5424 syslog messages, one
+a line, whose header and structured data are stripped (auditlog/syslog/rfc5424.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from contextlib import suppress
@@ -11,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence
 
-from auditlog.chain import (CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, digest,
-                            parse_line)
+from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
 from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
                               split_name)
 
@@ -66,6 +71,38 @@ class VerifyResult:
         return f"OK: {self.records} records in {len(self.files)} files{seqs}"
 
 
+# --- forwarded copies: one RFC 5424 message a line ---
+
+# <PRI>VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID, then STRUCTURED-DATA.
+_SYSLOG_HEADER = re.compile(rb"<[0-9]{1,3}>[1-9][0-9]{0,2}(?: [!-~]+){5} ")
+_SD_ELEMENT = re.compile(rb'\[([^ =\]"]+)((?: [^ =\]"]+="(?:[^"\\]|\\.)*")*)\]')
+_SD_PARAM = re.compile(rb' ([^ =\]"]+)="((?:[^"\\]|\\.)*)"')
+_SD_ID = b"npaudit@32473"
+_BOM = b"\xef\xbb\xbf"
+
+
+def syslog_message(line: bytes) -> tuple[bytes, dict[str, str]]:
+    """(MSG without a BOM, the params of npaudit@32473) of one RFC 5424 message; ValueError if it is none."""
+    head = _SYSLOG_HEADER.match(line)
+    if head is None:
+        raise ValueError("no RFC 5424 header (<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID)")
+    pos, params = head.end(), {}
+    if line.startswith(b"-", pos):
+        pos += 1
+    else:
+        while (element := _SD_ELEMENT.match(line, pos)) is not None:
+            if element[1] == _SD_ID:
+                params = {name.decode("ascii", "replace"): re.sub(rb'\\([\\"\]])', rb"\1", value).decode(
+                    "utf-8", "replace") for name, value in _SD_PARAM.findall(element[2])}
+            pos = element.end()
+        if pos == head.end():
+            raise ValueError("no STRUCTURED-DATA after MSGID")
+    if pos < len(line) and line[pos:pos + 1] != b" ":
+        raise ValueError("STRUCTURED-DATA is not followed by a space")
+    msg = line[pos + 1:]
+    return (msg[3:] if msg.startswith(_BOM) else msg), params
+
+
 # --- the walk ---
 
 @dataclass
@@ -81,7 +118,7 @@ def _sealed_with_seq(record: dict[str, Any], prev_chain: str, seq: int) -> bool:
     """Would `record` verify if its npaudit.seq were `seq`? (Then only the seq was edited.)"""
     original = dict(record)
     original["npaudit"] = dict(record["npaudit"], seq=seq)
-    return digest(prev_chain, original) == record["npaudit"]["chain"]
+    return seals(prev_chain, original)
 
 
 def _is_restart(record: dict[str, Any]) -> bool:
@@ -103,6 +140,18 @@ class _Walk:
     first: tuple[int, int, dict[str, Any]] | None = None  # file index, line, record of the anchor
     pending: _Damage | None = None
     warnings: list[str] = field(default_factory=list)
+    syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
+
+    def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None]:
+        """(record, seq, chain, JSON text, syslog params or None) of one line without its newline."""
+        params = None
+        if self.syslog or (self.syslog is None and text.startswith(b"<")):
+            try:
+                text, params = syslog_message(text)
+            except ValueError as exc:
+                raise ChainError(UNPARSEABLE, f"not an RFC 5424 message ({exc})") from exc
+        record, seq, chain = parse_line(text)
+        return record, seq, chain, text, params
 
     def run(self) -> Break | None:
         offset = 0
@@ -139,7 +188,7 @@ class _Walk:
     def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:
         torn = not raw.endswith(b"\n")
         try:
-            record, seq, chain = parse_line(raw if torn else raw[:-1])
+            record, seq, chain, text, params = self._parse(raw if torn else raw[:-1])
         except ChainError as exc:
             if self.pending is None and torn:
                 self.pending = _Damage(fi, lineno, offset, TRUNCATED, f"the last line is cut short ({exc.detail})")
@@ -158,15 +207,34 @@ class _Walk:
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")
-        try:
-            check_record(record, self.prev_chain, self.prev_seq)
-        except ChainError as exc:
-            return self._classify(exc, fi, lineno, record, seq, chain)
+        if params is not None:
+            brk = self._forwarded(fi, lineno, record, params)
+            if brk is not None:
+                return brk
+        if params and "original_bytes" in params and self.prev_seq in (None, seq - 1):
+            self.warnings.append(f"{self.files[fi]} line {lineno}: seq {seq} was shortened to fit a UDP datagram "
+                                 f"({params['original_bytes']} bytes): its content is not checked here")
+        else:
+            try:
+                check_record(record, self.prev_chain, self.prev_seq, text)
+            except ChainError as exc:
+                return self._classify(exc, fi, lineno, record, seq, chain)
         if self.first is None:
             self.first, self.first_seq = (fi, lineno, record), seq
         self.prev_seq, self.prev_chain, self.prev_pos = seq, chain, (fi, lineno)
         self.records += 1
         return None
+
+    def _forwarded(self, fi: int, lineno: int, record: dict[str, Any], params: dict[str, str]) -> Break | None:
+        """A message whose structured data names another seq or chain than its record: one of them was edited."""
+        meta = record["npaudit"]
+        sd = {k: params[k] for k in ("seq", "chain") if k in params}
+        if sd == {k: str(meta[k]) for k in sd}:
+            return None
+        expected = None if self.prev_seq is None else self.prev_seq + 1
+        return Break(EDITED, self.files[fi], lineno, f"the message's structured data says "
+                     f"{' '.join(f'{k}={v}' for k, v in sd.items())} but its record has seq {meta['seq']} "
+                     f"chain {meta['chain']}", expected, meta["seq"])
 
     def _explains(self, record: dict[str, Any], damage: _Damage) -> bool:
         named = record.get("npaudit", {}).get("chain_restart")
@@ -223,7 +291,7 @@ class _Walk:
         if _sealed_with_seq(anchor, GENESIS, 1):
             return Break(EDITED, detail=f"npaudit.seq of the first record was changed from 1 to "
                          f"{self.first_seq}", **at_anchor)
-        genuine_first = seq == 1 and digest(GENESIS, record) == chain
+        genuine_first = seq == 1 and seals(GENESIS, record)
         if not genuine_first and self._next_follows(fi, lineno, self.first_seq, self.prev_chain, strict=True):
             return Break(REORDERED, detail=f"seq {seq} follows seq {self.first_seq}: a record out of order "
                          "or repeated", file=self.files[fi], line=lineno,
@@ -243,7 +311,7 @@ class _Walk:
             if count >= _LOOKAHEAD_LINES:
                 break
             with suppress(ChainError):
-                if parse_line(raw.rstrip(b"\n"))[1] == seq:
+                if self._parse(raw.rstrip(b"\n"))[1] == seq:
                     return path, n
         return None
 
@@ -251,10 +319,10 @@ class _Walk:
         """Does the record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
         for _, _, raw in self._lines_after(fi, lineno):
             try:
-                record, nseq, nchain = parse_line(raw.rstrip(b"\n"))
+                record, nseq, _, text, _ = self._parse(raw.rstrip(b"\n"))
             except ChainError:
                 return not strict
-            return nseq == seq + 1 and digest(chain, record) == nchain
+            return nseq == seq + 1 and seals(chain, record, text)
         return not strict
 
 
@@ -268,11 +336,16 @@ def _absent_between(older: Path, newer: Path) -> list[str]:
     return [f"{base}.{i}{suffix}" for i in range(old_index - 1, new_index, -1)]
 
 
-def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE) -> VerifyResult:
-    """Check the files (or directories of files) as one chain; FileNotFoundError if there are none."""
+def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | None = None) -> VerifyResult:
+    """Check the files (or directories of files) as one chain; FileNotFoundError if there are none.
+
+    `syslog`: True if every line is an RFC 5424 message carrying a record, None
+    (the default) to take lines that start with "<" as such messages, False for none.
+    """
     files, notes, pinned = pin_files([Path(p) for p in paths], base)
     try:
-        walk = _Walk(files, pinned.open, lambda path, size: pinned.size(path) > size, warnings=list(notes))
+        walk = _Walk(files, pinned.open, lambda path, size: pinned.size(path) > size, warnings=list(notes),
+                     syslog=syslog)
         brk = walk.run()
     finally:
         pinned.close()
@@ -293,9 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", default=DEFAULT_BASE,
                         help=f"live file name to look for in a directory (default {DEFAULT_BASE})")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--from-syslog", action="store_true",
+                        help="every line is a forwarded RFC 5424 message: check the record in its MSG "
+                        "(without this, lines starting with '<' are taken as such messages)")
     args = parser.parse_args(argv)
     try:
-        result = verify(args.paths, base=args.base)
+        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None)
     except OSError as exc:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2

@@ -105,6 +105,11 @@ def test_audit_records_name_policy_rule_tier_label_pods_and_count_exactly(cluste
     assert w["npaudit"]["source"]["pod"] == {"namespace": "x", "name": "a"}
     assert w["npaudit"]["destination"]["pod"] == {"namespace": "y", "name": "a"}
     assert w["npaudit"]["aggregate"]["packets"] == 1
+    # ECS: the same facts where a SIEM looks for them.
+    assert w["ecs"] == {"version": "8.11.0"} and w["event"]["dataset"] == "npaudit.audit"
+    assert w["related"] == {"ip": [xa.ip, ya.ip]} and w["network"]["packets"] == 1
+    assert w["event"]["start"] == w["event"]["end"] == w["@timestamp"]
+    assert (w["observer"]["vendor"], w["observer"]["product"]) == ("npaudit project", "Open vSwitch")
 
     # The Drops: the first packet at once, the rest aggregated; counts sum exactly.
     udp = [r for r in records if r.get("labels", {}).get("log_label") == "sec-udp"]
@@ -114,13 +119,17 @@ def test_audit_records_name_policy_rule_tier_label_pods_and_count_exactly(cluste
         assert r["event"]["action"] == "dropped" and r["rule"]["name"] == "drop-udp-from-x"
         assert r["network"]["transport"] == "udp" and r["destination"] == {"ip": ya.ip, "port": 53}
         assert r["npaudit"]["source"]["pod"]["name"] == "a" and r["npaudit"]["destination"]["pod"]["namespace"] == "y"
+        assert r["network"]["packets"] == r["npaudit"]["aggregate"]["packets"]
+        assert (r["event"]["start"], r["event"]["end"]) == (r["npaudit"]["aggregate"]["first"],
+                                                          r["npaudit"]["aggregate"]["last"])
+    assert sum(r["network"]["packets"] for r in udp) == 50
 
     # The K8s NetworkPolicy in the logging-enabled Namespace: its allows and its isolation drop.
     k8s = [r for r in records if r.get("rule", {}).get("ruleset") == "K8sNetworkPolicy:z/z-from-x"]
     allowed_tcp = [r for r in k8s if r["event"]["action"] == "allowed" and r["network"]["transport"] == "tcp"]
     assert len(allowed_tcp) == 1 and allowed_tcp[0]["destination"]["port"] == 81
     icmp = [r for r in k8s if r["network"]["transport"] == "icmp"]
-    assert len(icmp) == 1 and icmp[0]["icmp"]["type"] == 8  # two pings, one connection
+    assert len(icmp) == 1 and icmp[0]["npaudit"]["icmp"]["type"] == 8  # two pings, one connection
     isolated = [r for r in k8s if r["event"]["action"] == "dropped"]
     assert isolated and isolated[0]["rule"]["name"] == "default-isolation"
     assert isolated[0]["source"]["ip"] == yb.ip and isolated[0]["npaudit"]["source"]["pod"] == {"namespace": "y", "name": "b"}
@@ -128,7 +137,14 @@ def test_audit_records_name_policy_rule_tier_label_pods_and_count_exactly(cluste
         assert r["@timestamp"].endswith("Z") and len(r["@timestamp"]) == len("2026-11-30T02:14:03.512Z")
         assert r["observer"]["hostname"]
 
-    # The chain over the whole file verifies.
+    # The chain over the whole file verifies, and so does a copy jq re-encoded (as a SIEM pipeline would).
     res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(cluster.dir / "audit")],
                          capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    live = cluster.dir / "audit" / "audit.jsonl"
+    copy = cluster.dir / "audit-copy.jsonl"
+    copy.write_bytes(subprocess.run(["jq", "-c", "."], input=live.read_bytes(), capture_output=True,
+                                    check=True).stdout)
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(copy)], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -1,14 +1,15 @@
 """auditlog.record: ECS records for every disposition, direction and Pod/rule knowledge; one safe line each.
 
 Every record built here is checked the way a consumer would see it: as the line the
-writer seals (the chain's canonical form, which RecordEncoder's text is proven to be
-at the end of this file), parsed back, validated against config/audit-record.schema.json,
+writer writes (the RFC 8785 form the chain hashes, which RecordEncoder's text is proven
+to be at the end of this file, ASCII-escaped), parsed back, validated against config/audit-record.schema.json,
 and walked for nulls and placeholders.
 """
 
 from __future__ import annotations
 
 import calendar
+import hashlib
 import json
 import logging
 import os
@@ -31,7 +32,8 @@ from scapy.layers.inet6 import ICMPv6EchoRequest, IPv6  # noqa: E402
 from scapy.layers.l2 import ARP, Dot1Q, Ether  # noqa: E402
 
 from auditlog.packet import decode_frame  # noqa: E402
-from auditlog.chain import encode as canonical  # noqa: E402
+from auditlog.chain import encode as file_form  # noqa: E402
+from auditlog.jcs import canonical  # noqa: E402
 from auditlog.record import RecordContext, RecordEncoder  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "config" / "audit-record.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 
-# 2026-11-30T02:14:03Z plus .512 s: the timestamp DESIGN.md §5 shows.
+# 2026-11-30T02:14:03Z plus .512 s.
 T0 = calendar.timegm((2026, 11, 30, 2, 14, 3)) + 0.512
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
 CLIENT, SERVER = "10.10.1.5", "10.10.2.7"
@@ -152,7 +154,7 @@ def assert_published(record: dict[str, Any]) -> dict[str, Any]:
     for path, value in walk(record):
         assert value is not None, path
         assert value not in ("", "<nil>", {}, []), path
-    line = canonical(record)
+    line = file_form(record)
     assert line.isascii() and line.splitlines() == [line] and "\n" not in line and "\r" not in line
     parsed = json.loads(line)
     assert parsed == record
@@ -172,10 +174,11 @@ def test_disposition_and_direction(disposition: int, rule: RuleInfo) -> None:
     r = assert_published(record_for(frame_tcp(), rule_id=rule.rule_id, disposition=disposition))
     action, types, name = VERDICTS[disposition]
     assert r["event"] == {"id": FIXED_ID, "kind": "event", "category": ["network"], "type": types,
-                          "action": action, "outcome": "success"}
+                          "action": action, "outcome": "success", "dataset": "npaudit.audit",
+                          "start": "2026-11-30T02:14:03.512Z", "end": "2026-11-30T02:14:03.512Z"}
     assert r["npaudit"]["disposition"] == name
     assert r["network"] == {"transport": "tcp", "iana_number": "6", "type": "ipv4",
-                            "direction": rule.direction.value}
+                            "direction": rule.direction.value, "packets": 1, "bytes": 54}
     # The applied-to Pod is the destination of ingress traffic, the source of egress traffic.
     assert r["orchestrator"]["namespace"] == ("backend" if rule.direction == Direction.INGRESS else "frontend")
 
@@ -184,15 +187,20 @@ def test_full_record_exactly() -> None:
     r = assert_published(record_for(frame_tcp(), disposition=1))
     assert r == {
         "@timestamp": "2026-11-30T02:14:03.512Z",
-        "event": {"id": FIXED_ID, "kind": "event", "category": ["network"],
-                  "type": ["connection", "denied"], "action": "dropped", "outcome": "success"},
+        "ecs": {"version": "8.11.0"},
+        "event": {"id": FIXED_ID, "kind": "event", "category": ["network"], "dataset": "npaudit.audit",
+                  "type": ["connection", "denied"], "action": "dropped", "outcome": "success",
+                  "start": "2026-11-30T02:14:03.512Z", "end": "2026-11-30T02:14:03.512Z"},
         "rule": {"name": "deny-db", "ruleset": "AntreaClusterNetworkPolicy:acnp-db", "category": "securityops",
                  "id": str(0x1001)},
         "source": {"ip": CLIENT, "port": 40000},
         "destination": {"ip": SERVER, "port": 5432},
-        "network": {"transport": "tcp", "iana_number": "6", "type": "ipv4", "direction": "ingress"},
-        "observer": {"hostname": "node-a", "type": "switch", "vendor": "Open vSwitch"},
+        "network": {"transport": "tcp", "iana_number": "6", "type": "ipv4", "direction": "ingress",
+                    "packets": 1, "bytes": 54},
+        "observer": {"hostname": "node-a", "type": "switch", "vendor": "npaudit project",
+                     "product": "Open vSwitch"},
         "orchestrator": {"type": "kubernetes", "cluster": {"name": "prod-eu"}, "namespace": "backend"},
+        "related": {"ip": [CLIENT, SERVER]},
         "labels": {"log_label": "db-guard"},
         "npaudit": {
             "source": {"pod": {"name": "client-7d9f", "namespace": "frontend"}},
@@ -200,7 +208,7 @@ def test_full_record_exactly() -> None:
             "disposition": "Drop", "priority": 5.5, "tier": "securityops",
             "aggregate": {"packets": 1, "bytes": 54, "first": "2026-11-30T02:14:03.512Z",
                           "last": "2026-11-30T02:14:03.512Z", "offloaded_packets": 0},
-            "seq": 42,
+            "seq": 42, "chain_format": 2,
             "ovs": {"table": 20, "cookie": "0x0001000000000abc", "in_port": 7},
         },
     }
@@ -271,7 +279,7 @@ def test_real_rule_registry_is_a_rule_lookup() -> None:
 def test_icmp_record() -> None:
     frame = bytes(Ether(**MAC) / IP(src=CLIENT, dst=SERVER) / ICMP(type=8, code=0))
     r = assert_published(record_for(frame, disposition=2))
-    assert r["icmp"] == {"type": 8, "code": 0}
+    assert r["npaudit"]["icmp"] == {"type": 8, "code": 0} and "icmp" not in r  # ECS has no icmp field set
     assert r["source"] == {"ip": CLIENT} and r["destination"] == {"ip": SERVER}
     assert r["network"]["transport"] == "icmp" and r["network"]["iana_number"] == "1"
     assert r["event"]["action"] == "rejected"
@@ -280,15 +288,17 @@ def test_icmp_record() -> None:
 def test_ipv6_icmpv6_record() -> None:
     frame = bytes(Ether(**MAC) / IPv6(src=CLIENT6, dst=SERVER6) / ICMPv6EchoRequest())
     r = assert_published(record_for(frame))
-    assert r["network"] == {"transport": "ipv6-icmp", "iana_number": "58", "type": "ipv6", "direction": "ingress"}
-    assert r["icmp"] == {"type": 128, "code": 0}
+    assert r["network"] == {"transport": "ipv6-icmp", "iana_number": "58", "type": "ipv6", "direction": "ingress",
+                            "packets": 1, "bytes": len(frame)}
+    assert r["npaudit"]["icmp"] == {"type": 128, "code": 0}
+    assert r["related"] == {"ip": [CLIENT6, SERVER6]}
     assert r["npaudit"]["destination"]["pod"] == {"name": "api-0", "namespace": "backend"}
 
 
 def test_ipv6_tcp_record() -> None:
     r = assert_published(record_for(frame_tcp(CLIENT6, SERVER6)))
     assert r["source"] == {"ip": CLIENT6, "port": 40000} and r["destination"] == {"ip": SERVER6, "port": 5432}
-    assert r["network"]["type"] == "ipv6" and "icmp" not in r
+    assert r["network"]["type"] == "ipv6" and "icmp" not in r["npaudit"]
 
 
 def test_vlan_udp_record() -> None:
@@ -299,8 +309,8 @@ def test_vlan_udp_record() -> None:
 
 def test_non_ip_frame_has_no_endpoints() -> None:
     r = assert_published(record_for(bytes(Ether(**MAC) / ARP()), in_port=None))
-    assert not {"source", "destination", "icmp"} & set(r)
-    assert r["network"] == {"direction": "ingress"}
+    assert not {"source", "destination", "related"} & set(r) and "icmp" not in r["npaudit"]
+    assert r["network"] == {"direction": "ingress", "packets": 1, "bytes": 42}
     assert "in_port" not in r["npaudit"]["ovs"]
 
 
@@ -323,6 +333,9 @@ def test_aggregate_seq_chain_and_cookie() -> None:
                                       last=T0 + 9.9995, offloaded_packets=1200, seq=7, chain="ab" * 32))
     assert r["npaudit"]["aggregate"] == {"packets": 1500, "bytes": 81_000, "first": "2026-11-30T02:14:03.512Z",
                                          "last": "2026-11-30T02:14:13.512Z", "offloaded_packets": 1200}
+    # The same counts and times in their ECS places.
+    assert (r["network"]["packets"], r["network"]["bytes"]) == (1500, 81_000)
+    assert (r["event"]["start"], r["event"]["end"]) == ("2026-11-30T02:14:03.512Z", "2026-11-30T02:14:13.512Z")
     assert r["npaudit"]["seq"] == 7 and r["npaudit"]["chain"] == "ab" * 32
     assert r["npaudit"]["ovs"]["cookie"] == "0xffffffffffffffff"
 
@@ -421,7 +434,7 @@ def test_hostile_strings_stay_one_valid_line(name: str, text: str, shown: str | 
     assert record["orchestrator"]["cluster"]["name"] == expected
     assert record["npaudit"]["source"]["pod"] == {"name": expected, "namespace": expected}
     assert record["npaudit"]["destination"]["pod"] == {"name": expected, "namespace": "backend"}
-    line = canonical(record)
+    line = file_form(record)
     assert line.isascii() and line.splitlines() == [line]
     parsed = json.loads(line)
     assert parsed == record
@@ -437,7 +450,7 @@ def _no_constants(name: str) -> Any:
 def test_any_pod_name_and_label_give_a_schema_valid_line(name: str, label: str) -> None:
     rule = replace(RULE_ACNP, log_label=label)
     record = record_for(frame_tcp(), context=ctx(pods={SERVER: ("backend", name)}, rules=Rules(rule)))
-    line = canonical(record)
+    line = file_form(record)
     assert line.isascii() and line.splitlines() == [line]
     VALIDATOR.validate(json.loads(line))
 
@@ -476,7 +489,7 @@ def test_reg7_bits_above_the_disposition_are_ignored() -> None:
     ({"labels": {"log_label": None}}, "null label"),
 ])
 def test_schema_rejects_broken_records(broken: dict[str, Any], path: str) -> None:
-    record = json.loads(canonical(record_for(frame_tcp())))
+    record = json.loads(file_form(record_for(frame_tcp())))
     VALIDATOR.validate(record)
     for key, value in broken.items():
         if isinstance(value, dict):
@@ -531,11 +544,14 @@ def test_encoder_text_is_canonical_and_seals_into_a_verifiable_line(
                                          first=first, last=first + span)
     body = text.body(seq)
     record = json.loads(body, parse_constant=_no_constants)
-    assert canonical(record) == body  # sorted keys, json's escapes and number forms
+    assert canonical(record) == body  # RFC 8785: sorted keys, minimal escapes, ECMAScript numbers
     line, chain = text.seal(GENESIS, seq)
     assert check_line(line, GENESIS, seq - 1) == (seq, chain)
+    assert chain == hashlib.sha256(f"{GENESIS}\n{body}".encode("utf-8")).hexdigest()
     record["npaudit"]["chain"] = chain
-    assert canonical(record) == line and line.isascii() and line.splitlines() == [line]
+    # The line: the same text with the chain, non-ASCII escaped; JCS itself for an ASCII record.
+    assert json.loads(line) == record and line.isascii() and line.splitlines() == [line]
+    assert (line == canonical(record)) == body.isascii()
     assert text.record() == {**record, "npaudit": {k: v for k, v in record["npaudit"].items() if k != "chain"}}
     VALIDATOR.validate(record)
 
@@ -566,4 +582,6 @@ def test_an_odd_event_id_from_an_injected_source_is_still_canonical_text(event_i
     frame = frame_tcp()
     text = RecordEncoder(context).encode(pin_for(frame), decode_frame(frame), packets=1, bytes_=1, first=T0, last=T0)
     body = text.body(7)
-    assert canonical(json.loads(body)) == body and body.isascii()
+    assert canonical(json.loads(body)) == body
+    line, _ = text.seal(GENESIS, 7)
+    assert line.isascii() and json.loads(line)["event"]["id"] == json.loads(body)["event"]["id"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from auditlog import chain
 from auditlog.chain import GENESIS, ChainError, RecordText, check_line
+from auditlog.jcs import ascii_form, canonical
 from auditlog.verify import main, verify
 
 SIZES = [30, 25, 40, 35]  # audit.jsonl.3.gz, .2.gz, .1.gz, audit.jsonl
@@ -25,7 +27,7 @@ def seal(record: dict[str, Any], prev_chain: str, seq: int) -> str:
     line, chain_value = RecordText.of(record).seal(prev_chain, seq)
     meta = record.setdefault("npaudit", {})
     meta.pop("chain", None)
-    meta.update(seq=seq, chain=chain_value)
+    meta.update(seq=seq, chain=chain_value, chain_format=chain.FORMAT)
     return line
 
 
@@ -86,15 +88,14 @@ def run(capsys, *args: str) -> tuple[int, str]:
                     max_leaves=12),
        st.dictionaries(st.text(), st.integers() | st.text(), max_size=4),
        st.integers(min_value=1, max_value=2**53))
-def test_seal_is_the_canonical_encoding_on_one_ascii_line(payload, meta, seq):
+def test_seal_hashes_the_rfc8785_form_and_writes_it_on_one_ascii_line(payload, meta, seq):
     record = {"payload": payload, "a": [payload], "zz": payload, "npaudit": dict(meta)}
     line = seal(record, GENESIS, seq)
-    expected = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    assert line == expected
+    assert line == ascii_form(canonical(record))  # JCS, non-ASCII escaped (test_audit_jcs checks canonical)
     assert "\n" not in line and "\r" not in line and line.isascii()
     body = dict(record, npaudit={k: v for k, v in record["npaudit"].items() if k != "chain"})
-    raw = GENESIS + "\n" + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    assert record["npaudit"]["chain"] == chain.hashlib.sha256(raw.encode("ascii")).hexdigest()
+    raw = GENESIS + "\n" + canonical(body)
+    assert record["npaudit"]["chain"] == hashlib.sha256(raw.encode("utf-8")).hexdigest()
     assert check_line(line, "0" * 64, seq - 1 if seq > 1 else None) == (seq, record["npaudit"]["chain"])
 
 

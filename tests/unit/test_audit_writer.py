@@ -633,18 +633,22 @@ def test_verify_lists_the_set_only_while_no_writer_renames_in_it(live, make_writ
     assert result.ok and result.last_seq == 60
 
 
-def test_a_record_text_that_is_not_ascii_is_skipped_and_the_writer_goes_on(live, make_writer):
+def test_a_record_text_that_is_not_unicode_is_skipped_and_non_ascii_is_written_escaped(live, make_writer):
     from auditlog.chain import RecordText
 
     w = make_writer(live)
     good = text_record(0)
     w.submit(good)
-    w.submit(RecordText(good.head, good.mid, good.tail.replace('"n"', '"\u00e9"')))  # a bug upstream
+    w.submit(RecordText(good.head, good.mid, good.tail.replace('"n"', '"\ud800"')))  # a bug upstream
+    w.submit(RecordText(good.head, good.mid, good.tail.replace('"n"', '"caf\u00e9"')))  # JCS text: é as itself
     w.submit(text_record(1))
     assert w.flush_wait(5)
-    assert w.stats["unencodable"] == 1 and w.stats["written"] == 2
+    assert w.stats["unencodable"] == 1 and w.stats["written"] == 3
+    data = live.read_bytes()
+    assert data.isascii() and b'"caf\\u00e9"' in data  # the file stays ASCII
+    assert json.loads(data.splitlines()[1])["observer"]["hostname"] == "caf\u00e9"
     result = verify([live])
-    assert result.ok and result.last_seq == 2
+    assert result.ok and result.last_seq == 3
 
 
 def test_a_file_that_cannot_be_compressed_stays_plain_counted_and_close_does_not_hang(live, make_writer,
