@@ -33,7 +33,7 @@ DISPOSITIONS = tuple(v[0] for v in _BY_DISPOSITION.values())
 ACTIONS = tuple(v[1] for v in _BY_DISPOSITION.values())
 
 # The observer is the switch that matched the packet; the vendor is who makes the record.
-_OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
+OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
 _ECS = f',"ecs":{{"version":"{ECS_VERSION}"}}'
 
 
@@ -206,7 +206,7 @@ class RecordEncoder:
         self._networks: dict[tuple[str, int | None, int | None, int | None], tuple[str, str]] = {}
         self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
-        self._observer = f',"observer":{canonical({**observer, **_OBSERVER})}'
+        self._observer = f',"observer":{canonical({**observer, **OBSERVER})}'
         self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
         self._second = self._ms = -1
         self._second_text = self._ms_text = ""

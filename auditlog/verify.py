@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from contextlib import suppress
@@ -20,6 +19,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
 from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
                               split_name)
+from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
 
@@ -74,35 +74,6 @@ class VerifyResult:
 # --- forwarded copies: one RFC 5424 message a line ---
 
 # <PRI>VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID, then STRUCTURED-DATA.
-_SYSLOG_HEADER = re.compile(rb"<[0-9]{1,3}>[1-9][0-9]{0,2}(?: [!-~]+){5} ")
-_SD_ELEMENT = re.compile(rb'\[([^ =\]"]+)((?: [^ =\]"]+="(?:[^"\\]|\\.)*")*)\]')
-_SD_PARAM = re.compile(rb' ([^ =\]"]+)="((?:[^"\\]|\\.)*)"')
-_SD_ID = b"npaudit@32473"
-_BOM = b"\xef\xbb\xbf"
-
-
-def syslog_message(line: bytes) -> tuple[bytes, dict[str, str]]:
-    """(MSG without a BOM, the params of npaudit@32473) of one RFC 5424 message; ValueError if it is none."""
-    head = _SYSLOG_HEADER.match(line)
-    if head is None:
-        raise ValueError("no RFC 5424 header (<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID)")
-    pos, params = head.end(), {}
-    if line.startswith(b"-", pos):
-        pos += 1
-    else:
-        while (element := _SD_ELEMENT.match(line, pos)) is not None:
-            if element[1] == _SD_ID:
-                params = {name.decode("ascii", "replace"): re.sub(rb'\\([\\"\]])', rb"\1", value).decode(
-                    "utf-8", "replace") for name, value in _SD_PARAM.findall(element[2])}
-            pos = element.end()
-        if pos == head.end():
-            raise ValueError("no STRUCTURED-DATA after MSGID")
-    if pos < len(line) and line[pos:pos + 1] != b" ":
-        raise ValueError("STRUCTURED-DATA is not followed by a space")
-    msg = line[pos + 1:]
-    return (msg[3:] if msg.startswith(_BOM) else msg), params
-
-
 # --- the walk ---
 
 @dataclass
@@ -142,14 +113,17 @@ class _Walk:
     warnings: list[str] = field(default_factory=list)
     syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
 
-    def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None]:
-        """(record, seq, chain, JSON text, syslog params or None) of one line without its newline."""
+    def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None] | None:
+        """(record, seq, chain, JSON text, syslog params or None) of one line without its newline;
+        None for a forwarded `npaudit syslog test` message (outside the chain)."""
         params = None
         if self.syslog or (self.syslog is None and text.startswith(b"<")):
             try:
-                text, params = syslog_message(text)
+                text, params = decode_message(text)
             except ValueError as exc:
                 raise ChainError(UNPARSEABLE, f"not an RFC 5424 message ({exc})") from exc
+            if params.get(TEST_PARAM) == "true":
+                return None
         record, seq, chain = parse_line(text)
         return record, seq, chain, text, params
 
@@ -188,13 +162,18 @@ class _Walk:
     def _line(self, fi: int, lineno: int, offset: int, raw: bytes) -> Break | None:
         torn = not raw.endswith(b"\n")
         try:
-            record, seq, chain, text, params = self._parse(raw if torn else raw[:-1])
+            parsed = self._parse(raw if torn else raw[:-1])
         except ChainError as exc:
             if self.pending is None and torn:
                 self.pending = _Damage(fi, lineno, offset, TRUNCATED, f"the last line is cut short ({exc.detail})")
             elif self.pending is None:
                 self.pending = _Damage(fi, lineno, offset, exc.kind, exc.detail)
             return None
+        if parsed is None:
+            self.warnings.append(f"{self.files[fi]} line {lineno}: an `npaudit syslog test` message, "
+                                 "not an audit record: skipped")
+            return None
+        record, seq, chain, text, params = parsed
         if self.pending is not None:
             if not (_is_restart(record) and self._explains(record, self.pending)):
                 return self._damage_break(self.pending)

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from auditlog.aggregate import Aggregator
 from auditlog.pipeline import AuditPipeline
-from auditlog.record import RecordContext
+from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
 from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
@@ -263,7 +263,7 @@ class _LateDirectory:
 def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None]
                  ) -> tuple[AuditPipeline, AuditWriter]:
     ac = config.audit
-    node_fields = {"observer": {"hostname": config.node, "type": "switch", "vendor": "Open vSwitch"},
+    node_fields = {"observer": {"hostname": config.node, **OBSERVER},
                    "orchestrator": {"type": "kubernetes",
                                     **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
     writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 from auditlog.chain import GENESIS, RecordText
-from auditlog.syslog.rfc5424 import Header, encode_record
+from auditlog.syslog.rfc5424 import Header, encode_record, encode_test_message
 from auditlog.verify import EDITED, MISSING, REORDERED, main, verify
 from auditlog.writer import AuditWriter
 
@@ -168,6 +168,21 @@ def test_a_file_of_forwarded_syslog_messages_verifies(original: list[str], tmp_p
     assert result.ok and (result.first_seq, result.last_seq) == (1, COUNT)
     assert main([str(copy), "--from-syslog"]) == 0
     assert f"OK: {COUNT} records" in capsys.readouterr().out
+
+
+def test_a_syslog_test_message_in_a_forwarded_copy_is_skipped_not_a_break(original: list[str],
+                                                                           tmp_path: Path) -> None:
+    # `npaudit syslog test` sends marked messages outside the chain; a SIEM copy holds them too.
+    test = encode_test_message(Header.for_node("node-a", "local0"), timestamp="2026-11-30T02:14:03.512Z",
+                               test_id="t1").decode("ascii")
+    copy = syslog_copy(original)
+    copy.insert(5, test)
+    result = verify([write_copy(tmp_path / "received.log", copy)], syslog=True)
+    assert result.ok and (result.first_seq, result.last_seq) == (1, COUNT)
+    assert any("syslog test" in w and "line 6" in w for w in result.warnings)
+    # Only the marked message is skipped: the same line without its mark is a break.
+    copy[5] = test.replace(' test="true"', "")
+    assert not verify([write_copy(tmp_path / "unmarked.log", copy)], syslog=True).ok
 
 
 def test_forwarded_messages_whose_json_a_receiver_re_encoded_verify(original: list[str], tmp_path: Path) -> None:
