@@ -19,11 +19,11 @@ from typing import Any, Iterable
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
 from packetin import messages
 from packetin.model import Category, Disposition, Flags, Userdata
-from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP
+from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP
 from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
 from policy_agent.ovs import tables
 from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, Namespace, Peer, Pod,
+    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, IcmpSpec, Namespace, Peer, Pod,
     Policy, PolicyKind, PortSpec, Rule,
 )
 from policy_agent.policy.priorities import assign as assign_priorities
@@ -147,6 +147,16 @@ def _port_matches(spec: PortSpec, dest: Endpoint | None) -> list[dict[str, Any]]
     return [{**base, field_name: vm} for vm in port_range_masks(port, spec.end_port)]
 
 
+def _icmp_match(spec: IcmpSpec) -> dict[str, Any]:
+    """An Antrea `protocols: [{icmp: ...}]` entry; the compiler is IPv4-only, so ICMPv4."""
+    match: dict[str, Any] = {"eth_type": ETH_TYPE_IPV4, "ip_proto": IPPROTO_ICMP}
+    if spec.icmp_type is not None:
+        match["icmpv4_type"] = spec.icmp_type
+    if spec.icmp_code is not None:
+        match["icmpv4_code"] = spec.icmp_code
+    return match
+
+
 def port_range_masks(lo: int, hi: int) -> list[tuple[int, int] | int]:
     """[lo, hi] as the fewest (value, mask) prefixes of a 16-bit port."""
     out: list[tuple[int, int] | int] = []
@@ -189,9 +199,13 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
             if not addrs:
                 continue  # the rule selects no peer at all: it matches nothing
             peer_addrs = [{"eth_type": ETH_TYPE_IPV4, addr_field: _addr(a)} for a in sorted(addrs)]
-        if not rule.ports:
+        # Ports and protocols together are their union (Antrea); neither = any traffic.
+        icmp = [_icmp_match(spec) for spec in rule.protocols]
+        if not rule.ports and not icmp:
             terms.append(_Term(tuple(group), _tuple(peer_addrs), None))
         elif named and egress:
+            if icmp:  # ICMP does not depend on the peer's named ports
+                terms.append(_Term(tuple(group), _tuple(peer_addrs), tuple(icmp)))
             # The destination (the peer) names the port: one term per peer Pod; with
             # "any peer", every Pod that has such a port is a candidate.
             candidates = peer_eps if rule.peers else list(state.endpoints)
@@ -202,7 +216,7 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
                     terms.append(_Term(tuple(group), (dest_match,), tuple(ports)))
         else:
             dest = group[0] if not egress else None
-            ports = [pm for ps in rule.ports for pm in _port_matches(ps, dest)]
+            ports = [pm for ps in rule.ports for pm in _port_matches(ps, dest)] + icmp
             if ports:
                 terms.append(_Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
     return terms

@@ -19,8 +19,8 @@ from policy_agent.policy.model import (
 )
 from policy_agent.policy.validation import (
     Errs, applied_to_list, capacity_problems, check_log_label, check_name, check_port_name, fields_of, integer,
-    items_of, label_map, label_selector, number, peer, port_spec, protocol, rule_count_problem, show, string,
-    type_name,
+    items_of, label_map, label_selector, number, peer, port_spec, protocol, rule_count_problem, rule_protocol, show,
+    string, type_name,
 )
 
 # Antrea reserves these Tier priorities besides the standard tiers' own.
@@ -381,7 +381,7 @@ def _rule(raw: Any, path: str, errs: Errs, direction: Direction, index: int,
     peer_key = "from" if direction is Direction.INGRESS else "to"
     allowed = {peer_key, "ports"}
     if kind is not None:
-        allowed |= {"action", "name", "enableLogging", "logLabel", "appliedTo"}
+        allowed |= {"action", "name", "enableLogging", "logLabel", "appliedTo", "protocols"}
     d = fields_of(raw if raw is not None else {}, path, errs, allowed,
                   required=("action",) if kind is not None else ())
     if d is None:
@@ -403,6 +403,8 @@ def _rule(raw: Any, path: str, errs: Errs, direction: Direction, index: int,
     peers = [peer(p, f"{path}.{peer_key}[{i}]", errs, antrea=kind is not None)
              for i, p in items_of(d.get(peer_key), f"{path}.{peer_key}", errs)]
     ports = [port_spec(p, f"{path}.ports[{i}]", errs) for i, p in items_of(d.get("ports"), f"{path}.ports", errs)]
+    protocols = [rule_protocol(p, f"{path}.protocols[{i}]", errs)
+                 for i, p in items_of(d.get("protocols"), f"{path}.protocols", errs)]
     return Rule(direction=direction, action=action, peers=tuple(p for p in peers if p),
-                ports=tuple(p for p in ports if p), name=name, enable_logging=logging is True,
-                log_label=log_label, applied_to=applied_to)
+                ports=tuple(p for p in ports if p), protocols=tuple(dict.fromkeys(p for p in protocols if p)),
+                name=name, enable_logging=logging is True, log_label=log_label, applied_to=applied_to)

@@ -111,6 +111,14 @@ class PortSpec:
 
 
 @dataclass(frozen=True)
+class IcmpSpec:
+    """An Antrea rule's `protocols` entry `{icmp: {icmpType, icmpCode}}`; None = any type/code."""
+
+    icmp_type: int | None = None
+    icmp_code: int | None = None
+
+
+@dataclass(frozen=True)
 class AppliedTo:
     pod_selector: LabelSelector | None = None
     namespace_selector: LabelSelector | None = None
@@ -121,7 +129,9 @@ class Rule:
     direction: Direction
     action: Action = Action.ALLOW
     peers: tuple[Peer, ...] = ()  # empty = any peer
-    ports: tuple[PortSpec, ...] = ()  # empty = any port
+    ports: tuple[PortSpec, ...] = ()  # empty (and no protocols) = any port
+    # Antrea `protocols`: the rule matches the union of ports and protocols, as in Antrea.
+    protocols: tuple[IcmpSpec, ...] = ()
     name: str = ""
     enable_logging: bool = False
     log_label: str = ""

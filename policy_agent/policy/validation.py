@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from policy_agent.policy import priorities
 from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IPBlock, LabelSelector, Peer, Policy, PolicyKind, PortSpec,
+    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IcmpSpec, IPBlock, LabelSelector, Peer, Policy, PolicyKind, PortSpec,
     Requirement,
 )
 
@@ -320,6 +320,26 @@ def port_spec(raw: Any, path: str, errs: Errs) -> PortSpec | None:
         elif isinstance(port, int) and end is not None and end < port:
             errs.append((f"{path}.endPort", f"must be >= port {port}; got {end}"))
     return PortSpec(protocol=proto, port=port, end_port=end)
+
+
+def rule_protocol(raw: Any, path: str, errs: Errs) -> IcmpSpec | None:
+    """An Antrea rule's `protocols` entry: `{icmp: {icmpType, icmpCode}}`, each optional."""
+    d = fields_of(raw, path, errs, {"icmp", "igmp"})
+    if d is None:
+        return None
+    if "igmp" in d:
+        errs.append((f"{path}.igmp", "IGMP is not supported; only icmp (icmpType, icmpCode) can be matched"))
+        return None
+    if d.get("icmp") is None:
+        if len(d) == len(raw):  # a misspelt field was already reported
+            errs.append((f"{path}.icmp", "required (icmp: {} matches all ICMP)"))
+        return None
+    icmp = fields_of(d["icmp"], f"{path}.icmp", errs, {"icmpType", "icmpCode"})
+    if icmp is None:
+        return None
+    icmp_type = integer(icmp.get("icmpType"), f"{path}.icmp.icmpType", errs, 0, 255)
+    icmp_code = integer(icmp.get("icmpCode"), f"{path}.icmp.icmpCode", errs, 0, 255)
+    return IcmpSpec(icmp_type=icmp_type, icmp_code=icmp_code)
 
 
 # --- size ---------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ COMMANDS = (ofp.OFPFC_ADD, ofp.OFPFC_DELETE_STRICT)
 
 # The policy shapes of tests/e2e/test_policy_e2e.py and tests/unit/test_compiler.py on the
 # sample Pods: tiers, Pass, Reject, logging, egress, ipBlock with except, port ranges, named
-# ports, UDP and SCTP, Kubernetes isolation in both directions.
+# ports, UDP and SCTP, ICMP type/code (`protocols`, alone and beside ports), Kubernetes
+# isolation in both directions.
 CORPUS = textwrap.dedent("""
     apiVersion: crd.antrea.io/v1beta1
     kind: ClusterNetworkPolicy
@@ -86,6 +87,21 @@ CORPUS = textwrap.dedent("""
       ingress:
       - {action: Drop, enableLogging: true, from: [{namespaceSelector: {matchLabels: {ns: z}}}],
          ports: [{protocol: UDP, port: 53}]}
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {name: drop-ping}
+    spec:
+      tier: securityops
+      priority: 7
+      appliedTo: [{podSelector: {matchLabels: {pod: a}}}]
+      ingress:
+      - {action: Drop, name: no-echo, enableLogging: true, from: [{namespaceSelector: {matchLabels: {ns: y}}}],
+         protocols: [{icmp: {icmpType: 8}}]}
+      - {action: Reject, name: icmp-and-81, ports: [{protocol: TCP, port: 81}],
+         protocols: [{icmp: {icmpType: 3, icmpCode: 13}}, {icmp: {icmpCode: 4}}, {icmp: {}}]}
+      egress:
+      - {action: Allow, name: ping-out, to: [{ipBlock: {cidr: 10.0.0.0/8}}], protocols: [{icmp: {icmpType: 8}}]}
     ---
     apiVersion: networking.k8s.io/v1
     kind: NetworkPolicy
@@ -157,7 +173,8 @@ def test_the_agent_flows_cover_every_action_and_the_masked_fields(agent_flows: l
     masked = {name for f in agent_flows for name, value in f.match if isinstance(value, tuple)}
     assert masked >= {"ct_state", "ipv4_src", "ipv4_dst", "tcp_dst", "udp_dst"}
     fields = {name for f in agent_flows for name, _ in f.match}
-    assert fields >= {"eth_type", "in_port", "ip_proto", "sctp_dst", "conj_id", "arp_tpa"}
+    assert fields >= {"eth_type", "in_port", "ip_proto", "sctp_dst", "conj_id", "arp_tpa", "icmpv4_type",
+                      "icmpv4_code"}
     assert any(f.goto is not None for f in agent_flows) and any(f.cookie >> 32 == 0xFFFF_FFFF for f in agent_flows)
 
 

@@ -368,10 +368,10 @@ INVALID = [
      f"{AC}: spec.ingress[1].name: duplicate rule name 'ingress-0'; rule names must be unique"),
     (acnp(f"priority: 1\n{APPLY_ALL}\negress: [{{action: Drop, from: []}}]"),
      f"{AC}: spec.egress[0].from: unknown field; expected one of action, appliedTo, enableLogging, logLabel, "
-     "name, ports, to"),
+     "name, ports, protocols, to"),
     (acnp(f"priority: 1\n{APPLY_ALL}\ningress: [{{action: Drop, toServices: []}}]"),
      f"{AC}: spec.ingress[0].toServices: unknown field; expected one of action, appliedTo, enableLogging, "
-     "from, logLabel, name, ports"),
+     "from, logLabel, name, ports, protocols"),
     (acnp(f"priority: 1\n{APPLY_ALL}\ningress: {{action: Drop}}"),
      f"{AC}: spec.ingress: must be a list, got mapping"),
     (acnp(f"priority: 1\n{APPLY_ALL}\ningress: [Drop]"),
