@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import logging
 import os
-import signal
 import sys
-import warnings
-from typing import TYPE_CHECKING
-
-from pathlib import Path
 
 from policy_agent.errors import AgentError
 
+# `npaudit cni` is exec'd for every Pod start and goes through this module: the top
+# imports only what that path needs; each command imports its own modules
+# (tests/unit/test_rpc.py holds the cni path to its list).
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import argparse
+    import asyncio
+
     from policy_agent import config as config_mod
 
 
 def _setup_logging(level: str) -> None:
+    import logging
+
     logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
@@ -60,6 +60,8 @@ def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -
     the agent stopped in the middle of CNI ADDs. The pid check makes a forked
     child's signal the child's business.
     """
+    import signal
+
     main_pid = os.getpid()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -71,6 +73,10 @@ def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import logging
+
     from packetin.model import Category
     from policy_agent.agent import Agent
     from policy_agent.policy_packetins import JsonTap
@@ -101,6 +107,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_ovs(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
     from policy_agent.errors import OvsError
     from policy_agent.ovs.embedded import EmbeddedOvs
 
@@ -132,6 +141,8 @@ class ManifestInputError(AgentError):
 def _read_manifests(filename: str) -> str:
     """The text `npaudit apply -f` sends: a file, a directory's manifests joined as one stream,
     or stdin; strict UTF-8 and at most documents.MAX_MANIFEST_BYTES."""
+    from pathlib import Path
+
     from policy_agent.policy.documents import MAX_MANIFEST_BYTES, size_problem
 
     path = Path(filename)
@@ -202,6 +213,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="npaudit", description="Network-policy audit trail for Open vSwitch")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -252,13 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # ovs.poller probes for eventlet (it never monkey-patches); its import warning is noise.
-    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["cni"]:  # a runtime starts this for every Pod: import as little as possible
         from policy_agent.cni.plugin import run
 
         return run(os.environ, sys.stdin.buffer.read(), sys.stdout)
+    import warnings
+
+    # ovs.poller probes for eventlet (it never monkey-patches); its import warning is noise.
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     if argv[:1] == ["verify"]:  # verify has options of its own: hand it the rest untouched
         from auditlog.verify import main as verify_main
 

@@ -1,17 +1,21 @@
 """Framing for the agent's unix sockets (CNI, local API): a 4-byte big-endian length, then UTF-8 JSON.
 
-Imports only the standard library: `npaudit cni` is exec'd once per Pod and loads this module.
+Imports only the standard library, and of it only json and struct at load time: `npaudit cni`
+is exec'd once per Pod and loads this module (asyncio is imported by the agent's servers).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import struct
-from typing import Any, Mapping
 
 from policy_agent.errors import AgentError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import asyncio
+    import socket
+    from typing import Any, Mapping
 
 # 1 MiB is far above any real netconf or manifest request and caps what a peer can make us buffer.
 MAX_FRAME = 1 << 20
@@ -71,6 +75,8 @@ def decode_frame(data: bytes) -> dict[str, Any]:
 # ---- over asyncio streams (the agent's servers) ----
 
 async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    import asyncio  # already loaded wherever a StreamReader exists
+
     try:
         header = await reader.readexactly(_LEN.size)
         body = await reader.readexactly(frame_length(header))

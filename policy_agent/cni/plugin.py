@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-import socket
-from typing import Any, Mapping, TextIO
 
 from policy_agent.cni.wire import (
     COMMANDS, CURRENT_VERSION, ERR_DECODE, ERR_INTERNAL, ERR_INVALID_CONFIG, ERR_INVALID_ENV, ERR_IO,
     ERR_TRY_AGAIN_LATER, ERR_UNKNOWN_CONTAINER, SUPPORTED_VERSIONS, CniError, CniRequest,
     container_id_problem, ifname_problem, netconf_version, parse_cni_args, recv_response, send_request,
 )
+
+# Exec'd once per Pod start: load only what VERSION needs; ADD/DEL/CHECK import socket
+# (tests/unit/test_rpc.py holds both paths to their module lists).
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Mapping, TextIO
 
 DEFAULT_AGENT_SOCKET = "/var/run/npaudit/cni.sock"
 CONNECT_TIMEOUT = 5.0
@@ -91,6 +95,8 @@ def agent_socket(netconf: Mapping[str, Any]) -> str:
 
 def call_agent(path: str, request: CniRequest) -> dict[str, Any] | None:
     """One request on a fresh connection; the agent's result, or CniError."""
+    import socket
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)

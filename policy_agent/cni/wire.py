@@ -5,14 +5,16 @@ One request per connection, framed by policy_agent.rpc (4-byte length + JSON).
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
-from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from policy_agent import rpc
 from policy_agent.errors import AgentError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import asyncio
+    import socket
+    from typing import Any, Mapping
 
 # CNI spec 1.0.0 error codes (1-99 are reserved by the spec, 100+ are ours).
 ERR_INCOMPATIBLE_VERSION = 1
@@ -115,16 +117,44 @@ def netconf_version(netconf: object, command: str = "ADD") -> str:
 
 # ---- messages ----
 
-@dataclass(frozen=True)
 class CniRequest:
-    """One CNI invocation as the plugin forwards it; `args` and `netconf` are read-only by convention."""
+    """One CNI invocation as the plugin forwards it; immutable, `args` and `netconf` read-only by convention.
 
+    Written out rather than a frozen dataclass: dataclasses loads inspect, a cost the
+    plugin, exec'd once per Pod, would pay on every call.
+    """
+
+    __slots__ = ("command", "container_id", "netns", "ifname", "args", "netconf")
     command: str
     container_id: str
     netns: str
     ifname: str
-    args: Mapping[str, str] = field(default_factory=dict)
-    netconf: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, str]
+    netconf: Mapping[str, Any]
+
+    def __init__(self, command: str, container_id: str, netns: str, ifname: str,
+                 args: Mapping[str, str] | None = None, netconf: Mapping[str, Any] | None = None) -> None:
+        for name, value in (("command", command), ("container_id", container_id), ("netns", netns),
+                            ("ifname", ifname), ("args", {} if args is None else args),
+                            ("netconf", {} if netconf is None else netconf)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"CniRequest is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"CniRequest is immutable: cannot delete {name}")
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CniRequest and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # args and netconf are dicts
+
+    def __repr__(self) -> str:
+        return "CniRequest(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def cni_version(self) -> str:

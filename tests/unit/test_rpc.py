@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import struct
@@ -124,3 +125,44 @@ def test_the_cni_plugin_loads_no_agent_machinery() -> None:
     loaded = {m.split(".")[0] for m in _modules_after("import policy_agent.cni.plugin")}
     foreign = {m for m in loaded if m not in sys.stdlib_module_names}
     assert foreign == {"policy_agent"}
+
+
+# What `npaudit cni` may load beyond a bare interpreter (python -S: no site .pth files, which
+# preload typing, re or pathlib in some installs and would hide a cost). VERSION needs json
+# (which brings re) and struct; asyncio, argparse, logging, typing, dataclasses (inspect) and
+# pathlib each cost milliseconds on every Pod start and are not needed.
+CNI_PROJECT = {"policy_agent", "policy_agent.cli", "policy_agent.errors", "policy_agent.rpc", "policy_agent.cni",
+               "policy_agent.cni.plugin", "policy_agent.cni.wire"}
+CNI_STDLIB = {"__future__", "json", "re", "struct", "os", "posixpath", "genericpath", "stat", "enum", "functools",
+              "collections", "operator", "keyword", "reprlib", "itertools", "types", "copyreg"}
+CNI_SOCKET = {"socket", "selectors", "select", "math", "errno", "array"}  # ADD, DEL, CHECK talk to the agent
+
+
+def _cni_run(command: str, tmp_path: Path) -> tuple[str, set[str]]:
+    """(stdout, modules loaded) of `npaudit cni` as the console script runs it, under python -S."""
+    code = ("import sys; before = set(sys.modules); from policy_agent.cli import main; main(['cni']); "
+            "sys.stderr.write('\\n'.join(sorted(set(sys.modules) - before)))")
+    netconf = {"cniVersion": "1.0.0", "name": "n", "type": "npaudit", "agentSocket": str(tmp_path / "absent.sock")}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "CNI_COMMAND": command,
+           "CNI_CONTAINERID": "ctr1", "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "eth0"}
+    proc = subprocess.run([sys.executable, "-S", "-c", code], input=json.dumps(netconf), capture_output=True,
+                          text=True, timeout=60, env=env)
+    return proc.stdout, set(proc.stderr.split())
+
+
+def _public(modules: set[str]) -> set[str]:
+    return {m for m in modules if not m.split(".")[-1].startswith("_") or m == "__future__"}
+
+
+def test_npaudit_cni_version_loads_only_json_struct_and_the_plugin(tmp_path: Path) -> None:
+    out, loaded = _cni_run("VERSION", tmp_path)
+    assert json.loads(out)["cniVersion"] == "1.0.0"
+    assert {m for m in loaded if m.startswith("policy_agent")} == CNI_PROJECT
+    assert {m.split(".")[0] for m in _public(loaded) - CNI_PROJECT} <= CNI_STDLIB
+
+
+def test_npaudit_cni_add_adds_only_socket(tmp_path: Path) -> None:
+    out, loaded = _cni_run("ADD", tmp_path)
+    assert json.loads(out)["code"] == 11  # it got as far as connecting to the (absent) agent
+    assert {m for m in loaded if m.startswith("policy_agent")} == CNI_PROJECT
+    assert {m.split(".")[0] for m in _public(loaded) - CNI_PROJECT} <= CNI_STDLIB | CNI_SOCKET
