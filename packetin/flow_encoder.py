@@ -162,7 +162,7 @@ def _ip(family: int) -> Callable[[Any], bytes]:
             # netaddr (os-ken's parser) reads a plain address with inet_pton too; what
             # else it accepts (a prefix length, an integer) is os-ken's to encode.
             return socket.inet_pton(family, value)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
             raise Unsupported(f"address {value!r}") from exc
     return parse
 
