@@ -184,6 +184,25 @@ def test_icmp_is_keyed_by_type_and_code(ovs_env: OvsEnv, make_pod: PodFactory, x
     assert ovs_packets(ovs_env, "icmp") == 0
 
 
+def test_an_ipv6_udp_flood_is_keyed_and_dropped_like_ipv4(
+        ovs_env: OvsEnv, make_pod: PodFactory, xdp: XdpOffload) -> None:
+    a, b = two_pods(make_pod)
+    for pod, peer, addr, peer_addr in ((a, b, "fd00::a", "fd00::b"), (b, a, "fd00::b", "fd00::a")):
+        subprocess.run(["ip", "-n", pod.netns, "addr", "add", f"{addr}/64", "dev", "eth0", "nodad"], check=True)
+        subprocess.run(["ip", "-n", pod.netns, "neigh", "replace", peer_addr, "lladdr", peer.mac, "dev", "eth0"],
+                       check=True)
+    ofctl(ovs_env, "add-flow", ovs_env.mgmt, f"priority=200,udp6,tp_dst={PORT},actions=drop")
+    ifindex = xdp.attach(a.host_if, ovs_env.netns)
+    key = OffloadKey.make(ifindex, "fd00::a", "fd00::b", maps.IPPROTO_UDP, PORT)
+    xdp.put(key, rule_until(RULE_ID, 0, 0, time.monotonic_ns(), 30 * SECOND))
+    code = ("import socket\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+            f"for i in range(25): s.sendto(b'npaudit', ('fd00::b', {PORT}))")
+    subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", code], check=True, timeout=30)
+
+    assert xdp.counters()[key] == maps.OffloadCounts(25, 25 * (14 + 40 + 8 + 7), 0, 0)
+    assert ovs_packets(ovs_env, f"udp6,tp_dst={PORT}") == 0
+
+
 def test_after_expiry_packets_reach_ovs_again_and_sweep_returns_the_final_counts(
         ovs_env: OvsEnv, make_pod: PodFactory, xdp: XdpOffload) -> None:
     a, b = two_pods(make_pod)
@@ -258,7 +277,8 @@ def test_a_program_that_does_not_compile_raises_one_line_naming_the_error(tmp_pa
     message = str(err.value)
     assert "\n" not in message
     assert "broken.c" in message and "undefined_thing" in message and "error:" in message
-    assert probe(source=broken) == probe(source=broken) and not probe(source=broken).ok
+    result = probe(source=broken)
+    assert not result.ok and "undefined_thing" in result.reason
 
 
 def test_missing_kernel_headers_raise_one_line_saying_so(tmp_path: Path) -> None:
