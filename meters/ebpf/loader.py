@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from meters.ebpf.maps import (STAT_NAMES, OffloadCounts, OffloadKey, OffloadRule, decode_key, decode_rule,
                               decode_state, encode_key, encode_rule)
-from meters.ebpf.netns import call_in_netns
+from meters.netns import call_in_netns
 from meters.errors import OffloadError, OffloadUnavailable
 
 log = logging.getLogger(__name__)
