@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pathlib import Path
 
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, printable
 
 if TYPE_CHECKING:
     from policy_agent import config as config_mod
@@ -186,8 +186,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print(f"error: agent API at {cfg.api_socket} unreachable: {exc}", file=sys.stderr)
         return 1
     if not reply.get("ok"):
-        for line in reply.get("errors", []):
-            print(f"error: {line}", file=sys.stderr)
+        for line in reply.get("errors", []):  # escaped: names in them come from manifests
+            print(f"error: {printable(str(line))}", file=sys.stderr)
         return 1
     done = reply.get(args.op, {})
     print(f"{args.op}: " + ", ".join(f"{n} {k}" for k, n in done.items() if n) + f" ({reply.get('rules')} rules active)")
