@@ -175,17 +175,38 @@ def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, afte
 
     `context` adds fields every record of the node carries (observer, orchestrator).
     """
+    return _restart("torn-write", now, context,
+                    f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
+                    f"that are not a complete record (a write cut short); last good seq {after_seq}",
+                    {"file": file, "line": line, "offset": offset, "bytes": nbytes, "after_seq": after_seq})
+
+
+def records_lost_record(*, lost: Mapping[str, int], after_seq: int, now: float,
+                        context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The state record naming records a previous writer was given but never wrote (its loss note).
+
+    `lost` counts them by reason (the writer's counter names). They were never sealed,
+    so the chain has no gap: this record is the only trace of them in the files.
+    """
+    total = sum(lost.values())
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(lost.items()))
+    return _restart("records-lost", now, context,
+                    f"audit chain continues after {total} audit records that were never written "
+                    f"({reasons}) when the writer stopped after seq {after_seq}",
+                    {"after_seq": after_seq, "records_lost": total, "lost_by_reason": dict(sorted(lost.items()))})
+
+
+def _restart(reason: str, now: float, context: Mapping[str, Any] | None, message: str,
+             detail: dict[str, Any]) -> dict[str, Any]:
     stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
     record: dict[str, Any] = copy.deepcopy(dict(context or {}))
     record.update({
         "@timestamp": stamp.replace("+00:00", "Z"),
         "ecs": {"version": ECS_VERSION},
         "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
-                  "action": "chain-restart", "reason": "torn-write", "dataset": DATASET},
-        "message": (f"audit chain continues after {nbytes} bytes at {file} line {line} (offset {offset}) "
-                    f"that are not a complete record (a write cut short); last good seq {after_seq}"),
-        "npaudit": {"chain_restart": {"file": file, "line": line, "offset": offset, "bytes": nbytes,
-                                      "after_seq": after_seq}},
+                  "action": "chain-restart", "reason": reason, "dataset": DATASET},
+        "message": message,
+        "npaudit": {"chain_restart": detail},
     })
     return record
 

@@ -6,6 +6,7 @@ import collections
 import fcntl
 import logging
 import os
+import stat
 import threading
 import time
 from contextlib import suppress
@@ -13,10 +14,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from auditlog.chain import GENESIS, RecordText, chain_restart_record
+from auditlog.chain import GENESIS, RecordText, chain_restart_record, records_lost_record
 from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.errors import AuditLogError
 from auditlog.fileset import audit_files, scan_tail, set_lock
+from auditlog.loss_note import LossNote
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from packetin.ratelimited_log import RateLimitedLog
 
@@ -56,8 +58,14 @@ class WriterStats:
     queued: int
     seq: int
 
+    def lost(self) -> dict[str, int]:
+        """Records given to the writer that never reached the file, by reason (reasons with a count only)."""
+        return {key: n for key in LOSS_KEYS if (n := getattr(self.events, key))}
+
 
 STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
+# The counters of records that were submitted (or offered) and are not in the file.
+LOSS_KEYS = ("dropped_queue_full", "dropped_closed", "lost_write_error", "unencodable")
 
 
 class AuditWriterError(AuditLogError):
@@ -112,6 +120,10 @@ class AuditWriter:
         self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
         self._restart: RecordText | None = None  # the latest chain-restart record made
+        self._written_seq = 0  # the newest seq known to be in the file (self._seq may be sealed only)
+        self._loss_note = LossNote(self.path)
+        self._noted: dict[str, Any] | None = None  # a previous writer's loss, until its record is written
+        self._loss_record: RecordText | None = None
         self._errors = RateLimitedLog(log, 10.0)
         # Renames in the file set (rotation, retention, a compressed file put in place)
         # happen under this lock, so the compressor never races a rotation.
@@ -180,10 +192,12 @@ class AuditWriter:
             finish_interrupted_rotation(self.path)
             self._prune()
             restart = self._resync()
+            self._take_loss_note()
             if restart is not None:
                 self._queue.appendleft(restart)  # before anything submitted already
             self._handler = self._new_handler()
         except OSError as exc:
+            self._loss_note.close()
             self._release_ownership()
             raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
@@ -220,8 +234,9 @@ class AuditWriter:
                       self.path, " and ".join(stuck), left)
             return False
         self._close_handler()
+        self._note_losses()
         self._release_ownership()
-        return not left
+        return not left and not self._counts["lost_write_error"]
 
     def __enter__(self) -> AuditWriter:
         self.start()
@@ -240,6 +255,53 @@ class AuditWriter:
             with suppress(FileExistsError):
                 os.mkdir(directory, DIR_MODE)
                 os.chmod(directory, DIR_MODE)  # the umask may have narrowed it
+        # Whoever can write the directory can delete or rename audit files, whatever their mode.
+        directory = self.path.parent
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+        if mode & 0o022:
+            if mode & stat.S_ISVTX:  # /tmp and the like: shared on purpose, not ours to narrow
+                raise AuditWriterError(f"audit directory {directory}: mode {mode:04o} lets others create "
+                                       "files in it; give the audit log a directory of its own")
+            os.chmod(directory, DIR_MODE)
+            log.warning("audit directory %s was mode %04o (group or others could delete or rename audit "
+                        "files): now %04o", directory, mode, DIR_MODE)
+
+    def _take_loss_note(self) -> None:
+        """Queue the record of what the previous writer noted it could not write (kept until written)."""
+        noted = self._loss_note.open()
+        if noted is None:
+            return
+        self._noted = noted
+        self._loss_record = RecordText.of(records_lost_record(
+            lost=noted["by_reason"], after_seq=noted["after_seq"], now=self._clock(), context=self.state_fields))
+        self._queue.appendleft(self._loss_record)
+        log.warning("audit log %s: the previous writer could not write %d records (%s); a chain-restart "
+                    "record says so", self.path, noted["records_lost"], noted["by_reason"])
+
+    def _settle_loss_note(self) -> None:
+        """After a successful write: once the loss record is in the file, blank the note."""
+        record = self._loss_record
+        if record is None or not 0 < record.seq <= self._written_seq:
+            return
+        self._noted = self._loss_record = None
+        try:
+            self._loss_note.clear()
+        except OSError as exc:  # the next start writes the record again: a duplicate, never a loss
+            self._errors.log(logging.WARNING, "note", "audit loss note %s not cleared: %s",
+                             self._loss_note.path, exc)
+
+    def _note_losses(self) -> None:
+        """At close: note what was not written (and a previous loss still unrecorded) for the next start."""
+        lost = self.snapshot().lost()
+        for reason, n in (self._noted or {}).get("by_reason", {}).items():
+            lost[reason] = lost.get(reason, 0) + n
+        if lost:
+            log.error("audit log %s: %d records were not written (%s)", self.path, sum(lost.values()), lost)
+            try:
+                self._loss_note.write(lost, self._written_seq)
+            except OSError as exc:
+                log.error("audit log %s: the loss note %s failed: %s", self.path, self._loss_note.path, exc)
+        self._loss_note.close()
 
     def _take_ownership(self) -> None:
         # Two writers on one file set would interleave two chains: refuse the second.
@@ -318,6 +380,7 @@ class AuditWriter:
                     self._handler = self._new_handler()
                     resync = False
                 self._emit_records(records)
+                self._settle_loss_note()
                 return
             except _WriteFailed as failed:
                 records, cause = failed.unwritten, failed.__cause__
@@ -357,6 +420,7 @@ class AuditWriter:
             except Exception as exc:
                 raise _WriteFailed([r for r, _ in sealed[start:]], exc) from exc
             self._counts["written"] += end - start
+            self._written_seq = sealed[end - 1][0].seq
             self._counts["batches"] += 1
             self._counts["bytes"] += size
             start = end
@@ -397,6 +461,7 @@ class AuditWriter:
                 after_seq, after_chain = tail.last
                 break
         self._seq, self._chain = after_seq, after_chain
+        self._written_seq = after_seq
         if damage is None:
             return None
         path, offset, line, nbytes = damage

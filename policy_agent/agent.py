@@ -25,6 +25,7 @@ from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
 from policy_agent.engine import PolicyEngine
+from policy_agent.errors import AgentError
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.metrics import AuditCollector, SyslogCollector, build_registry
@@ -86,6 +87,7 @@ class Agent:
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
         cfg = self.config
+        await asyncio.to_thread(_make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once
         if cfg.ovs.mode == "embedded":
             self.embedded = EmbeddedOvs(Path(cfg.ovs.run_dir), cfg.ovs.netns)
             await asyncio.to_thread(self.embedded.up)
@@ -131,7 +133,6 @@ class Agent:
         """Pipeline, policy, then the ways Pods and policy arrive (CNI, local API, directory)."""
         cfg = self.config
         state_dir = Path(cfg.state_dir)
-        await asyncio.to_thread(state_dir.mkdir, mode=0o750, parents=True, exist_ok=True)
         previous = _read_round(state_dir)
         self.round_ = previous % 0xFFFFFFFF + 1
         _write_round(state_dir, self.round_)
@@ -199,7 +200,10 @@ class Agent:
         from prometheus_client import start_http_server
 
         host, _, port = listen.rpartition(":")
-        self._metrics_server, _ = start_http_server(int(port), addr=host, registry=self.registry)
+        try:
+            self._metrics_server, _ = start_http_server(int(port), addr=host, registry=self.registry)
+        except OSError as exc:  # a port in use, an address not on this host
+            raise AgentError(f"metrics.listen {listen}: cannot listen ({exc.strerror or exc})") from exc
         log.info("metrics on http://%s/metrics", listen)
 
     async def stop(self) -> None:
@@ -234,6 +238,15 @@ class Agent:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def _make_state_dir(state_dir: Path) -> None:
+    try:
+        state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise AgentError(f"state_dir {state_dir}: exists and is not a directory") from exc
+    except OSError as exc:
+        raise AgentError(f"state_dir {state_dir}: cannot create ({exc.strerror}: {exc.filename})") from exc
 
 
 def _read_round(state_dir: Path) -> int:

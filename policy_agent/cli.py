@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, one_line, printable
 
 # `npaudit cni` is exec'd for every Pod start and goes through this module: the top
 # imports only what that path needs; each command imports its own modules
@@ -14,6 +14,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import argparse
     import asyncio
+    from typing import TextIO
 
     from policy_agent import config as config_mod
 
@@ -77,33 +78,59 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import json
     import logging
 
+    from auditlog.errors import AuditLogError
     from packetin.model import Category
     from policy_agent.agent import Agent
     from policy_agent.policy_packetins import JsonTap
 
     cfg = _load_config(args.config)
     _setup_logging(cfg.log_level)
+    log = logging.getLogger("npaudit")
     tap_path = args.tap if args.tap is not None else cfg.packetin.tap
     handlers = {}
     tap_file = None
-    if tap_path:
-        tap_file = sys.stdout if tap_path == "-" else open(tap_path, "a", buffering=1)
-        tap = JsonTap(tap_file)
-        handlers = {Category.POLICY: tap, Category.TRACEFLOW: tap}
+    agents: list[Agent] = []
 
     async def main() -> None:
         stop = asyncio.Event()
         install_stop_signals(asyncio.get_running_loop(), stop)
-        agent = Agent(cfg, handlers)
-        await agent.run(stop)
-        logging.getLogger("npaudit").info("stopped cleanly: %s", json.dumps(agent.demux.stats()))
+        agents.append(Agent(cfg, handlers))
+        await agents[0].run(stop)
 
     try:
+        if tap_path:
+            tap_file = sys.stdout if tap_path == "-" else _open_private(tap_path)
+            tap = JsonTap(tap_file)
+            handlers = {Category.POLICY: tap, Category.TRACEFLOW: tap}
         asyncio.run(main())
+    except Exception as exc:  # one line for the operator; the traceback only at debug level
+        log.debug("agent stopped by an error", exc_info=True)
+        known = isinstance(exc, (AgentError, AuditLogError))
+        print(f"error: {printable(str(exc)) if known else 'agent stopped: ' + one_line(exc)}", file=sys.stderr)
+        return 1
     finally:
         if tap_file is not None and tap_file is not sys.stdout:
             tap_file.close()
+    writer = agents[0].audit_writer
+    lost = writer.snapshot().lost() if writer is not None else {}
+    stats = json.dumps(agents[0].demux.stats())
+    if lost:  # never "cleanly" over records that are not in the audit file
+        log.error("stopped, %d audit records NOT written (%s): %s", sum(lost.values()),
+                  ", ".join(f"{reason} {n}" for reason, n in lost.items()), stats)
+        return 1
+    log.info("stopped cleanly: %s", stats)
     return 0
+
+
+def _open_private(path: str) -> TextIO:
+    """Append to `path`, created (or narrowed to) 0600: the debug tap holds packet bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return open(fd, "a", buffering=1)
 
 
 def cmd_ovs(args: argparse.Namespace) -> int:
@@ -197,8 +224,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print(f"error: agent API at {cfg.api_socket} unreachable: {exc}", file=sys.stderr)
         return 1
     if not reply.get("ok"):
-        for line in reply.get("errors", []):
-            print(f"error: {line}", file=sys.stderr)
+        for line in reply.get("errors", []):  # escaped: names in them come from manifests
+            print(f"error: {printable(str(line))}", file=sys.stderr)
         return 1
     done = reply.get(args.op, {})
     print(f"{args.op}: " + ", ".join(f"{n} {k}" for k, n in done.items() if n) + f" ({reply.get('rules')} rules active)")

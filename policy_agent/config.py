@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import socket
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from policy_agent.config_checks import (
+    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, record_name,
+)
 from policy_agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -63,15 +67,16 @@ class OvsConfig:
     # datapath) in run_dir, never touching a system OVS. external: use the OVS at `db`.
     mode: str = field(default="embedded", metadata=_check(_one_of("embedded", "external")))
     # Where the embedded OVS keeps its database, sockets, pid and log files.
-    run_dir: str = "/var/run/npaudit/ovs"
+    run_dir: str = field(default="/var/run/npaudit/ovs", metadata=_check(absolute_path))
     # Network namespace the embedded ovs-vswitchd runs in, created if missing
     # ("" = the agent's own). Each netdev vswitchd claims a tap named ovs-netdev,
     # so two instances must not share a namespace.
-    netns: str = "npaudit-ovs"
+    netns: str = field(default="npaudit-ovs", metadata=_check(netns_name))
     # OVSDB remote. "" = <run_dir>/db.sock when embedded,
     # unix:/var/run/openvswitch/db.sock when external.
     db: str = ""
-    bridge: str = "br-int"
+    # At most 15 characters (an interface of this name is made).
+    bridge: str = field(default="br-int", metadata=_check(interface_name))
     # auto = system when the openvswitch kernel module is loaded and vswitchd
     # supports it, else netdev (userspace).
     datapath_type: str = field(default="auto", metadata=_check(_one_of("auto", "netdev", "system")))
@@ -119,8 +124,8 @@ class CategoryLimits:
     # Token bucket: packet-ins admitted per second and burst size.
     rate: float = field(default=20000.0, metadata=_check(_positive))
     burst: float = field(default=40000.0, metadata=_check(_positive))
-    # Bounded channel between the reader and the subscriber; full = drop and count.
-    queue_size: int = field(default=65536, metadata=_check(_positive))
+    # Bounded channel between the reader and the subscriber; full = drop and count. At most 10,000,000.
+    queue_size: int = field(default=65536, metadata=_check(bounded(1, QUEUE_MAX)))
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,9 @@ class PacketInConfig:
 
 @dataclass(frozen=True)
 class MeterLimit:
-    # OVS meter: packet-ins per second and burst, enforced in the datapath.
-    rate: int = field(default=1000, metadata=_check(_positive))
-    burst: int = field(default=200, metadata=_check(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
+    # OVS meter: packet-ins per second and burst, enforced in the datapath (32-bit in OVS).
+    rate: int = field(default=1000, metadata=_check(bounded(1, U32_MAX)))
+    burst: int = field(default=200, metadata=_check(bounded(0, U32_MAX)))
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ class MetersConfig:
 class PolicyConfig:
     # A directory of manifests the agent loads at start and re-reads when a file
     # changes ("" = none). `npaudit apply -f` works in either case.
-    manifest_dir: str = ""
+    manifest_dir: str = field(default="", metadata=_check(lambda v: absolute_path(v, optional=True)))
     poll_interval: float = field(default=2.0, metadata=_check(_positive))
 
 
@@ -182,15 +187,16 @@ class CniConfig:
 class AuditConfig:
     # Write policy audit records (category 0 packet-ins) as JSON lines.
     enabled: bool = True
-    path: str = "/var/log/npaudit/audit.jsonl"
-    # Size rotation (MiB), gzip of rotated files, keep this many and this many days.
-    max_size_mb: int = field(default=100, metadata=_check(_positive))
-    backups: int = field(default=10, metadata=_check(_positive))
-    max_age_days: int = field(default=28, metadata=_check(_positive))
+    path: str = field(default="/var/log/npaudit/audit.jsonl", metadata=_check(absolute_path))
+    # Size rotation (MiB, at most 1048576 = 1 TiB), gzip of rotated files, keep this many
+    # (at most 10000) and this many days (at most 36500).
+    max_size_mb: int = field(default=100, metadata=_check(bounded(1, 1 << 20)))
+    backups: int = field(default=10, metadata=_check(bounded(1, 10_000)))
+    max_age_days: int = field(default=28, metadata=_check(bounded(1, 36_500)))
     # Aggregation window in seconds for Drop/Reject/Pass (0 = a record per packet).
     window: float = field(default=1.0, metadata=_check(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
-    # Records waiting for the writer thread; a full queue drops and counts.
-    queue_size: int = field(default=100000, metadata=_check(_positive))
+    # Records waiting for the writer thread (at most 10,000,000); a full queue drops and counts.
+    queue_size: int = field(default=100000, metadata=_check(bounded(1, QUEUE_MAX)))
 
 
 @dataclass(frozen=True)
@@ -228,13 +234,13 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    # Node name written into records; "" = this host's name.
-    node_name: str = ""
-    # Cluster name written into records; "" = omitted.
-    cluster_name: str = ""
+    # Node name written into records; "" = this host's name. No control characters.
+    node_name: str = field(default="", metadata=_check(record_name))
+    # Cluster name written into records; "" = omitted. No control characters.
+    cluster_name: str = field(default="", metadata=_check(record_name))
     log_level: str = field(default="info", metadata=_check(_one_of("debug", "info", "warning", "error")))
     # The agent's own state: local API and CNI sockets (0600), agent round, IPAM data.
-    state_dir: str = "/var/run/npaudit"
+    state_dir: str = field(default="/var/run/npaudit", metadata=_check(absolute_path))
     ovs: OvsConfig = OvsConfig()
     openflow: OpenFlowConfig = OpenFlowConfig()
     packetin: PacketInConfig = PacketInConfig()
@@ -299,17 +305,25 @@ class AgentConfig:
 def load(path: str | Path) -> AgentConfig:
     """Read and validate a YAML config file; raise ConfigError listing every problem."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read ({exc.strerror})"]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([f"{path}: not UTF-8 at line {line} (byte {exc.start})"]) from exc
     return loads(text, source=str(path))
 
 
 def loads(text: str, source: str = "<config>") -> AgentConfig:
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{source}: not valid YAML ({exc})"]) from exc
+    except yaml.YAMLError as exc:  # its text spans several lines: keep the problem and where
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{source}: not valid YAML{where}: {problem}"]) from exc
     if data is None:
         data = {}
     errors: list[str] = []
@@ -380,8 +394,8 @@ def _coerce(kind: Any, value: Any) -> Any:
         return value if isinstance(value, bool) else _INVALID
     if kind is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind is float:  # .inf and .nan are YAML floats, but no timeout, window or rate can be one
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
         return _INVALID
     if kind is str:
@@ -390,7 +404,7 @@ def _coerce(kind: Any, value: Any) -> Any:
 
 
 def _type_name(kind: Any) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
+    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(kind, str(kind))
 
 
 def _syslog_errors(config: AgentConfig) -> list[str]:

@@ -7,7 +7,8 @@ import json
 from policy_agent.cni.wire import (
     COMMANDS, CURRENT_VERSION, ERR_DECODE, ERR_INTERNAL, ERR_INVALID_CONFIG, ERR_INVALID_ENV, ERR_IO,
     ERR_TRY_AGAIN_LATER, ERR_UNKNOWN_CONTAINER, SUPPORTED_VERSIONS, CniError, CniRequest,
-    container_id_problem, ifname_problem, netconf_version, parse_cni_args, recv_response, send_request,
+    container_id_problem, ifname_problem, netconf_version, parse_cni_args, pod_args_problem, recv_response,
+    send_request,
 )
 
 # Exec'd once per Pod start: load only what VERSION needs; ADD/DEL/CHECK import socket
@@ -70,6 +71,9 @@ def build_request(env: Mapping[str, str], stdin: bytes) -> CniRequest:
         # DEL may come after the runtime already destroyed the namespace.
         raise CniError(ERR_INVALID_ENV, f"CNI_NETNS is required for {command}")
     args = parse_cni_args(env.get("CNI_ARGS", ""))
+    problem = pod_args_problem(args)
+    if problem:  # CNI spec: code 4 for an invalid environment variable, which CNI_ARGS is
+        raise CniError(ERR_INVALID_ENV, problem)
     netconf = decode_netconf(stdin)
     netconf_version(netconf, command)
     return CniRequest(command=command, container_id=container_id, netns=netns, ifname=ifname,

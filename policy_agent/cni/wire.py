@@ -34,6 +34,14 @@ CURRENT_VERSION = "1.0.0"
 # CNI spec: container IDs and network names are alphanumerics, underscore, dot, hyphen.
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _MAX_ID = 256
+# Kubernetes object names (k8s.io/apimachinery validation): Namespaces are DNS-1123 labels,
+# Pods DNS-1123 subdomains. Checked because they reach log lines and records verbatim.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_POD_NAMES = {
+    "K8S_POD_NAMESPACE": (re.compile(_DNS1123_LABEL), 63, "a DNS-1123 label (a-z, 0-9, '-'"),
+    "K8S_POD_NAME": (re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"), 253,
+                     "a DNS-1123 subdomain (a-z, 0-9, '-', '.'"),
+}
 
 
 class CniError(AgentError):
@@ -77,6 +85,15 @@ def ifname_problem(value: object) -> str | None:
     if (len(value.encode()) > 15 or value in (".", "..")
             or any(c in value for c in "/:") or any(c.isspace() for c in value)):
         return f"CNI_IFNAME {value[:32]!r} is not a valid interface name"
+    return None
+
+
+def pod_args_problem(args: Mapping[str, str]) -> str | None:
+    """What is wrong with K8S_POD_NAMESPACE / K8S_POD_NAME in CNI_ARGS (absent is fine: standalone)."""
+    for key, (pattern, longest, kind) in _POD_NAMES.items():
+        value = args.get(key)
+        if value is not None and (len(value) > longest or not pattern.fullmatch(value)):
+            return f"CNI_ARGS {key} {value[:64]!r} must be {kind}; at most {longest} characters)"
     return None
 
 
@@ -188,6 +205,9 @@ class CniRequest:
         if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in args.items()):
             raise WireError("args must map strings to strings")
+        problem = pod_args_problem(args)
+        if problem:
+            raise CniError(ERR_INVALID_ENV, problem)
         netconf = obj.get("netconf")
         netconf_version(netconf, command)
         return cls(command=command, container_id=obj["container_id"], netns=netns,

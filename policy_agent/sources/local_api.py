@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from auditlog.syslog.status import SyslogStatus
 
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
 from policy_agent.engine import ApplyFailed, PolicyEngine, PolicyRejected
@@ -67,6 +67,12 @@ class LocalApi:
                 response = await self.handle(request)
             except FrameError as exc:
                 response = {"ok": False, "errors": [str(exc)]}
+            except Exception as exc:  # the client gets one line, never a connection closed on it
+                log.error("local API request failed: %s", one_line(exc))
+                log.debug("local API request failed", exc_info=True)
+                response = {"ok": False, "errors": [f"internal error: {one_line(exc)}"]}
+            if not response.get("ok"):  # names from the request can hold lone surrogates or control characters
+                response["errors"] = [printable(str(line)) for line in response.get("errors", [])]
             await write_message(writer, response)
         except Exception:  # one bad client must not take the API down
             log.warning("local API request failed", exc_info=True)

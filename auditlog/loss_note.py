@@ -1,0 +1,70 @@
+"""The loss note: how many records a closing audit writer could not write, kept beside the files for the next start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Mapping
+
+from auditlog.compressor import FILE_MODE
+
+log = logging.getLogger(__name__)
+
+# Space taken at start, so the note can still be written at close on a disk that filled up
+# meanwhile (the case it exists for). A note is a few hundred bytes; NULs fill the rest.
+NOTE_BYTES = 4096
+
+
+class LossNote:
+    """`.<audit file name>.lost`: blank (NULs) normally; JSON {records_lost, by_reason, after_seq} after a loss."""
+
+    def __init__(self, audit_path: Path) -> None:
+        self.path = audit_path.with_name(f".{audit_path.name}.lost")
+        self._fd = -1
+
+    def open(self) -> dict[str, Any] | None:
+        """Open the note, reserve its space; what a previous writer noted there, or None."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        self._fd = fd
+        os.fchmod(fd, FILE_MODE)
+        note = _parse(os.pread(fd, NOTE_BYTES, 0), self.path)
+        if note is None:
+            self.clear()
+        return note
+
+    def write(self, lost: Mapping[str, int], after_seq: int) -> None:
+        """Note `lost` (records by reason) in the space reserved at open; OSError if even that fails."""
+        if self._fd < 0:
+            raise OSError(f"{self.path} is not open (the writer never started)")
+        text = json.dumps({"records_lost": sum(lost.values()), "by_reason": dict(lost), "after_seq": after_seq},
+                          sort_keys=True).encode("ascii")
+        os.pwrite(self._fd, text[:NOTE_BYTES].ljust(NOTE_BYTES, b"\0"), 0)
+        os.fsync(self._fd)
+
+    def clear(self) -> None:
+        """Blank the note (its loss is in the chain now) and keep its space reserved."""
+        os.pwrite(self._fd, bytes(NOTE_BYTES), 0)
+        with suppress(OSError):  # a file system without fallocate: the blank page written above holds
+            os.posix_fallocate(self._fd, 0, NOTE_BYTES)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _parse(data: bytes, path: Path) -> dict[str, Any] | None:
+    text = data.rstrip(b"\0")
+    if not text:
+        return None
+    try:
+        note = json.loads(text)
+        lost = {str(k): int(v) for k, v in note["by_reason"].items() if int(v) > 0}
+        after_seq = int(note["after_seq"])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("audit loss note %s is unreadable, ignored: %s", path, exc)
+        return None
+    return {"records_lost": sum(lost.values()), "by_reason": lost, "after_seq": after_seq} if lost else None

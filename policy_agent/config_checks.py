@@ -1,0 +1,52 @@
+"""Checks for configuration fields: bounded numbers, absolute paths, interface and namespace names, record names."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any, Callable
+
+U32_MAX = (1 << 32) - 1   # OVS meter rates and bursts are 32-bit
+QUEUE_MAX = 10_000_000    # records or packet-ins held in memory: far above any useful backlog
+
+
+
+def bounded(low: int, high: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if low <= v <= high else f"must be between {low} and {high}, got {v}"
+    return check
+
+
+_OR_NONE = ' (or "" for none)'
+
+
+def absolute_path(v: str, *, optional: bool = False) -> str | None:
+    # The agent runs from / under systemd: a relative path would land somewhere nobody looks.
+    if (optional and v == "") or v.startswith("/"):
+        return None
+    return f"must be an absolute path{_OR_NONE if optional else ''}, got {v!r}"
+
+
+# Linux IFNAMSIZ is 16 including the NUL; OVS makes an interface of the bridge's name.
+_IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
+# A network namespace is a file in /var/run/netns: one path component.
+_NETNS = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+
+
+def interface_name(v: str) -> str | None:
+    if _IFNAME.fullmatch(v):
+        return None
+    return f"must be an interface name: 1-15 of A-Z a-z 0-9 _ . - (not first: _ . -), got {v!r}"
+
+
+def netns_name(v: str) -> str | None:
+    if v == "" or (_NETNS.fullmatch(v) and v not in (".", "..")):
+        return None
+    return f"must be a network namespace name: 1-255 of A-Z a-z 0-9 _ . - (not . or ..), or \"\", got {v!r}"
+
+
+def record_name(v: str) -> str | None:
+    # Written into every record and log line: a line break or escape sequence would forge lines.
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in v):
+        return f"must not contain control characters or line breaks, got {v!r}"
+    return None if len(v) <= 253 else f"must be at most 253 characters, got {len(v)}"
