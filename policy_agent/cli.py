@@ -213,7 +213,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": args.filename})
+        reply = call(cfg.api_socket, {"op": args.op, "manifests": text, "source": printable(args.filename)})
     except OutcomeUnknown as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_OUTCOME_UNKNOWN
