@@ -75,7 +75,7 @@ class Follower:
         if self._file is None:
             return self._reopen(None)
         out = self._read_new(self._file)
-        if out or not self._moved():
+        if not self._moved():
             return out
         # Renamed away: nothing writes to it any more, so what is left in it is all there is.
         out += self._read_new(self._file)
@@ -149,6 +149,7 @@ class Follower:
                 drained: tuple[int, int] | None) -> list[Path]:
         """The rotated files, oldest first, that may hold records after `seq` not read yet."""
         wanted: list[Path] = []
+        first: int | None = None
         for path in reversed(rotated):
             with pinned.open(path) as f:
                 if _identity(f) == drained:
@@ -158,5 +159,6 @@ class Follower:
             if first is not None and first <= seq + 1:
                 return wanted[::-1]
         if wanted:
-            self.notes.append(f"records after seq {seq} were removed (retention) before they could be read")
+            gone = f"{seq + 1}-{first - 1}" if first is not None else f"after {seq}"
+            self.notes.append(f"records {gone} were removed (retention) before they could be read")
         return wanted[::-1]

@@ -24,7 +24,12 @@ _COLOURS = {"Allow": "\x1b[32m", "Drop": "\x1b[31m", "Reject": "\x1b[35m", "Pass
 _RESET = "\x1b[0m"
 
 
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(ch: str) -> str:
+    if ch in _SHORT:
+        return _SHORT[ch]
     code = ord(ch)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
