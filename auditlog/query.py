@@ -8,9 +8,10 @@ Semantics (those of `hubble observe`):
   `--not -n kube-system --not --disposition allow` hides the allowed records of
   kube-system, not every kube-system record and every allowed one.
 
-Matching is two-step for speed: a cheap substring test on the raw line (and on a
-whole block of lines) for the text every matching record must contain, then the
-exact test on the parsed record. A value whose JSON form is not its plain text
+Matching is two-step for speed: a cheap substring test for the text every matching
+record must contain (found with bytes.find in a whole block of lines when it is
+rare, so most lines are never looked at one by one), then the exact test on the
+parsed record. A value whose JSON form is not its plain text
 (quotes, backslashes, non-ASCII, controls) gets no substring test, since a copy
 re-encoded by another tool may escape it differently.
 """
@@ -311,15 +312,6 @@ class Query:
         self._since = format_timestamp(since) if since is not None else None
         self._until = format_timestamp(until) if until is not None else None
 
-    @property
-    def parses(self) -> bool:
-        """Whether matching needs the parsed record (otherwise only the timestamp is read)."""
-        return bool(self._allow or self._deny)
-
-    def block_may_match(self, block: bytes) -> bool:
-        """False when no line of `block` can match (it lacks a text every match contains)."""
-        return self._allow.may_contain(block)
-
     def match(self, raw: bytes) -> tuple[bool, Record | None]:
         """Whether the line `raw` is shown, and its record if matching parsed it.
 
@@ -333,7 +325,7 @@ class Query:
             record = _parse(raw)
             if record is None or not self._allow.matches(record):
                 return False, record
-        if self._deny:
+        if self._deny and self._deny.may_contain(raw):  # without its texts a line cannot be hidden
             if record is None:
                 record = _parse(raw)
             if record is None or self._deny.matches(record):
@@ -347,11 +339,29 @@ class Query:
 
     def select(self, blocks: Iterable[bytes]) -> Iterator[Match]:
         """The matching lines of `blocks` (each a run of complete lines, ending in b"\\n"), in order."""
-        may_match, match = self.block_may_match, self.match
+        match, needles = self.match, self._allow.needles
         for block in blocks:
-            if not may_match(block):
-                continue
-            for line in block.split(b"\n")[:-1]:
+            lines = _rare_lines(block, needles) if needles else None
+            for line in block.split(b"\n")[:-1] if lines is None else lines:
                 shown, record = match(line)
                 if shown:
                     yield line, record
+
+
+def _rare_lines(block: bytes, needles: list[tuple[bytes, ...]]) -> list[bytes] | None:
+    """The lines of `block` holding a needle of the kind whose needles occur least, found with
+    bytes.find (a selective filter skips most lines without a Python step per line);
+    None when that kind is common enough that splitting every line is cheaper."""
+    kind = needles[0] if len(needles) == 1 else min(needles, key=lambda k: sum(block.count(n) for n in k))
+    most = len(block) >> 12  # more than a hit per 4 KiB (about 6 lines): split instead
+    ends: dict[int, int] = {}
+    for needle in kind:
+        pos = block.find(needle)
+        while pos >= 0:
+            if len(ends) > most:
+                return None
+            start = block.rfind(b"\n", 0, pos) + 1
+            end = block.find(b"\n", pos)
+            ends[start] = end
+            pos = block.find(needle, end)
+    return [block[start:ends[start]] for start in sorted(ends)]

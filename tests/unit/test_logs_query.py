@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from auditlog.fileset import audit_files
 from auditlog.query import Filter, Query, QueryError, parse_time
@@ -258,3 +260,54 @@ def test_version_prints_the_package_version(capsys):
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"npaudit {version('npaudit')}\n"
+
+
+def reference(record: Rec, spec: list[str]) -> bool:
+    """hubble's semantics for the pod, namespace and disposition kinds, written out plainly."""
+    pod = record["npaudit"]["source"]["pod"]
+
+    def hit(kind: str, value: str) -> bool:
+        if kind == "pod":
+            ns, _, prefix = value.rpartition("/")
+            return (not ns or pod["namespace"] == ns) and pod["name"].startswith(prefix)
+        if kind == "namespace":
+            return pod["namespace"] == value
+        return record["npaudit"]["disposition"].lower() == value
+
+    def group(negated: bool) -> dict[str, list[str]]:
+        kinds: dict[str, list[str]] = {}
+        for item in spec:
+            if item.startswith("!") == negated:
+                kind, value = item.lstrip("!").split(":", 1)
+                kinds.setdefault(kind, []).append(value)
+        return kinds
+
+    allow, deny = group(False), group(True)
+    shown = all(any(hit(k, v) for v in values) for k, values in allow.items())
+    hidden = bool(deny) and all(any(hit(k, v) for v in values) for k, values in deny.items())
+    return shown and not hidden
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["frontend", "backend", "kube-system", "café"]),
+                          st.sampled_from(["db-0", "web-1", "dns", "db-9x"]),
+                          st.sampled_from(["Allow", "Drop"])), max_size=40),
+       st.sampled_from([["pod:db"], ["namespace:backend", "disposition:drop"], ["pod:café/d"],
+                        ["namespace:kube-system", "namespace:café"], ["pod:web", "pod:db"],
+                        ["!namespace:backend", "!disposition:drop"], ["pod:d", "!namespace:café"],
+                        ["!pod:db", "!pod:café/web"]]),
+       st.booleans())
+def test_the_quick_text_tests_never_change_what_is_shown(rows, spec, sparse):
+    # The rare-text search over a block and the per-line text tests (for --not too) must
+    # select what the plain semantics select, in order, whatever the encoding of the line.
+    filler = b'{"npaudit":{"disposition":"Pass","source":{"pod":{"namespace":"other","name":"zz"}}}}'
+    records = [{"npaudit": {"disposition": d, "source": {"pod": {"namespace": ns, "name": name}}}}
+               for ns, name, d in rows]
+    lines = [json.dumps(r, ensure_ascii=i % 2 == 0).encode() for i, r in enumerate(records)]
+    if sparse:  # lines without any filter's text between the rows: the block search's sparse path
+        lines = [x for line in lines for x in (line, *[filler] * 50)]
+        records = [x for r in records for x in (r, *[json.loads(filler)] * 50)]
+    query = Query([Filter(s.lstrip("!").split(":", 1)[0], s.split(":", 1)[1], s.startswith("!")) for s in spec])
+    block = b"".join(line + b"\n" for line in lines)
+    want = [line for line, r in zip(lines, records) if reference(r, spec)]
+    assert [raw for raw, _ in query.select([block])] == want
