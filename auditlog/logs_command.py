@@ -16,7 +16,7 @@ from typing import IO, Sequence
 from auditlog.fileset import DEFAULT_BASE, split_name
 from auditlog.follow import Follower, position_at_end
 from auditlog.logread import LogReader, Position
-from auditlog.query import Filter, Query, QueryError, parse_time
+from auditlog.query import Filter, Match, Query, QueryError, parse_time
 from auditlog.query_output import make_output
 
 __all__ = ["EXIT_USAGE", "LogsRequest", "run_logs"]
@@ -58,7 +58,10 @@ def _live_file(req: LogsRequest, reader: LogReader | None) -> Path:
     if len(req.paths) != 1:
         raise QueryError("--follow reads one file set: give one directory or live file")
     path = req.paths[0]
-    return path / req.base if path.is_dir() else path.with_name(split_name(path.name)[0])
+    live = path / req.base if path.is_dir() else path.with_name(split_name(path.name)[0])
+    if not live.parent.is_dir():  # the live file itself may come later: a node before its first record
+        raise FileNotFoundError(2, "no such directory", str(live.parent))
+    return live
 
 
 def run_logs(req: LogsRequest, *, out: IO[bytes], err: IO[str], now: dt.datetime, tty: bool,
@@ -95,8 +98,8 @@ def run_logs(req: LogsRequest, *, out: IO[bytes], err: IO[str], now: dt.datetime
         return 0
     follower = Follower(live, query, start if start is not None else position_at_end(live))
     try:
-        def emit(matches: list[tuple[bytes, object]]) -> None:
-            output.write(matches)  # type: ignore[arg-type]
+        def emit(matches: list[Match]) -> None:
+            output.write(matches)
             output.flush()
         follower.run(emit, stop or threading.Event())
     finally:

@@ -31,7 +31,8 @@ from dateutil.parser import isoparse
 from auditlog.errors import AuditLogError
 from auditlog.packet import transport_name
 
-__all__ = ["FILTER_KINDS", "Filter", "Match", "Query", "QueryError", "format_timestamp", "parse_time", "record_time"]
+__all__ = ["FILTER_KINDS", "Filter", "Match", "Query", "QueryError", "format_timestamp", "get_field", "parse_time",
+           "record_time"]
 
 Record = dict[str, Any]
 Match = tuple[bytes, "Record | None"]  # (the raw line without its b"\n", the record if it was parsed)
@@ -50,7 +51,8 @@ class Filter:
     negated: bool = False
 
 
-def _get(record: Record, *keys: str) -> Any:
+def get_field(record: Record, *keys: str) -> Any:
+    """record[k1][k2]...; None where a member is missing or not an object."""
     value: Any = record
     for key in keys:
         if not isinstance(value, dict):
@@ -60,7 +62,7 @@ def _get(record: Record, *keys: str) -> Any:
 
 
 def _pod(record: Record, side: str) -> tuple[Any, Any] | None:
-    pod = _get(record, "npaudit", side, "pod")
+    pod = get_field(record, "npaudit", side, "pod")
     return (pod.get("namespace"), pod.get("name")) if isinstance(pod, dict) else None
 
 
@@ -120,7 +122,7 @@ def _ip_filter(value: str, sides: Sequence[str]) -> _Parsed:
 
     def test(record: Record) -> bool:
         for side in sides:
-            text = _get(record, side, "ip")
+            text = get_field(record, side, "ip")
             addr = _address(text) if isinstance(text, str) else None
             if addr is not None and addr in network:
                 return True
@@ -132,7 +134,7 @@ def _port_filter(value: str) -> _Parsed:
     if not value.isdigit() or int(value) > 65535:
         raise QueryError(f"'{value}': not a port (0-65535)")
     port = int(value)
-    return _Parsed(lambda r: _get(r, "source", "port") == port or _get(r, "destination", "port") == port,
+    return _Parsed(lambda r: get_field(r, "source", "port") == port or get_field(r, "destination", "port") == port,
                    str(port).encode())
 
 
@@ -143,18 +145,18 @@ _TRANSPORT_ALIASES = {"icmpv6": "ipv6-icmp", "icmp6": "ipv6-icmp"}
 def _protocol_filter(value: str) -> _Parsed:
     if value.isdigit() and int(value) <= 255:
         number = value.lstrip("0") or "0"
-        return _Parsed(lambda r: str(_get(r, "network", "iana_number")) == number, number.encode())
+        return _Parsed(lambda r: str(get_field(r, "network", "iana_number")) == number, number.encode())
     name = _TRANSPORT_ALIASES.get(value.lower(), value.lower())
     if name not in _TRANSPORTS:
         raise QueryError(f"'{value}': not a protocol ({', '.join(sorted(_TRANSPORTS))} or a number 0-255)")
-    return _Parsed(lambda r: _get(r, "network", "transport") == name, f'"{name}"'.encode())
+    return _Parsed(lambda r: get_field(r, "network", "transport") == name, f'"{name}"'.encode())
 
 
 def _choice_filter(value: str, choices: dict[str, str], keys: Sequence[str]) -> _Parsed:
     wanted = choices.get(value.lower())
     if wanted is None:
         raise QueryError(f"'{value}': not one of {', '.join(choices)}")
-    return _Parsed(lambda r: _get(r, *keys) == wanted, f'"{wanted}"'.encode())
+    return _Parsed(lambda r: get_field(r, *keys) == wanted, f'"{wanted}"'.encode())
 
 
 _DISPOSITIONS = {"allow": "Allow", "drop": "Drop", "reject": "Reject", "pass": "Pass"}
@@ -164,7 +166,7 @@ _DIRECTIONS = {"ingress": "ingress", "egress": "egress"}
 def _text_filter(value: str, keys: Sequence[str]) -> _Parsed:
     if not value:
         raise QueryError("an empty value")
-    return _Parsed(lambda r: _get(r, *keys) == value, _plain(value))
+    return _Parsed(lambda r: get_field(r, *keys) == value, _plain(value))
 
 
 def _policy_filter(value: str) -> _Parsed:
@@ -173,7 +175,7 @@ def _policy_filter(value: str) -> _Parsed:
         raise QueryError("an empty value")
 
     def test(record: Record) -> bool:
-        ruleset = _get(record, "rule", "ruleset")
+        ruleset = get_field(record, "rule", "ruleset")
         if not isinstance(ruleset, str):
             return False
         where = ruleset.partition(":")[2]
@@ -184,14 +186,14 @@ def _policy_filter(value: str) -> _Parsed:
 def _rule_filter(value: str) -> _Parsed:
     if not value:
         raise QueryError("an empty value")
-    return _Parsed(lambda r: value in (_get(r, "rule", "name"), _get(r, "rule", "id")), _plain(value))
+    return _Parsed(lambda r: value in (get_field(r, "rule", "name"), get_field(r, "rule", "id")), _plain(value))
 
 
 def _tier_filter(value: str) -> _Parsed:
     if not value:
         raise QueryError("an empty value")
     low = value.lower()
-    return _Parsed(lambda r: str(_get(r, "rule", "category")).lower() == low, None)
+    return _Parsed(lambda r: str(get_field(r, "rule", "category")).lower() == low, None)
 
 
 _PARSERS: dict[str, Callable[[str], _Parsed]] = {

@@ -14,7 +14,7 @@ from typing import IO, Any, Iterable, Protocol
 
 import orjson
 
-from auditlog.query import Match, Record
+from auditlog.query import Match, Record, get_field
 
 __all__ = ["FORMATS", "Output", "make_output", "safe_text"]
 
@@ -42,17 +42,10 @@ def safe_text(value: Any) -> str:
     return "".join(_escape(ch) if ch != " " and unicodedata.category(ch) in _UNSAFE else ch for ch in text)
 
 
-def _get(record: Record, *keys: str) -> Any:
-    value: Any = record
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
-
-
 def _endpoint(record: Record, side: str) -> str:
     """ns/pod:port when the Pod is known, else ip:port ([v6]:port)."""
-    pod = _get(record, "npaudit", side, "pod") or {}
-    ip, port = _get(record, side, "ip"), _get(record, side, "port")
+    pod = get_field(record, "npaudit", side, "pod") or {}
+    ip, port = get_field(record, side, "ip"), get_field(record, side, "port")
     if isinstance(pod, dict) and pod.get("name"):
         where = f"{pod['namespace']}/{pod['name']}" if pod.get("namespace") else str(pod["name"])
     elif ip is not None:
@@ -63,21 +56,22 @@ def _endpoint(record: Record, side: str) -> str:
 
 
 def _fields(record: Record) -> dict[str, str]:
-    name = _get(record, "rule", "name") or _get(record, "rule", "id") or ""
-    packets = _get(record, "npaudit", "aggregate", "packets")
-    disposition = _get(record, "npaudit", "disposition") or _get(record, "event", "action")
+    name = get_field(record, "rule", "name") or get_field(record, "rule", "id") or ""
+    packets = get_field(record, "npaudit", "aggregate", "packets")
+    disposition = get_field(record, "npaudit", "disposition") or get_field(record, "event", "action")
     return {
         "TIME": safe_text(record.get("@timestamp", "")),
         "SOURCE": _endpoint(record, "source"),
         "DESTINATION": _endpoint(record, "destination"),
-        "PROTO": safe_text(_get(record, "network", "transport") or _get(record, "network", "iana_number") or ""),
+        "PROTO": safe_text(get_field(record, "network", "transport")
+                           or get_field(record, "network", "iana_number") or ""),
         "DISPOSITION": safe_text(disposition or ""),
-        "DIRECTION": safe_text(_get(record, "network", "direction") or ""),
-        "TIER": safe_text(_get(record, "rule", "category") or ""),
-        "POLICY": safe_text(_get(record, "rule", "ruleset") or ""),
+        "DIRECTION": safe_text(get_field(record, "network", "direction") or ""),
+        "TIER": safe_text(get_field(record, "rule", "category") or ""),
+        "POLICY": safe_text(get_field(record, "rule", "ruleset") or ""),
         "RULE": safe_text(name),
         "COUNT": safe_text(packets if packets is not None else ""),
-        "NODE": safe_text(_get(record, "observer", "hostname") or ""),
+        "NODE": safe_text(get_field(record, "observer", "hostname") or ""),
     }
 
 
@@ -129,7 +123,8 @@ class _Compact:
                 continue
             f = _fields(record)
             disposition = _paint(f["DISPOSITION"], self._colour)
-            where = " ".join(x for x in (f["DIRECTION"], f["TIER"], f["POLICY"], f["RULE"] and f"rule={f['RULE']}") if x)
+            rule = f["RULE"] and f"rule={f['RULE']}"
+            where = " ".join(x for x in (f["DIRECTION"], f["TIER"], f["POLICY"], rule) if x)
             line = (f"{f['TIME']} {f['NODE'] or '-'}: {f['SOURCE']} -> {f['DESTINATION']} {f['PROTO'] or '-'} "
                     f"{disposition} x{f['COUNT'] or 1} ({where})")
             self._out.write(line.encode("utf-8", "replace") + b"\n")

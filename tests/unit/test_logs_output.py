@@ -37,8 +37,8 @@ def hostile_set(tmp_path: Path) -> Path:
 
 def logs(directory: Path, *, output: str | None = None, tty: bool = False, **kw: object) -> tuple[int, str, str]:
     out, err = BytesIO(), StringIO()
-    code = run_logs(LogsRequest(paths=[directory], output=output, **kw), out=out, err=err, now=NOW,  # type: ignore[arg-type]
-                    tty=tty, colour=True)
+    req = LogsRequest(paths=[directory], output=output, **kw)  # type: ignore[arg-type]
+    code = run_logs(req, out=out, err=err, now=NOW, tty=tty, colour=True)
     return code, out.getvalue().decode("utf-8"), err.getvalue()
 
 

@@ -74,7 +74,8 @@ CASES: list[tuple[list[str], Callable[[Rec], bool]]] = [
      lambda r: any(ns in ("frontend", "kube-system") for ns, _ in pods(r))),
     (["--policy", "deny-all"], lambda r: r["rule"]["ruleset"] == "AntreaClusterNetworkPolicy:deny-all"),
     (["--policy", "backend/allow-web"], lambda r: r["rule"]["ruleset"] == "NetworkPolicy:backend/allow-web"),
-    (["--policy", "NetworkPolicy:frontend/allow-web"], lambda r: r["rule"]["ruleset"] == "NetworkPolicy:frontend/allow-web"),
+    (["--policy", "NetworkPolicy:frontend/allow-web"],
+     lambda r: r["rule"]["ruleset"] == "NetworkPolicy:frontend/allow-web"),
     (["--policy", "allow-web"], lambda r: r["rule"]["ruleset"].endswith("/allow-web")),
     (["--rule", "rule-2"], lambda r: r["rule"]["name"] == "rule-2"),
     (["--rule", "101"], lambda r: r["rule"]["id"] == "101"),
@@ -207,6 +208,8 @@ def test_a_bad_path_exits_2(tmp_path, capsysbinary):
     assert (code, out) == (2, b"") and err.strip() == f"npaudit logs: {tmp_path / 'nowhere'}: no such file or directory"
     code, _, err = run(capsysbinary, str(tmp_path))  # a directory without audit files
     assert code == 2 and len(err.splitlines()) == 1 and "no audit.jsonl files" in err
+    code, _, err = run(capsysbinary, "--follow", str(tmp_path / "nowhere" / "audit.jsonl"))
+    assert (code, err) == (2, f"npaudit logs: {tmp_path / 'nowhere'}: no such directory\n")
 
 
 def test_no_match_exits_0_and_prints_nothing(logset, capsysbinary):
