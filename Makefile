@@ -55,6 +55,7 @@ bench: setup
 	$(PY) bench/auditlog_throughput.py
 	$(PY) bench/cni_latency.py
 	$(PY) bench/syslog_throughput.py
+	$(PY) bench/logs_query.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
