@@ -34,6 +34,7 @@ from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.ovs.embedded import EmbeddedOvs
 from policy_agent.ovs.coverage import CoverageReader
+from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,8 @@ class Agent:
                              traceflow=(mc.traceflow.rate, mc.traceflow.burst))
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=desired_meters(limits, meters_ok),
-                                   pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None)
+                                   pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
+                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir))
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):

@@ -8,7 +8,10 @@ one bad change can neither wedge the engine nor be enforced after being refused.
 
 Ordering matters too: a new Pod's policy flows are confirmed before its
 classifier and forwarding flows exist, so no packet of the Pod is forwarded
-without policy.
+without policy. After every committed change the switch's datapath flow cache
+is purged, so that every new connection is translated against the new tables;
+connections already established stay up (as in Antrea): conntrack's +est
+shortcut forwards them whatever the new policy says.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class PolicyRejected(AgentError):
 
 class ApplyFailed(AgentError):
     """The switch or the store did not take the change; nothing was applied."""
+
+
+class DatapathCache(Protocol):
+    """The switch's cache of translated flows (OVS megaflows): `purge` (blocking) returns once
+    the cache is empty, so no packet is forwarded by a translation of the old tables."""
+
+    def purge(self) -> None: ...
 
 
 class FlowProgrammer(Protocol):
@@ -125,8 +135,10 @@ class PolicyEngine:
 
     def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
-                 pod_wait: float | None = None) -> None:
+                 pod_wait: float | None = None, datapath: DatapathCache | None = None) -> None:
         self._channel = channel
+        self._datapath = datapath
+        self.purge_failures = 0
         self.registry = registry
         self.round_ = round_
         self._meters = meters
@@ -287,6 +299,7 @@ class PolicyEngine:
             self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
+        await self._purge_datapath(plan.add or plan.stale)
         if persist is not None:
             try:
                 await asyncio.to_thread(persist)
@@ -303,11 +316,24 @@ class PolicyEngine:
         extra = [f for f in plan.add if f.key not in current]
         try:
             await self._channel.commit_flows(back, extra)
+            await self._purge_datapath(back or extra)
         except (PacketInError, asyncio.TimeoutError) as exc:
             # The switch keeps the change (the channel replays it): so does the engine, and says so.
             self._swap(nxt, plan)
             raise ApplyFailed(f"could not save the change ({cause}) nor take it back from the switch ({exc}): "
                               "it is in force until the agent restarts") from exc
+
+    async def _purge_datapath(self, changed: Sequence[messages.FlowSpec]) -> None:
+        """After a committed change: a megaflow of the old tables must not admit new connections.
+        A failure is logged and counted, not raised: the flows are in and the change stands."""
+        if self._datapath is None or not changed:
+            return
+        try:
+            await asyncio.to_thread(self._datapath.purge)
+        except AgentError as exc:
+            self.purge_failures += 1
+            log.warning("policy sync #%d: %s; new connections may follow the old policy until OVS "
+                        "revalidates its datapath flows", self.syncs + 1, exc)
 
     def _swap(self, nxt: _Objects, plan: _Plan) -> None:
         self._objects = nxt

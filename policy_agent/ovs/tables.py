@@ -10,7 +10,10 @@
 70 FORWARD      ip,nw_dst=Pod IP -> eth_dst, output Pod port; else drop
 
 Only new connections reach the policy tables, so Allow is logged once per
-connection while Drop is logged per packet (DESIGN.md §3).
+connection while Drop is logged per packet (DESIGN.md §3), and a connection
+established before a policy change outlives it (as in Antrea); every new one,
+including a closed connection's reused 5-tuple, meets the new policy (the engine
+purges OVS's megaflows after each change: policy_agent/ovs/megaflows.py).
 """
 
 from __future__ import annotations

@@ -194,6 +194,20 @@ class Cluster:
                               *targets], capture_output=True, timeout=60)
         return json.loads(res.stdout)
 
+    def probe_concurrently(self, targets: dict[str, list[str]], timeout: float = 1.0) -> dict[str, dict[str, str]]:
+        """Probe from several Pods at once, as the Kubernetes netpol e2e suite does:
+        {src: [target, ...]} -> {src: {target: outcome}}."""
+        procs = {src: subprocess.Popen(["ip", "netns", "exec", self.pods[src].netns, sys.executable, "-c", PROBER,
+                                        str(timeout), *tgts], stdout=subprocess.PIPE)
+                 for src, tgts in targets.items() if tgts}
+        return {src: json.loads(proc.communicate(timeout=60)[0]) for src, proc in procs.items()}
+
+    def ovs_appctl(self, *args: str) -> str:
+        """Ask the embedded ovs-vswitchd (e.g. dpctl/dump-conntrack) through its control socket."""
+        out = subprocess.run(["ovs-appctl", "-t", str(self.dir / "ovs" / "ovs-vswitchd.ctl"), *args],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout + out.stderr
+
     def audit_records(self) -> list[dict]:
         path = self.dir / "audit" / "audit.jsonl"
         if not path.exists():

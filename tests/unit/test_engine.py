@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from packetin import messages
 from policy_agent.ovs import tables
 from policy_agent.engine import PodUnknown, PolicyEngine
+from policy_agent.errors import OvsError
+from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.policy.model import (
     Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy, PolicyKind, Rule,
 )
@@ -116,3 +119,49 @@ def test_a_pod_that_never_arrives_gets_no_network() -> None:
         assert not any(is_pod_flow(f) for _, flows in ch.calls for f in flows)
         assert eng.by_ip("10.0.0.8") is None
     asyncio.run(main())
+
+
+class CountingCache:
+    """A DatapathCache that counts purges, or fails them with `error`."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.purges = 0
+        self.error = error
+
+    def purge(self) -> None:
+        if self.error is not None:
+            raise self.error
+        self.purges += 1
+
+
+def test_every_committed_policy_change_purges_the_datapath_cache_once_flows_are_in() -> None:
+    async def main() -> None:
+        ch = RecordingChannel()
+        cache = CountingCache()
+        eng = PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True, datapath=cache)
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))])
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        before = cache.purges
+        await eng.apply(policies=[drop_web()])
+        assert cache.purges == before + 1 and ch.commits[-1][0]  # the bundle went in, then the purge
+        await eng.apply(policies=[drop_web()])  # the same policy again: no flow changed, nothing to purge
+        assert cache.purges == before + 1
+        await eng.delete(policies=[drop_web()])
+        assert cache.purges == before + 2
+    asyncio.run(main())
+
+
+def test_a_failed_purge_is_counted_and_the_change_stands() -> None:
+    async def main() -> None:
+        ch = RecordingChannel()
+        eng = PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True,
+                           datapath=CountingCache(OvsError("cannot open /x/ovs-vswitchd.ctl")))
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))], policies=[drop_web()])
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        assert eng.purge_failures == 1 and ("", "drop-web") in {(p.namespace, p.name) for p in eng.policies.values()}
+    asyncio.run(main())
+
+
+def test_a_vswitchd_that_cannot_be_reached_fails_the_purge_naming_its_socket(tmp_path: Path) -> None:
+    with pytest.raises(OvsError, match=f"{tmp_path}/ovs-vswitchd.ctl"):
+        MegaflowCache(tmp_path).purge()
