@@ -101,7 +101,23 @@ def wait_sent(fwd: Forwarder, last_seq: int, timeout: float) -> float:
     return time.perf_counter()
 
 
-def received(server: Rsyslog, scheme: str) -> int:
+def received(server: Rsyslog, scheme: str, count: int) -> int:
+    """How many messages rsyslog wrote out, once it has written `count` or stopped making progress for 10 s.
+
+    A TCP ACK means "in rsyslog's socket buffer", not "processed": stopped right
+    after the last ACK, rsyslog may drop what its queue still holds at shutdown.
+    """
+    seen, progress_at = -1, time.monotonic()
+    while time.monotonic() - progress_at < 10:
+        try:
+            now_seen = server.out(scheme).read_bytes().count(b"\n")
+        except FileNotFoundError:
+            now_seen = 0
+        if now_seen >= count:
+            break
+        if now_seen != seen:
+            seen, progress_at = now_seen, time.monotonic()
+        time.sleep(0.05)
     server.stop()  # flushes its output
     return len(server.received(scheme))
 
@@ -120,7 +136,7 @@ def drain(scheme: str, pki: Pki, live: Path, count: int, work: Path,
         stats = fwd.stats()
         return {"batch_records": batch[0], "batch_bytes": batch[1],
                 "records_per_s": round(count / (done - t0)), "seconds": round(done - t0, 3),
-                "delivered_rsyslog_count": received(server, scheme), "errors": stats.errors, "lost": stats.lost}
+                "delivered_rsyslog_count": received(server, scheme, count), "errors": stats.errors, "lost": stats.lost}
     finally:
         server.stop()
 
@@ -143,7 +159,8 @@ def live_run(scheme: str, pki: Pki, records: list[RecordText], work: Path) -> di
         return {"writer_records_per_s": result["records_per_s"],
                 "forwarded_records_per_s": round(len(records) / (done - t0)),
                 "forwarder_behind_writer_s": round(max(0.0, done - written), 3),
-                "delivered_rsyslog_count": received(server, scheme), "errors": fwd.stats().errors}
+                "delivered_rsyslog_count": received(server, scheme, len(records)),
+                "errors": fwd.stats().errors}
     finally:
         server.stop()
 

@@ -211,8 +211,8 @@ class SyslogDestinationConfig:
     udp_max_bytes: int = 2048
     # One send: at most this many records and about this many bytes of them; over TCP/TLS the
     # forwarder then waits until the receiver's TCP has acknowledged the batch.
-    batch_records: int = field(default=2000, metadata=_check(_positive))
-    batch_bytes: int = field(default=2 << 20, metadata=_check(_positive))
+    batch_records: int = field(default=1000, metadata=_check(_positive))
+    batch_bytes: int = field(default=1 << 20, metadata=_check(_positive))
     # The checkpoint (what was delivered) is saved once this many seconds or records have passed
     # since the last save, whenever the forwarder is idle or retrying, and at shutdown; a crash
     # sends at most that much again (duplicates, never loss). It never runs ahead of delivery.

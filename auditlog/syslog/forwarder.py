@@ -36,8 +36,8 @@ _BACKLOG_EVERY = 5.0  # seconds between looks at the bytes not yet read (a direc
 # Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config.py.
 # A batch is one write and one wait for the receiver's ACKs: large enough that the wait is
 # rare next to the reading and encoding, small enough to hold in memory and to re-send.
-BATCH_RECORDS = 2000
-BATCH_BYTES = 2 << 20
+BATCH_RECORDS = 1000
+BATCH_BYTES = 1 << 20
 # A save is a write, an fsync and a rename: cheap once a second, not after every batch.
 # Both bound what a crash sends again.
 CHECKPOINT_INTERVAL = 1.0
