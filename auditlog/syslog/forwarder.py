@@ -85,7 +85,8 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
     if tls is not None and endpoint.scheme != "tls":
         raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// URL")
     for name, value, least in (("batch_records", batch_records, 1), ("batch_bytes", batch_bytes, 1),
-                               ("checkpoint_interval", checkpoint_interval, 0), ("checkpoint_records", checkpoint_records, 1)):
+                               ("checkpoint_interval", checkpoint_interval, 0),
+                               ("checkpoint_records", checkpoint_records, 1)):
         if not value >= least:
             raise SyslogConfigError(f"syslog destination {url}: {name} must be >= {least}, got {value}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,

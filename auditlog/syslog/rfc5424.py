@@ -182,7 +182,8 @@ def record_fields(record: Mapping[str, Any]) -> RecordFields:
     chain = meta.get("chain")
     disposition = meta.get("disposition")
     return RecordFields(meta["seq"], chain if isinstance(chain, str) else None,
-                        disposition if isinstance(disposition, str) else None, valid_timestamp(record.get("@timestamp")))
+                        disposition if isinstance(disposition, str) else None,
+                        valid_timestamp(record.get("@timestamp")))
 
 
 def _stub(record: Mapping[str, Any], fields: RecordFields, original_bytes: int, with_event: bool) -> bytes:
@@ -264,7 +265,8 @@ class FrameEncoder:
             encoded = encode_record(fields, line, self.header, self.max_bytes)
             return frame(encoded.message, self.framing), encoded.truncated
         key = fields.disposition if fields.disposition in MSGID else None
-        head = f'{self._pri[key]}{fields.timestamp}{self._after_stamp[key]}{fields.seq}" chain="{chain}"] '.encode("ascii")
+        head = (f'{self._pri[key]}{fields.timestamp}{self._after_stamp[key]}{fields.seq}" chain="{chain}"] '
+                .encode("ascii"))
         if self.framing is Framing.LF:
             return b"%b%b\n" % (head, line), False  # neither part holds a LF: the tailer split lines on it
         return b"%d %b%b" % (len(head) + len(line), head, line), False
