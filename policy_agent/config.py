@@ -215,6 +215,16 @@ class SyslogDestinationConfig:
     server_name: str = ""
     # udp only: longest datagram; a longer record is sent with a JSON stub as MSG (counted).
     udp_max_bytes: int = 2048
+    # One send: at most this many records and about this many bytes of them; over TCP/TLS the
+    # forwarder then waits until the receiver's TCP has acknowledged the batch.
+    batch_records: int = field(default=1000, metadata=_check(_positive))
+    batch_bytes: int = field(default=1 << 20, metadata=_check(_positive))
+    # The checkpoint (what was delivered) is saved once this many seconds or records have passed
+    # since the last save, whenever the forwarder is idle or retrying, and at shutdown; a crash
+    # sends at most that much again (duplicates, never loss). It never runs ahead of delivery.
+    checkpoint_interval: float = field(default=1.0, metadata=_check(
+        lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
+    checkpoint_records: int = field(default=50_000, metadata=_check(_positive))
 
 
 @dataclass(frozen=True)
@@ -438,4 +448,6 @@ def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
                          key=Path(dest.key) if dest.key else None, server_name=dest.server_name or None)
     framing = None if dest.url.startswith("udp:") and dest.framing == "octet-counting" else dest.framing
     return make_destination(dest.url, node_name=node, facility=dest.facility, framing=framing, tls=tls,
-                            udp_max_bytes=dest.udp_max_bytes)
+                            udp_max_bytes=dest.udp_max_bytes, batch_records=dest.batch_records,
+                            batch_bytes=dest.batch_bytes, checkpoint_interval=dest.checkpoint_interval,
+                            checkpoint_records=dest.checkpoint_records)

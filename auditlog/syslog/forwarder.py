@@ -1,8 +1,12 @@
-"""One forwarder per syslog destination: tail the audit files, send batches, checkpoint after success, in a thread.
+"""One forwarder per syslog destination: tail the audit files, send batches, checkpoint what was delivered, in a thread.
 
-At-least-once: a batch's position is persisted only after the sender reports it
-delivered (for TCP/TLS: acknowledged by the receiver's TCP), so a receiver outage
-or an agent restart re-sends at most the batch that was in flight. UDP has no
+At-least-once: the checkpoint only ever names a position the sender reported
+delivered (for TCP/TLS: acknowledged by the receiver's TCP), so it never runs
+ahead of the receiver. It is not saved after every batch, though: at most every
+`checkpoint_interval` seconds or `checkpoint_records` records, whenever the
+forwarder has nothing to send or waits to retry, and at `stop`. A receiver
+outage re-sends at most the batch in flight; a crash of the agent re-sends what
+was delivered since the last save (duplicates, never loss). UDP has no
 acknowledgement: there the guarantee ends at the local socket. `step` is the
 logic (clock passed in, returns how long to wait); the thread only calls it.
 """
@@ -20,14 +24,24 @@ from typing import Callable
 
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError, SyslogConfigError, SyslogError, SyslogFormatError
-from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, Framing, Header,
-                                     encode_record, encode_test_message, frame, rfc3339_millis)
+from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, FrameEncoder,
+                                     Framing, Header, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
 from auditlog.syslog.transport import Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint
 
 log = logging.getLogger(__name__)
 
 _BACKLOG_EVERY = 5.0  # seconds between looks at the bytes not yet read (a directory listing)
+
+# Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config.py.
+# A batch is one write and one wait for the receiver's ACKs: large enough that the wait is
+# rare next to the reading and encoding, small enough to hold in memory and to re-send.
+BATCH_RECORDS = 1000
+BATCH_BYTES = 1 << 20
+# A save is a write, an fsync and a rename: cheap once a second, not after every batch.
+# Both bound what a crash sends again.
+CHECKPOINT_INTERVAL = 1.0
+CHECKPOINT_RECORDS = 50_000
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,10 @@ class Destination:
     framing: Framing
     tls: TlsOptions | None = None
     max_bytes: int | None = None      # UDP only: datagram cap
-    batch_records: int = 500          # records per send at most
-    batch_bytes: int = 256 * 1024     # record bytes per send, about
+    batch_records: int = BATCH_RECORDS            # records per send at most
+    batch_bytes: int = BATCH_BYTES                # record bytes per send, about
+    checkpoint_interval: float = CHECKPOINT_INTERVAL  # seconds between checkpoint saves, at least
+    checkpoint_records: int = CHECKPOINT_RECORDS  # ... unless this many records were delivered since
 
     @property
     def name(self) -> str:
@@ -49,7 +65,9 @@ class Destination:
 
 def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_FACILITY,
                      framing: str | None = None, tls: TlsOptions | None = None,
-                     udp_max_bytes: int = DEFAULT_UDP_MAX_BYTES, batch_records: int = 500) -> Destination:
+                     udp_max_bytes: int = DEFAULT_UDP_MAX_BYTES, batch_records: int = BATCH_RECORDS,
+                     batch_bytes: int = BATCH_BYTES, checkpoint_interval: float = CHECKPOINT_INTERVAL,
+                     checkpoint_records: int = CHECKPOINT_RECORDS) -> Destination:
     """A Destination from configuration values; SyslogConfigError naming the field that is wrong."""
     endpoint = parse_endpoint(url)
     if endpoint.scheme == "udp":
@@ -66,11 +84,15 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         chosen = Framing(framing or Framing.OCTET_COUNTING.value)
     if tls is not None and endpoint.scheme != "tls":
         raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// URL")
-    if batch_records < 1:
-        raise SyslogConfigError(f"syslog destination {url}: batch_records must be >= 1")
+    for name, value, least in (("batch_records", batch_records, 1), ("batch_bytes", batch_bytes, 1),
+                               ("checkpoint_interval", checkpoint_interval, 0),
+                               ("checkpoint_records", checkpoint_records, 1)):
+        if not value >= least:
+            raise SyslogConfigError(f"syslog destination {url}: {name} must be >= {least}, got {value}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
                        tls if endpoint.scheme == "tls" else None,
-                       udp_max_bytes if endpoint.scheme == "udp" else None, batch_records)
+                       udp_max_bytes if endpoint.scheme == "udp" else None, batch_records, batch_bytes,
+                       checkpoint_interval, checkpoint_records)
 
 
 def send_test_message(destination: Destination, *, now: float, test_id: str, sender: Sender | None = None,
@@ -121,6 +143,15 @@ class _Pending:
 
 
 @dataclass
+class _Unsaved:
+    """The newest delivered position not saved yet, and how much lies between it and the saved one."""
+
+    end: Position | None = None
+    records: int = 0
+    saved_at: float | None = None  # `now` of the last save (None: not yet)
+
+
+@dataclass
 class _Counters:
     sent: int = 0
     lost: int = 0
@@ -145,6 +176,8 @@ class Forwarder:
         self._clock = clock
         self._poll_interval = poll_interval
         self._backoff = Backoff(backoff_base, backoff_cap, rand)
+        self._encoder = FrameEncoder(destination.header, destination.framing, destination.max_bytes)
+        self._unsaved = _Unsaved()
         self._tailer: Tailer | None = None
         self._pending: _Pending | None = None
         self._retry_at = 0.0
@@ -168,12 +201,15 @@ class Forwarder:
             self._tailer = Tailer(self._live, start)
             if start is not None:
                 self._n.last_seq = start.seq
+        if self._unsaved.saved_at is None:
+            self._unsaved.saved_at = now
         if self._backlog_at is None or now >= self._backlog_at:
             self._backlog_at = now + _BACKLOG_EVERY
             self._n.backlog_bytes = self._tailer.backlog_bytes()
         if self._pending is None:
             self._pending = self._read()
             if self._pending is None:
+                self._save(now)  # caught up: nothing to lose by saving now
                 return self._poll_interval
         if now < self._retry_at:
             return self._retry_at - now
@@ -190,18 +226,32 @@ class Forwarder:
             delay = self._backoff.next_delay()
             self._retry_at = now + delay
             log.warning("%s; %d records held, retrying in %.1f s", exc, pending.records, delay)
+            self._save(now)  # what was delivered before the outage
             return delay
         self._backoff.reset()
         self._pending = None
         self._n.sent += len(pending.frames)
         self._n.last_seq = pending.end.seq
+        unsaved = self._unsaved
+        unsaved.end = pending.end
+        unsaved.records += pending.records
+        since = now - (now if unsaved.saved_at is None else unsaved.saved_at)
+        if unsaved.records >= self.destination.checkpoint_records or since >= self.destination.checkpoint_interval:
+            self._save(now)
+        return 0.0
+
+    def _save(self, now: float) -> None:
+        """Persist the newest delivered position, if it is not saved yet."""
+        unsaved = self._unsaved
+        if unsaved.end is None:
+            return
         try:
-            save_checkpoint(self.checkpoint, pending.end)
+            save_checkpoint(self.checkpoint, unsaved.end)
         except CheckpointError as exc:  # delivered anyway; a restart would send these again
             self._n.errors += 1
             self._n.last_error = str(exc)
             log.error("%s", exc)
-        return 0.0
+        self._unsaved = _Unsaved(saved_at=now)
 
     def _read(self) -> _Pending | None:
         dest = self.destination
@@ -211,19 +261,23 @@ class Forwarder:
         batch = tailer.poll(dest.batch_records, dest.batch_bytes)
         self._n.lost += batch.lost
         self._n.skipped += batch.skipped
-        if batch.end is None:
+        end = batch.end
+        if end is None:
             return None
         frames: list[bytes] = []
+        encode = self._encoder.encode
+        truncated = 0
         for item in batch.records:
             try:
-                encoded = encode_record(item.record, item.line, dest.header, dest.max_bytes)
+                data, shortened = encode(item.fields, item.line)
             except SyslogFormatError as exc:
                 self._n.skipped += 1
                 log.warning("syslog %s: record skipped: %s", dest.name, exc)
                 continue
-            self._n.truncated += encoded.truncated
-            frames.append(frame(encoded.message, dest.framing))
-        return _Pending(frames, len(batch.records), batch.end)
+            truncated += shortened
+            frames.append(data)
+        self._n.truncated += truncated
+        return _Pending(frames, len(batch.records), end)
 
     # --- the thread ---
 
@@ -237,7 +291,8 @@ class Forwarder:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the thread and close the connection; a batch in flight is sent again at the next start."""
+        """Stop the thread, save what was delivered and close the connection; a batch in flight is sent again
+        at the next start."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -245,6 +300,7 @@ class Forwarder:
             if thread.is_alive():
                 log.error("syslog %s: forwarder thread still busy after %.0f s", self.destination.name, timeout)
                 return False
+        self._save(self._clock())
         self._sender.close()
         if self._tailer is not None:
             self._tailer.close()

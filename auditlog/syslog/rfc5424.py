@@ -59,14 +59,15 @@ import enum
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from auditlog.chain import encode
 from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
 
 __all__ = ["APP_NAME", "DEFAULT_FACILITY", "DEFAULT_UDP_MAX_BYTES", "FACILITIES", "MIN_UDP_MAX_BYTES", "MSGID",
-           "SD_ID", "SEVERITY", "TEST_MSGID", "TEST_PARAM", "Encoded", "Framing", "Header", "encode_record",
-           "decode_message", "encode_test_message", "facility_code", "frame", "header_hostname", "rfc3339_millis", "sd_escape"]
+           "SD_ID", "SEVERITY", "TEST_MSGID", "TEST_PARAM", "Encoded", "FrameEncoder", "Framing", "Header",
+           "RecordFields", "decode_message", "encode_record", "encode_test_message", "facility_code", "frame",
+           "header_hostname", "record_fields", "rfc3339_millis", "sd_escape", "valid_timestamp"]
 
 APP_NAME = "npaudit"
 SD_ID = "npaudit@32473"
@@ -159,29 +160,41 @@ def _structured_data(seq: int, chain: str | None, original_bytes: int | None) ->
     return f"[{SD_ID} {' '.join(params)}]"
 
 
-def _fields(record: Mapping[str, Any]) -> tuple[int, str | None, str | None, str]:
-    """(seq, chain, disposition, timestamp) of a sealed record."""
+class RecordFields(NamedTuple):
+    """What a message's header takes from a sealed record (a tuple: the tailer makes one per record)."""
+
+    seq: int
+    chain: str | None        # None when npaudit.chain is not a string
+    disposition: str | None  # None when npaudit.disposition is absent or not a string
+    timestamp: str           # @timestamp if it is a valid RFC 5424 TIMESTAMP, else "-"
+
+
+def valid_timestamp(stamp: Any) -> str:
+    """`stamp` if it is a string that is a valid RFC 5424 TIMESTAMP, else the NILVALUE "-"."""
+    return stamp if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp) else "-"
+
+
+def record_fields(record: Mapping[str, Any]) -> RecordFields:
+    """The RecordFields of a parsed record; SyslogFormatError if it has no integer npaudit.seq."""
     meta = record.get("npaudit")
     if not isinstance(meta, Mapping) or type(meta.get("seq")) is not int:
         raise SyslogFormatError("record without an integer npaudit.seq")
     chain = meta.get("chain")
     disposition = meta.get("disposition")
-    stamp = record.get("@timestamp")
-    return (meta["seq"], chain if isinstance(chain, str) else None,
-            disposition if isinstance(disposition, str) else None,
-            stamp if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp) else "-")
+    return RecordFields(meta["seq"], chain if isinstance(chain, str) else None,
+                        disposition if isinstance(disposition, str) else None,
+                        valid_timestamp(record.get("@timestamp")))
 
 
-def _stub(record: Mapping[str, Any], original_bytes: int, with_event: bool) -> bytes:
-    meta = record["npaudit"]
-    stub_meta: dict[str, Any] = {"seq": meta["seq"], "truncated": True, "original_bytes": original_bytes}
+def _stub(record: Mapping[str, Any], fields: RecordFields, original_bytes: int, with_event: bool) -> bytes:
+    stub_meta: dict[str, Any] = {"seq": fields.seq, "truncated": True, "original_bytes": original_bytes}
     for key in ("chain", "disposition"):
-        if isinstance(meta.get(key), str) and len(meta[key]) <= _STUB_TEXT_MAX:
-            stub_meta[key] = meta[key]
+        value = getattr(fields, key)
+        if value is not None and len(value) <= _STUB_TEXT_MAX:
+            stub_meta[key] = value
     stub: dict[str, Any] = {"npaudit": stub_meta}
-    stamp = record.get("@timestamp")
-    if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp):
-        stub["@timestamp"] = stamp
+    if fields.timestamp != "-":
+        stub["@timestamp"] = fields.timestamp
     event = record.get("event")
     if with_event and isinstance(event, Mapping):
         kept = {k: event[k] for k in ("id", "action")
@@ -191,13 +204,25 @@ def _stub(record: Mapping[str, Any], original_bytes: int, with_event: bool) -> b
     return encode(stub).encode("ascii")
 
 
-def encode_record(record: Mapping[str, Any], line: bytes, header: Header, max_bytes: int | None = None) -> Encoded:
+def _parsed(msg: bytes) -> Mapping[str, Any]:
+    try:
+        value = json.loads(msg)
+    except ValueError:  # UnicodeDecodeError is one: a stub without event then
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def encode_record(record: Mapping[str, Any] | RecordFields, line: bytes, header: Header,
+                  max_bytes: int | None = None) -> Encoded:
     """The RFC 5424 message for one sealed record (`line` is its file line, with or without "\\n").
 
-    With `max_bytes` (UDP) a longer message gets the stub MSG described above;
-    SyslogFormatError if even that does not fit or the record is not sealed.
+    `record` is the parsed record or, as the tailer gives it without parsing the
+    line, its RecordFields. With `max_bytes` (UDP) a longer message gets the stub
+    MSG described above; SyslogFormatError if even that does not fit or the
+    record is not sealed.
     """
-    seq, chain, disposition, stamp = _fields(record)
+    fields = record if isinstance(record, RecordFields) else record_fields(record)
+    seq, chain, disposition, stamp = fields
     msg = line[:-1] if line.endswith(b"\n") else line
     if disposition in MSGID:
         msgid, severity = MSGID[disposition], SEVERITY[disposition]
@@ -207,12 +232,44 @@ def encode_record(record: Mapping[str, Any], line: bytes, header: Header, max_by
     message = f"{prefix}{_structured_data(seq, chain, None)} ".encode("ascii") + msg
     if max_bytes is None or len(message) <= max_bytes:
         return Encoded(message, seq)
+    parsed = _parsed(msg) if isinstance(record, RecordFields) else record  # the stub takes event.id/action
     head = f"{prefix}{_structured_data(seq, chain, len(msg))} ".encode("ascii")
     for with_event in (True, False):
-        shortened = head + _stub(record, len(msg), with_event)
+        shortened = head + _stub(parsed, fields, len(msg), with_event)
         if len(shortened) <= max_bytes:
             return Encoded(shortened, seq, truncated=True)
     raise SyslogFormatError(f"seq {seq}: even a shortened message is longer than {max_bytes} bytes")
+
+
+class FrameEncoder:
+    """`frame(encode_record(...).message, framing)` for one destination, its header parts made once.
+
+    The forwarder's hot path: for a stream destination and a record whose chain
+    needs no SD escaping (the tailer's always: 64 hex digits) a frame is two
+    string formats; anything else goes the general way, with the same bytes.
+    """
+
+    def __init__(self, header: Header, framing: Framing, max_bytes: int | None = None) -> None:
+        self.header, self.framing, self.max_bytes = header, framing, max_bytes
+        self._fast = max_bytes is None and framing is not Framing.DATAGRAM
+        self._after_stamp = {
+            disposition: f" {header.hostname} {APP_NAME} - {msgid} [{SD_ID} seq=\""
+            for disposition, msgid in (*MSGID.items(), (None, _STATE_MSGID))}
+        self._pri = {disposition: f"<{header.facility * 8 + severity}>1 "
+                     for disposition, severity in (*SEVERITY.items(), (None, _STATE_SEVERITY))}
+
+    def encode(self, fields: RecordFields, line: bytes) -> tuple[bytes, bool]:
+        """(the framed message, whether MSG was replaced by a stub); SyslogFormatError as encode_record."""
+        chain = fields.chain
+        if not self._fast or chain is None or not chain.isalnum() or line.endswith(b"\n"):
+            encoded = encode_record(fields, line, self.header, self.max_bytes)
+            return frame(encoded.message, self.framing), encoded.truncated
+        key = fields.disposition if fields.disposition in MSGID else None
+        head = (f'{self._pri[key]}{fields.timestamp}{self._after_stamp[key]}{fields.seq}" chain="{chain}"] '
+                .encode("ascii"))
+        if self.framing is Framing.LF:
+            return b"%b%b\n" % (head, line), False  # neither part holds a LF: the tailer split lines on it
+        return b"%d %b%b" % (len(head) + len(line), head, line), False
 
 
 def frame(message: bytes, framing: Framing) -> bytes:

@@ -18,11 +18,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, NamedTuple
 
 from auditlog.chain import ChainError, parse_line
 from auditlog.fileset import GZIP_ERRORS, audit_files, open_audit_file, scan_tail, set_lock
 from auditlog.syslog.checkpoint import Position
+from auditlog.syslog.rfc5424 import RecordFields
+from auditlog.syslog.sealed_line import read_fields
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +32,24 @@ _BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the
 _FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
 
 
-@dataclass(frozen=True)
-class TailRecord:
-    """One sealed record read from the set: its seq, line (no newline), parsed JSON and position after it."""
+class TailRecord(NamedTuple):
+    """One sealed record read from the set: its line (no newline), its header fields, the file and offset after it.
 
-    seq: int
+    A tuple, not a dataclass: the tailer makes one per record on the forwarder's hot path.
+    """
+
     line: bytes
-    record: dict[str, Any]
-    position: Position
+    fields: RecordFields
+    identity: tuple[int, int]
+    offset: int
+
+    @property
+    def seq(self) -> int:
+        return self.fields.seq
+
+    @property
+    def position(self) -> Position:
+        return Position(*self.identity, self.offset, self.fields.seq)
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,7 @@ class Tailer:
         self._want: int | None = None if start is None else start.seq + 1
         self._resuming = start is not None  # records before `_want` are skipped only while resuming
         self._cur: _Open | None = None
+        self._prev_chain: str | None = None  # of the last record read: lets read_fields skip the JSON parse
 
     @property
     def next_seq(self) -> int | None:
@@ -166,9 +179,8 @@ class Tailer:
                 raw = b""
                 cur.finished_seen = True
             if raw.endswith(b"\n"):
-                start = cur.offset
                 cur.offset += len(raw)
-                self._take(cur, raw[:-1], start, out)
+                self._take(cur, raw[:-1], out)
                 continue
             if raw and (cur.gz or cur.finished_seen):
                 cur.offset += len(raw)  # a torn last line of a finished file: the writer restarted the chain
@@ -186,12 +198,14 @@ class Tailer:
                 break
         return Batch(tuple(out.records), out.lost, out.skipped, out.bytes)
 
-    def _take(self, cur: _Open, line: bytes, start: int, out: _Poll) -> None:
+    def _take(self, cur: _Open, line: bytes, out: _Poll) -> None:
         try:
-            record, seq, _ = parse_line(line)
+            fields = read_fields(line, self._prev_chain)
         except ChainError:
             out.skipped += 1
             return
+        seq = fields.seq
+        self._prev_chain = fields.chain
         if cur.first_seq is None:
             cur.first_seq = seq
         want = self._want
@@ -207,7 +221,7 @@ class Tailer:
                         self.live, want, seq - 1)
         self._resuming = False
         self._want = seq + 1
-        out.records.append(TailRecord(seq, line, record, Position(*cur.identity, cur.offset, seq)))
+        out.records.append(TailRecord(line, fields, cur.identity, cur.offset))
         out.bytes += len(line)
 
     # --- choosing a file ---

@@ -172,6 +172,58 @@ def test_the_thread_forwards_until_stopped(live: Path) -> None:
     assert sender.seqs() == [1, 2, 3, 4, 5] and not sender.connected
 
 
+def test_the_checkpoint_is_saved_every_n_records_not_after_every_batch(live: Path) -> None:
+    write(live, 1, 45)
+    sender = FakeSender()
+    fwd = forwarder(live, sender, checkpoint_records=20, checkpoint_interval=3600)
+    saved = []
+    for _ in range(4):
+        assert fwd.step(0.0) == 0.0
+        ckpt = load_checkpoint(fwd.checkpoint)
+        saved.append(None if ckpt is None else ckpt.seq)
+    assert sender.seqs() == list(range(1, 41)) and saved == [None, 20, 20, 40]
+    run(fwd)  # caught up: saved at once
+    assert load_checkpoint(fwd.checkpoint).seq == 45  # type: ignore[union-attr]
+
+
+def test_the_checkpoint_is_saved_once_the_interval_has_passed(live: Path) -> None:
+    write(live, 1, 45)
+    sender = FakeSender()
+    fwd = forwarder(live, sender, checkpoint_interval=2.0)
+    saved = []
+    for now in (0.0, 1.0, 2.5, 3.0):
+        fwd.step(now)
+        ckpt = load_checkpoint(fwd.checkpoint)
+        saved.append(None if ckpt is None else ckpt.seq)
+    assert saved == [None, None, 30, 30]
+
+
+def test_a_crash_sends_the_unsaved_batches_again_and_loses_nothing(live: Path) -> None:
+    write(live, 1, 65)
+    first = FakeSender()
+    fwd = forwarder(live, first, checkpoint_records=20, checkpoint_interval=3600)
+    for _ in range(3):
+        fwd.step(0.0)
+    assert first.seqs() == list(range(1, 31)) and load_checkpoint(fwd.checkpoint).seq == 20  # type: ignore
+    del fwd  # the agent dies: no stop, no last save
+    second = FakeSender()
+    run(forwarder(live, second))
+    assert second.seqs() == list(range(21, 66))  # 21..30 twice, nothing missing
+
+
+def test_a_clean_stop_saves_what_was_delivered(live: Path) -> None:
+    write(live, 1, 25)
+    first = FakeSender()
+    fwd = forwarder(live, first, checkpoint_records=1000, checkpoint_interval=3600)
+    fwd.step(0.0)
+    assert load_checkpoint(fwd.checkpoint) is None
+    assert fwd.stop()
+    assert load_checkpoint(fwd.checkpoint).seq == 10  # type: ignore[union-attr]
+    second = FakeSender()
+    run(forwarder(live, second))
+    assert second.seqs() == list(range(11, 26))
+
+
 @pytest.mark.parametrize("url,kw,field", [
     ("udp://h:1", {"framing": "lf"}, "framing"),
     ("tcp://h:1", {"framing": "newline"}, "framing"),
@@ -179,6 +231,9 @@ def test_the_thread_forwards_until_stopped(live: Path) -> None:
     ("tcp://h:1", {"tls": TlsOptions()}, "tls://"),
     ("tcp://h:1", {"facility": "local9"}, "facility"),
     ("tcp://h:1", {"batch_records": 0}, "batch_records"),
+    ("tcp://h:1", {"batch_bytes": 0}, "batch_bytes"),
+    ("tcp://h:1", {"checkpoint_interval": -1.0}, "checkpoint_interval"),
+    ("tcp://h:1", {"checkpoint_records": 0}, "checkpoint_records"),
 ])
 def test_a_bad_destination_setting_names_its_field(url: str, kw: dict[str, Any], field: str) -> None:
     with pytest.raises(SyslogConfigError, match=field):

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from auditlog.chain import GENESIS, RecordText
 from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
-from auditlog.syslog.rfc5424 import (MIN_UDP_MAX_BYTES, Framing, Header, encode_record, facility_code, frame,
-                                     header_hostname, sd_escape)
+from auditlog.syslog.rfc5424 import (MIN_UDP_MAX_BYTES, FrameEncoder, Framing, Header, RecordFields, encode_record,
+                                     facility_code, frame, header_hostname, sd_escape)
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 HOSTILE = ['a"b', "x]y", "back\\slash", "new\nline", "tab\tand\rcr", "café ☕ 名前", "[npaudit@32473 seq=\"1\"]",
@@ -132,3 +132,28 @@ def test_octet_counting_counts_bytes_and_lf_framing_refuses_a_raw_line_feed() ->
 def test_an_unsealed_record_is_a_format_error() -> None:
     with pytest.raises(SyslogFormatError):
         encode_record({"npaudit": {"seq": "1"}}, b"{}", Header())
+
+
+@given(fields=st.builds(RecordFields, st.integers(1, 2**53), st.one_of(st.none(), st.sampled_from(
+           ["a" * 64, "0123456789abcdef" * 4]), st.text(max_size=70)),
+           st.one_of(st.none(), st.sampled_from(["Allow", "Drop", "Reject", "Pass"]), st.text(max_size=8)),
+           st.sampled_from(["-", "2026-11-30T02:14:03.512Z"])),
+       line=st.one_of(st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")), st.just(b'{"a":1}\n')),
+       node=st.sampled_from(["node-a", "é", "n" * 255]),
+       framing=st.sampled_from(list(Framing)), udp=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_the_frame_encoder_writes_exactly_what_encode_record_and_frame_write(
+        fields: RecordFields, line: bytes, node: str, framing: Framing, udp: bool) -> None:
+    header = Header.for_node(node, "local5")
+    max_bytes = 1024 if udp else None
+    encoder = FrameEncoder(header, framing, max_bytes)
+    try:
+        expected = encode_record(fields, line, header, max_bytes)
+        want: tuple[bytes, bool] | Exception = (frame(expected.message, framing), expected.truncated)
+    except (SyslogFormatError, UnicodeEncodeError) as exc:  # a non-ASCII chain: never the tailer's
+        want = exc
+    if isinstance(want, Exception):
+        with pytest.raises(type(want)):
+            encoder.encode(fields, line)
+    else:
+        assert encoder.encode(fields, line) == want

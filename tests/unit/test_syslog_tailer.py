@@ -12,6 +12,7 @@ from auditlog.chain import RecordText
 from auditlog.fileset import audit_files
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError
+from auditlog.syslog.rfc5424 import record_fields
 from auditlog.syslog.tailer import Batch, Tailer
 from auditlog.writer import AuditWriter
 
@@ -75,13 +76,13 @@ def test_following_a_writer_that_rotates_between_polls_misses_nothing(live: Path
     assert seqs == list(range(1, 271))
 
 
-def test_each_record_carries_its_line_and_the_position_after_it(live: Path, writer: AuditWriter) -> None:
+def test_each_record_carries_its_line_fields_and_the_position_after_it(live: Path, writer: AuditWriter) -> None:
     write(writer, 1, 3)
     batch = Tailer(live).poll()
     data = live.read_bytes().splitlines(keepends=True)
     assert [r.line for r in batch.records] == [d.rstrip(b"\n") for d in data]
     assert [r.position.offset for r in batch.records] == [len(b"".join(data[:i + 1])) for i in range(3)]
-    assert batch.records[1].record == json.loads(data[1])
+    assert [r.fields for r in batch.records] == [record_fields(json.loads(d)) for d in data]
     assert batch.end == batch.records[-1].position and batch.end.seq == 3
 
 

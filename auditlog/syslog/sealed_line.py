@@ -1,0 +1,111 @@
+"""A sealed line's seq, chain, disposition and @timestamp without parsing its JSON, when its chain proves its form.
+
+The writer's line is ``head + '"chain":"<hex>",' + mid + str(seq) + tail``
+(auditlog.chain.RecordText): canonical JCS in ASCII form, npaudit.chain right
+before ``"chain_format":2,``, and everything up to ``"seq":`` inside the
+npaudit object. `scan_sealed` trusts that layout only once the line, with its
+chain member cut out, hashes to that chain after the previous record's chain
+(the shortcut of the auditlog.chain docstring), i.e. it is byte for byte what
+the writer sealed: a torn line, a line some other tool wrote or an edited one
+fails that test. Even then it reads only what it can prove in that text:
+
+- no ``\\"`` between ``"chain_format"`` and ``"seq":``, so every quote there
+  delimits a string and a key can be told from text inside a value;
+- the brackets outside strings before ``"seq":`` (and ``"disposition":``)
+  balance, so the key is npaudit's own and not one in a nested object;
+- string values without a backslash, so the bytes are the value.
+
+Anything else returns None and `read_fields` parses the JSON instead, as the
+forwarder always did (chain.parse_line), so both ways give the same fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+
+from auditlog.chain import FORMAT_MEMBER, parse_line
+from auditlog.syslog.rfc5424 import RecordFields, record_fields, valid_timestamp
+
+__all__ = ["read_fields", "scan_sealed"]
+
+_TIMESTAMP_KEY = b'{"@timestamp":"'
+_CHAIN_KEY = b'"chain":"'
+_FORMAT_MEMBER = FORMAT_MEMBER.encode("ascii")
+_SEQ_KEY = b'"seq":'
+_DISPOSITION = b"disposition"
+_MEMBER_BYTES = len(_CHAIN_KEY) + 64 + 2  # '"chain":"' + 64 hex + '",'
+_SEQ_VALUE = re.compile(rb"[1-9][0-9]{0,15}(?=[,}])")  # JCS writes integers below 2**53 as plain digits
+_sha256 = hashlib.sha256
+
+
+def scan_sealed(line: bytes, prev_chain: str | None) -> RecordFields | None:
+    """The fields of `line` (no newline) if it is the writer's sealed text following `prev_chain`, else None."""
+    if prev_chain is None or not line.startswith(_TIMESTAMP_KEY) or not line.isascii():
+        return None  # the writer's lines are ASCII; a raw UTF-8 copy is left to the JSON parser
+    at = line.find(_CHAIN_KEY)
+    hex_at = at + len(_CHAIN_KEY)
+    member_end = at + _MEMBER_BYTES
+    if at < 0 or line[member_end - 2:member_end] != b'",' or not line.startswith(_FORMAT_MEMBER, member_end):
+        return None
+    chain = line[hex_at:member_end - 2].decode("ascii")
+    if _sha256(prev_chain.encode("ascii") + b"\n" + line[:at] + line[member_end:]).hexdigest() != chain:
+        return None  # not what the writer sealed after prev_chain (the digest also proves the chain is hex)
+    seq_at = line.find(_SEQ_KEY, member_end)
+    if seq_at < 0 or line.find(b'\\"', member_end, seq_at + 1) >= 0:
+        return None
+    parts = line[member_end:seq_at].split(b'"')  # odd items: the strings (keys and values) in npaudit
+    if len(parts) % 2 == 0 or not _object_level(parts, len(parts)):
+        return None
+    seq = _SEQ_VALUE.match(line, seq_at + len(_SEQ_KEY))
+    if seq is None:
+        return None
+    disposition = _string_member(parts, _DISPOSITION)
+    if disposition is False:
+        return None
+    stamp = _timestamp(line[len(_TIMESTAMP_KEY):line.find(b'"', len(_TIMESTAMP_KEY))])
+    if stamp is None:
+        return None
+    return RecordFields(int(seq.group()), chain, disposition, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _timestamp(text: bytes) -> str | None:
+    """valid_timestamp of a string's bytes (None if it has an escape); records of one burst share a few stamps."""
+    return None if b"\\" in text else valid_timestamp(text.decode("ascii"))
+
+
+def _object_level(parts: list[bytes], end: int) -> bool:
+    """Whether the text outside strings in parts[:end] closes every object it opens.
+
+    Only objects count: a key is always directly in an object, so at object
+    depth 0 it is npaudit's own, whatever arrays came before.
+    """
+    outside = b"".join(parts[0:end:2])
+    return outside.count(b"{") == outside.count(b"}")
+
+
+def _string_member(parts: list[bytes], key: bytes) -> str | None | bool:
+    """npaudit's member `key` among `parts`: its string value, None if absent or no string, False if unsure."""
+    index = 0
+    while True:
+        try:
+            index = parts.index(key, index + 1)
+        except ValueError:
+            return None
+        if index % 2 == 0 or not parts[index + 1].startswith(b":") or not _object_level(parts, index):
+            continue  # text outside a string, a value, or a key of a nested object
+        if parts[index + 1] != b":":
+            return None  # npaudit's member, but its value is no string
+        value = parts[index + 2]
+        return False if b"\\" in value else value.decode("ascii")
+
+
+def read_fields(line: bytes, prev_chain: str | None) -> RecordFields:
+    """The fields of one line: `scan_sealed`, else from its parsed JSON; ChainError if it is no sealed record."""
+    fields = scan_sealed(line, prev_chain)
+    if fields is not None:
+        return fields
+    record, _, _ = parse_line(line)
+    return record_fields(record)
