@@ -129,11 +129,14 @@ class Follower:
         try:
             live = files[-1] if files and files[-1] == self.live else None
             rotated = files[:-1] if live is not None else files
-            if self._seq is not None:
-                for path in self._unread(pinned, rotated, self._seq, drained):
-                    with pinned.open(path) as f:
-                        for block in line_blocks(f):
-                            out += self._take(block, skip_seen=True)
+            # Nothing seen yet and no file when following began: every record in the set is new,
+            # including those a rotation moved away before this first look.
+            unread = (self._unread(pinned, rotated, self._seq, drained) if self._seq is not None
+                      else rotated if drained is None else [])
+            for path in unread:
+                with pinned.open(path) as f:
+                    for block in line_blocks(f):
+                        out += self._take(block, skip_seen=True)
             if live is not None:
                 f = pinned.open(live)
                 if not rotated and line_seq(f.readline()) == 1:

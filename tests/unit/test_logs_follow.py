@@ -119,6 +119,20 @@ def test_follow_filters_new_records(writer, tmp_path):
         follower.close()
 
 
+def test_a_follower_started_before_the_first_file_shows_records_rotated_before_its_first_look(writer):
+    # Started on a node with no audit file yet: every record is new, also those that a
+    # rotation (and gzip) moved away before the follower first found the set.
+    follower = Follower(writer.path, Query(), position_at_end(writer.path))
+    try:
+        write(writer, 0, 60)
+        assert writer.wait_compressed(10)
+        assert sum(1 for i, _ in audit_files(writer.path) if i) > 3
+        got = [json.loads(raw)["npaudit"]["seq"] for raw, _ in follower.poll()]
+        assert got == list(range(1, 61))
+    finally:
+        follower.close()
+
+
 def test_a_follower_that_misses_several_rotations_reads_them_from_the_gzip_files(writer):
     write(writer, 0, 10)
     follower = Follower(writer.path, Query(), position_at_end(writer.path))
