@@ -7,10 +7,11 @@ The registry is passed in, never the process-wide default.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import fields
 from typing import Callable, Iterator, Protocol, Sequence
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from auditlog.pipeline import PipelineStats
@@ -80,10 +81,41 @@ class AgentCollector:
             yield lost
 
 
+def _distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_versions() -> dict[str, str]:
+    """The versions npaudit_build_info carries: npaudit, Python, and the os-ken and ovs libraries it runs on."""
+    return {"version": _distribution_version("npaudit"), "python": platform.python_version(),
+            "os_ken": _distribution_version("os-ken"), "ovs": _distribution_version("ovs")}
+
+
+class BuildInfoCollector:
+    """npaudit_build_info: always 1, the versions in its labels (a join target for other series)."""
+
+    def __init__(self, versions: dict[str, str]) -> None:
+        self._versions = dict(versions)
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("npaudit_build_info", "Always 1; the labels say which npaudit, Python, os-ken "
+                                 "and ovs (Python library) versions this agent runs", labels=list(self._versions))
+        info.add_metric(list(self._versions.values()), 1)
+        yield info
+
+
 def build_registry(demux: Demux, channel: OpenFlowChannel,
                    ovs_losses: Callable[[], dict[str, int | None]] | None = None) -> CollectorRegistry:
+    """The agent's registry: its own collectors, build info and the standard process_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(demux, channel, ovs_losses))  # type: ignore[arg-type]
+    registry.register(BuildInfoCollector(build_versions()))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)  # CPU seconds, memory bytes, open fds, start time (Linux /proc)
     return registry
 
 
@@ -121,8 +153,11 @@ class AuditCollector:
         writer = CounterMetricFamily("npaudit_audit_writer", "Audit writer events (records written, dropped, "
                                      "rotations, compression, write errors)", labels=["event"])
         for event in fields(w.events):
-            writer.add_metric([event.name], getattr(w.events, event.name))
+            if event.name != "bytes":  # a size, not an event: summing the series would mix units
+                writer.add_metric([event.name], getattr(w.events, event.name))
         yield writer
+        yield CounterMetricFamily("npaudit_audit_writer_bytes", "Bytes of record lines written to the audit "
+                                  "files (before compression)", value=w.events.bytes)
         yield GaugeMetricFamily("npaudit_audit_writer_queue_depth", "Records waiting for the writer thread",
                                 value=w.queued)
         yield GaugeMetricFamily("npaudit_audit_chain_seq", "npaudit.seq of the newest sealed record "
