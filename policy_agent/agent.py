@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,19 +28,43 @@ from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
 from policy_agent.engine import PolicyEngine
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
-from policy_agent.metrics import AuditCollector, SyslogCollector, build_registry
+from policy_agent.metrics import (AuditCollector, SyslogCollector, build_registry, build_versions,
+                                  category_name)
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.ovs.embedded import EmbeddedOvs
-from policy_agent.ovs.coverage import CoverageReader
+from policy_agent.ovs.coverage import CoverageReader, vswitchd_ctl_path
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
 
 log = logging.getLogger(__name__)
+
+# What `npaudit status` says of the eBPF drop offload until the agent attaches it.
+EBPF_NOT_WIRED = "not wired: the XDP offload (meters/ebpf) is built and tested but the agent does not load it yet"
+
+
+class RecentProblems(logging.Handler):
+    """The last `size` WARNING and ERROR lines logged in this process, for `npaudit status`."""
+
+    def __init__(self, size: int = 20) -> None:
+        super().__init__(logging.WARNING)
+        # Bounded: a flood of warnings keeps the newest `size`.
+        self._lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append({"time": record.created, "level": record.levelname, "logger": record.name,
+                                "message": printable(record.getMessage())[:500]})
+        except Exception:  # a bad format argument: reported as logging reports it, never raised into the caller
+            self.handleError(record)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Oldest first."""
+        return list(self._lines)
 
 
 class Agent:
@@ -84,10 +111,13 @@ class Agent:
         self.manifests: ManifestDirectory | None = None
         self.k8s: Any = None
         self._k8s_api: Any = None
+        self.problems = RecentProblems()
+        self._started: tuple[float, float] | None = None  # (time.time(), time.monotonic()) at start
 
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
         cfg = self.config
+        self._started = (time.time(), time.monotonic())
         await asyncio.to_thread(_make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once
         if cfg.ovs.mode == "embedded":
             self.embedded = EmbeddedOvs(Path(cfg.ovs.run_dir), cfg.ovs.netns)
@@ -175,7 +205,7 @@ class Agent:
             await self.channel.delete_flows_by_cookie(previous << tables.COOKIE_ROUND_SHIFT, tables.ROUND_MASK)
         if self.cni is not None:
             await self.cni.start()
-        self.api = LocalApi(cfg.api_socket, self.engine, store, syslog_status=self.syslog_status)
+        self.api = LocalApi(cfg.api_socket, self.engine, store, syslog_status=self.syslog_status, status=self.status)
         await self.api.start()
         if self.manifests is not None:
             self.manifests.start()
@@ -197,6 +227,42 @@ class Agent:
         """The forwarders' snapshots and the writer's newest seq, for `npaudit syslog status`."""
         writer_seq = self.audit_writer.head[0] if self.audit_writer is not None else None
         return SyslogStatus(writer_seq, tuple(forwarder.stats() for forwarder in self.syslog))
+
+    async def status(self) -> dict[str, Any]:
+        """For `npaudit status|stats`: the snapshot, with what OVS says read off the event loop."""
+        rundir = self.config.ovs.ovs_rundir
+        ovs_version = await asyncio.to_thread(vswitchd_version, rundir)
+        ovs_losses = await asyncio.to_thread(self.ovs_counters.read)
+        return self.status_snapshot(now=(time.time(), time.monotonic()), ovs_version=ovs_version,
+                                    ovs_losses=ovs_losses)
+
+    def status_snapshot(self, *, now: tuple[float, float], ovs_version: str | None,
+                        ovs_losses: dict[str, int | None]) -> dict[str, Any]:
+        """The agent's state as JSON: process, OpenFlow, OVS, meters, eBPF, policy, audit, syslog, packet-in
+        counters since start, and the last problems logged. `now` is (time.time(), time.monotonic())."""
+        cfg, engine, writer = self.config, self.engine, self.audit_writer
+        support = self.channel.meter_support
+        started = self._started or now
+        demux = {category_name(cat): counts for cat, counts in sorted(self.demux.stats().items())}
+        return {
+            "agent": {"pid": os.getpid(), "version": build_versions()["version"], "node": cfg.node,
+                      "started": started[0], "uptime_seconds": round(now[1] - started[1], 3)},
+            "openflow": {"connected": self.channel.ready, "target": cfg.openflow_target,
+                         "connects": self.channel.connects},
+            "ovs": {"mode": cfg.ovs.mode, "bridge": cfg.ovs.bridge, "version": ovs_version,
+                    "datapath_type": self.datapath_type},
+            "meters": {"supported": None if support is None else support.supported},
+            "ebpf": {"state": EBPF_NOT_WIRED},
+            "policy": None if engine is None else {
+                "tiers": len(engine.tiers), "policies": len(engine.policies), "rules": len(self.rules),
+                "namespaces": len(engine.namespaces), "pods": len(engine.pods)},
+            "audit": {"enabled": writer is not None, "path": cfg.audit.path,
+                      "head": None if writer is None else dict(zip(("seq", "chain"), writer.head))},
+            "syslog": self.syslog_status().to_json(),
+            "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
+                         "meter_drops": None},  # the agent does not read OVS meter stats (yet)
+            "problems": self.problems.snapshot(),
+        }
 
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server
@@ -235,11 +301,36 @@ class Agent:
             self.ovsdb = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        root = logging.getLogger()
+        root.addHandler(self.problems)  # for `npaudit status`: what went wrong lately, start-up included
         try:
-            await stop.wait()
+            await self.start()
+            try:
+                await stop.wait()
+            finally:
+                await self.stop()
         finally:
-            await self.stop()
+            root.removeHandler(self.problems)
+
+
+_OVS_VERSION = re.compile(r"\(Open vSwitch\) (\S+)")
+
+
+def vswitchd_version(ovs_rundir: Path) -> str | None:
+    """The running ovs-vswitchd's version (its unixctl `version`), None if it does not answer."""
+    from ovs.unixctl.client import UnixctlClient
+
+    error, client = UnixctlClient.create(str(vswitchd_ctl_path(Path(ovs_rundir))))
+    if error:
+        return None
+    try:
+        code, err, result = client.transact("version", [])
+    finally:
+        client.close()
+    if code or err or not result:
+        return None
+    found = _OVS_VERSION.search(result)
+    return found[1] if found else result.strip()
 
 
 def _make_state_dir(state_dir: Path) -> None:

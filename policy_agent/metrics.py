@@ -22,7 +22,8 @@ from packetin.demux import Demux
 from packetin.model import Category
 
 
-def _category_name(cat: int) -> str:
+def category_name(cat: int) -> str:
+    """A packet-in category as metrics and `npaudit status` name it (policy, traceflow, or the number)."""
     try:
         return Category(cat).name.lower()
     except ValueError:
@@ -45,7 +46,7 @@ class AgentCollector:
             labels=["category", "outcome"])
         for cat, counts in sorted(self._demux.stats().items()):
             for outcome, n in counts.items():
-                total.add_metric([_category_name(cat), outcome], n)
+                total.add_metric([category_name(cat), outcome], n)
         yield total
         unroutable = CounterMetricFamily(
             "npaudit_packetin_unroutable", "Packet-ins that reached no category, by reason",
@@ -56,7 +57,7 @@ class AgentCollector:
         depth = GaugeMetricFamily("npaudit_packetin_queue_depth", "Packet-ins waiting per category",
                                   labels=["category"])
         for cat, n in sorted(self._demux.queue_depths().items()):
-            depth.add_metric([_category_name(cat)], n)
+            depth.add_metric([category_name(cat)], n)
         yield depth
         ch = self._channel
         yield GaugeMetricFamily("npaudit_openflow_connected", "1 while the OpenFlow channel is ready",

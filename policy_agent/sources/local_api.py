@@ -1,4 +1,5 @@
-"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode, `npaudit syslog status`.
+"""The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode,
+`npaudit syslog status`, `npaudit status|stats`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
@@ -14,7 +15,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from auditlog.syslog.status import SyslogStatus
 
@@ -33,15 +34,18 @@ def counts(objs: ObjectSet) -> dict[str, int]:
 
 
 SYSLOG_STATUS_OP = "syslog-status"
+STATUS_OP = "status"
 
 
 class LocalApi:
     def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None,
-                 syslog_status: Callable[[], SyslogStatus] | None = None) -> None:
+                 syslog_status: Callable[[], SyslogStatus] | None = None,
+                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.socket_path = socket_path
         self._engine = engine
         self._store = store
         self._syslog_status = syslog_status
+        self._status = status
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -83,8 +87,11 @@ class LocalApi:
         op = request.get("op")
         if op == SYSLOG_STATUS_OP:
             return self.syslog_status()
+        if op == STATUS_OP:
+            return await self.status()
         if op not in ("apply", "delete"):
-            return {"ok": False, "errors": [f"op: must be apply or delete, got {op!r}"]}
+            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP} or {SYSLOG_STATUS_OP}, "
+                                            f"got {op!r}"]}
         text = request.get("manifests")
         if not isinstance(text, str):
             return {"ok": False, "errors": ["manifests: must be a string"]}
@@ -108,6 +115,12 @@ class LocalApi:
         """Read-only: each syslog forwarder's snapshot and the writer's newest seq (no destinations: an empty list)."""
         status = self._syslog_status() if self._syslog_status is not None else SyslogStatus(None)
         return {"ok": True, "syslog": status.to_json()}
+
+    async def status(self) -> dict[str, Any]:
+        """Read-only: the agent's status snapshot (Agent.status_snapshot says what is in it)."""
+        if self._status is None:
+            return {"ok": False, "errors": ["this agent serves no status"]}
+        return {"ok": True, "status": await self._status()}
 
     def _persist(self, op: str, text: str) -> None:
         """The engine's persist hook (a worker thread): record the change in the applied store."""
