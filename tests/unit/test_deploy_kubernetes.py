@@ -8,10 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +24,7 @@ from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesSource
+from tests.unit.test_k8s_source import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "config" / "deploy"
@@ -179,28 +179,15 @@ def test_the_conflist_passes_the_cni_plugins_netconf_checks(command: str) -> Non
 
 # --- RBAC: exactly what the Kubernetes source asks the API server for -----------------------
 
-class _RecordingApiServer:
+class _RecordingApiServer(FakeApiServer):
     """Answers every list with an empty list and holds every watch open; records
     (API group, resource) -> verbs as the API server's authorizer would see them."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.verbs: dict[tuple[str, str], set[str]] = defaultdict(set)
-        self.closing = threading.Event()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                server.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def handle(self, h: BaseHTTPRequestHandler) -> None:
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
         url = urlsplit(h.path)
         parts = url.path.strip("/").split("/")
         group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
@@ -209,22 +196,16 @@ class _RecordingApiServer:
         watching = parse_qs(url.query).get("watch", [""])[-1].lower() == "true"
         verb = "watch" if watching else ("list" if len(rest) == 1 else "get")
         self.verbs[(group, rest[0])].add(verb)
-        if watching:
-            h.send_response(200)
-            h.send_header("Content-Type", "application/json")
-            h.send_header("Transfer-Encoding", "chunked")
-            h.end_headers()
-            h.wfile.flush()
-            self.closing.wait()
-            h.close_connection = True
-            return
-        body = json.dumps({"kind": "List", "apiVersion": "v1", "items": [],
-                           "metadata": {"resourceVersion": "1"}}).encode()
+        if not watching:
+            return self._reply(h, 200, {"kind": "List", "apiVersion": "v1", "items": [],
+                                        "metadata": {"resourceVersion": "1"}})
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
-        h.wfile.write(body)
+        h.wfile.flush()
+        self._closing.wait()
+        h.close_connection = True
 
 
 class _NullEngine:
@@ -238,16 +219,13 @@ class _NullEngine:
 @pytest.fixture
 def api_server() -> Iterator[_RecordingApiServer]:
     srv = _RecordingApiServer()
-    srv.thread.start()
+    srv.start()
     yield srv
-    srv.closing.set()
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
-    srv.thread.join(2)
+    srv.close()
 
 
 def _requested(srv: _RecordingApiServer) -> dict[tuple[str, str], set[str]]:
-    cfg = client.Configuration(host=f"http://127.0.0.1:{srv.httpd.server_address[1]}")
+    cfg = client.Configuration(host=srv.url)
     cfg.proxy = None  # loopback only, whatever the environment says
     api = client.ApiClient(cfg)
 
