@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
+import re
 import socket
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import yaml
 
@@ -244,7 +246,9 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    # Node name written into records; "" = this host's name. No control characters.
+    # Node name written into records and used to select this node's Pods; "" = the
+    # NODE_NAME environment variable (a DNS-1123 subdomain), else this host's name.
+    # No control characters.
     node_name: str = field(default="", metadata=_check(record_name))
     # Cluster name written into records; "" = omitted. No control characters.
     cluster_name: str = field(default="", metadata=_check(record_name))
@@ -312,8 +316,25 @@ class AgentConfig:
         return ""
 
 
-def load(path: str | Path) -> AgentConfig:
-    """Read and validate a YAML config file; raise ConfigError listing every problem."""
+# Set by a DaemonSet from the downward API (spec.nodeName).
+NODE_NAME_ENV = "NODE_NAME"
+# Kubernetes node names are DNS-1123 subdomains (k8s.io/apimachinery IsDNS1123Subdomain).
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def node_name_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """(NODE_NAME or "", problem or None): the name a Pod's downward API gave, checked as
+    Kubernetes checks node names, since it selects Pods and is written into every record."""
+    value = environ.get(NODE_NAME_ENV, "")
+    if value and (len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value)):
+        return "", (f"{NODE_NAME_ENV} (environment, used as node_name): must be a DNS-1123 subdomain "
+                    f"(a-z, 0-9, '-', '.'; at most 253 characters), got {value[:64]!r}")
+    return value, None
+
+
+def load(path: str | Path, *, environ: Mapping[str, str] = os.environ) -> AgentConfig:
+    """Read and validate a YAML config file; raise ConfigError listing every problem.
+    An empty node_name is taken from NODE_NAME in `environ` when that is set."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -323,10 +344,10 @@ def load(path: str | Path) -> AgentConfig:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError([f"{path}: not UTF-8 at line {line} (byte {exc.start})"]) from exc
-    return loads(text, source=str(path))
+    return loads(text, source=str(path), environ=environ)
 
 
-def loads(text: str, source: str = "<config>") -> AgentConfig:
+def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = os.environ) -> AgentConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:  # its text spans several lines: keep the problem and where
@@ -338,6 +359,10 @@ def loads(text: str, source: str = "<config>") -> AgentConfig:
         data = {}
     errors: list[str] = []
     config = _build(AgentConfig, data, "", errors)
+    if not config.node_name:
+        env_node, problem = node_name_from_env(environ)
+        errors += [problem] if problem else []
+        config = dataclasses.replace(config, node_name=env_node)
     if not errors:
         errors += _syslog_errors(config)
     if errors:
