@@ -29,10 +29,9 @@ def _setup_logging(level: str) -> None:
 def _load_config(path: str | None) -> "config_mod.AgentConfig":
     from policy_agent import config as config_mod
 
-    if path is None:
-        return config_mod.AgentConfig()
     try:
-        return config_mod.load(path)
+        # No file: the defaults, still with the node name from NODE_NAME when that is set.
+        return config_mod.loads("", "<defaults>") if path is None else config_mod.load(path)
     except config_mod.ConfigError as exc:
         for line in exc.errors:
             print(f"config error: {line}", file=sys.stderr)
