@@ -110,7 +110,7 @@ def _audit(name: str, source: AuditRecords, limit: int) -> Fetched:
                 size += len(raw) + 1
                 while size > limit and kept:
                     size -= len(kept.popleft())
-    except FileNotFoundError as exc:
+    except OSError as exc:  # FileNotFoundError names the path; a PermissionError too
         raise Unavailable(f"audit files: {exc}") from exc
     return Fetched(((name, b"".join(kept)),), {"records_selected": selected})
 

@@ -220,6 +220,7 @@ def test_the_size_cap_cuts_at_line_boundaries_keeps_newest_records_and_says_so()
     assert log.endswith(b'{"n":99}\n') and log.startswith(b'{"n":') and lines.endswith(log)
     entry = next(e for e in manifest["files"] if e["name"] == "ovs/x.log")
     assert entry["truncated"]["original_bytes"] == len(lines)
+    assert (entry["size"], entry["sha256"]) == (len(log), hashlib.sha256(log).hexdigest())  # of what is inside
     assert {e["name"] for e in manifest["skipped"]} == {AUDIT_NAME, "late.txt"}
     assert all("size cap" in e["reason"] for e in manifest["skipped"])
 
