@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     from policy_agent.status_cli import add_parser as add_status_parsers
 
     add_status_parsers(sub, _load_config)
+    from policy_agent.bundle_cli import add_parser as add_bundle_parser
+
+    add_bundle_parser(sub)
 
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")

@@ -245,6 +245,17 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class BundleConfig:
+    # `npaudit bundle --include-audit` adds audit records only when this is true as well: the
+    # node's owner opts in here, the person collecting asks on the command line.
+    allow_audit_logs: bool = False
+    # Default --max-size: MiB of content (before compression) a bundle may hold.
+    max_size_mb: int = field(default=100, metadata=_check(bounded(1, 1 << 20)))
+    # The bundle is not written when the disk would keep less than this many MiB free.
+    min_free_mb: int = field(default=256, metadata=_check(bounded(0, 1 << 30)))
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     # Node name written into records and used to select this node's Pods; "" = the
     # NODE_NAME environment variable (a DNS-1123 subdomain), else this host's name.
@@ -265,6 +276,7 @@ class AgentConfig:
     audit: AuditConfig = AuditConfig()
     syslog: SyslogConfig = SyslogConfig()
     metrics: MetricsConfig = MetricsConfig()
+    bundle: BundleConfig = BundleConfig()
 
     @property
     def api_socket(self) -> Path:
