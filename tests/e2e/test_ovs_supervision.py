@@ -6,15 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from policy_agent.ovs.embedded import pid_alive
 from tests.e2e.cluster import Cluster
-from tests.e2e.test_agent_restart import KNOCKER
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.e2e.test_agent_restart import KNOCKER, server_behind_no_80
 
 RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim
 
@@ -28,22 +26,8 @@ def daemon_pid(cluster: Cluster, daemon: str) -> int:
 
 @pytest.mark.parametrize("daemon", ["ovs-vswitchd", "ovsdb-server"])
 def test_a_killed_ovs_daemon_is_restarted_and_policy_holds_throughout(cluster: Cluster, daemon: str) -> None:
-    cluster.apply(namespaces_and_pods(logging_ns=""))
-    server = cluster.add_pod("y", "a")
-    client = cluster.add_pod("x", "a", server=False)
-    cluster.apply(textwrap.dedent("""
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {name: no-80-to-y}
-        spec:
-          priority: 1
-          appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-          ingress:
-          - action: Drop
-            ports: [{protocol: TCP, port: 80}]
-    """))
+    server, client = server_behind_no_80(cluster)
     denied, allowed = f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"
-    assert cluster.probe(client.ref, [denied, allowed]) == {denied: "timeout", allowed: "connected"}
     vswitchd_before = daemon_pid(cluster, "ovs-vswitchd")
 
     stop = cluster.dir / "stop-knocking"
