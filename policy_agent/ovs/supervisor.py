@@ -131,12 +131,16 @@ class OvsSupervisor:
         self._clock = clock
         self._governor = RestartGovernor(policy, jitter)
         self._up: dict[str, bool] = {d: True for d in DAEMONS}
+        # External: only daemons found running at the first look (their pid files may live
+        # elsewhere than we look); embedded: both, always.
+        self._watched: tuple[str, ...] | None = DAEMONS if restarting else None
         self._restarts: dict[str, int] = dict.fromkeys(DAEMONS, 0)
         self._capped = False
         self._task: asyncio.Task[None] | None = None
 
     def snapshot(self) -> SupervisorStats:
-        return SupervisorStats(up=dict(self._up), restarts=dict(self._restarts), capped=self._capped,
+        watched = self._watched or ()
+        return SupervisorStats(up={d: self._up[d] for d in watched}, restarts=dict(self._restarts), capped=self._capped,
                                restarting=self._restarting)
 
     def start(self) -> None:
@@ -164,7 +168,11 @@ class OvsSupervisor:
     async def check(self) -> None:
         """One look at the daemons, and a restart if one is due."""
         alive = {d: self._daemons.pid(d) is not None for d in DAEMONS}
-        self._report(alive)
+        if self._watched is None:
+            self._watched = tuple(d for d in DAEMONS if alive[d])
+            for daemon in sorted(set(DAEMONS) - set(self._watched)):
+                log.warning("OVS supervisor: external %s not found by its pid file: not watched", daemon)
+        self._report({d: alive[d] for d in self._watched})
         if not self._restarting:
             return
         decision = self._governor.decide(alive, self._clock())

@@ -192,6 +192,7 @@ def test_a_crash_loop_hits_the_cap_which_is_logged_once_and_exported(caplog) -> 
 def test_an_external_ovs_is_reported_but_never_restarted(caplog) -> None:
     daemons, clock = FakeDaemons(), Clock()
     sup, ensured = supervisor(daemons, clock, restarting=False)
+    asyncio.run(sup.check())
     daemons.pids[VSWITCHD] = None
     asyncio.run(sup.check())
     asyncio.run(sup.check())
@@ -202,3 +203,14 @@ def test_an_external_ovs_is_reported_but_never_restarted(caplog) -> None:
     asyncio.run(sup.check())
     assert "ovs-vswitchd is running again" in caplog.text
     assert 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in exposition(sup)
+
+
+def test_an_external_daemon_without_a_pid_file_at_the_first_look_is_not_reported_as_down(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    daemons.pids[OVSDB_SERVER] = None  # e.g. its pid file lives in another directory
+    sup, _ = supervisor(daemons, clock, restarting=False)
+    asyncio.run(sup.check())
+    assert "external ovsdb-server not found by its pid file: not watched" in caplog.text
+    text = exposition(sup)
+    assert 'daemon="ovsdb-server"' not in text and 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in text
+    assert "is not running" not in caplog.text
