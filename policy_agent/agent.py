@@ -31,12 +31,13 @@ from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
-from policy_agent.metrics import (AuditCollector, SyslogCollector, build_registry, build_versions,
-                                  category_name)
+from policy_agent.metrics import (AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry,
+                                  build_versions, category_name)
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
-from policy_agent.ovs.embedded import EmbeddedOvs
+from policy_agent.ovs.embedded import EmbeddedOvs, OvsPidFiles
+from policy_agent.ovs.supervisor import OvsSupervisor
 from policy_agent.ovs.coverage import CoverageReader, vswitchd_ctl_path
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
@@ -75,6 +76,8 @@ class Agent:
         self.config = config
         self._handlers = dict(handlers or {})
         self.embedded: EmbeddedOvs | None = None
+        if config.ovs.mode == "embedded":
+            self.embedded = EmbeddedOvs(Path(config.ovs.run_dir), config.ovs.netns)
         self.ovsdb: Ovsdb | None = None
         self.demux = Demux()
         self.channel = OpenFlowChannel(
@@ -88,6 +91,12 @@ class Agent:
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self._metrics_server: Any = None
+        # Embedded: restarts a dead daemon; external: reports it (the channel reconnects when it returns).
+        self.ovs_supervisor = OvsSupervisor(
+            self.embedded if self.embedded is not None else OvsPidFiles(config.ovs.ovs_rundir),
+            config.ovs.supervise_interval, restarting=self.embedded is not None,
+            after_restart=self._ensure_bridge)
+        self.registry.register(OvsSupervisorCollector(self.ovs_supervisor))
         self.datapath_type: str | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
@@ -119,22 +128,15 @@ class Agent:
         cfg = self.config
         self._started = (time.time(), time.monotonic())
         await asyncio.to_thread(_make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once
-        if cfg.ovs.mode == "embedded":
-            self.embedded = EmbeddedOvs(Path(cfg.ovs.run_dir), cfg.ovs.netns)
+        if self.embedded is not None:
             await asyncio.to_thread(self.embedded.up)
         self.ovsdb = await asyncio.to_thread(Ovsdb, cfg.ovs.db_remote)
         self.datapath_type = await asyncio.to_thread(self.ovsdb.choose_datapath_type, cfg.ovs.datapath_type)
-        await asyncio.to_thread(self.ovsdb.ensure_bridge, cfg.ovs.bridge, self.datapath_type)
+        await self._ensure_bridge()
         controller = cfg.controller_target
-        if controller is not None:
-            # Our own controller on the bridge, so the packet-in queue size is ours.
-            await asyncio.to_thread(self.ovsdb.ensure_controller, cfg.ovs.bridge, controller,
-                                    cfg.ovs.controller_queue_size)
-            if controller.startswith("punix:"):
-                await asyncio.to_thread(self.ovsdb.wait_socket, Path(cfg.openflow_target))
-            elif cfg.ovs.mode == "external":
-                log.warning("OpenFlow controller %s listens on the host's loopback: any local process "
-                            "can connect to it; openflow.transport: unix avoids that", controller)
+        if controller is not None and not controller.startswith("punix:") and cfg.ovs.mode == "external":
+            log.warning("OpenFlow controller %s listens on the host's loopback: any local process "
+                        "can connect to it; openflow.transport: unix avoids that", controller)
         now = time.monotonic()
         limits: dict[int, CategoryLimits] = {
             Category.POLICY: cfg.packetin.policy, Category.TRACEFLOW: cfg.packetin.traceflow}
@@ -158,7 +160,22 @@ class Agent:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
         await self._start_policy(meters_ok)
+        self.ovs_supervisor.start()
         settle_heap()
+
+    async def _ensure_bridge(self) -> None:
+        """The bridge and our controller on it, as configured; at start and after an OVS restart."""
+        cfg = self.config
+        if self.ovsdb is None or self.datapath_type is None:
+            raise AgentError("the bridge is ensured only after start() connected to OVSDB")
+        await asyncio.to_thread(self.ovsdb.ensure_bridge, cfg.ovs.bridge, self.datapath_type)
+        controller = cfg.controller_target
+        if controller is not None:
+            # Our own controller on the bridge, so the packet-in queue size is ours.
+            await asyncio.to_thread(self.ovsdb.ensure_controller, cfg.ovs.bridge, controller,
+                                    cfg.ovs.controller_queue_size)
+            if controller.startswith("punix:"):
+                await asyncio.to_thread(self.ovsdb.wait_socket, Path(cfg.openflow_target))
 
     async def _start_policy(self, meters_ok: bool) -> None:
         """Pipeline, policy, then the ways Pods and policy arrive (CNI, local API, directory)."""
@@ -276,6 +293,7 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
+        await self.ovs_supervisor.close()  # first: no OVS restart while the agent goes
         if self.manifests is not None:
             await self.manifests.close()
         if self.k8s is not None:

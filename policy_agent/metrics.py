@@ -20,6 +20,7 @@ from auditlog.writer import WriterStats
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
+from policy_agent.ovs.supervisor import SupervisorStats
 
 
 def category_name(cat: int) -> str:
@@ -211,3 +212,30 @@ class SyslogCollector:
             if st.backlog_bytes is not None:
                 backlog.add_metric(dest, st.backlog_bytes)
         yield from (records, lost, errors, connected, last_seq, backlog)
+
+
+class OvsSupervisorSource(Protocol):
+    """The OVS supervisor as this collector sees it (policy_agent.ovs.supervisor.OvsSupervisor)."""
+
+    def snapshot(self) -> SupervisorStats: ...
+
+
+class OvsSupervisorCollector:
+    """Exports whether each OVS daemon runs and how often the supervisor restarted it."""
+
+    def __init__(self, supervisor: OvsSupervisorSource) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._supervisor.snapshot()
+        up = GaugeMetricFamily("npaudit_ovs_up", "1 while the OVS daemon's pid file names a running "
+                               "process, as of the supervisor's last look", labels=["daemon"])
+        restarts = CounterMetricFamily("npaudit_ovs_restarts", "Restarts of an embedded OVS daemon by the "
+                                       "agent (failed attempts included)", labels=["daemon"])
+        for daemon in sorted(s.up):
+            up.add_metric([daemon], int(s.up[daemon]))
+            restarts.add_metric([daemon], s.restarts.get(daemon, 0))
+        yield up
+        yield restarts
+        yield GaugeMetricFamily("npaudit_ovs_restarts_capped", "1 while restarts of a dead OVS daemon are "
+                                "held back by the per-window cap (OVS crash-looping)", value=int(s.capped))

@@ -17,6 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from policy_agent.errors import OvsError
 
@@ -51,6 +52,28 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def read_pid(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process is alive."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+@dataclass(frozen=True)
+class OvsPidFiles:
+    """The pid files of an OVS the agent does not manage (ovs.mode external): watched, never restarted."""
+
+    run_dir: Path
+
+    def pid(self, daemon: str) -> int | None:
+        return read_pid(self.run_dir / f"{daemon}.pid")
+
+    def restart(self, daemons: Sequence[str]) -> None:
+        raise OvsError(f"{', '.join(daemons)} in {self.run_dir} belong to an external OVS: not restarted")
+
+
 def netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
@@ -79,11 +102,7 @@ class EmbeddedOvs:
 
     def pid(self, daemon: str) -> int | None:
         """The pid in `daemon`'s pid file if that process is alive."""
-        try:
-            pid = int(self._pidfile(daemon).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if pid_alive(pid) else None
+        return read_pid(self._pidfile(daemon))
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -151,6 +170,13 @@ class EmbeddedOvs:
                 time.sleep(0.02)
         self._pidfile(daemon).unlink(missing_ok=True)
         return True
+
+    def restart(self, daemons: Sequence[str], stop_timeout: float = 2.0) -> None:
+        """Stop whichever of `daemons` still runs (a vswitchd spinning without its database),
+        vswitchd before its database, then start what is missing."""
+        for daemon in reversed(daemons):
+            self.stop_daemon(daemon, timeout=stop_timeout)
+        self.up()
 
     def down(self, purge: bool = False) -> None:
         """Stop both daemons; remove the namespace if we created it; `purge` deletes run_dir."""

@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, PodHandle
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 # Sends TCP SYNs (connect attempts) to argv[1]:argv[2] every 10 ms until argv[3] exists;
@@ -29,7 +29,8 @@ print(ok)
 """
 
 
-def test_restart_keeps_policy_and_reconciles_flows(cluster: Cluster) -> None:
+def server_behind_no_80(cluster: Cluster) -> tuple[PodHandle, PodHandle]:
+    """A server Pod in y whose TCP 80 is dropped by policy (81 open), and a client Pod in x."""
     cluster.apply(namespaces_and_pods(logging_ns=""))
     server = cluster.add_pod("y", "a")
     client = cluster.add_pod("x", "a", server=False)
@@ -46,6 +47,12 @@ def test_restart_keeps_policy_and_reconciles_flows(cluster: Cluster) -> None:
     """))
     target = [f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"]
     assert cluster.probe(client.ref, target) == {target[0]: "timeout", target[1]: "connected"}
+    return server, client
+
+
+def test_restart_keeps_policy_and_reconciles_flows(cluster: Cluster) -> None:
+    server, client = server_behind_no_80(cluster)
+    target = [f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"]
     round_before = int((cluster.state / "round").read_text())
 
     stop = cluster.dir / "stop-knocking"

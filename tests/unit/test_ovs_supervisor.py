@@ -1,0 +1,216 @@
+"""The OVS supervisor: restart order, backoff and cap decided on a fake clock; the adapter over fake daemons."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from policy_agent.errors import OvsError
+from policy_agent.metrics import OvsSupervisorCollector
+from policy_agent.ovs.supervisor import (
+    OVSDB_SERVER, VSWITCHD, Decision, OvsSupervisor, RestartGovernor, RestartPolicy, daemons_to_restart,
+)
+
+BOTH_UP = {OVSDB_SERVER: True, VSWITCHD: True}
+VSWITCHD_DEAD = {OVSDB_SERVER: True, VSWITCHD: False}
+DB_DEAD = {OVSDB_SERVER: False, VSWITCHD: True}
+POLICY = RestartPolicy(backoff_min=1.0, backoff_max=8.0, window=100.0, max_restarts=4)
+
+
+def governor(jitter: float = 1.0) -> RestartGovernor:
+    return RestartGovernor(POLICY, lambda: jitter)
+
+
+def test_a_dead_vswitchd_alone_is_restarted_alone() -> None:
+    assert daemons_to_restart(VSWITCHD_DEAD) == (VSWITCHD,)
+    assert daemons_to_restart(BOTH_UP) == ()
+
+
+def test_a_dead_ovsdb_server_restarts_both_database_first_even_with_vswitchd_running() -> None:
+    assert daemons_to_restart(DB_DEAD) == (OVSDB_SERVER, VSWITCHD)
+    assert daemons_to_restart({OVSDB_SERVER: False, VSWITCHD: False}) == (OVSDB_SERVER, VSWITCHD)
+
+
+def test_the_first_death_is_restarted_at_once_and_nothing_happens_while_both_run() -> None:
+    g = governor()
+    assert g.decide(BOTH_UP, 0.0) == Decision()
+    assert g.decide(VSWITCHD_DEAD, 10.0) == Decision(restart=(VSWITCHD,))
+
+
+def test_deaths_in_quick_succession_wait_a_doubling_backoff_after_the_previous_restart() -> None:
+    g = governor()
+    assert g.decide(VSWITCHD_DEAD, 0.0).restart == (VSWITCHD,)
+    # Died again at once: 1 s after the previous restart, then 2 s, then 4 s.
+    for previous, delay in ((0.0, 1.0), (1.0, 2.0), (3.0, 4.0)):
+        assert g.decide(VSWITCHD_DEAD, previous + delay - 0.01).restart == ()
+        assert g.decide(VSWITCHD_DEAD, previous + delay).restart == (VSWITCHD,)
+
+
+def test_the_backoff_is_jittered_and_the_jitter_is_drawn_once_per_pending_restart() -> None:
+    draws = iter([0.5, 1.0])
+    g = RestartGovernor(POLICY, lambda: next(draws))
+    g.decide(VSWITCHD_DEAD, 0.0)
+    # 1 s backoff * 0.5: due at 0.5 s; looking again must not re-draw (the second draw would say 1 s).
+    assert g.decide(VSWITCHD_DEAD, 0.2).restart == ()
+    assert g.decide(VSWITCHD_DEAD, 0.5).restart == (VSWITCHD,)
+
+
+def test_the_backoff_stops_growing_at_backoff_max() -> None:
+    g = RestartGovernor(RestartPolicy(backoff_min=1.0, backoff_max=3.0, window=1000.0, max_restarts=10),
+                        lambda: 1.0)
+    now = 0.0
+    times = []
+    for _ in range(5):
+        while not g.decide(VSWITCHD_DEAD, now).restart:
+            now += 0.5
+        times.append(now)
+    assert [b - a for a, b in zip(times, times[1:])] == [1.0, 2.0, 3.0, 3.0]
+
+
+def test_past_the_cap_restarts_are_held_back_until_the_oldest_leaves_the_window() -> None:
+    g = governor()
+    done = []
+    now = 0.0
+    while now < 50.0:
+        decision = g.decide(DB_DEAD, now)
+        if decision.restart:
+            done.append(now)
+        if decision.capped:
+            break
+        now += 0.5
+    assert len(done) == POLICY.max_restarts and decision.capped
+    assert g.decide(DB_DEAD, 99.5) == Decision(capped=True)
+    # The first restart (at 0 s) leaves the 100 s window at 100 s: one more then, and the cap
+    # holds again until the next ones (1, 3, 7 s) have left it too.
+    assert done == [0.0, 1.0, 3.0, 7.0]
+    assert g.decide(DB_DEAD, 100.0).restart == (OVSDB_SERVER, VSWITCHD)
+    assert g.decide(DB_DEAD, 100.5) == Decision(capped=True)
+    assert g.decide(DB_DEAD, 120.0).restart == (OVSDB_SERVER, VSWITCHD)
+
+
+def test_daemons_that_recover_by_themselves_cancel_the_pending_restart() -> None:
+    g = governor()
+    g.decide(VSWITCHD_DEAD, 0.0)
+    assert g.decide(VSWITCHD_DEAD, 0.5).restart == ()  # backing off
+    assert g.decide(BOTH_UP, 0.6) == Decision()
+    # A later death is backed off from the last restart, not from the cancelled plan.
+    assert g.decide(VSWITCHD_DEAD, 5.0).restart == (VSWITCHD,)
+
+
+class FakeDaemons:
+    """Pid files and restarts in memory; `fail` makes the next restarts raise."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int | None] = {OVSDB_SERVER: 10, VSWITCHD: 11}
+        self.restarts: list[tuple[str, ...]] = []
+        self.fail = False
+
+    def pid(self, daemon: str) -> int | None:
+        return self.pids[daemon]
+
+    def restart(self, daemons: Sequence[str]) -> None:
+        self.restarts.append(tuple(daemons))
+        if self.fail:
+            raise OvsError("ovs-vswitchd did not come up within 15s")
+        for daemon in daemons:
+            self.pids[daemon] = 100 + len(self.restarts)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def supervisor(daemons: FakeDaemons, clock: Clock, restarting: bool = True) -> tuple[OvsSupervisor, list[str]]:
+    ensured: list[str] = []
+
+    async def after_restart() -> None:
+        ensured.append("bridge")
+
+    sup = OvsSupervisor(daemons, 1.0, restarting=restarting, after_restart=after_restart, policy=POLICY,
+                        clock=clock, jitter=lambda: 1.0)
+    return sup, ensured
+
+
+def exposition(sup: OvsSupervisor) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OvsSupervisorCollector(sup))
+    return generate_latest(registry).decode()
+
+
+def test_an_ovsdb_server_death_restarts_both_re_ensures_the_bridge_and_is_exported() -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, ensured = supervisor(daemons, clock)
+    asyncio.run(sup.check())
+    assert daemons.restarts == [] and 'npaudit_ovs_up{daemon="ovsdb-server"} 1.0' in exposition(sup)
+    daemons.pids[OVSDB_SERVER] = None
+    asyncio.run(sup.check())
+    assert daemons.restarts == [(OVSDB_SERVER, VSWITCHD)] and ensured == ["bridge"]
+    text = exposition(sup)
+    assert 'npaudit_ovs_restarts_total{daemon="ovsdb-server"} 1.0' in text
+    assert 'npaudit_ovs_restarts_total{daemon="ovs-vswitchd"} 1.0' in text
+    assert 'npaudit_ovs_up{daemon="ovsdb-server"} 1.0' in text
+    assert "npaudit_ovs_restarts_capped 0.0" in text
+
+
+def test_a_failed_restart_is_logged_counted_and_tried_again_after_backoff(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, ensured = supervisor(daemons, clock)
+    daemons.pids[VSWITCHD] = None
+    daemons.fail = True
+    asyncio.run(sup.check())
+    assert "restart of ovs-vswitchd failed: ovs-vswitchd did not come up" in caplog.text
+    assert ensured == [] and 'npaudit_ovs_up{daemon="ovs-vswitchd"} 0.0' in exposition(sup)
+    daemons.fail = False
+    clock.now = 0.5
+    asyncio.run(sup.check())
+    assert len(daemons.restarts) == 1  # backing off
+    clock.now = 1.0
+    asyncio.run(sup.check())
+    assert daemons.restarts == [(VSWITCHD,), (VSWITCHD,)] and ensured == ["bridge"]
+    assert 'npaudit_ovs_restarts_total{daemon="ovs-vswitchd"} 2.0' in exposition(sup)
+
+
+def test_a_crash_loop_hits_the_cap_which_is_logged_once_and_exported(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, _ = supervisor(daemons, clock)
+    daemons.fail = True
+    daemons.pids[VSWITCHD] = None
+    for step in range(40):
+        clock.now = step * 0.5
+        asyncio.run(sup.check())
+    assert len(daemons.restarts) == POLICY.max_restarts
+    assert caplog.text.count("NOT restarting ovs-vswitchd") == 1
+    assert "npaudit_ovs_restarts_capped 1.0" in exposition(sup)
+
+
+def test_an_external_ovs_is_reported_but_never_restarted(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, ensured = supervisor(daemons, clock, restarting=False)
+    asyncio.run(sup.check())
+    daemons.pids[VSWITCHD] = None
+    asyncio.run(sup.check())
+    asyncio.run(sup.check())
+    assert daemons.restarts == [] and ensured == []
+    assert caplog.text.count("external ovs-vswitchd is not running") == 1
+    assert 'npaudit_ovs_up{daemon="ovs-vswitchd"} 0.0' in exposition(sup)
+    daemons.pids[VSWITCHD] = 12
+    asyncio.run(sup.check())
+    assert "ovs-vswitchd is running again" in caplog.text
+    assert 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in exposition(sup)
+
+
+def test_an_external_daemon_without_a_pid_file_at_the_first_look_is_not_reported_as_down(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    daemons.pids[OVSDB_SERVER] = None  # e.g. its pid file lives in another directory
+    sup, _ = supervisor(daemons, clock, restarting=False)
+    asyncio.run(sup.check())
+    assert "external ovsdb-server not found by its pid file: not watched" in caplog.text
+    text = exposition(sup)
+    assert 'daemon="ovsdb-server"' not in text and 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in text
+    assert "is not running" not in caplog.text
