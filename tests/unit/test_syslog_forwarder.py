@@ -276,12 +276,18 @@ def test_the_window_holds_about_window_bytes_but_always_one_batch(live: Path) ->
     assert fwd.step(0.0) == 0.0 and sender.seqs() == list(range(1, 21))
 
 
-def test_a_dropped_connection_sends_again_exactly_the_batches_not_acknowledged(live: Path) -> None:
+def four_batches_in_flight(live: Path) -> tuple[Forwarder, FakeSender]:
+    """Records 1..60 on disk, 1..40 sent in four batches of 10 (the default window), none acknowledged."""
     write(live, 1, 60)
     sender = FakeSender(lazy=True)
     fwd = forwarder(live, sender, checkpoint_records=1)
     for _ in range(4):
         fwd.step(0.0)
+    return fwd, sender
+
+
+def test_a_dropped_connection_sends_again_exactly_the_batches_not_acknowledged(live: Path) -> None:
+    fwd, sender = four_batches_in_flight(live)
     sender.ack(15)  # batch 1 and half of batch 2
     sender.drop()
     assert fwd.step(0.0) == 1.0  # the drop is seen first: batch 1 is not known delivered either
@@ -293,11 +299,7 @@ def test_a_dropped_connection_sends_again_exactly_the_batches_not_acknowledged(l
 
 
 def test_acknowledged_batches_are_delivered_before_a_later_drop_resends_the_rest(live: Path) -> None:
-    write(live, 1, 60)
-    sender = FakeSender(lazy=True)
-    fwd = forwarder(live, sender, checkpoint_records=1)
-    for _ in range(4):
-        fwd.step(0.0)
+    fwd, sender = four_batches_in_flight(live)
     assert sender.seqs() == list(range(1, 41))
     sender.ack(25)  # batches 1 and 2, half of batch 3
     fwd.step(0.0)
