@@ -221,10 +221,14 @@ class SyslogDestinationConfig:
     server_name: str = ""
     # udp only: longest datagram; a longer record is sent with a JSON stub as MSG (counted).
     udp_max_bytes: int = 2048
-    # One send: at most this many records and about this many bytes of them; over TCP/TLS the
-    # forwarder then waits until the receiver's TCP has acknowledged the batch.
+    # One send: at most this many records and about this many bytes of them.
     batch_records: int = field(default=1000, metadata=_check(_positive))
     batch_bytes: int = field(default=1 << 20, metadata=_check(_positive))
+    # tcp/tls: batches sent ahead while earlier ones are not yet acknowledged by the receiver's
+    # TCP, at most this many and about this many bytes (one batch always goes). A dropped
+    # connection sends them again: duplicates at most the window, never loss.
+    window_batches: int = field(default=4, metadata=_check(_positive))
+    window_bytes: int = field(default=8 << 20, metadata=_check(_positive))
     # The checkpoint (what was delivered) is saved once this many seconds or records have passed
     # since the last save, whenever the forwarder is idle or retrying, and at shutdown; a crash
     # sends at most that much again (duplicates, never loss). It never runs ahead of delivery.
@@ -491,4 +495,5 @@ def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
     return make_destination(dest.url, node_name=node, facility=dest.facility, framing=framing, tls=tls,
                             udp_max_bytes=dest.udp_max_bytes, batch_records=dest.batch_records,
                             batch_bytes=dest.batch_bytes, checkpoint_interval=dest.checkpoint_interval,
-                            checkpoint_records=dest.checkpoint_records)
+                            checkpoint_records=dest.checkpoint_records, window_batches=dest.window_batches,
+                            window_bytes=dest.window_bytes)

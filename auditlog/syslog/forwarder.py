@@ -1,12 +1,19 @@
 """One forwarder per syslog destination: tail the audit files, send batches, checkpoint what was delivered, in a thread.
 
-At-least-once: the checkpoint only ever names a position the sender reported
-delivered (for TCP/TLS: acknowledged by the receiver's TCP), so it never runs
-ahead of the receiver. It is not saved after every batch, though: at most every
-`checkpoint_interval` seconds or `checkpoint_records` records, whenever the
-forwarder has nothing to send or waits to retry, and at `stop`. A receiver
-outage re-sends at most the batch in flight; a crash of the agent re-sends what
-was delivered since the last save (duplicates, never loss). UDP has no
+Pipelined: over TCP/TLS the forwarder keeps sending the next batches while
+earlier ones are not yet acknowledged by the receiver's TCP, within a bounded
+window (window.SendWindow: `window_batches` batches, about `window_bytes`
+bytes), so reading and encoding overlap the receiver's reading.
+
+At-least-once: the checkpoint only ever names the end of the newest batch
+whose every byte was acknowledged (older batches are acknowledged first: TCP
+is in order), so it never runs ahead of the receiver. It is not saved after
+every batch, though: at most every `checkpoint_interval` seconds or
+`checkpoint_records` records, whenever the forwarder has nothing to send or
+waits to retry, and at `stop`. A dropped connection, or a receiver that
+acknowledges nothing for `ack_timeout` seconds, re-sends every batch not known
+acknowledged, so at most the window repeats; a crash of the agent re-sends what
+was delivered since the last save as well (duplicates, never loss). UDP has no
 acknowledgement: there the guarantee ends at the local socket. `step` is the
 logic (clock passed in, returns how long to wait); the thread only calls it.
 """
@@ -18,30 +25,36 @@ import random
 import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
-from auditlog.syslog.errors import CheckpointError, SyslogConfigError, SyslogError, SyslogFormatError
+from auditlog.syslog.errors import (CheckpointError, SyslogConfigError, SyslogError, SyslogFormatError,
+                                    SyslogTransportError)
 from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, FrameEncoder,
                                      Framing, Header, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
-from auditlog.syslog.transport import Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint
+from auditlog.syslog.transport import (ACK_POLL, Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint,
+                                       wait_acked)
+from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
 
 log = logging.getLogger(__name__)
 
 _BACKLOG_EVERY = 5.0  # seconds between looks at the bytes not yet read (a directory listing)
 
 # Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config.py.
-# A batch is one write and one wait for the receiver's ACKs: large enough that the wait is
-# rare next to the reading and encoding, small enough to hold in memory and to re-send.
+# A batch is one read, one encode and one write, and the unit of acknowledgement: large
+# enough that the per-batch work is small next to the records, small enough to re-send.
 BATCH_RECORDS = 1000
 BATCH_BYTES = 1 << 20
 # A save is a write, an fsync and a rename: cheap once a second, not after every batch.
 # Both bound what a crash sends again.
 CHECKPOINT_INTERVAL = 1.0
 CHECKPOINT_RECORDS = 50_000
+ACK_TIMEOUT = 10.0  # seconds a receiver may hold batches unacknowledged before the connection is dropped
+_STOP_DRAIN = 1.0  # seconds `stop` waits for batches in flight to be acknowledged, so they need not repeat
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ class Destination:
     batch_bytes: int = BATCH_BYTES                # record bytes per send, about
     checkpoint_interval: float = CHECKPOINT_INTERVAL  # seconds between checkpoint saves, at least
     checkpoint_records: int = CHECKPOINT_RECORDS  # ... unless this many records were delivered since
+    window_batches: int = WINDOW_BATCHES          # TCP/TLS: batches sent and not yet acknowledged, at most
+    window_bytes: int = WINDOW_BYTES              # ... and about this many bytes of them
 
     @property
     def name(self) -> str:
@@ -67,7 +82,8 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
                      framing: str | None = None, tls: TlsOptions | None = None,
                      udp_max_bytes: int = DEFAULT_UDP_MAX_BYTES, batch_records: int = BATCH_RECORDS,
                      batch_bytes: int = BATCH_BYTES, checkpoint_interval: float = CHECKPOINT_INTERVAL,
-                     checkpoint_records: int = CHECKPOINT_RECORDS) -> Destination:
+                     checkpoint_records: int = CHECKPOINT_RECORDS, window_batches: int = WINDOW_BATCHES,
+                     window_bytes: int = WINDOW_BYTES) -> Destination:
     """A Destination from configuration values; SyslogConfigError naming the field that is wrong."""
     endpoint = parse_endpoint(url)
     if endpoint.scheme == "udp":
@@ -86,13 +102,14 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// URL")
     for name, value, least in (("batch_records", batch_records, 1), ("batch_bytes", batch_bytes, 1),
                                ("checkpoint_interval", checkpoint_interval, 0),
-                               ("checkpoint_records", checkpoint_records, 1)):
+                               ("checkpoint_records", checkpoint_records, 1),
+                               ("window_batches", window_batches, 1), ("window_bytes", window_bytes, 1)):
         if not value >= least:
             raise SyslogConfigError(f"syslog destination {url}: {name} must be >= {least}, got {value}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
                        tls if endpoint.scheme == "tls" else None,
                        udp_max_bytes if endpoint.scheme == "udp" else None, batch_records, batch_bytes,
-                       checkpoint_interval, checkpoint_records)
+                       checkpoint_interval, checkpoint_records, window_batches, window_bytes)
 
 
 def send_test_message(destination: Destination, *, now: float, test_id: str, sender: Sender | None = None,
@@ -109,6 +126,7 @@ def send_test_message(destination: Destination, *, now: float, test_id: str, sen
     try:
         sender.connect()
         sender.send([frame(message, destination.framing)])
+        wait_acked(sender, destination.name, timeout)
     finally:
         sender.close()
 
@@ -133,13 +151,6 @@ class ForwarderStats:
     truncated: int     # UDP: sent with a stub MSG
     skipped: int       # lines that are no sealed record, or records that cannot be encoded
     errors: int        # failed connects and sends (each retried)
-
-
-@dataclass
-class _Pending:
-    frames: list[bytes]
-    records: int
-    end: Position
 
 
 @dataclass
@@ -168,18 +179,22 @@ class Forwarder:
 
     def __init__(self, destination: Destination, *, live: Path, checkpoint: Path, sender: Sender | None = None,
                  clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random,
-                 poll_interval: float = 0.25, backoff_base: float = 0.5, backoff_cap: float = 30.0) -> None:
+                 poll_interval: float = 0.25, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 ack_timeout: float = ACK_TIMEOUT) -> None:
         self.destination = destination
         self.checkpoint = Path(checkpoint)
         self._live = Path(live)
         self._sender = sender if sender is not None else open_sender(destination.endpoint, destination.tls)
         self._clock = clock
         self._poll_interval = poll_interval
+        self._ack_timeout = ack_timeout
         self._backoff = Backoff(backoff_base, backoff_cap, rand)
         self._encoder = FrameEncoder(destination.header, destination.framing, destination.max_bytes)
         self._unsaved = _Unsaved()
         self._tailer: Tailer | None = None
-        self._pending: _Pending | None = None
+        self._window = SendWindow(destination.window_batches, destination.window_bytes)
+        self._queue: deque[Batch] = deque()  # read, not sent yet (after a drop: the batches to send again)
+        self._acked_at = 0.0  # `now` when the window last became non-empty or saw acknowledgements progress
         self._retry_at = 0.0
         self._backlog_at: float | None = None
         self._n = _Counters()
@@ -195,7 +210,8 @@ class Forwarder:
     # --- the logic ---
 
     def step(self, now: float) -> float:
-        """Read, send or retry once; returns the seconds to wait before the next step (0: go on at once)."""
+        """Collect acknowledgements, then read and send or retry once; returns the seconds to wait before the next
+        step (0: go on at once; ACK_POLL: only acknowledgements are awaited)."""
         if self._tailer is None:
             start = load_checkpoint(self.checkpoint)
             self._tailer = Tailer(self._live, start)
@@ -206,39 +222,82 @@ class Forwarder:
         if self._backlog_at is None or now >= self._backlog_at:
             self._backlog_at = now + _BACKLOG_EVERY
             self._n.backlog_bytes = self._tailer.backlog_bytes()
-        if self._pending is None:
-            self._pending = self._read()
-            if self._pending is None:
-                self._save(now)  # caught up: nothing to lose by saving now
-                return self._poll_interval
+        if self._window:
+            try:
+                self._collect(now)
+            except SyslogError as exc:
+                return self._failed(now, exc)
+            if self._window and now - self._acked_at >= self._ack_timeout:
+                return self._failed(now, SyslogTransportError(
+                    f"syslog {self.destination.name}: the receiver acknowledged nothing for {self._ack_timeout:g} s"))
         if now < self._retry_at:
             return self._retry_at - now
-        pending = self._pending
+        if not self._queue and not self._window.full():
+            batch = self._read()
+            if batch is not None:
+                self._queue.append(batch)
+        if self._queue and self._window.has_room(self._queue[0].size):
+            return self._send(now, self._queue[0])
+        if self._window:
+            return ACK_POLL
+        self._save(now)  # caught up: nothing to lose by saving now
+        return self._poll_interval
+
+    def _send(self, now: float, batch: Batch) -> float:
+        """Hand the oldest queued batch to the connection (connecting first if needed) and put it in flight."""
+        if not batch.frames and not self._window:  # every record skipped: nothing to wait for
+            self._queue.popleft()
+            self._delivered(now, [batch])
+            return 0.0
         try:
-            if pending.frames:
-                if not self._sender.connected:
-                    self._sender.connect()
-                    log.info("syslog %s: connected", self.destination.name)
-                self._sender.send(pending.frames)
+            if not self._sender.connected:
+                self._sender.connect()
+                log.info("syslog %s: connected", self.destination.name)
+            self._sender.send(batch.frames)
+            self._queue.popleft()
+            if not self._window:
+                self._acked_at = now
+            self._window.sent(batch)
+            self._collect(now)  # UDP, or a quick receiver: delivered at once
         except SyslogError as exc:
-            self._n.errors += 1
-            self._n.last_error = str(exc)
-            delay = self._backoff.next_delay()
-            self._retry_at = now + delay
-            log.warning("%s; %d records held, retrying in %.1f s", exc, pending.records, delay)
-            self._save(now)  # what was delivered before the outage
-            return delay
+            return self._failed(now, exc)
+        return 0.0
+
+    def _collect(self, now: float) -> None:
+        """Deliver the batches in flight that the receiver has acknowledged by now; SyslogError if the
+        connection is gone."""
+        before = self._window.acked_to
+        delivered = self._window.acked(self._sender.unacked())
+        if self._window.acked_to > before:  # any progress, even inside a batch, restarts the ACK timeout
+            self._acked_at = now
+        self._delivered(now, delivered)
+
+    def _delivered(self, now: float, batches: list[Batch]) -> None:
+        """Count acknowledged batches, move the position to be saved forward, and save it if it is time."""
+        if not batches:
+            return
         self._backoff.reset()
-        self._pending = None
-        self._n.sent += len(pending.frames)
-        self._n.last_seq = pending.end.seq
         unsaved = self._unsaved
-        unsaved.end = pending.end
-        unsaved.records += pending.records
+        for batch in batches:
+            self._n.sent += len(batch.frames)
+            unsaved.records += batch.records
+        self._n.last_seq = batches[-1].end.seq
+        unsaved.end = batches[-1].end
         since = now - (now if unsaved.saved_at is None else unsaved.saved_at)
         if unsaved.records >= self.destination.checkpoint_records or since >= self.destination.checkpoint_interval:
             self._save(now)
-        return 0.0
+
+    def _failed(self, now: float, exc: SyslogError) -> float:
+        """Drop the connection, queue every batch not known acknowledged to be sent again, and back off."""
+        self._sender.close()
+        self._queue.extendleft(reversed(self._window.reset()))
+        self._n.errors += 1
+        self._n.last_error = str(exc)
+        delay = self._backoff.next_delay()
+        self._retry_at = now + delay
+        log.warning("%s; %d records held, retrying in %.1f s", exc, sum(b.records for b in self._queue), delay)
+        self._save(now)  # what was delivered before the outage
+        return delay
 
     def _save(self, now: float) -> None:
         """Persist the newest delivered position, if it is not saved yet."""
@@ -253,7 +312,7 @@ class Forwarder:
             log.error("%s", exc)
         self._unsaved = _Unsaved(saved_at=now)
 
-    def _read(self) -> _Pending | None:
+    def _read(self) -> Batch | None:
         dest = self.destination
         tailer = self._tailer
         if tailer is None:
@@ -277,7 +336,7 @@ class Forwarder:
             truncated += shortened
             frames.append(data)
         self._n.truncated += truncated
-        return _Pending(frames, len(batch.records), end)
+        return Batch.of(frames, len(batch.records), end)
 
     # --- the thread ---
 
@@ -291,8 +350,8 @@ class Forwarder:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the thread, save what was delivered and close the connection; a batch in flight is sent again
-        at the next start."""
+        """Stop the thread, wait a moment for the batches in flight, save what was delivered and close the
+        connection; what is still unacknowledged is sent again at the next start."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -300,13 +359,27 @@ class Forwarder:
             if thread.is_alive():
                 log.error("syslog %s: forwarder thread still busy after %.0f s", self.destination.name, timeout)
                 return False
+        self._drain(min(timeout, _STOP_DRAIN))
         self._save(self._clock())
         self._sender.close()
         if self._tailer is not None:
             self._tailer.close()
             self._tailer = None
-        self._pending = None
+        self._window.reset()
+        self._queue.clear()
         return True
+
+    def _drain(self, timeout: float) -> None:
+        """Collect acknowledgements for what is in flight until none is left or `timeout` seconds passed."""
+        deadline = self._clock() + timeout
+        while self._window:
+            try:
+                self._collect(self._clock())
+            except SyslogError:
+                return
+            if not self._window or self._clock() >= deadline:
+                return
+            time.sleep(ACK_POLL)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -1,10 +1,13 @@
 """Senders to one syslog receiver over UDP, TCP or TLS, and the jittered backoff between reconnects.
 
-A stream send counts as done once the receiver's TCP has acknowledged every byte
-(the socket's send queue is empty) and the connection is still open: syslog has
-no application acknowledgement (RFC 6587), and bytes written into a connection
-the receiver has already closed would otherwise be "sent" and lost. TLS verifies
-the server (CA, host name) and never falls back to plain TCP.
+Syslog has no application acknowledgement (RFC 6587), so a stream sender
+reports delivery from the receiver's TCP: `send` hands frames to the kernel
+without waiting, and `unacked` says how many of the bytes sent on the
+connection the receiver's TCP has not acknowledged yet (the caller keeps
+several batches in flight and counts one delivered once all its bytes are
+acknowledged). A connection the receiver has closed is an error, never
+"delivered": bytes written into it would otherwise vanish. TLS verifies the
+server (CA, host name) and never falls back to plain TCP.
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ from auditlog.syslog.errors import SyslogConfigError, SyslogTLSError, SyslogTran
 
 SCHEMES = ("udp", "tcp", "tls")
 DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}  # RFC 5426, RFC 6587 common practice, RFC 5425
-_ACK_POLL = 0.002  # seconds between looks at the send queue while waiting for the receiver's ACKs
+ACK_POLL = 0.002  # seconds between looks at the send queue while waiting for the receiver's ACKs
+# RFC 8446 5.1 / RFC 5246 6.2.1: the most plaintext one TLS record carries.
+TLS_MAX_RECORD_PLAINTEXT = 1 << 14
 
 
 class Sender(Protocol):
-    """Delivers whole frames to one receiver."""
+    """Delivers whole frames to one receiver; `send` does not wait for the receiver, `unacked` tells how far it got."""
 
     @property
     def connected(self) -> bool: ...
     def connect(self) -> None: ...
     def send(self, frames: Sequence[bytes]) -> None: ...
+    def unacked(self) -> int: ...  # bytes sent on this connection not known delivered (0: all of them)
     def close(self) -> None: ...
 
 
@@ -80,6 +86,8 @@ def tls_context(options: TlsOptions) -> ssl.SSLContext:
     """A client context: TLS 1.2 or later, server certificate and host name verified, optional client cert."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname by default
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # StreamSender.unacked relies on every TLS record being at least as long as its plaintext.
+    ctx.options |= ssl.OP_NO_COMPRESSION
     try:
         if options.ca is not None:
             ctx.load_verify_locations(cafile=str(options.ca))
@@ -128,6 +136,12 @@ class UdpSender:
             self.close()
             raise SyslogTransportError(f"syslog {self.endpoint}: {exc}") from exc
 
+    def unacked(self) -> int:
+        """UDP knows no acknowledgement: a datagram counts as delivered once it left the socket."""
+        if self._sock is None:
+            raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
+        return 0
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -144,6 +158,7 @@ class StreamSender:
         self._server_name = server_name or endpoint.host
         self._timeout = timeout
         self._sock: socket.socket | None = None
+        self._sent = 0  # bytes handed to the current connection (plaintext under TLS)
 
     @property
     def connected(self) -> bool:
@@ -151,6 +166,7 @@ class StreamSender:
 
     def connect(self) -> None:
         self.close()
+        self._sent = 0
         try:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self._timeout)
         except OSError as exc:
@@ -168,22 +184,58 @@ class StreamSender:
         self._sock = sock
 
     def send(self, frames: Sequence[bytes]) -> None:
+        """Write `frames` back to back; blocks only while the kernel's send buffer is full (up to the timeout)."""
         sock = self._sock
         if sock is None:
             raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
+        data = b"".join(frames)
         try:
             if _peer_closed(sock):
                 raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
-            sock.sendall(b"".join(frames))
-            _wait_acked(sock, self._timeout)
-            if _peer_closed(sock):
-                raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
+            sock.sendall(data)
         except SyslogTransportError:
             self.close()
             raise
         except OSError as exc:  # ssl.SSLError is one
             self.close()
             raise SyslogTransportError(f"syslog {self.endpoint}: send failed: {exc}") from exc
+        self._sent += len(data)
+
+    def unacked(self) -> int:
+        """Bytes given to `send` on this connection that the receiver's TCP may not have acknowledged yet.
+
+        TCP: the kernel's send queue (SIOCOUTQ: unsent + unacknowledged bytes),
+        all of them ours. TLS: the queue holds ciphertext, which never maps back
+        to plaintext exactly, so the answer is an upper bound: an empty queue
+        means every byte arrived; otherwise the queue's Q bytes are the tail of
+        the ciphertext, and the plaintext they may still hold is at most Q (a
+        record is never shorter than its plaintext: compression is off) plus
+        one whole record's plaintext, for the oldest record only partly in the
+        queue (a receiver can use a record only once all of it arrived). The
+        queue also holds TLS's own messages; they only make the bound larger.
+        The peer is checked after reading the queue: a reset empties the queue,
+        which must not read as "all acknowledged".
+        """
+        sock = self._sock
+        if sock is None:
+            raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
+        try:
+            buf = bytearray(4)
+            fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)  # SIOCOUTQ
+            queued = struct.unpack("i", buf)[0]
+            if _peer_closed(sock):
+                raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
+        except SyslogTransportError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise SyslogTransportError(f"syslog {self.endpoint}: send queue unreadable: {exc}") from exc
+        if queued == 0:
+            return 0
+        if self._tls is not None:
+            queued += TLS_MAX_RECORD_PLAINTEXT
+        return min(self._sent, queued)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -209,17 +261,16 @@ def _peer_closed(sock: socket.socket) -> bool:
     return data == b""
 
 
-def _wait_acked(sock: socket.socket, timeout: float) -> None:
-    """Wait until the kernel's send queue is empty, i.e. the receiver's TCP has every byte."""
-    deadline = time.monotonic() + timeout
-    buf = bytearray(4)
-    while True:
-        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)  # SIOCOUTQ: unsent + unacknowledged bytes
-        if struct.unpack("i", buf)[0] == 0:
-            return
-        if time.monotonic() >= deadline:
-            raise SyslogTransportError(f"receiver did not acknowledge the batch within {timeout:g} s")
-        time.sleep(_ACK_POLL)
+def wait_acked(sender: Sender, name: str, timeout: float, *, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait until the receiver acknowledged everything sent on `sender`'s connection; SyslogTransportError if
+    it did not within `timeout` seconds or closed the connection."""
+    deadline = clock() + timeout
+    while sender.unacked():
+        if clock() >= deadline:
+            sender.close()
+            raise SyslogTransportError(f"syslog {name}: the receiver did not acknowledge within {timeout:g} s")
+        sleep(ACK_POLL)
 
 
 class Backoff:

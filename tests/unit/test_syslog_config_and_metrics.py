@@ -80,21 +80,23 @@ def test_metrics_export_each_destination_outcomes_losses_and_position() -> None:
     assert get("npaudit_syslog_last_seq_sent", {"destination": "udp://b:514"}) is None
 
 
-def test_batch_and_checkpoint_settings_reach_the_destination_and_default_to_the_forwarders() -> None:
-    from auditlog.syslog import forwarder
+def test_batch_window_and_checkpoint_settings_reach_the_destination_and_default_to_the_forwarders() -> None:
+    from auditlog.syslog import forwarder, window
 
     config = loads("syslog:\n  destinations:\n    - {url: 'tcp://h:514'}\n"
                    "    - {url: 'tcp://h:515', batch_records: 10, batch_bytes: 4096, checkpoint_interval: 0.5,"
-                   " checkpoint_records: 100}\n")
+                   " checkpoint_records: 100, window_batches: 2, window_bytes: 65536}\n")
     default, tuned = (syslog_destination(d, "n") for d in config.syslog.destinations)
-    assert (default.batch_records, default.batch_bytes, default.checkpoint_interval, default.checkpoint_records) == (
-        forwarder.BATCH_RECORDS, forwarder.BATCH_BYTES, forwarder.CHECKPOINT_INTERVAL, forwarder.CHECKPOINT_RECORDS)
-    assert (tuned.batch_records, tuned.batch_bytes, tuned.checkpoint_interval, tuned.checkpoint_records) == (
-        10, 4096, 0.5, 100)
+    assert (default.batch_records, default.batch_bytes, default.checkpoint_interval, default.checkpoint_records,
+            default.window_batches, default.window_bytes) == (
+        forwarder.BATCH_RECORDS, forwarder.BATCH_BYTES, forwarder.CHECKPOINT_INTERVAL, forwarder.CHECKPOINT_RECORDS,
+        window.WINDOW_BATCHES, window.WINDOW_BYTES)
+    assert (tuned.batch_records, tuned.batch_bytes, tuned.checkpoint_interval, tuned.checkpoint_records,
+            tuned.window_batches, tuned.window_bytes) == (10, 4096, 0.5, 100, 2, 65536)
 
 
 @pytest.mark.parametrize("field,value", [("batch_records", 0), ("batch_bytes", -1), ("checkpoint_interval", -1),
-                                         ("checkpoint_records", 0)])
+                                         ("checkpoint_records", 0), ("window_batches", 0), ("window_bytes", 0)])
 def test_a_bad_batch_or_checkpoint_setting_names_its_field(field: str, value: int) -> None:
     with pytest.raises(ConfigError) as info:
         loads(f"syslog:\n  destinations: [{{url: 'tcp://h', {field}: {value}}}]\n")

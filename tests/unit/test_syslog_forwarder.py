@@ -13,19 +13,23 @@ from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name, make_destination
 from auditlog.syslog.rfc5424 import Framing
-from auditlog.syslog.transport import Endpoint, TlsOptions
+from auditlog.syslog.transport import ACK_POLL, Endpoint, TlsOptions
 from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 
 class FakeSender:
-    """Keeps what it was sent; fails while `down` is set."""
+    """Keeps what it was sent; fails while `down` is set. Acknowledges at once, or, if `lazy`, only what
+    `ack` allows; `drop` resets the connection as a receiver's crash would."""
 
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
+    def __init__(self, lazy: bool = False) -> None:
+        self.frames: list[bytes] = []  # every frame sent, over all connections
+        self.on_connection: list[bytes] = []  # the frames sent on the current connection
+        self.acked_frames = 0  # of those, how many the receiver acknowledged
         self.connected = False
         self.down = False
+        self.lazy = lazy
         self.connects = 0
 
     def connect(self) -> None:
@@ -33,19 +37,36 @@ class FakeSender:
         if self.down:
             raise SyslogTransportError("tcp://fake:1: cannot connect: refused")
         self.connected = True
+        self.on_connection, self.acked_frames = [], 0
 
     def send(self, frames: Sequence[bytes]) -> None:
         if self.down or not self.connected:
             self.connected = False
             raise SyslogTransportError("tcp://fake:1: send failed")
         self.frames += frames
+        self.on_connection += frames
+
+    def unacked(self) -> int:
+        if self.down or not self.connected:
+            self.connected = False
+            raise SyslogTransportError("tcp://fake:1: the receiver closed the connection")
+        acked = self.acked_frames if self.lazy else len(self.on_connection)
+        return sum(len(f) for f in self.on_connection[acked:])
+
+    def ack(self, frames: int) -> None:
+        """The receiver's TCP acknowledges the first `frames` frames of this connection."""
+        self.acked_frames = frames
+
+    def drop(self) -> None:
+        self.connected = False
 
     def close(self) -> None:
         self.connected = False
 
-    def seqs(self) -> list[int]:
+    def seqs(self, frames: list[bytes] | None = None) -> list[int]:
+        """The seqs of `frames` (default: every frame sent)."""
         out = []
-        for f in self.frames:
+        for f in self.frames if frames is None else frames:
             (msg,), _ = split_octet_counted(f) if f[:1].isdigit() else ([f], b"")
             out.append(json.loads(parse_message(msg).msg)["npaudit"]["seq"])
         return out
@@ -224,6 +245,106 @@ def test_a_clean_stop_saves_what_was_delivered(live: Path) -> None:
     assert second.seqs() == list(range(11, 26))
 
 
+def saved_seq(fwd: Forwarder) -> int | None:
+    ckpt = load_checkpoint(fwd.checkpoint)
+    return None if ckpt is None else ckpt.seq
+
+
+def test_batches_are_sent_ahead_of_acknowledgements_until_the_window_is_full(live: Path) -> None:
+    write(live, 1, 100)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, window_batches=3, checkpoint_records=1)
+    assert [fwd.step(0.0) for _ in range(4)] == [0.0, 0.0, 0.0, ACK_POLL]  # the fourth batch waits
+    assert sender.seqs() == list(range(1, 31))
+    assert (fwd.stats().sent, fwd.stats().last_seq_sent, saved_seq(fwd)) == (0, None, None)
+    sender.ack(15)  # the first batch and half of the second
+    assert fwd.step(0.1) == 0.0
+    assert (fwd.stats().sent, fwd.stats().last_seq_sent, saved_seq(fwd)) == (10, 10, 10)
+    assert sender.seqs() == list(range(1, 41)) and fwd.step(0.1) == ACK_POLL  # one in, one out
+    sender.ack(40)
+    run(fwd, now=0.2)
+    assert saved_seq(fwd) == 40 and sender.seqs() == list(range(1, 71))
+
+
+def test_the_window_holds_about_window_bytes_but_always_one_batch(live: Path) -> None:
+    write(live, 1, 40, size=500)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, window_bytes=8000)  # one batch of 10 records is over 5 kB
+    assert [fwd.step(0.0), fwd.step(0.0)] == [0.0, ACK_POLL]
+    assert sender.seqs() == list(range(1, 11))
+    sender.ack(10)
+    assert fwd.step(0.0) == 0.0 and sender.seqs() == list(range(1, 21))
+
+
+def four_batches_in_flight(live: Path) -> tuple[Forwarder, FakeSender]:
+    """Records 1..60 on disk, 1..40 sent in four batches of 10 (the default window), none acknowledged."""
+    write(live, 1, 60)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, checkpoint_records=1)
+    for _ in range(4):
+        fwd.step(0.0)
+    return fwd, sender
+
+
+def test_a_dropped_connection_sends_again_exactly_the_batches_not_acknowledged(live: Path) -> None:
+    fwd, sender = four_batches_in_flight(live)
+    sender.ack(15)  # batch 1 and half of batch 2
+    sender.drop()
+    assert fwd.step(0.0) == 1.0  # the drop is seen first: batch 1 is not known delivered either
+    assert saved_seq(fwd) is None and fwd.stats().errors == 1
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(1, 61))
+    assert saved_seq(fwd) == 60
+
+
+def test_acknowledged_batches_are_delivered_before_a_later_drop_resends_the_rest(live: Path) -> None:
+    fwd, sender = four_batches_in_flight(live)
+    assert sender.seqs() == list(range(1, 41))
+    sender.ack(25)  # batches 1 and 2, half of batch 3
+    fwd.step(0.0)
+    assert saved_seq(fwd) == 20 and sender.seqs() == list(range(1, 51))
+    sender.drop()
+    assert fwd.step(0.0) == 1.0 and saved_seq(fwd) == 20
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(21, 61))  # 21..50 again, nothing else
+    assert sorted(set(sender.seqs())) == list(range(1, 61)) and saved_seq(fwd) == 60
+
+
+def test_a_receiver_that_acknowledges_nothing_for_ack_timeout_is_dropped_and_sent_to_again(live: Path) -> None:
+    write(live, 1, 30)
+    sender = FakeSender(lazy=True)
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10)
+    fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
+                    rand=lambda: 1.0, backoff_base=1.0, ack_timeout=5.0)
+    assert run(fwd, now=0.0) == ACK_POLL  # all three batches in flight, the window not full
+    sender.ack(5)
+    assert fwd.step(4.0) == ACK_POLL  # some progress: the timeout starts again
+    assert fwd.step(8.9) == ACK_POLL
+    assert fwd.step(9.0) == 1.0
+    assert fwd.stats().errors == 1 and "acknowledged nothing for 5 s" in (fwd.stats().last_error or "")
+    sender.lazy = False
+    run(fwd, now=10.0)
+    assert sender.seqs(sender.on_connection) == list(range(1, 31)) and saved_seq(fwd) == 30
+
+
+def test_stop_saves_what_was_acknowledged_and_the_next_start_sends_only_the_rest(live: Path) -> None:
+    write(live, 1, 30)
+    sender = FakeSender(lazy=True)
+    ticks = iter(range(1000))
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, checkpoint_records=1000)
+    fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
+                    clock=lambda: float(next(ticks)))
+    for _ in range(3):
+        fwd.step(0.0)
+    sender.ack(20)
+    assert fwd.stop() and saved_seq(fwd) == 20  # batch 3 never acknowledged: not saved
+    second = FakeSender()
+    run(forwarder(live, second))
+    assert second.seqs() == list(range(21, 31))
+
+
 @pytest.mark.parametrize("url,kw,field", [
     ("udp://h:1", {"framing": "lf"}, "framing"),
     ("tcp://h:1", {"framing": "newline"}, "framing"),
@@ -234,6 +355,8 @@ def test_a_clean_stop_saves_what_was_delivered(live: Path) -> None:
     ("tcp://h:1", {"batch_bytes": 0}, "batch_bytes"),
     ("tcp://h:1", {"checkpoint_interval": -1.0}, "checkpoint_interval"),
     ("tcp://h:1", {"checkpoint_records": 0}, "checkpoint_records"),
+    ("tcp://h:1", {"window_batches": 0}, "window_batches"),
+    ("tcp://h:1", {"window_bytes": 0}, "window_bytes"),
 ])
 def test_a_bad_destination_setting_names_its_field(url: str, kw: dict[str, Any], field: str) -> None:
     with pytest.raises(SyslogConfigError, match=field):

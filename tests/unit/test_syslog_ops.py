@@ -44,6 +44,9 @@ class FakeSender:
     def send(self, frames: Sequence[bytes]) -> None:
         self.frames += frames
 
+    def unacked(self) -> int:
+        return 0
+
     def close(self) -> None:
         self.connected = False
         self.closed += 1

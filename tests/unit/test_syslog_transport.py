@@ -204,3 +204,76 @@ def test_tls_settings_are_checked_when_the_sender_is_made(tmp_path: Path, pki: P
         tls_context(TlsOptions(ca=pki.ca, cert=pki.cert))
     ctx = tls_context(TlsOptions(ca=pki.ca, cert=pki.cert, key=pki.key))
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2 and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+class StalledReceiver:
+    """Accepts one connection (TLS if given a context) with a tiny receive buffer and reads only when told."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited by the connection
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.port = self.listener.getsockname()[1]
+        self.tls = tls
+        self.conn: socket.socket | None = None
+        self.ready = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        self.conn = self.tls.wrap_socket(conn, server_side=True) if self.tls is not None else conn
+        self.ready.set()
+
+    def read(self, count: int) -> bytes:
+        assert self.ready.wait(5) and self.conn is not None
+        data = bytearray()
+        while len(data) < count:
+            data += self.conn.recv(65536)
+        return bytes(data)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "tls"])
+def test_unacked_counts_what_a_stalled_receiver_lacks_until_it_reads_everything(scheme: str, pki: Pki) -> None:
+    receiver = StalledReceiver(server_context(pki) if scheme == "tls" else None)
+    try:
+        sender = open_sender(Endpoint(scheme, "127.0.0.1", receiver.port), TlsOptions(ca=pki.ca) if scheme == "tls"
+                             else None, timeout=5)
+        sender.connect()
+        assert receiver.ready.wait(5)
+        payload = [b"%d " % i + b"x" * 1000 for i in range(50)]
+        sender.send(payload)  # 50 kB: far more than the receiver's buffer
+        threading.Event().wait(0.05)
+        stalled = sender.unacked()
+        assert 0 < stalled <= sum(map(len, payload))
+        assert receiver.read(sum(map(len, payload))) == b"".join(payload)
+        for _ in range(200):
+            if sender.unacked() == 0:
+                break
+            threading.Event().wait(0.01)
+        assert sender.unacked() == 0 and sender.connected
+        sender.close()
+    finally:
+        receiver.close()
+
+
+def test_a_receiver_that_resets_with_bytes_unread_is_an_error_not_an_empty_queue() -> None:
+    receiver = StalledReceiver()
+    try:
+        sender = open_sender(Endpoint("tcp", "127.0.0.1", receiver.port), timeout=5)
+        sender.connect()
+        sender.send([b"x" * 50_000])
+        assert receiver.ready.wait(5) and receiver.conn is not None
+        receiver.conn.close()  # unread data: the kernel answers with a reset, which empties our send queue
+        with pytest.raises(SyslogTransportError, match="closed"):
+            for _ in range(200):
+                sender.unacked()
+                threading.Event().wait(0.01)
+        assert not sender.connected
+    finally:
+        receiver.close()
