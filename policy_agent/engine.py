@@ -1,8 +1,8 @@
 """Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
-A change (apply, delete, a Pod coming or going) is validated, compiled in full
-on a copy of the state off the event loop, sent to the switch as one atomic
-bundle, persisted by the caller's hook, and only then becomes the engine's
+A change (apply, delete, a Pod coming or going) is validated, compiled off the
+event loop (incrementally: only the rules the change can affect are rebuilt,
+policy/incremental.py), sent to the switch as one atomic bundle of the difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
 
@@ -23,7 +23,8 @@ from packetin.errors import PacketInError
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
-from policy_agent.policy.compiler import ClusterState, Compiled, Endpoint, compile_policies
+from policy_agent.policy import incremental
+from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
 
@@ -77,19 +78,25 @@ class _Objects:
 
 @dataclass(frozen=True)
 class _Plan:
-    compiled: Compiled
+    compiled: incremental.Snapshot
     desired: dict[FlowKey, messages.FlowSpec]
     add: list[messages.FlowSpec]  # new or changed flows
     stale: list[messages.FlowSpec]  # flows of the current state that are no longer desired
 
 
-def _plan(state: ClusterState, priorities: dict[int, dict[str, int]],
+def _plan(state: ClusterState, previous: incremental.Snapshot | None,
           current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
-    """Compile in full and diff against the current flows (pure: runs in a worker thread)."""
-    compiled = compile_policies(state, priorities)
-    desired = {f.key: f for f in compiled.flows}
-    add = [f for k, f in desired.items() if current.get(k) != f]
-    stale = [f for k, f in current.items() if k not in desired]
+    """Compile what the change affects and diff it against the current flows (pure: runs in
+    a worker thread). `current` is what `previous` installed."""
+    compiled, delta = incremental.update(previous, state)
+    desired = dict(current)
+    for f in delta.removed:
+        if desired.get(f.key) == f:
+            del desired[f.key]
+    for f in delta.added:
+        desired[f.key] = f
+    add = [f for f in delta.added if current.get(f.key) != f and desired[f.key] is f]
+    stale = [f for f in delta.removed if f.key not in desired]
     return _Plan(compiled, desired, add, stale)
 
 
@@ -133,7 +140,7 @@ class PolicyEngine:
         self._meter_specs = list(meter_specs)
         self._objects = _Objects()
         self._by_ip: dict[str, tuple[str, str]] = {}
-        self._priorities: dict[int, dict[str, int]] = {}
+        self._compiled: incremental.Snapshot | None = None
         self._policy_flows: dict[FlowKey, messages.FlowSpec] = {}
         self._lock = asyncio.Lock()
         self.syncs = 0
@@ -273,7 +280,7 @@ class PolicyEngine:
             raise PolicyRejected(list(problems))
         try:
             # In full and off the loop: the OpenFlow channel keeps answering echo and packet-ins.
-            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._priorities, self._policy_flows)
+            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._compiled, self._policy_flows)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
@@ -313,7 +320,7 @@ class PolicyEngine:
         self._objects = nxt
         self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
         self._policy_flows = plan.desired
-        self._priorities = plan.compiled.priorities
+        self._compiled = plan.compiled
         self.registry.replace(plan.compiled.rules)
         self.syncs += 1
         log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(plan.desired), len(plan.add),

@@ -1,0 +1,219 @@
+"""Incremental compilation: recompile only the rules a change can affect, and return the difference.
+
+A rule's flows depend on its place (layout: table, priority, id, actions) and on
+the Pods its selectors pick. Selectors are shared as groups (Antrea's applied-to
+and address groups): one membership per distinct selector, kept per Pod. A Pod or
+Namespace change re-tests only that Pod (or the Namespace's Pods) against each
+group; the rules of the groups whose members changed are rebuilt, each from a
+memo of its previous flows, so a Pod joining a 20-flow rule makes one new flow.
+A change of policies, Tiers or Namespaces lays the rules out again (ids and
+priorities, kept where the order allows) and rebuilds the rules whose place
+changed. Pure: each Snapshot is immutable and `update` never touches the old
+one, so a change the switch refused leaves the previous Snapshot valid.
+`update(None, s)` and `update(prev, s)` give compile_policies(s, prev priorities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from packetin import messages
+from policy_agent.policy.compiler import (
+    ClusterState, Layout, Memo, PlacedRule, isolation_flows, layout, rule_flows,
+)
+from policy_agent.policy.model import AppliedTo, Peer, Policy
+from policy_agent.policy.rules import RuleInfo
+from policy_agent.policy.selection import (
+    Endpoint, NsLabels, in_applied, in_peer, ns_labels_of, scope,
+)
+
+PodKey = tuple[str, str]
+# ("applied", scope, appliedTo) | ("peer", scope, peer) | ("all",): one selector's Pods.
+GroupKey = tuple[Any, ...]
+_ALL: GroupKey = ("all",)
+_ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flows
+
+
+@dataclass(frozen=True)
+class _Group:
+    members: dict[PodKey, Endpoint]
+    ordered: tuple[Endpoint, ...]  # sorted by Pod key, as the compiler lists them
+
+    @staticmethod
+    def of(members: dict[PodKey, Endpoint]) -> "_Group":
+        return _Group(members, tuple(members[k] for k in sorted(members)))
+
+
+@dataclass(frozen=True)
+class _RuleOut:
+    inputs: tuple[Any, ...]
+    flows: tuple[messages.FlowSpec, ...]
+    memo: dict[Any, messages.FlowSpec]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One compiled state, and what the next `update` needs to rebuild only what changed."""
+
+    state: ClusterState
+    endpoints: dict[PodKey, Endpoint]
+    layout: Layout
+    placed: dict[str, PlacedRule]
+    groups: dict[GroupKey, _Group]
+    users: dict[GroupKey, frozenset[str]]  # group -> keys of the rules (and isolation) using it
+    outputs: dict[str, _RuleOut]  # rule key (or _ISOLATION) -> its flows
+
+    @property
+    def rules(self) -> dict[int, RuleInfo]:
+        return self.layout.rules
+
+    @property
+    def priorities(self) -> dict[int, dict[str, int]]:
+        return self.layout.priorities
+
+    def flows(self) -> Iterator[messages.FlowSpec]:
+        for out in self.outputs.values():
+            yield from out.flows
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Flows that appeared and disappeared (as objects: an unchanged flow is the same object)."""
+
+    added: list[messages.FlowSpec]
+    removed: list[messages.FlowSpec]
+
+
+def group_keys(policy: Policy, applied: tuple[AppliedTo, ...], peers: Sequence[Peer], any_pod: bool) -> list[GroupKey]:
+    where = scope(policy)
+    keys: list[GroupKey] = [("applied", where, applied)]
+    keys += [("peer", where, peer) for peer in peers if peer.ip_block is None]
+    if any_pod:
+        keys.append(_ALL)
+    return keys
+
+
+def _rule_groups(placed: PlacedRule) -> list[GroupKey]:
+    rule = placed.rule
+    # An egress rule to a named port with "any peer" looks at every Pod's ports.
+    any_pod = not rule.peers and rule.direction.value == "egress" and any(isinstance(p.port, str) for p in rule.ports)
+    return group_keys(placed.policy, rule.applied_to or placed.policy.applied_to, rule.peers, any_pod)
+
+
+def _is_member(key: GroupKey, ep: Endpoint, labels: NsLabels) -> bool:
+    if key[0] == "applied":
+        return in_applied(labels, key[1], key[2], ep.pod)
+    if key[0] == "peer":
+        return in_peer(labels, key[1], key[2], ep.pod, None)  # namespaces-Self: filtered per applied Pod
+    return True
+
+
+class _IndexedSelection:
+    """The compiler's Selection, answered from group memberships."""
+
+    def __init__(self, groups: dict[GroupKey, _Group]) -> None:
+        self._groups = groups
+
+    def applied(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[Endpoint]:
+        return self._groups[("applied", scope(policy), applied)].ordered
+
+    def peers(self, policy: Policy, peer: Peer, own_ns: str) -> Sequence[Endpoint]:
+        found = self._groups[("peer", scope(policy), peer)].ordered
+        return [ep for ep in found if ep.pod.namespace == own_ns] if peer.namespace_self else found
+
+    def endpoints(self) -> Sequence[Endpoint]:
+        return self._groups[_ALL].ordered
+
+
+def _same_items(old: Iterable[Any], new: Iterable[Any]) -> bool:
+    a, b = tuple(old), tuple(new)
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b))
+
+
+def _changed_keys(old: dict[Any, Any], new: dict[Any, Any]) -> set[Any]:
+    return {k for k in old.keys() | new.keys() if old.get(k) is not new.get(k) and old.get(k) != new.get(k)}
+
+
+def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]:
+    """Compile `state`, rebuilding from `prev` only what the change between them can affect."""
+    endpoints = {ep.pod.key: ep for ep in state.endpoints}
+    labels = ns_labels_of(state.namespaces)
+    if prev is not None and (prev.state.meters != state.meters or prev.state.round_ != state.round_):
+        prev = None  # every action or cookie changes: nothing to keep
+    if prev is None:
+        prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, {})
+        changed_ns: set[str] = set(state.namespaces)
+        relayout = True
+    else:
+        changed_ns = _changed_keys(prev.state.namespaces, state.namespaces)
+        relayout = bool(changed_ns) or prev.state.tiers != state.tiers or \
+            not _same_items(prev.state.policies, state.policies)
+
+    # Pods whose membership may have changed: changed ones, and those of a relabelled Namespace.
+    moved = _changed_keys(prev.endpoints, endpoints)
+    if changed_ns:
+        moved |= {k for k in prev.endpoints.keys() | endpoints.keys() if k[0] in changed_ns}
+    groups = dict(prev.groups)
+    changed_groups: set[GroupKey] = set()
+    for gkey, group in prev.groups.items():
+        members: dict[PodKey, Endpoint] | None = None
+        for pkey in moved:
+            ep = endpoints.get(pkey)
+            was = group.members.get(pkey)
+            if ep is not None and _is_member(gkey, ep, labels):
+                if was is ep or was == ep:
+                    continue
+                members = dict(group.members) if members is None else members
+                members[pkey] = ep
+            elif was is not None:
+                members = dict(group.members) if members is None else members
+                del members[pkey]
+        if members is not None:
+            groups[gkey] = _Group.of(members)
+            changed_groups.add(gkey)
+
+    lay, placed, users = prev.layout, prev.placed, prev.users
+    dirty: set[str] = set()
+    if relayout:
+        lay = layout(state, prev.layout.priorities)
+        placed = {p.key: p for p in lay.placed}
+        uses: dict[str, list[GroupKey]] = {key: _rule_groups(p) for key, p in placed.items()}
+        uses[_ISOLATION] = [g for iso in lay.isolating for g in group_keys(iso.policy, iso.policy.applied_to, (), False)]
+        needed = {g for gs in uses.values() for g in gs}
+        for gkey in needed - groups.keys():
+            groups[gkey] = _Group.of({k: ep for k, ep in endpoints.items() if _is_member(gkey, ep, labels)})
+        groups = {g: groups[g] for g in needed}
+        by_group: dict[GroupKey, set[str]] = {}
+        for key, gs in uses.items():
+            for g in gs:
+                by_group.setdefault(g, set()).add(key)
+        users = {g: frozenset(keys) for g, keys in by_group.items()}
+        dirty = {key for key, p in placed.items()
+                 if key not in prev.outputs or prev.outputs[key].inputs != p.inputs(lay.cookie)}
+        dirty.add(_ISOLATION)
+    for gkey in changed_groups:
+        dirty |= users.get(gkey, frozenset())
+
+    outputs = dict(prev.outputs)
+    added: list[messages.FlowSpec] = []
+    removed: list[messages.FlowSpec] = []
+    for key in [k for k in outputs if k not in placed and k != _ISOLATION]:
+        removed += outputs.pop(key).flows
+    sel = _IndexedSelection(groups)
+    for key in dirty:
+        old = outputs.get(key)
+        if key == _ISOLATION:
+            inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
+        else:
+            inputs = placed[key].inputs(lay.cookie)
+        memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
+        flows = isolation_flows(sel, lay, memo) if key == _ISOLATION else rule_flows(sel, placed[key], lay.cookie, memo)
+        outputs[key] = _RuleOut(inputs, tuple(flows), memo.new)
+        before = old.flows if old is not None else ()
+        kept_ids = {id(f) for f in before}
+        new_ids = {id(f) for f in flows}
+        added += [f for f in flows if id(f) not in kept_ids]
+        removed += [f for f in before if id(f) not in new_ids]
+    snap = Snapshot(state, endpoints, lay, placed, groups, users, outputs)
+    return snap, Delta(added, removed)
