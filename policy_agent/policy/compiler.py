@@ -32,8 +32,8 @@ from policy_agent.policy.priorities import assign as assign_priorities
 from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
 from policy_agent.policy.selection import Endpoint, ScanSelection, Selection
 
-__all__ = ["ClusterState", "Compiled", "Endpoint", "Layout", "Memo", "PlacedRule", "compile_policies",
-           "isolation_flows", "layout", "rule_flows"]
+__all__ = ["ClusterState", "Compiled", "Endpoint", "Layout", "Memo", "PlacedRule", "Term", "compile_policies",
+           "isolation_flows", "layout", "one_term", "peer_dim", "regrow", "rule_flows", "rule_terms"]
 
 Items = tuple[tuple[str, Any], ...]  # one match dimension's element, e.g. (("eth_type", 0x800), ("ipv4_src", ip))
 
@@ -70,7 +70,7 @@ class Compiled:
 
 
 @dataclass(frozen=True)
-class _Term:
+class Term:
     applied: tuple[Endpoint, ...]
     peers: tuple[Items, ...] | None  # None = any peer
     ports: tuple[Items, ...] | None  # None = any port
@@ -124,7 +124,7 @@ def port_range_masks(lo: int, hi: int) -> list[tuple[int, int] | int]:
     return out
 
 
-def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[_Term]:
+def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
     """The (applied-to, peers, ports) products a rule stands for."""
     applied = list(sel.applied(policy, rule.applied_to or policy.applied_to))
     if not applied:
@@ -138,24 +138,11 @@ def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[_Term]:
         groups = [[ep] for ep in applied]
     terms = []
     for group in groups:
-        own_ns = group[0].pod.namespace
-        peer_addrs: list[Items] | None = None
-        peer_eps: list[Endpoint] = []
-        if rule.peers:
-            addr_field = "ipv4_dst" if egress else "ipv4_src"
-            addrs: set[str] = set()
-            for peer in rule.peers:
-                if peer.ip_block is not None:
-                    addrs.update(_cidrs(peer))
-                else:
-                    eps = sel.peers(policy, peer, own_ns)
-                    peer_eps += eps
-                    addrs.update(ep.ip for ep in eps)
-            if not addrs:
-                continue  # the rule selects no peer at all: it matches nothing
-            peer_addrs = [_addr_items(addr_field, a) for a in sorted(addrs)]
+        peer_addrs, peer_eps = peer_dim(sel, policy, rule, group[0].pod.namespace)
+        if peer_addrs == []:
+            continue  # the rule selects no peer at all: it matches nothing
         if not rule.ports:
-            terms.append(_Term(tuple(group), _tuple(peer_addrs), None))
+            terms.append(Term(tuple(group), _tuple(peer_addrs), None))
         elif named and egress:
             # The destination (the peer) names the port: one term per peer Pod; with
             # "any peer", every Pod that has such a port is a candidate.
@@ -164,13 +151,35 @@ def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[_Term]:
                 ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, ep)]
                 if ports:
                     dest_match = _addr_items("ipv4_dst", ep.ip)
-                    terms.append(_Term(tuple(group), (dest_match,), tuple(ports)))
+                    terms.append(Term(tuple(group), (dest_match,), tuple(ports)))
         else:
             dest = group[0] if not egress else None
             ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, dest)]
             if ports:
-                terms.append(_Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
+                terms.append(Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
     return terms
+
+
+def peer_dim(sel: Selection, policy: Policy, rule: Rule, own_ns: str) -> tuple[list[Items] | None, list[Endpoint]]:
+    """(the peer addresses as matches, None = any peer; the peer Pods) of a rule."""
+    if not rule.peers:
+        return None, []
+    addr_field = "ipv4_dst" if rule.direction == Direction.EGRESS else "ipv4_src"
+    addrs: set[str] = set()
+    peer_eps: list[Endpoint] = []
+    for peer in rule.peers:
+        if peer.ip_block is not None:
+            addrs.update(_cidrs(peer))
+        else:
+            eps = sel.peers(policy, peer, own_ns)
+            peer_eps += eps
+            addrs.update(ep.ip for ep in eps)
+    return [_addr_items(addr_field, a) for a in sorted(addrs)], peer_eps
+
+
+def one_term(rule: Rule) -> bool:
+    """The rule is at most one term over all its applied-to Pods (no per-Pod peers or ports)."""
+    return not any(p.namespace_self for p in rule.peers) and not any(isinstance(ps.port, str) for ps in rule.ports)
 
 
 def _tuple(x: list[Items] | None) -> tuple[Items, ...] | None:
@@ -253,18 +262,27 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     return actions, None  # Drop and Reject
 
 
-def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: _Term, direction: Direction,
-          actions: tuple[messages.Action, ...], goto: int | None, cookie: int, conj_id: int, memo: Memo) -> None:
+def _dims(term: Term, direction: Direction) -> list[Sequence[Items]]:
     dims: list[Sequence[Items]] = [[_applied_match(ep, direction) for ep in term.applied]]
     if term.peers is not None:
         dims.append(term.peers)
     if term.ports is not None:
         dims.append(term.ports)
+    return dims
+
+
+def _conjunctive(dims: list[Sequence[Items]]) -> bool:
     product = 1
     for d in dims:
         product *= len(d)
+    return product > CONJUNCTION_THRESHOLD and sum(len(d) > 1 for d in dims) >= 2
+
+
+def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: Term, direction: Direction,
+          actions: tuple[messages.Action, ...], goto: int | None, cookie: int, conj_id: int, memo: Memo) -> None:
+    dims = _dims(term, direction)
     live = [d for d in dims if len(d) > 1]
-    if product <= CONJUNCTION_THRESHOLD or len(live) < 2:
+    if not _conjunctive(dims):
         for combo in itertools.product(*dims):
             flows.append(memo.get(combo, lambda: messages.FlowSpec.make(
                 table, priority, _merged(combo), actions, goto=goto, cookie=cookie)))
@@ -273,12 +291,104 @@ def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: _Term
     # single-valued dimensions ride along on the conj_id flow.
     fixed = tuple(d[0] for d in dims if len(d) == 1)
     for clause, dim in enumerate(live):
-        conj = (messages.Conjunction(conj_id, clause, len(live)),)
         for match in dim:
-            flows.append(memo.get((conj_id, clause, len(live), fixed, match), lambda: messages.FlowSpec.make(
-                table, priority, _merged((*fixed, match)), conj, cookie=cookie)))
+            flows.append(memo.get((conj_id, clause, len(live), fixed, match), lambda: _clause_flow(
+                table, priority, fixed, match, conj_id, clause, len(live), cookie)))
     flows.append(memo.get((conj_id, fixed), lambda: messages.FlowSpec.make(
         table, priority, {**_merged(fixed), "conj_id": conj_id}, actions, goto=goto, cookie=cookie)))
+
+
+def _clause_flow(table: int, priority: int, fixed: tuple[Items, ...], match: Items, conj_id: int, clause: int,
+                 n_clauses: int, cookie: int) -> messages.FlowSpec:
+    return messages.FlowSpec.make(table, priority, _merged((*fixed, match)),
+                                  (messages.Conjunction(conj_id, clause, n_clauses),), cookie=cookie)
+
+
+Moves = dict[tuple[int, int], tuple[list[Endpoint], list[Endpoint]]]
+
+
+def _moved(before: tuple[Endpoint, ...], after: tuple[Endpoint, ...], moves: Moves) -> tuple[list[Endpoint], list[Endpoint]]:
+    """(left, joined) between two applied-to lists, by identity (an unchanged Pod is the same
+    Endpoint); `moves` remembers it for the other rules sharing both lists."""
+    key = (id(before), id(after))
+    if key not in moves:
+        now, then = {id(e) for e in after}, {id(e) for e in before}
+        moves[key] = ([e for e in before if id(e) not in now], [e for e in after if id(e) not in then])
+    return moves[key]
+
+
+def regrow(placed: "PlacedRule", cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
+           moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]] | None:
+    """A one-term rule's flows (`flows`: its memo) after its applied-to Pods or peers changed from
+    `old` to `new`, patched clause by clause: (memo, added, removed); None when the change
+    alters the representation (conjunction or not, which dimensions vary): rebuild it then."""
+    direction = placed.rule.direction
+    # Dimensions by length first: the applied-to list is only looked at where it changed.
+    sizes = [[len(t.applied)] + [len(d) for d in (t.peers, t.ports) if d is not None] for t in (old, new)]
+    if any(n <= 0 for n in sizes[0] + sizes[1]):
+        return None
+    if old.peers == new.peers and old.ports == new.ports and all(n == 1 for n in sizes[0][1:]):
+        return _regrow_product(placed, cookie, old, new, flows, moves)
+    if [n > 1 for n in sizes[0]] != [n > 1 for n in sizes[1]]:
+        return None
+    for shape in sizes:
+        product = 1
+        for n in shape:
+            product *= n
+        if product <= CONJUNCTION_THRESHOLD or sum(n > 1 for n in shape) < 2:
+            return None
+
+    def fixed_of(t: Term) -> tuple[Items, ...]:
+        dims: list[Sequence[Items]] = [[_applied_match(t.applied[0], direction)] if len(t.applied) == 1 else []]
+        dims += [d for d in (t.peers, t.ports) if d is not None]
+        return tuple(d[0] for d in dims if len(d) == 1)
+
+    fixed = fixed_of(old)
+    if fixed != fixed_of(new):
+        return None
+    n_live = sum(n > 1 for n in sizes[0])
+    out = dict(flows)
+    added: list[messages.FlowSpec] = []
+    removed: list[messages.FlowSpec] = []
+    clause = 0
+    for b, a, applied in ((old.applied, new.applied, True), (old.peers, new.peers, False),
+                          (old.ports, new.ports, False)):
+        if b is None or a is None or len(b) <= 1:
+            continue
+        if b is not a:
+            if applied:
+                left, joined = _moved(b, a, moves)  # type: ignore[arg-type]
+                gone = [_applied_match(e, direction) for e in left]
+                came = [_applied_match(e, direction) for e in joined]
+            else:
+                was, will = set(b), set(a)
+                gone, came = [m for m in b if m not in will], [m for m in a if m not in was]  # type: ignore[misc]
+            for match in gone:
+                removed.append(out.pop((placed.rule_id, clause, n_live, fixed, match)))
+            for match in came:
+                flow = _clause_flow(placed.table, placed.priority, fixed, match, placed.rule_id, clause, n_live,
+                                    cookie)
+                out[(placed.rule_id, clause, n_live, fixed, match)] = flow
+                added.append(flow)
+        clause += 1
+    return out, added, removed
+
+
+def _regrow_product(placed: "PlacedRule", cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
+                    moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]]:
+    """regrow for a rule with one peer and one port: one flow per applied-to Pod, never conjunctive."""
+    direction = placed.rule.direction
+    rest = tuple(d[0] for d in (old.peers, old.ports) if d is not None)
+    left, joined = _moved(old.applied, new.applied, moves)
+    out = dict(flows)
+    removed = [out.pop((_applied_match(e, direction), *rest)) for e in left]
+    added: list[messages.FlowSpec] = []
+    for e in joined:
+        combo = (_applied_match(e, direction), *rest)
+        out[combo] = flow = messages.FlowSpec.make(placed.table, placed.priority, _merged(combo), placed.actions,
+                                                   goto=placed.goto, cookie=cookie)
+        added.append(flow)
+    return out, added, removed
 
 
 def _tier_order(state: ClusterState, policy: Policy) -> tuple[int, float, int, str, str]:
@@ -397,10 +507,15 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
     return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie)
 
 
-def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None) -> list[messages.FlowSpec]:
-    """The flows of one placed rule for the Pods `sel` picks."""
+def rule_terms(sel: Selection, placed: PlacedRule) -> list[Term]:
+    return _terms(sel, placed.policy, placed.rule)
+
+
+def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None,
+               terms: list[Term] | None = None) -> list[messages.FlowSpec]:
+    """The flows of one placed rule for the Pods `sel` picks (or for its `terms`)."""
     flows: list[messages.FlowSpec] = []
-    for n, term in enumerate(_terms(sel, placed.policy, placed.rule)):
+    for n, term in enumerate(_terms(sel, placed.policy, placed.rule) if terms is None else terms):
         _emit(flows, placed.table, placed.priority, term, placed.rule.direction, placed.actions, placed.goto,
               cookie, placed.rule_id + n, memo or Memo())
     return flows

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from packetin import messages
 from policy_agent.policy.compiler import (
-    ClusterState, Layout, Memo, PlacedRule, isolation_flows, layout, rule_flows,
+    ClusterState, Layout, Memo, Moves, PlacedRule, Term, isolation_flows, layout, one_term, peer_dim, regrow, rule_flows,
+    rule_terms,
 )
 from policy_agent.policy.model import AppliedTo, Peer, Policy
 from policy_agent.policy.rules import RuleInfo
@@ -48,8 +49,9 @@ class _Group:
 @dataclass(frozen=True)
 class _RuleOut:
     inputs: tuple[Any, ...]
-    flows: tuple[messages.FlowSpec, ...]
-    memo: dict[Any, messages.FlowSpec]
+    memo: dict[Any, messages.FlowSpec]  # its flows, by what they were built from
+    term: Term | None = None  # a one-term rule's term: patched in place when only Pods moved
+    groups: tuple[_Group, ...] = ()  # what `term` was built from
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ class Snapshot:
     layout: Layout
     placed: dict[str, PlacedRule]
     groups: dict[GroupKey, _Group]
-    users: dict[GroupKey, frozenset[str]]  # group -> keys of the rules (and isolation) using it
+    uses: dict[str, list[GroupKey]]  # rule key (or _ISOLATION) -> the groups it uses
+    users: dict[GroupKey, frozenset[str]]  # and back
     outputs: dict[str, _RuleOut]  # rule key (or _ISOLATION) -> its flows
 
     @property
@@ -74,7 +77,7 @@ class Snapshot:
 
     def flows(self) -> Iterator[messages.FlowSpec]:
         for out in self.outputs.values():
-            yield from out.flows
+            yield from out.memo.values()
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     if prev is not None and (prev.state.meters != state.meters or prev.state.round_ != state.round_):
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
-        prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, {})
+        prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, {}, {})
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
@@ -173,12 +176,12 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
             groups[gkey] = _Group.of(members)
             changed_groups.add(gkey)
 
-    lay, placed, users = prev.layout, prev.placed, prev.users
+    lay, placed, uses, users = prev.layout, prev.placed, prev.uses, prev.users
     dirty: set[str] = set()
     if relayout:
         lay = layout(state, prev.layout.priorities)
         placed = {p.key: p for p in lay.placed}
-        uses: dict[str, list[GroupKey]] = {key: _rule_groups(p) for key, p in placed.items()}
+        uses = {key: _rule_groups(p) for key, p in placed.items()}
         uses[_ISOLATION] = [g for iso in lay.isolating for g in group_keys(iso.policy, iso.policy.applied_to, (), False)]
         needed = {g for gs in uses.values() for g in gs}
         for gkey in needed - groups.keys():
@@ -199,21 +202,66 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     added: list[messages.FlowSpec] = []
     removed: list[messages.FlowSpec] = []
     for key in [k for k in outputs if k not in placed and k != _ISOLATION]:
-        removed += outputs.pop(key).flows
+        removed += outputs.pop(key).memo.values()
     sel = _IndexedSelection(groups)
+    moves: Moves = {}
     for key in dirty:
         old = outputs.get(key)
         if key == _ISOLATION:
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
+            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
+            isolation_flows(sel, lay, memo)
+            outputs[key] = _RuleOut(inputs, memo.new)
         else:
-            inputs = placed[key].inputs(lay.cookie)
-        memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
-        flows = isolation_flows(sel, lay, memo) if key == _ISOLATION else rule_flows(sel, placed[key], lay.cookie, memo)
-        outputs[key] = _RuleOut(inputs, tuple(flows), memo.new)
-        before = old.flows if old is not None else ()
+            outputs[key] = _rebuild(sel, placed[key], lay.cookie, old, tuple(groups[g] for g in uses[key]),
+                                    moves, added, removed)
+            continue
+        before = old.memo.values() if old is not None else ()
         kept_ids = {id(f) for f in before}
-        new_ids = {id(f) for f in flows}
-        added += [f for f in flows if id(f) not in kept_ids]
+        new_ids = {id(f) for f in memo.new.values()}
+        added += [f for f in memo.new.values() if id(f) not in kept_ids]
         removed += [f for f in before if id(f) not in new_ids]
-    snap = Snapshot(state, endpoints, lay, placed, groups, users, outputs)
+    snap = Snapshot(state, endpoints, lay, placed, groups, uses, users, outputs)
     return snap, Delta(added, removed)
+
+
+def _rebuild(sel: _IndexedSelection, placed: PlacedRule, cookie: int, old: _RuleOut | None,
+             groups: tuple[_Group, ...], moves: Moves, added: list[messages.FlowSpec],
+             removed: list[messages.FlowSpec]) -> _RuleOut:
+    """A dirty rule's flows: patched clause by clause when only its Pods moved, else rebuilt from
+    its memo. Appends what appeared and disappeared to `added` and `removed`."""
+    inputs = placed.inputs(cookie)
+    same_place = old is not None and old.inputs == inputs
+    simple = one_term(placed.rule)
+    if same_place and simple and old is not None and old.term is not None:
+        term = _moved_term(sel, placed, old, groups)
+        patched = regrow(placed, cookie, old.term, term, old.memo, moves) if term is not None else None
+        if patched is not None:
+            memo_new, more, fewer = patched
+            added += more
+            removed += fewer
+            return _RuleOut(inputs, memo_new, term, groups)
+    terms = rule_terms(sel, placed)
+    memo = Memo(old.memo if same_place and old is not None else None)
+    rule_flows(sel, placed, cookie, memo, terms)
+    before = old.memo.values() if old is not None else ()
+    kept_ids = {id(f) for f in before}
+    new_ids = {id(f) for f in memo.new.values()}
+    added += [f for f in memo.new.values() if id(f) not in kept_ids]
+    removed += [f for f in before if id(f) not in new_ids]
+    return _RuleOut(inputs, memo.new, terms[0] if simple and len(terms) == 1 else None, groups)
+
+
+def _moved_term(sel: _IndexedSelection, placed: PlacedRule, old: _RuleOut, groups: tuple[_Group, ...]
+                ) -> Term | None:
+    """A one-term rule's term after only its groups changed: None if it now has no term."""
+    applied = groups[0].ordered
+    if not applied or old.term is None:
+        return None
+    peers = old.term.peers
+    if any(g is not was for g, was in zip(groups[1:], old.groups[1:])):
+        dim, _ = peer_dim(sel, placed.policy, placed.rule, applied[0].pod.namespace)
+        if dim == []:
+            return None
+        peers = None if dim is None else tuple(dim)
+    return Term(applied, peers, old.term.ports)
