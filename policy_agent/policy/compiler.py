@@ -32,8 +32,9 @@ from policy_agent.policy.priorities import assign as assign_priorities
 from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
 from policy_agent.policy.selection import Endpoint, ScanSelection, Selection
 
-__all__ = ["ClusterState", "Compiled", "Endpoint", "Layout", "Memo", "PlacedRule", "Term", "compile_policies",
-           "isolation_flows", "layout", "one_term", "peer_dim", "regrow", "rule_flows", "rule_terms"]
+__all__ = ["ClusterState", "Compiled", "Endpoint", "Items", "Layout", "Memo", "PlacedRule", "Term", "applied_match",
+           "clause_flow", "compile_policies", "isolation_flows", "layout", "merged_match", "one_term", "peer_dim",
+           "rule_flows", "rule_terms"]
 
 Items = tuple[tuple[str, Any], ...]  # one match dimension's element, e.g. (("eth_type", 0x800), ("ipv4_src", ip))
 
@@ -201,7 +202,7 @@ def _addr(a: str) -> Any:
 # --- flows -------------------------------------------------------------------------------
 
 
-def _applied_match(ep: Endpoint, direction: Direction) -> Items:
+def applied_match(ep: Endpoint, direction: Direction) -> Items:
     if direction == Direction.EGRESS:
         return _in_port_items(ep.ofport)
     return _addr_items("ipv4_dst", ep.ip)
@@ -226,7 +227,7 @@ class Memo:
         return flow
 
 
-def _merged(parts: Iterable[Items]) -> dict[str, Any]:
+def merged_match(parts: Iterable[Items]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in parts:
         out.update(part)
@@ -263,7 +264,7 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
 
 
 def _dims(term: Term, direction: Direction) -> list[Sequence[Items]]:
-    dims: list[Sequence[Items]] = [[_applied_match(ep, direction) for ep in term.applied]]
+    dims: list[Sequence[Items]] = [[applied_match(ep, direction) for ep in term.applied]]
     if term.peers is not None:
         dims.append(term.peers)
     if term.ports is not None:
@@ -285,110 +286,23 @@ def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: Term,
     if not _conjunctive(dims):
         for combo in itertools.product(*dims):
             flows.append(memo.get(combo, lambda: messages.FlowSpec.make(
-                table, priority, _merged(combo), actions, goto=goto, cookie=cookie)))
+                table, priority, merged_match(combo), actions, goto=goto, cookie=cookie)))
         return
     # Conjunctive match: one flow per element of each multi-valued dimension; the
     # single-valued dimensions ride along on the conj_id flow.
     fixed = tuple(d[0] for d in dims if len(d) == 1)
     for clause, dim in enumerate(live):
         for match in dim:
-            flows.append(memo.get((conj_id, clause, len(live), fixed, match), lambda: _clause_flow(
+            flows.append(memo.get((conj_id, clause, len(live), fixed, match), lambda: clause_flow(
                 table, priority, fixed, match, conj_id, clause, len(live), cookie)))
     flows.append(memo.get((conj_id, fixed), lambda: messages.FlowSpec.make(
-        table, priority, {**_merged(fixed), "conj_id": conj_id}, actions, goto=goto, cookie=cookie)))
+        table, priority, {**merged_match(fixed), "conj_id": conj_id}, actions, goto=goto, cookie=cookie)))
 
 
-def _clause_flow(table: int, priority: int, fixed: tuple[Items, ...], match: Items, conj_id: int, clause: int,
+def clause_flow(table: int, priority: int, fixed: tuple[Items, ...], match: Items, conj_id: int, clause: int,
                  n_clauses: int, cookie: int) -> messages.FlowSpec:
-    return messages.FlowSpec.make(table, priority, _merged((*fixed, match)),
+    return messages.FlowSpec.make(table, priority, merged_match((*fixed, match)),
                                   (messages.Conjunction(conj_id, clause, n_clauses),), cookie=cookie)
-
-
-Moves = dict[tuple[int, int], tuple[list[Endpoint], list[Endpoint]]]
-
-
-def _moved(before: tuple[Endpoint, ...], after: tuple[Endpoint, ...], moves: Moves) -> tuple[list[Endpoint], list[Endpoint]]:
-    """(left, joined) between two applied-to lists, by identity (an unchanged Pod is the same
-    Endpoint); `moves` remembers it for the other rules sharing both lists."""
-    key = (id(before), id(after))
-    if key not in moves:
-        now, then = {id(e) for e in after}, {id(e) for e in before}
-        moves[key] = ([e for e in before if id(e) not in now], [e for e in after if id(e) not in then])
-    return moves[key]
-
-
-def regrow(placed: "PlacedRule", cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
-           moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]] | None:
-    """A one-term rule's flows (`flows`: its memo) after its applied-to Pods or peers changed from
-    `old` to `new`, patched clause by clause: (memo, added, removed); None when the change
-    alters the representation (conjunction or not, which dimensions vary): rebuild it then."""
-    direction = placed.rule.direction
-    # Dimensions by length first: the applied-to list is only looked at where it changed.
-    sizes = [[len(t.applied)] + [len(d) for d in (t.peers, t.ports) if d is not None] for t in (old, new)]
-    if any(n <= 0 for n in sizes[0] + sizes[1]):
-        return None
-    if old.peers == new.peers and old.ports == new.ports and all(n == 1 for n in sizes[0][1:]):
-        return _regrow_product(placed, cookie, old, new, flows, moves)
-    if [n > 1 for n in sizes[0]] != [n > 1 for n in sizes[1]]:
-        return None
-    for shape in sizes:
-        product = 1
-        for n in shape:
-            product *= n
-        if product <= CONJUNCTION_THRESHOLD or sum(n > 1 for n in shape) < 2:
-            return None
-
-    def fixed_of(t: Term) -> tuple[Items, ...]:
-        dims: list[Sequence[Items]] = [[_applied_match(t.applied[0], direction)] if len(t.applied) == 1 else []]
-        dims += [d for d in (t.peers, t.ports) if d is not None]
-        return tuple(d[0] for d in dims if len(d) == 1)
-
-    fixed = fixed_of(old)
-    if fixed != fixed_of(new):
-        return None
-    n_live = sum(n > 1 for n in sizes[0])
-    out = dict(flows)
-    added: list[messages.FlowSpec] = []
-    removed: list[messages.FlowSpec] = []
-    clause = 0
-    for b, a, applied in ((old.applied, new.applied, True), (old.peers, new.peers, False),
-                          (old.ports, new.ports, False)):
-        if b is None or a is None or len(b) <= 1:
-            continue
-        if b is not a:
-            if applied:
-                left, joined = _moved(b, a, moves)  # type: ignore[arg-type]
-                gone = [_applied_match(e, direction) for e in left]
-                came = [_applied_match(e, direction) for e in joined]
-            else:
-                was, will = set(b), set(a)
-                gone, came = [m for m in b if m not in will], [m for m in a if m not in was]  # type: ignore[misc]
-            for match in gone:
-                removed.append(out.pop((placed.rule_id, clause, n_live, fixed, match)))
-            for match in came:
-                flow = _clause_flow(placed.table, placed.priority, fixed, match, placed.rule_id, clause, n_live,
-                                    cookie)
-                out[(placed.rule_id, clause, n_live, fixed, match)] = flow
-                added.append(flow)
-        clause += 1
-    return out, added, removed
-
-
-def _regrow_product(placed: "PlacedRule", cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
-                    moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]]:
-    """regrow for a rule with one peer and one port: one flow per applied-to Pod, never conjunctive."""
-    direction = placed.rule.direction
-    rest = tuple(d[0] for d in (old.peers, old.ports) if d is not None)
-    left, joined = _moved(old.applied, new.applied, moves)
-    out = dict(flows)
-    removed = [out.pop((_applied_match(e, direction), *rest)) for e in left]
-    added: list[messages.FlowSpec] = []
-    for e in joined:
-        combo = (_applied_match(e, direction), *rest)
-        out[combo] = flow = messages.FlowSpec.make(placed.table, placed.priority, _merged(combo), placed.actions,
-                                                   goto=placed.goto, cookie=cookie)
-        added.append(flow)
-    return out, added, removed
 
 
 def _tier_order(state: ClusterState, policy: Policy) -> tuple[int, float, int, str, str]:
@@ -535,7 +449,7 @@ def isolation_flows(sel: Selection, lay: Layout, memo: Memo | None = None) -> li
                 isolated.setdefault(ep.pod.key, (ep, iso))  # the first isolating policy names the drop
         for key in sorted(isolated):
             ep, iso = isolated[key]
-            match = _applied_match(ep, direction)
+            match = applied_match(ep, direction)
             flows.append(memo.get((match, iso.actions, lay.cookie), lambda: messages.FlowSpec.make(
                 table, _ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)))
     return flows

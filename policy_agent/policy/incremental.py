@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from packetin import messages
+from policy_agent.policy import compiler
 from policy_agent.policy.compiler import (
-    ClusterState, Layout, Memo, Moves, PlacedRule, Term, isolation_flows, layout, one_term, peer_dim, regrow, rule_flows,
-    rule_terms,
+    ClusterState, Items, Layout, Memo, PlacedRule, Term, applied_match, clause_flow, isolation_flows, layout,
+    merged_match, one_term, peer_dim, rule_flows, rule_terms,
 )
 from policy_agent.policy.model import AppliedTo, Peer, Policy
 from policy_agent.policy.rules import RuleInfo
@@ -250,6 +251,95 @@ def _rebuild(sel: _IndexedSelection, placed: PlacedRule, cookie: int, old: _Rule
     added += [f for f in memo.new.values() if id(f) not in kept_ids]
     removed += [f for f in before if id(f) not in new_ids]
     return _RuleOut(inputs, memo.new, terms[0] if simple and len(terms) == 1 else None, groups)
+
+
+# --- patching a one-term rule -------------------------------------------------------------
+
+Moves = dict[tuple[int, int], tuple[list[Endpoint], list[Endpoint]]]
+
+
+def _moved(before: tuple[Endpoint, ...], after: tuple[Endpoint, ...], moves: Moves) -> tuple[list[Endpoint], list[Endpoint]]:
+    """(left, joined) between two applied-to lists, by identity (an unchanged Pod is the same
+    Endpoint); `moves` remembers it for the other rules sharing both lists."""
+    key = (id(before), id(after))
+    if key not in moves:
+        now, then = {id(e) for e in after}, {id(e) for e in before}
+        moves[key] = ([e for e in before if id(e) not in now], [e for e in after if id(e) not in then])
+    return moves[key]
+
+
+def regrow(placed: PlacedRule, cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
+           moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]] | None:
+    """A one-term rule's flows (`flows`: its memo) after its applied-to Pods or peers changed from
+    `old` to `new`, patched clause by clause: (memo, added, removed); None when the change
+    alters the representation (conjunction or not, which dimensions vary): rebuild it then."""
+    direction = placed.rule.direction
+    # Dimensions by length first: the applied-to list is only looked at where it changed.
+    sizes = [[len(t.applied)] + [len(d) for d in (t.peers, t.ports) if d is not None] for t in (old, new)]
+    if any(n <= 0 for n in sizes[0] + sizes[1]):
+        return None
+    if old.peers == new.peers and old.ports == new.ports and all(n == 1 for n in sizes[0][1:]):
+        return _regrow_product(placed, cookie, old, new, flows, moves)
+    if [n > 1 for n in sizes[0]] != [n > 1 for n in sizes[1]]:
+        return None
+    for shape in sizes:
+        product = 1
+        for n in shape:
+            product *= n
+        if product <= compiler.CONJUNCTION_THRESHOLD or sum(n > 1 for n in shape) < 2:
+            return None
+
+    def fixed_of(t: Term) -> tuple[Items, ...]:
+        dims: list[Sequence[Items]] = [[applied_match(t.applied[0], direction)] if len(t.applied) == 1 else []]
+        dims += [d for d in (t.peers, t.ports) if d is not None]
+        return tuple(d[0] for d in dims if len(d) == 1)
+
+    fixed = fixed_of(old)
+    if fixed != fixed_of(new):
+        return None
+    n_live = sum(n > 1 for n in sizes[0])
+    out = dict(flows)
+    added: list[messages.FlowSpec] = []
+    removed: list[messages.FlowSpec] = []
+    clause = 0
+    for b, a, applied in ((old.applied, new.applied, True), (old.peers, new.peers, False),
+                          (old.ports, new.ports, False)):
+        if b is None or a is None or len(b) <= 1:
+            continue
+        if b is not a:
+            if applied:
+                left, joined = _moved(b, a, moves)  # type: ignore[arg-type]
+                gone = [applied_match(e, direction) for e in left]
+                came = [applied_match(e, direction) for e in joined]
+            else:
+                was, will = set(b), set(a)
+                gone, came = [m for m in b if m not in will], [m for m in a if m not in was]  # type: ignore[misc]
+            for match in gone:
+                removed.append(out.pop((placed.rule_id, clause, n_live, fixed, match)))
+            for match in came:
+                flow = clause_flow(placed.table, placed.priority, fixed, match, placed.rule_id, clause, n_live,
+                                    cookie)
+                out[(placed.rule_id, clause, n_live, fixed, match)] = flow
+                added.append(flow)
+        clause += 1
+    return out, added, removed
+
+
+def _regrow_product(placed: PlacedRule, cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
+                    moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]]:
+    """regrow for a rule with one peer and one port: one flow per applied-to Pod, never conjunctive."""
+    direction = placed.rule.direction
+    rest = tuple(d[0] for d in (old.peers, old.ports) if d is not None)
+    left, joined = _moved(old.applied, new.applied, moves)
+    out = dict(flows)
+    removed = [out.pop((applied_match(e, direction), *rest)) for e in left]
+    added: list[messages.FlowSpec] = []
+    for e in joined:
+        combo = (applied_match(e, direction), *rest)
+        out[combo] = flow = messages.FlowSpec.make(placed.table, placed.priority, merged_match(combo), placed.actions,
+                                                   goto=placed.goto, cookie=cookie)
+        added.append(flow)
+    return out, added, removed
 
 
 def _moved_term(sel: _IndexedSelection, placed: PlacedRule, old: _RuleOut, groups: tuple[_Group, ...]
