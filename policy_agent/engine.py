@@ -285,13 +285,17 @@ class PolicyEngine:
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
                                   f"{type(exc).__name__}: {exc}"]) from exc
-        old_rules = {r.rule_id: r for r in self.registry.all()}
-        # Records for packet-ins of old and new rules stay enrichable during the switch-over.
-        self.registry.replace({**old_rules, **plan.compiled.rules})
+        # Records for packet-ins of old and new rules stay enrichable during the switch-over
+        # (a Pod change keeps the rules as they were: nothing to merge then).
+        same_rules = self._compiled is not None and plan.compiled.rules is self._compiled.rules
+        old_rules = {} if same_rules else {r.rule_id: r for r in self.registry.all()}
+        if not same_rules:
+            self.registry.replace({**old_rules, **plan.compiled.rules})
         try:
             await self._channel.commit_flows(plan.add, plan.stale)
         except (PacketInError, asyncio.TimeoutError) as exc:
-            self.registry.replace(old_rules)
+            if not same_rules:
+                self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
         if persist is not None:
@@ -299,7 +303,8 @@ class PolicyEngine:
                 await asyncio.to_thread(persist)
             except Exception as exc:
                 await self._undo(plan, nxt, exc)
-                self.registry.replace(old_rules)
+                if not same_rules:
+                    self.registry.replace(old_rules)
                 raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
         self._swap(nxt, plan)
 
@@ -320,8 +325,9 @@ class PolicyEngine:
         self._objects = nxt
         self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
         self._policy_flows = plan.desired
+        if self._compiled is None or plan.compiled.rules is not self._compiled.rules:
+            self.registry.replace(plan.compiled.rules)
         self._compiled = plan.compiled
-        self.registry.replace(plan.compiled.rules)
         self.syncs += 1
         log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(plan.desired), len(plan.add),
                   len(plan.stale), len(plan.compiled.rules))
