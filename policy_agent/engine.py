@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -132,8 +133,9 @@ class PolicyEngine:
 
     def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
-                 pod_wait: float | None = None) -> None:
+                 pod_wait: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._channel = channel
+        self._clock = clock
         self.registry = registry
         self.round_ = round_
         self._meters = meters
@@ -197,7 +199,7 @@ class PolicyEngine:
                            pods={**cur.pods, **{pod.key: pod for pod in pods}},
                            tiers={**cur.tiers, **tiers}, policies={**cur.policies, **{p.key: p for p in policies}},
                            endpoints=endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies)
+            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies, why="apply")
             if pods:
                 self._pods_changed.set()
 
@@ -215,7 +217,7 @@ class PolicyEngine:
                            tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
                            policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
                            endpoints=cur.endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers))
+            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers), why="delete")
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
@@ -228,7 +230,8 @@ class PolicyEngine:
             cur = self._objects
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
+                                 why="pod-added")
             await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
                                                                ofport=info.ofport))
 
@@ -255,7 +258,8 @@ class PolicyEngine:
             if ep is not None:
                 await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
             endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
+                                 why="pod-deleted")
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
@@ -274,8 +278,9 @@ class PolicyEngine:
                             round_=self.round_)
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                        changed: Sequence[Policy] = ()) -> None:
+                        changed: Sequence[Policy] = (), *, why: str) -> None:
         """validate -> compile (thread) -> one bundle -> persist (thread) -> swap. Call under the lock."""
+        started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
         try:
@@ -307,6 +312,9 @@ class PolicyEngine:
                     self.registry.replace(old_rules)
                 raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
         self._swap(nxt, plan)
+        # bench/cni_latency.py reads this line: the agent side of a policy change.
+        log.info("policy sync #%d (%s): +%d -%d flows, %d in force, in %.1f ms", self.syncs, why, len(plan.add),
+                 len(plan.stale), len(plan.desired), (self._clock() - started) * 1000)
 
     async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
         """Put the switch back as it was before `plan` went in (after a failed persist)."""
@@ -329,5 +337,3 @@ class PolicyEngine:
             self.registry.replace(plan.compiled.rules)
         self._compiled = plan.compiled
         self.syncs += 1
-        log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(plan.desired), len(plan.add),
-                  len(plan.stale), len(plan.compiled.rules))
