@@ -8,6 +8,10 @@ share an OpenFlow identity. Each rule's flows load reg7 (disposition) and reg6
 (rule id); logged rules (and every Reject) copy the packet to the agent through
 a metered controller action (DESIGN.md §3). A rule whose applied-to x peer x
 port product would explode is expressed with a conjunctive match.
+
+compile_policies is the whole state at once: layout (ids, tables, priorities,
+actions), then each rule's flows for the Pods a Selection picks. The engine
+compiles incrementally from the same pieces (policy/incremental.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from policy_agent.policy.compiler import (
     ClusterState, Items, Layout, Memo, PlacedRule, Term, applied_match, clause_flow, isolation_flows, layout,
     merged_match, one_term, peer_dim, rule_flows, rule_terms,
 )
-from policy_agent.policy.model import AppliedTo, Peer, Policy
+from policy_agent.policy.model import AppliedTo, Direction, Peer, Policy
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy.selection import (
     Endpoint, NsLabels, in_applied, in_peer, ns_labels_of, scope,
@@ -101,7 +101,7 @@ def group_keys(policy: Policy, applied: tuple[AppliedTo, ...], peers: Sequence[P
 def _rule_groups(placed: PlacedRule) -> list[GroupKey]:
     rule = placed.rule
     # An egress rule to a named port with "any peer" looks at every Pod's ports.
-    any_pod = not rule.peers and rule.direction.value == "egress" and any(isinstance(p.port, str) for p in rule.ports)
+    any_pod = not rule.peers and rule.direction == Direction.EGRESS and any(isinstance(p.port, str) for p in rule.ports)
     return group_keys(placed.policy, rule.applied_to or placed.policy.applied_to, rule.peers, any_pod)
 
 
