@@ -2,7 +2,8 @@
 
 A change (apply, delete, a Pod coming or going) is validated, compiled off the
 event loop (incrementally: only the rules the change can affect are rebuilt,
-policy/incremental.py), sent to the switch as one atomic bundle of the difference, persisted by the caller's hook, and only then becomes the engine's
+policy/incremental.py), sent to the switch as one atomic bundle of the
+difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
 
@@ -284,7 +285,7 @@ class PolicyEngine:
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            # In full and off the loop: the OpenFlow channel keeps answering echo and packet-ins.
+            # Off the loop: the OpenFlow channel keeps answering echo and packet-ins.
             plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._compiled, self._policy_flows)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
