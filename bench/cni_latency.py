@@ -65,7 +65,8 @@ SERIALISE_SAMPLE = 300
 FRONT_INSERTIONS = 8
 APPLY_CHUNK = 200  # policies per `npaudit apply` (~450 kB of manifests)
 _ADD_LINE = re.compile(r"CNI ADD container=(\S+) pod=\S+ ok in (\d+) ms")
-_SYNC_LINE = re.compile(r"policy sync #(\d+) \((\S+)\): .* in ([\d.]+) ms")
+_SYNC_LINE = re.compile(r"policy sync #(\d+) \((\S+)\): .*compile ([\d.]+), switch ([\d.]+), persist ([\d.]+); "
+                        r"in ([\d.]+) ms")
 # Issue 9's targets: agent-side ADD p99 by rule count, the plugin's wall p99 above its own
 # VERSION (process start-up), and a one-rule change at 1,000 rules on the agent side.
 TARGETS = {"agent_side_add_p99_ms": {"1000": 30.0, "5000": 100.0},
@@ -229,7 +230,7 @@ class AgentLog:
         self.path = path
         self.offset = 0
         self.add_ms: dict[str, float] = {}
-        self.syncs: list[tuple[int, str, float]] = []  # (sync number, why, ms)
+        self.syncs: list[tuple[int, str, dict[str, float]]] = []  # (sync number, why, ms by phase and total)
 
     def poll(self) -> None:
         with open(self.path, "rb") as f:
@@ -243,13 +244,19 @@ class AgentLog:
                 self.add_ms[m.group(1)] = float(m.group(2))
             m = _SYNC_LINE.search(line)
             if m:
-                self.syncs.append((int(m.group(1)), m.group(2), float(m.group(3))))
+                phases = dict(zip(("compile", "switch", "persist", "total"), map(float, m.groups()[2:])))
+                self.syncs.append((int(m.group(1)), m.group(2), phases))
 
-    def last_sync(self, why: str) -> float | None:
-        """The agent side of the latest transaction of this kind (None: this agent does not say)."""
+    def last_sync(self, why: str) -> dict[str, float] | None:
+        """The agent side of the latest transaction of this kind, ms by phase and in total (None:
+        this agent does not say)."""
         self.poll()
         found = [ms for _, w, ms in self.syncs if w == why]
         return found[-1] if found else None
+
+    def pod_syncs(self) -> list[dict[str, float]]:
+        self.poll()
+        return [ms for _, w, ms in self.syncs if w == "pod-added"]
 
     def wait_for(self, container_id: str, timeout: float = 2.0) -> float | None:
         deadline = time.monotonic() + timeout
@@ -377,7 +384,9 @@ def add_pods_phase(cluster: Cluster, n_rules: int, n_pods: int, base: Baselines,
         if (i + 1) % 10 == 0 or i == n_pods - 1:
             progress(f"  {n_rules} rules: {i + 1}/{n_pods} ADDs, last {ms:.0f} ms wall / {agent_ms} ms agent")
     flows = flow_count(cluster)
+    syncs = log.pod_syncs()[-n_pods:]
     out.update({
+        "policy_sync_of_add_ms": {p: pct([x[p] for x in syncs]) for p in ("compile", "switch", "total")},
         "plugin_wall_ms": pct(wall),
         "agent_side_ms": pct(agent_side),
         "plugin_overhead_ms": pct([w - a for w, a in zip(wall, agent_side)]) if len(agent_side) == len(wall) else None,
@@ -401,15 +410,18 @@ def policy_change_phase(cluster: Cluster, n_rules: int, changes: int, repeats: i
 
     def one(doc: dict[str, Any]) -> dict[str, Any]:
         ms = apply_timed(cluster, [_doc(doc)])
-        agent_ms = log.last_sync("apply")
+        sync = log.last_sync("apply")
         after = dump_flows(cluster)
         diff = flow_diff(flows[0], after)
         flows[0] = after
-        return {"ms": round(ms, 1), "agent_ms": agent_ms, **diff}
+        return {"ms": round(ms, 1), "agent_ms": sync["total"] if sync else None, "agent_phases_ms": sync, **diff}
 
     def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         agent = [r["agent_ms"] for r in runs if r["agent_ms"] is not None]
-        return {"apply_wall_ms": pct([r["ms"] for r in runs]), "agent_side_ms": pct(agent), "samples": runs}
+        phases = {p: pct([r["agent_phases_ms"][p] for r in runs if r["agent_phases_ms"]])
+                  for p in ("compile", "switch", "persist")}
+        return {"apply_wall_ms": pct([r["ms"] for r in runs]), "agent_side_ms": pct(agent),
+                "agent_phases_ms": phases, "samples": runs}
 
     # (a) a new rule appended to one existing policy; policies spread over the evaluation order.
     added = []

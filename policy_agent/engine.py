@@ -297,6 +297,7 @@ class PolicyEngine:
         old_rules = {} if same_rules else {r.rule_id: r for r in self.registry.all()}
         if not same_rules:
             self.registry.replace({**old_rules, **plan.compiled.rules})
+        compiled = self._clock()
         try:
             await self._channel.commit_flows(plan.add, plan.stale)
         except (PacketInError, asyncio.TimeoutError) as exc:
@@ -304,6 +305,7 @@ class PolicyEngine:
                 self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
+        switched = self._clock()
         if persist is not None:
             try:
                 await asyncio.to_thread(persist)
@@ -313,9 +315,12 @@ class PolicyEngine:
                     self.registry.replace(old_rules)
                 raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
         self._swap(nxt, plan)
+        done = self._clock()
         # bench/cni_latency.py reads this line: the agent side of a policy change.
-        log.info("policy sync #%d (%s): +%d -%d flows, %d in force, in %.1f ms", self.syncs, why, len(plan.add),
-                 len(plan.stale), len(plan.desired), (self._clock() - started) * 1000)
+        log.info("policy sync #%d (%s): +%d -%d flows, %d in force; compile %.1f, switch %.1f, persist %.1f; "
+                 "in %.1f ms", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
+                 (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
+                 (done - started) * 1000)
 
     async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
         """Put the switch back as it was before `plan` went in (after a failed persist)."""
