@@ -70,7 +70,7 @@ _SYNC_LINE = re.compile(r"policy sync #(\d+) \((\S+)\): .*compile ([\d.]+), swit
 # Issue 9's targets: agent-side ADD p99 by rule count, the plugin's wall p99 above its own
 # VERSION (process start-up), and a one-rule change at 1,000 rules on the agent side.
 TARGETS = {"agent_side_add_p99_ms": {"1000": 30.0, "5000": 100.0},
-           "plugin_wall_p99_above_version_p99_ms": 60.0,
+           "plugin_wall_p99_above_version_p50_ms": 60.0,
            "one_rule_change_agent_side_ms": {"rules": 1000, "p99": 50.0}}
 
 
@@ -595,8 +595,9 @@ def against_targets(result: dict[str, Any]) -> dict[str, Any]:
         p99 = adds.get(rules, {}).get("agent_side_ms", {}).get("p99")
         out[f"agent_side_add_p99_ms_at_{rules}"] = {"measured": p99, "target": limit,
                                                      "met": None if p99 is None else p99 <= limit}
-    version = result.get("baseline_ms", {}).get("plugin_version_wall", {}).get("p99")
-    limit = TARGETS["plugin_wall_p99_above_version_p99_ms"]
+    # Above the typical start-up (VERSION's p50): its own p99 is one noisy process start.
+    version = result.get("baseline_ms", {}).get("plugin_version_wall", {}).get("p50")
+    limit = TARGETS["plugin_wall_p99_above_version_p50_ms"]
     for rules, phase in adds.items():
         wall = phase.get("plugin_wall_ms", {}).get("p99")
         above = None if wall is None or version is None else round(wall - version, 1)
