@@ -1,8 +1,9 @@
 """Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
-A change (apply, delete, a Pod coming or going) is validated, compiled in full
-on a copy of the state off the event loop, sent to the switch as one atomic
-bundle, persisted by the caller's hook, and only then becomes the engine's
+A change (apply, delete, a Pod coming or going) is validated, compiled off the
+event loop (incrementally: only the rules the change can affect are rebuilt,
+policy/incremental.py), sent to the switch as one atomic bundle of the
+difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -26,7 +28,8 @@ from packetin.errors import PacketInError
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
-from policy_agent.policy.compiler import ClusterState, Compiled, Endpoint, compile_policies
+from policy_agent.policy import incremental
+from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
 
@@ -87,19 +90,25 @@ class _Objects:
 
 @dataclass(frozen=True)
 class _Plan:
-    compiled: Compiled
+    compiled: incremental.Snapshot
     desired: dict[FlowKey, messages.FlowSpec]
     add: list[messages.FlowSpec]  # new or changed flows
     stale: list[messages.FlowSpec]  # flows of the current state that are no longer desired
 
 
-def _plan(state: ClusterState, priorities: dict[int, dict[str, int]],
+def _plan(state: ClusterState, previous: incremental.Snapshot | None,
           current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
-    """Compile in full and diff against the current flows (pure: runs in a worker thread)."""
-    compiled = compile_policies(state, priorities)
-    desired = {f.key: f for f in compiled.flows}
-    add = [f for k, f in desired.items() if current.get(k) != f]
-    stale = [f for k, f in current.items() if k not in desired]
+    """Compile what the change affects and diff it against the current flows (pure: runs in
+    a worker thread). `current` is what `previous` installed."""
+    compiled, delta = incremental.update(previous, state)
+    desired = dict(current)
+    for f in delta.removed:
+        if desired.get(f.key) == f:
+            del desired[f.key]
+    for f in delta.added:
+        desired[f.key] = f
+    add = [f for f in delta.added if current.get(f.key) != f and desired[f.key] is f]
+    stale = [f for f in delta.removed if f.key not in desired]
     return _Plan(compiled, desired, add, stale)
 
 
@@ -135,17 +144,19 @@ class PolicyEngine:
 
     def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
-                 pod_wait: float | None = None, datapath: DatapathCache | None = None) -> None:
+                 pod_wait: float | None = None, datapath: DatapathCache | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._channel = channel
         self._datapath = datapath
         self.purge_failures = 0
+        self._clock = clock
         self.registry = registry
         self.round_ = round_
         self._meters = meters
         self._meter_specs = list(meter_specs)
         self._objects = _Objects()
         self._by_ip: dict[str, tuple[str, str]] = {}
-        self._priorities: dict[int, dict[str, int]] = {}
+        self._compiled: incremental.Snapshot | None = None
         self._policy_flows: dict[FlowKey, messages.FlowSpec] = {}
         self._lock = asyncio.Lock()
         self.syncs = 0
@@ -202,7 +213,7 @@ class PolicyEngine:
                            pods={**cur.pods, **{pod.key: pod for pod in pods}},
                            tiers={**cur.tiers, **tiers}, policies={**cur.policies, **{p.key: p for p in policies}},
                            endpoints=endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies)
+            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies, why="apply")
             if pods:
                 self._pods_changed.set()
 
@@ -220,7 +231,7 @@ class PolicyEngine:
                            tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
                            policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
                            endpoints=cur.endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers))
+            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers), why="delete")
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
@@ -233,7 +244,8 @@ class PolicyEngine:
             cur = self._objects
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
+                                 why="pod-added")
             await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
                                                                ofport=info.ofport))
 
@@ -260,7 +272,8 @@ class PolicyEngine:
             if ep is not None:
                 await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
             endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints))
+            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
+                                 why="pod-deleted")
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
@@ -279,35 +292,49 @@ class PolicyEngine:
                             round_=self.round_)
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                        changed: Sequence[Policy] = ()) -> None:
+                        changed: Sequence[Policy] = (), *, why: str) -> None:
         """validate -> compile (thread) -> one bundle -> persist (thread) -> swap. Call under the lock."""
+        started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            # In full and off the loop: the OpenFlow channel keeps answering echo and packet-ins.
-            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._priorities, self._policy_flows)
+            # Off the loop: the OpenFlow channel keeps answering echo and packet-ins.
+            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._compiled, self._policy_flows)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
                                   f"{type(exc).__name__}: {exc}"]) from exc
-        old_rules = {r.rule_id: r for r in self.registry.all()}
-        # Records for packet-ins of old and new rules stay enrichable during the switch-over.
-        self.registry.replace({**old_rules, **plan.compiled.rules})
+        # Records for packet-ins of old and new rules stay enrichable during the switch-over
+        # (a Pod change keeps the rules as they were: nothing to merge then).
+        same_rules = self._compiled is not None and plan.compiled.rules is self._compiled.rules
+        old_rules = {} if same_rules else {r.rule_id: r for r in self.registry.all()}
+        if not same_rules:
+            self.registry.replace({**old_rules, **plan.compiled.rules})
+        compiled = self._clock()
         try:
             await self._channel.commit_flows(plan.add, plan.stale)
         except (PacketInError, asyncio.TimeoutError) as exc:
-            self.registry.replace(old_rules)
+            if not same_rules:
+                self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
         await self._purge_datapath(plan.add or plan.stale)
+        switched = self._clock()
         if persist is not None:
             try:
                 await asyncio.to_thread(persist)
             except Exception as exc:
                 await self._undo(plan, nxt, exc)
-                self.registry.replace(old_rules)
+                if not same_rules:
+                    self.registry.replace(old_rules)
                 raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
         self._swap(nxt, plan)
+        done = self._clock()
+        # bench/cni_latency.py reads this line: the agent side of a policy change.
+        log.info("policy sync #%d (%s): +%d -%d flows, %d in force; compile %.1f, switch %.1f, persist %.1f; "
+                 "in %.1f ms", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
+                 (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
+                 (done - started) * 1000)
 
     async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
         """Put the switch back as it was before `plan` went in (after a failed persist)."""
@@ -339,8 +366,7 @@ class PolicyEngine:
         self._objects = nxt
         self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
         self._policy_flows = plan.desired
-        self._priorities = plan.compiled.priorities
-        self.registry.replace(plan.compiled.rules)
+        if self._compiled is None or plan.compiled.rules is not self._compiled.rules:
+            self.registry.replace(plan.compiled.rules)
+        self._compiled = plan.compiled
         self.syncs += 1
-        log.debug("policy sync #%d: %d flows (+%d -%d), %d rules", self.syncs, len(plan.desired), len(plan.add),
-                  len(plan.stale), len(plan.compiled.rules))

@@ -8,13 +8,19 @@ share an OpenFlow identity. Each rule's flows load reg7 (disposition) and reg6
 (rule id); logged rules (and every Reject) copy the packet to the agent through
 a metered controller action (DESIGN.md §3). A rule whose applied-to x peer x
 port product would explode is expressed with a conjunctive match.
+
+compile_policies is the whole state at once: layout (ids, tables, priorities,
+actions), then each rule's flows for the Pods a Selection picks. The engine
+compiles incrementally from the same pieces (policy/incremental.py).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
 from packetin import messages
@@ -23,11 +29,18 @@ from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_ICMP, IPPROTO_SCTP,
 from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
 from policy_agent.ovs import tables
 from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, Direction, IcmpSpec, Namespace, Peer, Pod,
+    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, Direction, IcmpSpec, IPBlock, Namespace, Peer,
     Policy, PolicyKind, PortSpec, Rule,
 )
 from policy_agent.policy.priorities import assign as assign_priorities
 from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
+from policy_agent.policy.selection import Endpoint, ScanSelection, Selection
+
+__all__ = ["ClusterState", "Compiled", "Endpoint", "Items", "Layout", "Memo", "PlacedRule", "Term", "applied_match",
+           "clause_flow", "compile_policies", "isolation_flows", "layout", "merged_match", "one_term", "peer_dim",
+           "rule_flows", "rule_terms"]
+
+Items = tuple[tuple[str, Any], ...]  # one match dimension's element, e.g. (("eth_type", 0x800), ("ipv4_src", ip))
 
 # Above this many cross-product flows a rule is expressed with conjunction. Kept
 # low on purpose: a rule whose size crosses the threshold is rewritten from one
@@ -40,16 +53,6 @@ _PROTO = {"TCP": (IPPROTO_TCP, "tcp_dst"), "UDP": (IPPROTO_UDP, "udp_dst"),
 _DISPOSITION = {Action.ALLOW: Disposition.ALLOW, Action.DROP: Disposition.DROP,
                 Action.REJECT: Disposition.REJECT, Action.PASS: Disposition.PASS}
 ISOLATION_RULE = "default-isolation"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A running Pod: what the CNI path knows about its interface."""
-
-    pod: Pod
-    ip: str
-    mac: str
-    ofport: int
 
 
 @dataclass(frozen=True)
@@ -72,63 +75,30 @@ class Compiled:
 
 
 @dataclass(frozen=True)
-class _Term:
+class Term:
     applied: tuple[Endpoint, ...]
-    peers: tuple[dict[str, Any], ...] | None  # None = any peer
-    ports: tuple[dict[str, Any], ...] | None  # None = any port
+    peers: tuple[Items, ...] | None  # None = any peer
+    ports: tuple[Items, ...] | None  # None = any port
 
 
 # --- selection ---------------------------------------------------------------------------
 
 
-def _ns_labels(state: ClusterState, name: str) -> dict[str, str]:
-    ns = state.namespaces.get(name)
-    return dict(ns.labels) if ns else {"kubernetes.io/metadata.name": name}
-
-
-def _applied_endpoints(state: ClusterState, policy: Policy, applied: Iterable[AppliedTo]) -> list[Endpoint]:
-    out: dict[tuple[str, str], Endpoint] = {}
-    for at in applied:
-        for ep in state.endpoints:
-            if policy.kind != PolicyKind.ACNP and ep.pod.namespace != policy.namespace:
-                continue
-            if at.namespace_selector is not None and not at.namespace_selector.matches(
-                    _ns_labels(state, ep.pod.namespace)):
-                continue
-            if at.pod_selector is not None and not at.pod_selector.matches(ep.pod.labels):
-                continue
-            out[ep.pod.key] = ep
-    return [out[k] for k in sorted(out)]
-
-
-def _peer_endpoints(state: ClusterState, policy: Policy, peer: Peer, own_ns: str) -> list[Endpoint]:
-    found = []
-    for ep in state.endpoints:
-        ns = ep.pod.namespace
-        if peer.namespace_self:
-            if ns != own_ns:
-                continue
-        elif peer.namespace_selector is not None:
-            if not peer.namespace_selector.matches(_ns_labels(state, ns)):
-                continue
-        elif policy.kind != PolicyKind.ACNP and ns != policy.namespace:
-            continue  # K8s/ANP: a bare podSelector means the policy's own Namespace
-        if peer.pod_selector is not None and not peer.pod_selector.matches(ep.pod.labels):
-            continue
-        found.append(ep)
-    return sorted(found, key=lambda e: e.pod.key)
-
-
-def _cidrs(peer: Peer) -> list[str]:
+def _cidrs(peer: Peer) -> tuple[str, ...]:
     block = peer.ip_block
     if block is None:
-        return []
+        return ()
+    return _block_cidrs(block)
+
+
+@functools.lru_cache(maxsize=8192)
+def _block_cidrs(block: IPBlock) -> tuple[str, ...]:
     nets = [block.network()]
     for ex in block.except_:
         exn = ipaddress.ip_network(ex, strict=False)
         nets = [piece for net in nets for piece in
                 (net.address_exclude(exn) if exn.subnet_of(net) else [net])]  # type: ignore[arg-type]
-    return sorted(str(n) for n in nets if n.version == 4)
+    return tuple(sorted(str(n) for n in nets if n.version == 4))
 
 
 def _port_matches(spec: PortSpec, dest: Endpoint | None) -> list[dict[str, Any]]:
@@ -169,9 +139,9 @@ def port_range_masks(lo: int, hi: int) -> list[tuple[int, int] | int]:
     return out
 
 
-def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
+def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
     """The (applied-to, peers, ports) products a rule stands for."""
-    applied = _applied_endpoints(state, policy, rule.applied_to or policy.applied_to)
+    applied = list(sel.applied(policy, rule.applied_to or policy.applied_to))
     if not applied:
         return []
     egress = rule.direction == Direction.EGRESS
@@ -183,47 +153,61 @@ def _terms(state: ClusterState, policy: Policy, rule: Rule) -> list[_Term]:
         groups = [[ep] for ep in applied]
     terms = []
     for group in groups:
-        own_ns = group[0].pod.namespace
-        peer_addrs: list[dict[str, Any]] | None = None
-        peer_eps: list[Endpoint] = []
-        if rule.peers:
-            addr_field = "ipv4_dst" if egress else "ipv4_src"
-            addrs: set[str] = set()
-            for peer in rule.peers:
-                if peer.ip_block is not None:
-                    addrs.update(_cidrs(peer))
-                else:
-                    eps = _peer_endpoints(state, policy, peer, own_ns)
-                    peer_eps += eps
-                    addrs.update(ep.ip for ep in eps)
-            if not addrs:
-                continue  # the rule selects no peer at all: it matches nothing
-            peer_addrs = [{"eth_type": ETH_TYPE_IPV4, addr_field: _addr(a)} for a in sorted(addrs)]
+        peer_addrs, peer_eps = peer_dim(sel, policy, rule, group[0].pod.namespace)
+        if peer_addrs == []:
+            continue  # the rule selects no peer at all: it matches nothing
         # Ports and protocols together are their union (Antrea); neither = any traffic.
-        icmp = [_icmp_match(spec) for spec in rule.protocols]
+        icmp = [tuple(_icmp_match(spec).items()) for spec in rule.protocols]
         if not rule.ports and not icmp:
-            terms.append(_Term(tuple(group), _tuple(peer_addrs), None))
+            terms.append(Term(tuple(group), _tuple(peer_addrs), None))
         elif named and egress:
             if icmp:  # ICMP does not depend on the peer's named ports
-                terms.append(_Term(tuple(group), _tuple(peer_addrs), tuple(icmp)))
+                terms.append(Term(tuple(group), _tuple(peer_addrs), tuple(icmp)))
             # The destination (the peer) names the port: one term per peer Pod; with
             # "any peer", every Pod that has such a port is a candidate.
-            candidates = peer_eps if rule.peers else list(state.endpoints)
+            candidates = peer_eps if rule.peers else list(sel.endpoints())
             for ep in sorted(set(candidates), key=lambda e: e.pod.key):
-                ports = [pm for ps in rule.ports for pm in _port_matches(ps, ep)]
+                ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, ep)]
                 if ports:
-                    dest_match = {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip}
-                    terms.append(_Term(tuple(group), (dest_match,), tuple(ports)))
+                    dest_match = _addr_items("ipv4_dst", ep.ip)
+                    terms.append(Term(tuple(group), (dest_match,), tuple(ports)))
         else:
             dest = group[0] if not egress else None
-            ports = [pm for ps in rule.ports for pm in _port_matches(ps, dest)] + icmp
+            ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, dest)] + icmp
             if ports:
-                terms.append(_Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
+                terms.append(Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
     return terms
 
 
-def _tuple(x: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...] | None:
+def peer_dim(sel: Selection, policy: Policy, rule: Rule, own_ns: str) -> tuple[list[Items] | None, list[Endpoint]]:
+    """(the peer addresses as matches, None = any peer; the peer Pods) of a rule."""
+    if not rule.peers:
+        return None, []
+    addr_field = "ipv4_dst" if rule.direction == Direction.EGRESS else "ipv4_src"
+    addrs: set[str] = set()
+    peer_eps: list[Endpoint] = []
+    for peer in rule.peers:
+        if peer.ip_block is not None:
+            addrs.update(_cidrs(peer))
+        else:
+            eps = sel.peers(policy, peer, own_ns)
+            peer_eps += eps
+            addrs.update(ep.ip for ep in eps)
+    return [_addr_items(addr_field, a) for a in sorted(addrs)], peer_eps
+
+
+def one_term(rule: Rule) -> bool:
+    """The rule is at most one term over all its applied-to Pods (no per-Pod peers or ports)."""
+    return not any(p.namespace_self for p in rule.peers) and not any(isinstance(ps.port, str) for ps in rule.ports)
+
+
+def _tuple(x: list[Items] | None) -> tuple[Items, ...] | None:
     return None if x is None else tuple(x)
+
+
+@functools.lru_cache(maxsize=65536)
+def _addr_items(addr_field: str, a: str) -> Items:
+    return (("eth_type", ETH_TYPE_IPV4), (addr_field, _addr(a)))
 
 
 def _addr(a: str) -> Any:
@@ -236,10 +220,36 @@ def _addr(a: str) -> Any:
 # --- flows -------------------------------------------------------------------------------
 
 
-def _applied_match(ep: Endpoint, direction: Direction) -> dict[str, Any]:
+def applied_match(ep: Endpoint, direction: Direction) -> Items:
     if direction == Direction.EGRESS:
-        return {"eth_type": ETH_TYPE_IPV4, "in_port": ep.ofport}
-    return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip}
+        return _in_port_items(ep.ofport)
+    return _addr_items("ipv4_dst", ep.ip)
+
+
+@functools.lru_cache(maxsize=65536)
+def _in_port_items(ofport: int) -> Items:
+    return (("eth_type", ETH_TYPE_IPV4), ("in_port", ofport))
+
+
+class Memo:
+    """Flows of one rule from its last compile, by what they were built from: a rule whose
+    inputs are unchanged except a few endpoints rebuilds only the flows those touch."""
+
+    def __init__(self, old: dict[Any, messages.FlowSpec] | None = None) -> None:
+        self.old = old or {}
+        self.new: dict[Any, messages.FlowSpec] = {}
+
+    def get(self, key: Any, make: Callable[[], messages.FlowSpec]) -> messages.FlowSpec:
+        flow = self.new.get(key) or self.old.get(key) or make()
+        self.new[key] = flow
+        return flow
+
+
+def merged_match(parts: Iterable[Items]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in parts:
+        out.update(part)
+    return out
 
 
 def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[messages.Action]:
@@ -271,40 +281,46 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     return actions, None  # Drop and Reject
 
 
-def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: _Term, direction: Direction,
-          actions: list[messages.Action], goto: int | None, cookie: int, conj_id: int) -> None:
-    dims: list[list[dict[str, Any]]] = [[_applied_match(ep, direction) for ep in term.applied]]
+def _dims(term: Term, direction: Direction) -> list[Sequence[Items]]:
+    dims: list[Sequence[Items]] = [[applied_match(ep, direction) for ep in term.applied]]
     if term.peers is not None:
-        dims.append(list(term.peers))
+        dims.append(term.peers)
     if term.ports is not None:
-        dims.append(list(term.ports))
+        dims.append(term.ports)
+    return dims
+
+
+def _conjunctive(dims: list[Sequence[Items]]) -> bool:
     product = 1
     for d in dims:
         product *= len(d)
+    return product > CONJUNCTION_THRESHOLD and sum(len(d) > 1 for d in dims) >= 2
+
+
+def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: Term, direction: Direction,
+          actions: tuple[messages.Action, ...], goto: int | None, cookie: int, conj_id: int, memo: Memo) -> None:
+    dims = _dims(term, direction)
     live = [d for d in dims if len(d) > 1]
-    if product <= CONJUNCTION_THRESHOLD or len(live) < 2:
-        for combo in _product(dims):
-            flows.append(messages.FlowSpec.make(table, priority, combo, actions, goto=goto, cookie=cookie))
+    if not _conjunctive(dims):
+        for combo in itertools.product(*dims):
+            flows.append(memo.get(combo, lambda: messages.FlowSpec.make(
+                table, priority, merged_match(combo), actions, goto=goto, cookie=cookie)))
         return
     # Conjunctive match: one flow per element of each multi-valued dimension; the
     # single-valued dimensions ride along on the conj_id flow.
-    fixed: dict[str, Any] = {}
-    for d in dims:
-        if len(d) == 1:
-            fixed.update(d[0])
+    fixed = tuple(d[0] for d in dims if len(d) == 1)
     for clause, dim in enumerate(live):
         for match in dim:
-            flows.append(messages.FlowSpec.make(table, priority, {**fixed, **match},
-                                         [messages.Conjunction(conj_id, clause, len(live))], cookie=cookie))
-    flows.append(messages.FlowSpec.make(table, priority, {**fixed, "conj_id": conj_id}, actions, goto=goto,
-                                 cookie=cookie))
+            flows.append(memo.get((conj_id, clause, len(live), fixed, match), lambda: clause_flow(
+                table, priority, fixed, match, conj_id, clause, len(live), cookie)))
+    flows.append(memo.get((conj_id, fixed), lambda: messages.FlowSpec.make(
+        table, priority, {**merged_match(fixed), "conj_id": conj_id}, actions, goto=goto, cookie=cookie)))
 
 
-def _product(dims: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{}]
-    for dim in dims:
-        out = [{**acc, **choice} for acc in out for choice in dim]
-    return out
+def clause_flow(table: int, priority: int, fixed: tuple[Items, ...], match: Items, conj_id: int, clause: int,
+                 n_clauses: int, cookie: int) -> messages.FlowSpec:
+    return messages.FlowSpec.make(table, priority, merged_match((*fixed, match)),
+                                  (messages.Conjunction(conj_id, clause, n_clauses),), cookie=cookie)
 
 
 def _tier_order(state: ClusterState, policy: Policy) -> tuple[int, float, int, str, str]:
@@ -314,49 +330,85 @@ def _tier_order(state: ClusterState, policy: Policy) -> tuple[int, float, int, s
             policy.namespace, policy.name)
 
 
-def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Compiled:
-    """Every policy flow and the rule registry for `state` (Pod forwarding flows excluded).
+@dataclass(frozen=True)
+class PlacedRule:
+    """A rule with its place in the pipeline: table, priority, id and actions."""
 
-    `previous` is the last Compiled.priorities: passing it keeps rules where they were.
-    """
+    key: str
+    policy: Policy
+    rule: Rule
+    table: int
+    priority: int
+    rule_id: int
+    actions: tuple[messages.Action, ...]
+    goto: int | None
+
+    def inputs(self, cookie: int) -> tuple[Any, ...]:
+        """Everything but the selected endpoints that the rule's flows depend on."""
+        return (self.policy.kind, self.policy.namespace, self.rule.applied_to or self.policy.applied_to,
+                self.rule, self.table, self.priority, self.rule_id, self.actions, self.goto, cookie)
+
+
+@dataclass(frozen=True)
+class Isolating:
+    """A Kubernetes policy isolating its Pods in one direction: their default drop."""
+
+    direction: Direction
+    policy: Policy
+    rule_id: int
+    actions: tuple[messages.Action, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything about the rules that does not depend on which Pods run."""
+
+    placed: tuple[PlacedRule, ...]
+    isolating: tuple[Isolating, ...]  # in the order that picks the policy naming a Pod's drop
+    rules: dict[int, RuleInfo]
+    priorities: dict[int, dict[str, int]]
+    cookie: int
+
+
+def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Layout:
+    """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions."""
     cookie = tables.cookie(state.round_, tables.COOKIE_KIND_POLICY)
     antrea = sorted((x for x in state.policies if x.kind != PolicyKind.K8S), key=lambda x: _tier_order(state, x))
     k8s = sorted((x for x in state.policies if x.kind == PolicyKind.K8S), key=lambda x: (x.namespace, x.name))
 
     # Identity of every rule first, so ids are allocated in one deterministic pass.
-    entries: list[tuple[Policy, Rule, int]] = []
+    entries: list[tuple[Policy, Rule, str, str]] = []
     keys: list[str] = []
     for policy in antrea + k8s:
         for idx, rule in enumerate(policy.rules):
-            entries.append((policy, rule, idx))
-            keys.append(rule_key(policy, rule.direction, rule.name or f"{rule.direction.value}-{idx}"))
+            name = rule.name or f"{rule.direction.value}-{idx}"
+            entries.append((policy, rule, name, rule_key(policy, rule.direction, name)))
+            keys.append(entries[-1][3])
     for policy in k8s:
         for direction in policy.isolates:
             keys.append(rule_key(policy, direction, ISOLATION_RULE))
     ids = allocate_ids(keys)
 
-    flows: list[messages.FlowSpec] = []
     rules: dict[int, RuleInfo] = {}
     ns_logging = {name: ns.logging_enabled for name, ns in state.namespaces.items()}
 
     # Which table each rule lands in, in evaluation order, then stable priorities.
-    placed: list[tuple[Policy, Rule, int, str, int]] = []
     order: dict[int, list[str]] = {}
-    for policy, rule, idx in entries:
+    tables_of: list[int] = []
+    for policy, rule, _, key in entries:
         egress = rule.direction == Direction.EGRESS
-        key = rule_key(policy, rule.direction, rule.name or f"{rule.direction.value}-{idx}")
         if policy.kind == PolicyKind.K8S:
             table = tables.T_EGRESS_K8S if egress else tables.T_INGRESS_K8S
         else:
             baseline = (policy.tier or DEFAULT_TIER) == BASELINE_TIER
             table = (tables.T_EGRESS_BASELINE if baseline else tables.T_EGRESS) if egress else \
                 (tables.T_INGRESS_BASELINE if baseline else tables.T_INGRESS)
-        placed.append((policy, rule, idx, key, table))
+        tables_of.append(table)
         order.setdefault(table, []).append(key)
     priorities = {t: assign_priorities(keys, (previous or {}).get(t, {})) for t, keys in order.items()}
 
-    for policy, rule, idx, key, table in placed:
-        name = rule.name or f"{rule.direction.value}-{idx}"
+    placed: list[PlacedRule] = []
+    for (policy, rule, name, key), table in zip(entries, tables_of):
         rid = ids[key]
         if policy.kind == PolicyKind.K8S:
             logged = ns_logging.get(policy.namespace, False)
@@ -364,32 +416,72 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
         else:
             tier = policy.tier or DEFAULT_TIER
             logged = rule.enable_logging
-        priority = priorities[table][key]
         rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
                               logged=logged)
         actions, goto = _rule_actions(state, rule.action, rid, logged, table)
-        for n, term in enumerate(_terms(state, policy, rule)):
-            _emit(flows, table, priority, term, rule.direction, actions, goto, cookie, conj_id=rid + n)
+        placed.append(PlacedRule(key, policy, rule, table, priorities[table][key], rid, tuple(actions), goto))
 
-    # Kubernetes isolation: a selected Pod gets only what some policy allows.
+    isolating: list[Isolating] = []
     for direction in (Direction.EGRESS, Direction.INGRESS):
         table = tables.T_EGRESS_K8S if direction == Direction.EGRESS else tables.T_INGRESS_K8S
-        isolated: dict[tuple[str, str], tuple[Endpoint, Policy]] = {}
         for policy in k8s:
             if direction not in policy.isolates:
                 continue
-            for ep in _applied_endpoints(state, policy, policy.applied_to):
-                isolated.setdefault(ep.pod.key, (ep, policy))  # the first isolating policy names the drop
-        for key in sorted(isolated):
-            ep, policy = isolated[key]
             rid = ids[rule_key(policy, direction, ISOLATION_RULE)]
             logged = ns_logging.get(policy.namespace, False)
             rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                                   policy_name=policy.name, rule_name=ISOLATION_RULE, tier="", priority=0.0,
                                   action=Action.DROP, direction=direction, log_label="", logged=logged)
             actions, _ = _rule_actions(state, Action.DROP, rid, logged, table)
-            flows.append(messages.FlowSpec.make(table, _ISOLATION_PRIORITY, _applied_match(ep, direction), actions,
-                                         cookie=cookie))
-    return Compiled(flows=flows, rules=rules, priorities=priorities)
+            isolating.append(Isolating(direction, policy, rid, tuple(actions)))
+    return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie)
+
+
+def rule_terms(sel: Selection, placed: PlacedRule) -> list[Term]:
+    return _terms(sel, placed.policy, placed.rule)
+
+
+def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None,
+               terms: list[Term] | None = None) -> list[messages.FlowSpec]:
+    """The flows of one placed rule for the Pods `sel` picks (or for its `terms`)."""
+    flows: list[messages.FlowSpec] = []
+    for n, term in enumerate(_terms(sel, placed.policy, placed.rule) if terms is None else terms):
+        _emit(flows, placed.table, placed.priority, term, placed.rule.direction, placed.actions, placed.goto,
+              cookie, placed.rule_id + n, memo or Memo())
+    return flows
+
+
+def isolation_flows(sel: Selection, lay: Layout, memo: Memo | None = None) -> list[messages.FlowSpec]:
+    """Kubernetes isolation: a selected Pod gets only what some policy allows."""
+    memo = memo or Memo()
+    flows: list[messages.FlowSpec] = []
+    for direction in (Direction.EGRESS, Direction.INGRESS):
+        table = tables.T_EGRESS_K8S if direction == Direction.EGRESS else tables.T_INGRESS_K8S
+        isolated: dict[tuple[str, str], tuple[Endpoint, Isolating]] = {}
+        for iso in lay.isolating:
+            if iso.direction != direction:
+                continue
+            for ep in sel.applied(iso.policy, iso.policy.applied_to):
+                isolated.setdefault(ep.pod.key, (ep, iso))  # the first isolating policy names the drop
+        for key in sorted(isolated):
+            ep, iso = isolated[key]
+            match = applied_match(ep, direction)
+            flows.append(memo.get((match, iso.actions, lay.cookie), lambda: messages.FlowSpec.make(
+                table, _ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)))
+    return flows
+
+
+def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Compiled:
+    """Every policy flow and the rule registry for `state` (Pod forwarding flows excluded).
+
+    `previous` is the last Compiled.priorities: passing it keeps rules where they were.
+    """
+    lay = layout(state, previous)
+    sel = ScanSelection(state.namespaces, state.endpoints)
+    flows: list[messages.FlowSpec] = []
+    for placed in lay.placed:
+        flows += rule_flows(sel, placed, lay.cookie)
+    flows += isolation_flows(sel, lay)
+    return Compiled(flows=flows, rules=lay.rules, priorities=lay.priorities)

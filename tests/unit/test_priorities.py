@@ -25,15 +25,50 @@ def test_insertions_and_removals_keep_existing_priorities(keys: list[str], data:
         merged.insert(data.draw(st.integers(0, len(merged))), n)
     second = priorities.assign(merged, first)
     assert strictly_decreasing(merged, second)
-    moved = [k for k in survivors if second[k] != first[k]]
-    if moved:  # only allowed when a gap ran out and the table was spread again
-        assert second == priorities.spread(merged)
+    # Evenly spread, every gap has room for ten newcomers: nobody already placed moves.
+    assert all(second[k] == first[k] for k in survivors)
 
 
-def test_reordering_existing_rules_spreads_again() -> None:
-    first = priorities.assign(["a", "b", "c"], {})
-    second = priorities.assign(["c", "a", "b"], first)
-    assert strictly_decreasing(["c", "a", "b"], second)
+def test_reordering_existing_rules_moves_only_those_out_of_order() -> None:
+    keys = [f"k{i}" for i in range(100)]
+    first = priorities.assign(keys, {})
+    reordered = ["k50"] + [k for k in keys if k != "k50"]
+    second = priorities.assign(reordered, first)
+    assert strictly_decreasing(reordered, second)
+    assert [k for k in keys if second[k] != first[k]] == ["k50"]
+
+
+def test_clustered_insertions_respread_a_bounded_window_never_the_table() -> None:
+    # The same spot again and again (a policy inserted before the same neighbour each time):
+    # when its gap runs out, a window around it is spread again, not all 1,000 rules.
+    keys = [f"k{i:04d}" for i in range(1000)]
+    prev = priorities.assign(keys, {})
+    first = dict(prev)
+    worst = 0
+    for n in range(300):
+        keys.insert(500, f"new{n:03d}")
+        nxt = priorities.assign(keys, prev)
+        assert strictly_decreasing(keys, nxt)
+        worst = max(worst, sum(1 for k in prev if k in nxt and nxt[k] != prev[k]))
+        prev = nxt
+    assert 0 < worst <= 300
+    far = [k for k in first if not "k0300" <= k < "k0600"]
+    assert all(prev[k] == first[k] for k in far)
+
+
+def test_a_full_table_still_fits_and_one_more_rule_does_not() -> None:
+    limit = priorities.TOP - priorities.FLOOR
+    keys = [f"k{i}" for i in range(limit - 1)]
+    prev = priorities.assign(keys, {})
+    keys.insert(7, "one-more")
+    assert strictly_decreasing(keys, priorities.assign(keys, prev))
+    keys.insert(7, "too-many")
+    try:
+        priorities.assign(keys, prev)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a table over capacity was accepted")
 
 
 def test_an_insertion_between_neighbours_moves_nothing_else() -> None:
