@@ -54,6 +54,8 @@ bench: setup
 	$(PY) bench/packetin_throughput.py
 	$(PY) bench/auditlog_throughput.py
 	$(PY) bench/cni_latency.py
+	$(PY) bench/flow_encoder.py
+	$(PY) bench/xdp_offload.py
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
 
