@@ -17,7 +17,8 @@ from auditlog.writer import AuditWriter
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
-from policy_agent.metrics import AuditCollector, SyslogCollector, build_registry
+from policy_agent.metrics import AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry
+from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -34,6 +35,12 @@ class _Forwarder:
                               last_error=None, sent=7, lost=0, truncated=0, skipped=0, errors=0)
 
 
+class _Supervisor:
+    def snapshot(self) -> SupervisorStats:
+        return SupervisorStats(up={"ovsdb-server": True, "ovs-vswitchd": True},
+                               restarts={"ovs-vswitchd": 1}, capped=False, restarting=True)
+
+
 @pytest.fixture
 def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dict[str, str]]]]]:
     """Every family of a registry built as the agent builds it: name -> (type, label names, samples)."""
@@ -46,6 +53,8 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
                              Aggregator(window=0))
     registry.register(AuditCollector(pipeline, writer))
     registry.register(SyslogCollector([_Forwarder()]))
+    # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
+    registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     families = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {key for sample in family.samples for key in sample.labels}

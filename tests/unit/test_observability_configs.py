@@ -13,12 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from auditlog.writer import LOSS_KEYS
-from policy_agent.metrics import OvsSupervisorCollector
-from policy_agent.ovs.supervisor import SupervisorStats
 from tests.unit.test_metrics_names import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
@@ -35,21 +31,10 @@ _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "by", "without",
                        "group_left", "group_right", "inf", "nan"})
 
 
-class _Supervisor:
-    def snapshot(self) -> SupervisorStats:
-        return SupervisorStats(up={"ovsdb-server": True, "ovs-vswitchd": True},
-                               restarts={"ovs-vswitchd": 1}, capped=False, restarting=True)
-
-
 @pytest.fixture
 def series(scrape) -> Series:  # noqa: F811 (the imported fixture)
-    """Every exported series with its labels and values: the agent's registry plus the OVS supervisor's
-    collector, which the agent registers only when it supervises OVS (policy_agent/agent.py)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
+    """Every exported series with its labels and values (the registry the agent builds)."""
     samples = [s for _, _, family_samples in scrape.values() for s in family_samples]
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        samples += [(s.name, s.labels) for s in family.samples]
     index: Series = {}
     for name, labels in samples:
         values = index.setdefault(name, {})
