@@ -29,22 +29,24 @@ print(ok)
 """
 
 
+# Pods in namespace y get no TCP 80 (81 stays open).
+NO_80_TO_Y = textwrap.dedent("""
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {name: no-80-to-y}
+    spec:
+      priority: 1
+      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
+      ingress: [{action: Drop, ports: [{protocol: TCP, port: 80}]}]
+""")
+
+
 def server_behind_no_80(cluster: Cluster) -> tuple[PodHandle, PodHandle]:
     """A server Pod in y whose TCP 80 is dropped by policy (81 open), and a client Pod in x."""
     cluster.apply(namespaces_and_pods(logging_ns=""))
     server = cluster.add_pod("y", "a")
     client = cluster.add_pod("x", "a", server=False)
-    cluster.apply(textwrap.dedent("""
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {name: no-80-to-y}
-        spec:
-          priority: 1
-          appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-          ingress:
-          - action: Drop
-            ports: [{protocol: TCP, port: 80}]
-    """))
+    cluster.apply(NO_80_TO_Y)
     target = [f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"]
     assert cluster.probe(client.ref, target) == {target[0]: "timeout", target[1]: "connected"}
     return server, client

@@ -9,23 +9,15 @@ import re
 import pytest
 import subprocess
 import sys
-import textwrap
 import time
 
 from tests.e2e.cluster import Cluster
+from tests.e2e.test_agent_restart import NO_80_TO_Y
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 BIG_FIRST_PORT, BIG_RULES = 2000, 3000  # the reported run: 3,001 rules, killed 2.4 s into a 2.9 s apply
 
-OLD = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: no-80-to-y}
-    spec:
-      priority: 1
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress: [{action: Drop, ports: [{protocol: TCP, port: 80}]}]
-""")
+OLD = NO_80_TO_Y  # the state before the big apply
 
 
 def big_policy() -> str:
