@@ -196,12 +196,16 @@ def records_lost_record(*, lost: Mapping[str, int], after_seq: int, now: float,
                     {"after_seq": after_seq, "records_lost": total, "lost_by_reason": dict(sorted(lost.items()))})
 
 
+def utc_stamp(t: float) -> str:
+    """Epoch seconds `t` as records write times: UTC, milliseconds, Z."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _restart(reason: str, now: float, context: Mapping[str, Any] | None, message: str,
              detail: dict[str, Any]) -> dict[str, Any]:
-    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="milliseconds")
     record: dict[str, Any] = copy.deepcopy(dict(context or {}))
     record.update({
-        "@timestamp": stamp.replace("+00:00", "Z"),
+        "@timestamp": utc_stamp(now),
         "ecs": {"version": ECS_VERSION},
         "event": {"id": uuid.uuid4().hex, "kind": "state", "category": ["file"], "type": ["info"],
                   "action": "chain-restart", "reason": reason, "dataset": DATASET},

@@ -14,13 +14,14 @@ from typing import IO, Any, Iterable, Protocol
 
 import orjson
 
+from auditlog.loss_records import is_loss_record
 from auditlog.query import Match, Record, get_field
 
 __all__ = ["FORMATS", "Output", "make_output", "safe_text"]
 
 FORMATS = ("table", "compact", "json")
 _UNSAFE = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"))
-_COLOURS = {"Allow": "\x1b[32m", "Drop": "\x1b[31m", "Reject": "\x1b[35m", "Pass": "\x1b[33m"}
+_COLOURS = {"Allow": "\x1b[32m", "Drop": "\x1b[31m", "Reject": "\x1b[35m", "Pass": "\x1b[33m", "LOSS": "\x1b[1;33m"}
 _RESET = "\x1b[0m"
 
 
@@ -55,7 +56,21 @@ def _endpoint(record: Record, side: str) -> str:
     return safe_text(where if port is None else f"{where}:{port}")
 
 
+def _loss_fields(record: Record) -> dict[str, str]:
+    """A loss record (auditlog/loss_records.py) in the columns: what went missing where, in POLICY."""
+    items = get_field(record, "npaudit", "loss", "by_reason")
+    what = "; ".join(f"{i.get('category')} {i.get('reason')} {i.get('source')} {i.get('count')}"
+                     for i in (items if isinstance(items, list) else []) if isinstance(i, dict))
+    total = sum(n for unit in ("packet_ins", "records")
+                if type(n := get_field(record, "npaudit", "loss", unit)) is int)
+    return {"TIME": safe_text(record.get("@timestamp", "")), "SOURCE": "-", "DESTINATION": "-", "PROTO": "",
+            "DISPOSITION": "LOSS", "DIRECTION": "", "TIER": "", "POLICY": safe_text(what), "RULE": "",
+            "COUNT": str(total), "NODE": safe_text(get_field(record, "observer", "hostname") or "")}
+
+
 def _fields(record: Record) -> dict[str, str]:
+    if is_loss_record(record):
+        return _loss_fields(record)
     name = get_field(record, "rule", "name") or get_field(record, "rule", "id") or ""
     packets = get_field(record, "npaudit", "aggregate", "packets")
     disposition = get_field(record, "npaudit", "disposition") or get_field(record, "event", "action")
@@ -123,6 +138,11 @@ class _Compact:
                 continue
             f = _fields(record)
             disposition = _paint(f["DISPOSITION"], self._colour)
+            if f["DISPOSITION"] == "LOSS":  # the record's message says it best
+                line = f"{f['TIME']} {f['NODE'] or '-'}: {disposition} {safe_text(record.get('message', ''))}"
+                self._out.write(line.encode("utf-8", "replace") + b"\n")
+                n += 1
+                continue
             rule = f["RULE"] and f"rule={f['RULE']}"
             where = " ".join(x for x in (f["DIRECTION"], f["TIER"], f["POLICY"], rule) if x)
             line = (f"{f['TIME']} {f['NODE'] or '-'}: {f['SOURCE']} -> {f['DESTINATION']} {f['PROTO'] or '-'} "

@@ -19,6 +19,8 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from meters.ovs import MeterSpec  # the spec lives with the meters; its encoding lives here
+from meters.stats import MeterReading
+from packetin.errors import DecodeError
 
 NXPIF_NXT_PACKET_IN2 = 2
 # Property of NXAST_CONTROLLER2 that os-ken does not know (OVS >= 2.16):
@@ -237,6 +239,26 @@ def set_packet_in_format_nxt2() -> Any:
 
 def meter_features_request() -> Any:
     return parser.OFPMeterFeaturesStatsRequest(CODEC, 0)
+
+
+def meter_stats_request() -> Any:
+    return parser.OFPMeterStatsRequest(CODEC, 0, ofp.OFPM_ALL)
+
+
+def parse_meter_stats(parts: Iterable[bytes]) -> list[MeterReading]:
+    """Every meter of the OFPMP_METER reply `parts` (os-ken's 1.5 parser reads OVS's layout here)."""
+    readings = []
+    for raw in parts:
+        if len(raw) < 16 or int.from_bytes(raw[2:4], "big") != len(raw):
+            raise DecodeError(f"meter stats reply of {len(raw)} bytes: not one whole message")
+        try:
+            stats = parse(raw).body
+            readings += [MeterReading(m.meter_id, sum(b.packet_band_count for b in m.band_stats),
+                                      sum(b.byte_band_count for b in m.band_stats),
+                                      m.duration_sec + m.duration_nsec / 1e9) for m in stats]
+        except (AttributeError, TypeError, ValueError, struct.error) as exc:
+            raise DecodeError(f"meter stats reply of {len(raw)} bytes: {exc}") from exc
+    return readings
 
 
 def _instructions(actions: Iterable[Action], goto: GotoTable | None) -> list[Any]:

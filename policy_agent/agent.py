@@ -31,8 +31,9 @@ from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
-from policy_agent.metrics import (AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry,
-                                  build_versions, category_name)
+from policy_agent.loss_accounting import LossAccounting
+from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
+                                  build_registry, build_versions, category_name)
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
@@ -112,6 +113,15 @@ class Agent:
         self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
         if self.syslog:
             self.registry.register(SyslogCollector(self.syslog))
+        # Meter statistics and the loss records stating what never became a record.
+        audit, writer = self.audit, self.audit_writer
+        self.losses = LossAccounting(
+            self.channel, interval=config.meters.stats_interval, ovs_losses=self.ovs_counters.read,
+            admission=lambda: {category_name(c): n for c, n in self.demux.stats().items()},
+            writer_full=(lambda: audit.snapshot().writer_full) if audit is not None else lambda: 0,
+            submit=writer.submit if writer is not None else None,
+            context=writer.state_fields if writer is not None else None)
+        self.registry.register(MeterCollector(self.losses))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY))
         self._handlers[Category.POLICY] = self.policy_packetins
@@ -160,6 +170,7 @@ class Agent:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
         await self._start_policy(meters_ok)
+        self.losses.start()
         self.ovs_supervisor.start()
         settle_heap()
 
@@ -277,7 +288,7 @@ class Agent:
                       "head": None if writer is None else dict(zip(("seq", "chain"), writer.head))},
             "syslog": self.syslog_status().to_json(),
             "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
-                         "meter_drops": None},  # the agent does not read OVS meter stats (yet)
+                         "meter_drops": self.losses.dropped_json()},
             "problems": self.problems.snapshot(),
         }
 
@@ -303,6 +314,7 @@ class Agent:
             await self.api.close()
         if self.cni is not None:
             await self.cni.close()
+        await self.losses.close()  # a last loss window, read while the channel is still up
         await self.channel.close()
         await self.demux.stop(drain=True)
         if self.audit is not None and self.audit_writer is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import yaml
 
 from policy_agent.config_checks import (
-    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, record_name,
+    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, ovs_queue_size, record_name,
 )
 from policy_agent.errors import AgentError
 
@@ -59,10 +59,6 @@ def _listen(v: str) -> str | None:
     return None
 
 
-def _queue_size(v: int) -> str | None:
-    return None if 1 <= v <= 512 else f"must be between 1 and 512 (OVS limit), got {v}"
-
-
 @dataclass(frozen=True)
 class OvsConfig:
     # embedded: the agent starts a private ovsdb-server + ovs-vswitchd (userspace
@@ -84,7 +80,7 @@ class OvsConfig:
     datapath_type: str = field(default="auto", metadata=_check(_one_of("auto", "netdev", "system")))
     # Packet-ins OVS queues for the agent's connection before dropping
     # (rconn_overflow). OVS allows 1..512; its own default is 100.
-    controller_queue_size: int = field(default=512, metadata=_check(_queue_size))
+    controller_queue_size: int = field(default=512, metadata=_check(ovs_queue_size))
     # Seconds between looks at the OVS daemons' pid files. Embedded: a dead daemon is
     # restarted (ovsdb-server together with ovs-vswitchd), with backoff and a cap per
     # window. External: a dead daemon is only reported (log, npaudit_ovs_up).
@@ -159,6 +155,9 @@ class MetersConfig:
     policy_allow: MeterLimit = MeterLimit()
     policy_deny: MeterLimit = MeterLimit()  # Drop, Reject, Pass
     traceflow: MeterLimit = MeterLimit(rate=100, burst=50)
+    # Seconds between reads of the meters' drop counts (npaudit_meter_dropped_*); each read
+    # ends a window whose losses (meter, OVS queue, admission, writer) go into a loss record.
+    stats_interval: float = field(default=5.0, metadata=_check(bounded(0.1, 3600)))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from auditlog.pipeline import PipelineStats
 from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.writer import WriterStats
+from meters.stats import Dropped
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
@@ -239,3 +240,27 @@ class OvsSupervisorCollector:
         yield restarts
         yield GaugeMetricFamily("npaudit_ovs_restarts_capped", "1 while restarts of a dead OVS daemon are "
                                 "held back by the per-window cap (OVS crash-looping)", value=int(s.capped))
+
+
+class MeterDropsSource(Protocol):
+    """Meter drops as this collector sees them (policy_agent.loss_accounting.LossAccounting)."""
+
+    def dropped(self) -> dict[str, Dropped] | None: ...
+
+
+class MeterCollector:
+    """Exports what each OVS meter's band dropped (read over OpenFlow), across OVS restarts."""
+
+    def __init__(self, source: MeterDropsSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        packets = CounterMetricFamily("npaudit_meter_dropped_packets", "Packet-ins an OVS meter dropped "
+                                      "(never sent to the agent), per meter", labels=["meter"])
+        size = CounterMetricFamily("npaudit_meter_dropped_bytes", "Bytes of the packets an OVS meter dropped, "
+                                   "per meter", labels=["meter"])
+        for meter, d in sorted((self._source.dropped() or {}).items()):
+            packets.add_metric([meter], d.packets)
+            size.add_metric([meter], d.bytes)
+        yield packets
+        yield size

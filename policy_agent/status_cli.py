@@ -189,6 +189,8 @@ class RecordCounts:
     packets: int = 0
     offloaded_packets: int = 0
     unreadable: int = 0  # lines that are no JSON object
+    # What loss records in the files state went missing: "category reason source" -> count (unit in the key).
+    losses: dict[str, int] = field(default_factory=dict)
     first: str | None = None
     last: str | None = None
     by: dict[str, dict[str, Tally]] = field(default_factory=lambda: {k: {} for k in GROUPS})
@@ -196,6 +198,7 @@ class RecordCounts:
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "packets": self.packets, "offloaded_packets": self.offloaded_packets,
                 "unreadable_lines": self.unreadable, "first": self.first, "last": self.last,
+                "losses_stated": dict(sorted(self.losses.items())),
                 **{f"by_{kind}": {key: {"records": t.records, "packets": t.packets}
                                   for key, t in _ranked(groups)} for kind, groups in self.by.items()}}
 
@@ -231,6 +234,7 @@ def count_records(matches: Iterable[tuple[bytes, dict[str, Any] | None]]) -> Rec
     """Counts of the matching lines (raw, record if parsed) of `LogReader.select`."""
     import orjson
 
+    from auditlog.loss_records import is_loss_record
     from auditlog.query import get_field, record_time
 
     counts = RecordCounts()
@@ -242,6 +246,9 @@ def count_records(matches: Iterable[tuple[bytes, dict[str, Any] | None]]) -> Rec
                 record = None
         if not isinstance(record, dict):
             counts.unreadable += 1
+            continue
+        if is_loss_record(record):  # not a record of traffic: what the trail says it is missing
+            _count_losses(counts.losses, record)
             continue
         packets = _int(get_field(record, "npaudit", "aggregate", "packets"))
         counts.records += 1
@@ -257,6 +264,16 @@ def count_records(matches: Iterable[tuple[bytes, dict[str, Any] | None]]) -> Rec
                 tally.records += 1
                 tally.packets += packets
     return counts
+
+
+def _count_losses(losses: dict[str, int], record: dict[str, Any]) -> None:
+    from auditlog.query import get_field
+
+    items = get_field(record, "npaudit", "loss", "by_reason")
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            key = " ".join(str(item.get(k, "-")) for k in ("category", "reason", "source", "unit"))
+            losses[key] = losses.get(key, 0) + _int(item.get("count"))
 
 
 def agent_counters(status: dict[str, Any]) -> dict[str, Any]:
@@ -329,6 +346,10 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
         lines += [f"{r[0].ljust(width)}  {r[1].rjust(8)}  {r[2].rjust(9)}" for r in rows]
         if len(groups) > len(shown):
             lines.append(f"... {len(groups) - len(shown)} more (--top, or -o json for all)")
+    stated = files.get("losses_stated") or {}
+    lines.append("")
+    lines.append("losses stated by loss records in the files: "
+                 + (", ".join(f"{safe_text(k)} {n}" for k, n in stated.items()) or "none"))
     lines.append("")
     agent = report.get("agent")
     if agent is None:
@@ -342,5 +363,8 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
     lines.append("  packet-ins OVS dropped before sending: "
                  + (", ".join(f"{k} {'-' if n is None else n}" for k, n in sorted(lost.items())) or "-"))
     meter = agent.get("meter_drops")
-    lines.append(f"  meter drops: {'not exported by the agent' if meter is None else meter}")
+    shown = ("not read (no datapath meters, or no reading yet)" if meter is None else
+             ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
+                       for m, d in sorted(meter.items())) or "-")
+    lines.append(f"  packet-ins OVS meters dropped: {shown}")
     return "\n".join(lines)

@@ -117,3 +117,10 @@ def test_a_yaml_syntax_error_is_one_line_with_its_position() -> None:
     errors = _errors("ovs:\n  bridge: [unclosed\n")
     assert len(errors) == 1 and "\n" not in errors[0], errors
     assert errors[0].startswith("<config>: not valid YAML") and "line 3" in errors[0], errors
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "0.01", "86400"])
+def test_a_meter_statistics_interval_outside_a_tenth_of_a_second_to_an_hour_is_refused(value: str) -> None:
+    errors = _errors(f"meters: {{stats_interval: {value}}}")
+    assert len(errors) == 1 and errors[0].startswith("meters.stats_interval: must be between 0.1 and 3600"), errors
+    assert config.loads("meters: {stats_interval: 0.5}").meters.stats_interval == 0.5

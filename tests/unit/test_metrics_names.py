@@ -17,7 +17,9 @@ from auditlog.writer import AuditWriter
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
-from policy_agent.metrics import AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry
+from meters.stats import Dropped
+from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
+                                  build_registry)
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 
@@ -33,6 +35,11 @@ class _Forwarder:
     def stats(self) -> ForwarderStats:
         return ForwarderStats(destination="tcp://siem:514", connected=True, last_seq_sent=7, backlog_bytes=0,
                               last_error=None, sent=7, lost=0, truncated=0, skipped=0, errors=0)
+
+
+class _Meters:
+    def dropped(self) -> dict[str, Dropped]:
+        return {"policy_deny": Dropped(packets=301, bytes=30100)}
 
 
 class _Supervisor:
@@ -53,6 +60,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
                              Aggregator(window=0))
     registry.register(AuditCollector(pipeline, writer))
     registry.register(SyslogCollector([_Forwarder()]))
+    registry.register(MeterCollector(_Meters()))
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     families = {}

@@ -209,7 +209,8 @@ def test_stats_adds_the_agents_admission_drops_when_it_answers(logset: Path, age
               api=lambda s, r: {"ok": True, "status": status}, out=out, err=io.StringIO())
     table = out.getvalue()
     assert "packet-in admission drops (policy): dropped_queue_full 1, dropped_rate_limit 3" in table
-    assert "meter drops: not exported by the agent" in table and "more (--top" in table
+    assert "packet-ins OVS meters dropped: not read (no datapath meters, or no reading yet)" in table
+    assert "more (--top" in table
 
 
 @pytest.mark.parametrize("args,message", [

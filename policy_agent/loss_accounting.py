@@ -1,0 +1,162 @@
+"""Every meters.stats_interval seconds: read the OVS meter statistics, then state the window's losses.
+
+The meter band counts come over the agent's own OpenFlow channel (OFPMP_METER);
+they feed npaudit_meter_dropped_*_total and, with ovs-vswitchd's packet-in
+overflow counters, the demux's admission drops and the records a full writer
+refused, the loss records written into the audit trail (auditlog/loss_records.py).
+Nothing here runs on the packet-in path: it only reads counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+from auditlog.chain import RecordText
+from auditlog.loss_records import (ADMISSION, METER, OVS_QUEUE, RECORDS, WRITER_FULL, LossKey,
+                                   LossRecorder)
+from meters.ovs import MeterSupport
+from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
+from packetin import messages
+from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
+from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
+from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+ADMISSION_SOURCES = {DROPPED_RATE: "rate_limit", DROPPED_QUEUE: "queue_full"}
+
+
+class MeterChannel(Protocol):
+    """The OpenFlow channel as the meter statistics reader sees it (packetin.channel.OpenFlowChannel)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    meter_support: MeterSupport | None
+
+    async def multipart(self, msg: Any) -> list[bytes]: ...
+
+
+class Restartable:
+    """Totals of counters that start again from zero when their process restarts (vswitchd coverage).
+
+    The first reading is the baseline: what was counted before the agent looked is not its to state."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, int] = {}
+        self.totals: dict[str, int] = {}
+
+    def update(self, readings: Mapping[str, int | None]) -> None:
+        for name, raw in readings.items():
+            if raw is None:
+                continue
+            before = self._raw.get(name)
+            if before is not None:
+                self.totals[name] = self.totals.get(name, 0) + (raw - before if raw >= before else raw)
+            else:
+                self.totals.setdefault(name, 0)
+            self._raw[name] = raw
+
+
+class LossAccounting:
+    """Reads meter statistics and writes loss records, once per `interval` (a task, until `close`).
+
+    `submit` is the audit writer's (None: no audit log, meter statistics only);
+    `admission` returns the demux's counters and `writer_full` the records the
+    pipeline could not queue; `ovs_losses` reads ovs-vswitchd's coverage
+    counters (blocking: run in a thread).
+    """
+
+    def __init__(self, channel: MeterChannel, *, interval: float,
+                 admission: Callable[[], Mapping[str, Mapping[str, int]]],
+                 ovs_losses: Callable[[], Mapping[str, int | None]],
+                 writer_full: Callable[[], int] = lambda: 0,
+                 submit: Callable[[RecordText], bool] | None = None,
+                 context: Mapping[str, Any] | None = None,
+                 mono_clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._channel = channel
+        self.interval = interval
+        self._admission = admission
+        self._ovs_losses = ovs_losses
+        self._writer_full = writer_full
+        self._mono, self._wall = mono_clock, wall_clock
+        self.meters = MeterTotals(started=mono_clock())
+        self.meters_read = False  # True once a reply came: before that the meter counts are unknown
+        self.read_errors = 0
+        self.ovs = Restartable()
+        self.recorder = None if submit is None else LossRecorder(submit, now=wall_clock(), context=context)
+        self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
+        self._task: asyncio.Task[None] | None = None
+
+    def dropped(self) -> dict[str, Dropped] | None:
+        """Meter drops by meter name, None until the first statistics reply (or without meters)."""
+        if not self.meters_read:
+            return None
+        return {meter_name(meter_id): d for meter_id, d in self.meters.totals().items()}
+
+    def dropped_json(self) -> dict[str, dict[str, int]] | None:
+        """dropped() for `npaudit status|stats`: {meter: {packets, bytes}}."""
+        drops = self.dropped()
+        return None if drops is None else {m: {"packets": d.packets, "bytes": d.bytes} for m, d in drops.items()}
+
+    async def read_meters(self) -> None:
+        """One OFPMP_METER request; a failure is logged (rate-limited) and counted, never raised."""
+        support = self._channel.meter_support
+        if not self._channel.ready or support is None or not support.supported:
+            return
+        try:
+            parts = await self._channel.multipart(messages.meter_stats_request())
+            readings = messages.parse_meter_stats(parts)
+        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "meter-stats", "OVS meter statistics not read: %s",
+                             str(exc) or type(exc).__name__)
+            return
+        self.meters.update(readings, self._mono())
+        self.meters_read = True
+
+    def counts(self) -> dict[LossKey, int]:
+        """Every loss counted so far, cumulative, by kind."""
+        counts = {LossKey(METER_CATEGORIES.get(meter_id, "policy"), METER, meter_name(meter_id)): d.packets
+                  for meter_id, d in self.meters.totals().items()}
+        counts.update({LossKey("all", OVS_QUEUE, name): n for name, n in self.ovs.totals.items()})
+        for category, outcomes in self._admission().items():
+            for outcome, source in ADMISSION_SOURCES.items():
+                counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)
+        counts[LossKey("policy", WRITER_FULL, "audit_writer", RECORDS)] = self._writer_full()
+        return counts
+
+    async def tick(self) -> dict[str, Any] | None:
+        """Read everything once; the loss record written for the window now ended, if any."""
+        await self.read_meters()
+        self.ovs.update(await asyncio.to_thread(self._ovs_losses))
+        if self.recorder is None:
+            return None
+        return self.recorder.tick(self.counts(), self._wall())
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="loss-accounting")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.tick()
+            except Exception:  # a bug here must not end the accounting for the agent's lifetime
+                self._errors.log(logging.ERROR, "tick", "loss accounting failed", exc_info=True)
+
+    async def close(self) -> None:
+        """Stop, after one last window up to now (while the channel is still up)."""
+        if self._task is None:
+            return
+        await cancel_and_wait(self._task)
+        self._task = None
+        try:
+            await self.tick()
+        except Exception:
+            log.error("last loss accounting window failed", exc_info=True)
