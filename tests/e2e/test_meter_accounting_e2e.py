@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from typing import Any, Iterator
@@ -18,7 +17,7 @@ import jsonschema
 import pytest
 
 from tests.e2e.cluster import Cluster
-from tests.e2e.test_audit_e2e import SCHEMA
+from tests.e2e.test_audit_e2e import POLICIES, SCHEMA  # its drop-udp-from-x: a logged Drop, label sec-udp
 from tests.e2e.test_ovs_supervision import daemon_pid
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
@@ -27,23 +26,6 @@ FLOOD_PPS = 2000
 # Packets a busy netdev datapath may lose on the veth before OVS sees them (never counted by anyone). The
 # flood is paced to keep this at 0 here; the bound keeps a loaded CI host from failing a correct agent.
 IN_FLIGHT_MARGIN = 5
-
-DROP_UDP = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: flood-audit}
-    spec:
-      tier: securityops
-      priority: 3
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - name: drop-udp-from-x
-        action: Drop
-        enableLogging: true
-        logLabel: flood
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: UDP, port: 53}]
-""")
 
 # Paced UDP sender: argv ip port count pps; prints the rate it achieved.
 SENDER = r"""
@@ -99,7 +81,7 @@ def flood(cluster: Cluster, src: str, ip: str, count: int) -> float:
 def tally(records: list[dict[str, Any]]) -> tuple[int, int, list[dict[str, Any]]]:
     """(packets in the flood's Drop records, packet-ins the loss records state the deny meter dropped, those)."""
     recorded = sum(r["npaudit"]["aggregate"]["packets"] for r in records
-                   if r.get("labels", {}).get("log_label") == "flood")
+                   if r.get("labels", {}).get("log_label") == "sec-udp")
     losses = [r for r in records if r["event"]["action"] == "audit-loss"]
     dropped = sum(i["count"] for r in losses for i in r["npaudit"]["loss"]["by_reason"]
                   if (i["reason"], i["source"]) == ("meter", "policy_deny"))
@@ -121,7 +103,7 @@ def setup_flood_target(cluster: Cluster) -> str:
     cluster.apply(namespaces_and_pods())
     cluster.add_pod("x", "a", server=False)
     ya = cluster.add_pod("y", "a")
-    cluster.apply(DROP_UDP)
+    cluster.apply(POLICIES)
     return ya.ip
 
 
@@ -132,8 +114,10 @@ def test_a_metered_flood_is_accounted_exactly_by_records_plus_stated_meter_drops
     achieved = flood(cluster, "x/a", target, sent)
     recorded, dropped, metric = settle(cluster, port, sent)
     print(f"sent {sent} at {achieved:.0f} pps: {recorded} in records, {dropped} meter-dropped (metric {metric})")
-    # The meter really limited the flood (1 s at 100 pps + the burst gets through, the rest is dropped).
-    assert 0 < recorded < sent // 4 and dropped > sent // 2
+    # The meter held the flood to its rate: the burst plus rate x duration got through. A loose check
+    # (±25%); bench/meter_accuracy.py measures the steady-state ratio.
+    expected = METER_BURST + METER_RATE * sent / achieved
+    assert abs(recorded - expected) <= 0.25 * expected, (recorded, expected)
     assert metric == dropped, "the metric and the loss records in the trail disagree"
     assert sent - IN_FLIGHT_MARGIN <= recorded + dropped <= sent, (recorded, dropped)
 
@@ -149,7 +133,7 @@ def test_a_metered_flood_is_accounted_exactly_by_records_plus_stated_meter_drops
     assert res.returncode == 0, res.stdout + res.stderr
     shown = subprocess.run([sys.executable, "-m", "policy_agent.cli", "logs", "-o", "compact",
                             str(cluster.dir / "audit")], capture_output=True, text=True)
-    assert f"LOSS the audit trail is incomplete between" in shown.stdout
+    assert "LOSS the audit trail is incomplete between" in shown.stdout
     assert "dropped by OVS meter policy_deny" in shown.stdout
 
 
