@@ -19,6 +19,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
 from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
                               split_name)
+from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
@@ -112,6 +113,7 @@ class _Walk:
     pending: _Damage | None = None
     warnings: list[str] = field(default_factory=list)
     syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
+    stated_losses: list[int] = field(default_factory=lambda: [0, 0, 0])  # loss records, packet-ins, records
 
     def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None] | None:
         """(record, seq, chain, JSON text, syslog params or None) of one line without its newline;
@@ -205,6 +207,12 @@ class _Walk:
             self.first, self.first_seq = (fi, lineno, record), seq
         self.prev_seq, self.prev_chain, self.prev_pos = seq, chain, (fi, lineno)
         self.records += 1
+        if is_loss_record(record):
+            loss = record["npaudit"].get("loss")
+            loss = loss if isinstance(loss, dict) else {}
+            self.stated_losses[0] += 1
+            for i, unit in ((1, PACKET_INS), (2, RECORDS)):
+                self.stated_losses[i] += loss[unit] if type(loss.get(unit)) is int else 0
         return None
 
     def _forwarded(self, fi: int, lineno: int, record: dict[str, Any], params: dict[str, str]) -> Break | None:
@@ -331,6 +339,11 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
         brk = walk.run()
     finally:
         pinned.close()
+    n, packet_ins, records = walk.stated_losses
+    if n:
+        walk.warnings.append(f"{n} loss records state that {packet_ins} packet-ins and {records} records never "
+                             "became records (meter, OVS queue, admission or writer drops; `npaudit logs` "
+                             "shows them as LOSS)")
     if walk.first_seq not in (None, 1) and brk is None:
         walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
                              "here (removed by retention, or by someone)")

@@ -131,6 +131,7 @@ def test_a_metered_flood_is_accounted_exactly_by_records_plus_stated_meter_drops
     res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(cluster.dir / "audit")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"loss records state that {dropped} packet-ins and 0 records never became records" in res.stdout
     shown = subprocess.run([sys.executable, "-m", "policy_agent.cli", "logs", "-o", "compact",
                             str(cluster.dir / "audit")], capture_output=True, text=True)
     assert "LOSS the audit trail is incomplete between" in shown.stdout
