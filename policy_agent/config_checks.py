@@ -10,7 +10,7 @@ U32_MAX = (1 << 32) - 1   # OVS meter rates and bursts are 32-bit
 QUEUE_MAX = 10_000_000    # records or packet-ins held in memory: far above any useful backlog
 
 
-def bounded(low: int, high: int) -> Callable[[Any], str | None]:
+def bounded(low: float, high: float) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         return None if low <= v <= high else f"must be between {low} and {high}, got {v}"
     return check
