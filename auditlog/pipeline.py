@@ -59,7 +59,7 @@ class AuditPipeline:
         self._rules = ctx.rules
         self._overload = overload
         self._level = FULL
-        self._countdown = _CHECK_EVERY
+        self._countdown = 1  # the first packet-in looks at the backlog
         # coarse key -> the full-detail keys its open window holds (besides its "first" packet).
         self._distinct: dict[tuple, set[tuple]] = {}
         self._directions: dict[int, str] = {}

@@ -157,7 +157,6 @@ def test_the_distinct_key_count_counts_keys_not_packets() -> None:
     backlog.fill = 0.6
     writer = Writer()
     pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), overload=overload(backlog))
-    pipeline._countdown = 1  # look at the backlog on the first packet-in
     for i in range(100):  # 100 packets of 10 keys, then 1 packet of an 11th
         pipeline(pin("10.1.0.1", 5000, 80 + i % 10, 100.0 + i / 1000))
     pipeline(pin("10.1.0.1", 5000, 99, 100.2))
@@ -171,7 +170,6 @@ def test_past_the_peers_mark_the_peer_goes_and_the_applied_to_pod_stays() -> Non
     backlog = Backlog()
     writer = Writer()
     pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), overload=overload(backlog))
-    pipeline._countdown = 1
     backlog.fill = 0.9
     for i in range(50):  # five senders, Drop and Allow: the ingress rule protects 10.0.0.2
         pipeline(pin(f"10.1.0.{i % 5 + 1}", 1000 + i, 80, 100.0 + i / 1000, disposition=DROP if i % 2 else ALLOW,
@@ -214,3 +212,17 @@ def test_coarsened_records_seal_verify_and_read_back_with_npaudit_logs(tmp_path:
     ported = subprocess.run([*cli, "logs", str(tmp_path), "--port", "2000", "-o", "json"], capture_output=True,
                             text=True)
     assert ported.returncode == 0 and len(ported.stdout.splitlines()) == 1  # a coarse record has no port
+
+
+def test_the_schema_wants_coarsened_and_keys_together() -> None:
+    backlog = Backlog()
+    backlog.fill = 0.6
+    writer = Writer()
+    pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), overload=overload(backlog))
+    pipeline(pin("10.1.0.1", 1, 2, 100.0))
+    (record,) = records(writer)
+    for member in ("coarsened", "keys"):
+        broken = json.loads(json.dumps(record))
+        del broken["npaudit"]["aggregate"][member]
+        with pytest.raises(jsonschema.ValidationError):
+            VALIDATOR.validate(broken)

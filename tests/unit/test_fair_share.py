@@ -182,3 +182,13 @@ def test_the_destination_address_is_read_through_vlan_tags_and_for_ipv6() -> Non
     assert destination_address(v6) == ipaddress.IPv6Address("fd00::2").packed
     assert destination_address(b"\x00" * 12 + b"\x08\x06" + b"\x00" * 28) == b""  # ARP
     assert destination_address(b"") == b""
+
+
+def test_fair_share_settings_are_checked_at_load_naming_the_field() -> None:
+    from policy_agent.config import ConfigError, loads
+
+    config = loads("packetin:\n  fair_share: {key_rate: 5, key_burst: 10, max_keys: 100}\n", environ={})
+    assert (config.packetin.fair_share.key_rate, config.packetin.fair_share.max_keys) == (5.0, 100)
+    for bad, field in (("max_keys: 0", "max_keys"), ("key_rate: 0", "key_rate"), ("key_burst: 0.5", "key_burst")):
+        with pytest.raises(ConfigError, match=rf"packetin\.fair_share\.{field}: must be"):
+            loads(f"packetin:\n  fair_share: {{{bad}}}\n", environ={})
