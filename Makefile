@@ -53,6 +53,7 @@ demo: setup
 bench: setup
 	$(PY) bench/packetin_throughput.py
 	$(PY) bench/auditlog_throughput.py
+	$(PY) bench/audit_overload.py
 	$(PY) bench/cni_latency.py
 	$(PY) bench/flow_encoder.py
 	$(PY) bench/xdp_offload.py

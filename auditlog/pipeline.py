@@ -4,7 +4,9 @@ Runs on the event loop (the demux calls it per admitted packet-in); everything
 blocking (file writes, rotation, gzip) happens in the writer's thread. Every
 admitted packet-in ends up in exactly one record: Drop/Reject/Pass packets of
 a key are written at once for the first packet and as one aggregate record
-when the window closes; Allow (one packet-in per connection) at once.
+when the window closes; Allow (one packet-in per connection) at once. In overload (auditlog/overload.py)
+every disposition is aggregated with a coarser key and its records say so
+(npaudit.aggregate.coarsened, .keys): fewer records, the same packet counts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable, Protocol
 
 from auditlog.aggregate import Aggregator, AggregatorStats, Emission
 from auditlog.chain import RecordText
+from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import decode_frame
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
@@ -26,6 +29,8 @@ from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
+# Packet-ins between two looks at the backlog while at full detail (in overload: every one).
+_CHECK_EVERY = 64
 
 
 class RecordSink(Protocol):
@@ -43,21 +48,41 @@ class PipelineStats:
     writer_full: int  # refused by the writer
     decode_truncated: int
     aggregator: AggregatorStats
+    coarsened: int = 0  # of `records`, those written with a coarser key in overload
+    overload: OverloadStats | None = None
 
 
 class AuditPipeline:
     def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregator,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, overload: Overload | None = None) -> None:
         self._encode = RecordEncoder(ctx).encode_positional
+        self._rules = ctx.rules
+        self._overload = overload
+        self._level = FULL
+        self._countdown = 1  # the first packet-in looks at the backlog
+        # coarse key -> the full-detail keys its open window holds (besides its "first" packet).
+        self._distinct: dict[tuple, set[tuple]] = {}
+        self._directions: dict[int, str] = {}
         self._writer = writer
         self._agg = aggregator
         self._clock = wall_clock
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0}
+        self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0, "coarsened": 0}
         self._drops = RateLimitedLog(log, 10.0)
 
     def __call__(self, pin: PacketIn) -> None:
+        overload = self._overload
+        if overload is not None:
+            # At full detail the backlog is looked at every _CHECK_EVERY packet-ins; once
+            # coarsened, at every one, so full detail comes back as soon as it is below the mark.
+            self._countdown -= 1
+            if self._level or self._countdown <= 0:
+                self._countdown = _CHECK_EVERY
+                self._level = overload.update(pin.received_at)
+            if self._level:
+                self._coarse(pin)
+                return
         summary = decode_frame(pin.packet)
         stats = self.stats
         if summary.truncated:
@@ -74,11 +99,63 @@ class AuditPipeline:
         if aggregate and self._wake is not None:
             self._wake.set()
 
+    def _coarse(self, pin: PacketIn) -> None:
+        """Account one packet-in under the coarser key of the current overload level."""
+        summary = decode_frame(pin.packet)
+        stats = self.stats
+        if summary.truncated:
+            stats["decode_truncated"] += 1
+        stats["packet_ins"] += 1
+        rule_id = pin.rule_id
+        disposition = pin.reg7 & DISPOSITION_BITS
+        src, dst, protocol = summary.src_ip, summary.dst_ip, summary.protocol
+        last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
+        full = (rule_id, disposition, src, dst, protocol, last)
+        level = self._level
+        if level == PEERS:
+            # Keep the end the rule protects (the applied-to Pod), drop the other.
+            direction = self._direction(rule_id)
+            src = src if direction == "egress" else None
+            dst = dst if direction == "ingress" else None
+        key = (LEVEL_NAMES[level], rule_id, disposition, src, dst, protocol)
+        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
+        if emissions:
+            self._emit(emissions)
+        if not any(e.key is key and e.kind == "first" for e in emissions):
+            distinct = self._distinct.get(key)
+            if distinct is None:
+                distinct = self._distinct[key] = set()
+            distinct.add(full)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _direction(self, rule_id: int) -> str:
+        direction = self._directions.get(rule_id)
+        if direction is None:
+            rule = self._rules.get(rule_id) if rule_id else None
+            value = getattr(rule, "direction", None) if rule is not None else None
+            direction = str(getattr(value, "value", value) or "").lower()
+            if rule is not None:
+                if len(self._directions) >= 4096:
+                    self._directions.clear()
+                self._directions[rule_id] = direction
+        return direction
+
     def _emit(self, emissions: list[Emission]) -> None:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
         for e in emissions:
             pin, summary = e.sample
-            record = encode(pin, summary, e.packets, e.bytes, e.first, e.last, e.offloaded_packets)
+            key = e.key
+            if type(key[0]) is str:  # a coarse key (see _coarse): no ports, maybe no peer
+                level, _, _, src, dst, _ = key
+                keys = 1 if e.kind == "first" else len(self._distinct.pop(key, ())) or 1
+                coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
+                                          icmp_type=None, icmp_code=None)
+                record = encode(pin, coarse, e.packets, e.bytes, e.first, e.last, e.offloaded_packets,
+                                level, keys)
+                stats["coarsened"] += 1
+            else:
+                record = encode(pin, summary, e.packets, e.bytes, e.first, e.last, e.offloaded_packets)
             if submit(record):
                 stats["records"] += 1
             else:
@@ -113,7 +190,10 @@ class AuditPipeline:
                 except asyncio.TimeoutError:
                     pass
             try:
-                self._emit(self._agg.tick(self._clock()))
+                now = self._clock()
+                if self._overload is not None:
+                    self._level = self._overload.update(now)
+                self._emit(self._agg.tick(now))
             except Exception:  # keep closing windows whatever one record did
                 log.exception("closing aggregation windows failed")
 
@@ -122,7 +202,8 @@ class AuditPipeline:
         return self._agg
 
     def snapshot(self) -> PipelineStats:
-        return PipelineStats(**self.stats, aggregator=self._agg.snapshot())
+        overload = self._overload.stats(self._clock()) if self._overload is not None else None
+        return PipelineStats(**self.stats, aggregator=self._agg.snapshot(), overload=overload)
 
     async def close(self) -> None:
         """Write what the open windows hold, then stop the timer."""

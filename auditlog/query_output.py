@@ -73,6 +73,9 @@ def _fields(record: Record) -> dict[str, str]:
         return _loss_fields(record)
     name = get_field(record, "rule", "name") or get_field(record, "rule", "id") or ""
     packets = get_field(record, "npaudit", "aggregate", "packets")
+    coarsened = get_field(record, "npaudit", "aggregate", "coarsened")
+    if packets is not None and coarsened:  # overload mode: one record for many keys
+        packets = f"{packets} ({get_field(record, 'npaudit', 'aggregate', 'keys')} keys, coarsened: {coarsened})"
     disposition = get_field(record, "npaudit", "disposition") or get_field(record, "event", "action")
     return {
         "TIME": safe_text(record.get("@timestamp", "")),

@@ -277,8 +277,12 @@ class RecordEncoder:
         return self.encode_positional(pin, summary, packets, bytes_, first, last, offloaded_packets)
 
     def encode_positional(self, pin: PacketIn, summary: PacketSummary, packets: int, bytes_: int, first: float,
-                          last: float, offloaded_packets: int) -> RecordText:
-        """encode, without keyword arguments (cheaper per call: the pipeline's per-record path)."""
+                          last: float, offloaded_packets: int, coarsened: str = "", keys: int = 0) -> RecordText:
+        """encode, without keyword arguments (cheaper per call: the pipeline's per-record path).
+
+        `coarsened` ("ports" or "peers") marks a record of the overload mode, which stands for
+        `keys` distinct full-detail keys (`summary` then has no ports, maybe no peer address).
+        """
         rp = self._rule_parts(pin)
         first_s = self._timestamp(first)
         last_s = first_s if last == first else self._timestamp(last)
@@ -316,13 +320,15 @@ class RecordEncoder:
         else:
             counts = packets, bytes_, offloaded_packets
         n_packets, n_bytes, n_offloaded = counts
+        # JCS order inside aggregate: bytes, coarsened, first, keys, last, offloaded_packets, packets.
+        coarse_head, coarse_keys = (f'"coarsened":"{coarsened}",', f'"keys":{keys},') if coarsened else ("", "")
         net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
         net_before, net_after = self._networks.get(net_key) or self._network(net_key)
         head = (f'{{"@timestamp":"{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
                 f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
                 f',"network":{{"bytes":{n_bytes},{net_before}"packets":{n_packets}{net_after}}}'
-                f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},"first":"{first_s}",'
-                f'"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
+                f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
+                f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
         pods = self._pods
         dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""

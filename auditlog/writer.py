@@ -132,6 +132,10 @@ class AuditWriter:
 
     # --- producer side (any thread) ---
 
+    def queue_fill(self) -> float:
+        """How full the queue is, 0.0 .. 1.0 (the audit overload mode watches it)."""
+        return len(self._queue) / self.queue_size
+
     def submit(self, record: RecordText) -> bool:
         """Queue `record` (the writer now owns it and sets npaudit.seq/chain); False if full or closed."""
         if self._closing:

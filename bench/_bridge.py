@@ -187,15 +187,17 @@ async def _install_flood_rule(target: str, copies: int, distinct_rules: bool) ->
 
 
 @contextlib.asynccontextmanager
-async def consumer_path(target: str, netns: str, handler: Any) -> AsyncIterator[tuple[Any, Any]]:
-    """The agent's packet-in path into `handler`: channel -> decode -> demux (a queue big
-    enough that nothing is dropped) -> handler, connected and the heap settled as the
-    agent does; yields (channel, demux), closes both on the way out (the demux drains)."""
+async def consumer_path(target: str, netns: str, handler: Any,
+                        queue_size: int = 1 << 20, fair: Any = None) -> AsyncIterator[tuple[Any, Any]]:
+    """The agent's packet-in path into `handler`: channel -> decode -> demux (by default a
+    queue big enough that nothing is dropped) -> handler, connected and the heap settled as
+    the agent does; yields (channel, demux), closes both on the way out (the demux drains)."""
     from packetin.channel import ChannelSettings, OpenFlowChannel
     from packetin.demux import Demux
 
     demux = Demux()
-    demux.subscribe(Category.POLICY, handler, rate=1e9, burst=1e9, queue_size=1 << 20, now=time.monotonic())
+    demux.subscribe(Category.POLICY, handler, rate=1e9, burst=1e9, queue_size=queue_size, now=time.monotonic(),
+                    fair=fair)
     channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,
                               on_malformed=demux.count_malformed)
     demux.start()
@@ -222,3 +224,12 @@ async def until_sigterm(demux: Any) -> dict[str, int]:
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "ovs": subprocess.run(
         ["ovs-vswitchd", "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
+
+
+def print_report(benchmark: str, args: Any, phases: list[dict], summary: dict, work: Path) -> None:
+    """The bench's JSON on stdout (settings from its flood arguments), then its work directory removed."""
+    print(json.dumps({"benchmark": benchmark, "machine": machine(),
+                      "settings": {"seconds": args.seconds, "rounds": args.rounds, "copies": args.copies,
+                                   "offered_frames_per_s": args.rate, "pinned": args.pin},
+                      "phases": phases, "summary": summary}, indent=2))
+    subprocess.run(["rm", "-rf", str(work)])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -33,13 +34,15 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge import RULE_ID, bench_bridge, consumer_path, machine, run_phase, until_sigterm  # noqa: E402
+from _bridge import RULE_ID, bench_bridge, consumer_path, print_report, run_phase, until_sigterm  # noqa: E402
 from packetin_throughput import consume_raw  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
+from auditlog.overload import Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
@@ -201,29 +204,32 @@ def latency(bridge: dict, audit_path: Path, n: int, rate: float, pin: bool) -> d
             "p99_ms": round(q[98], 3), "max_ms": round(lat[-1], 3)}
 
 
-def pipeline_capacity(path: Path, n: int, pin: bool) -> dict:
-    """Records/s the pipeline writes with OVS out of the way: n decoded packet-ins of n
-    distinct keys (recorded OVS bytes; destination port and rule varied) fed straight in."""
+def distinct_packet_ins(n: int) -> Iterator[PacketIn]:
+    """n decoded packet-ins of n distinct keys (recorded OVS bytes; destination port and rule
+    varied), made on the fly as the channel makes them: n live objects would make a bench about GC."""
     from packetin import wire
 
     raw = (Path(__file__).resolve().parent.parent / "tests" / "unit" / "data" / "ovs31_packet_in2_stream.bin").read_bytes()
-    template = wire.decode_packet_in2(wire.Framer().feed(raw)[0], time.time())
-    frame = bytearray(template.packet)
+    t = wire.decode_packet_in2(wire.Framer().feed(raw)[0], time.time())
+    frame = bytearray(t.packet)
     frame[23] = 17  # make it UDP so the destination port is a key field
     frames = []  # 64k frames (bytes: no work for the garbage collector), one per destination port
     for port in range(1024, 1024 + 64000):
         frame[36:38] = port.to_bytes(2, "big")
         frames.append(bytes(frame))
     make = PacketIn
-    t = template
+    for i in range(n):
+        # (rule, destination port) differs for every packet-in up to 64k x DISTINCT_RULES
+        rule_id = RULE_ID + (i // 64000) % DISTINCT_RULES
+        yield make(t.reason, t.table_id, t.cookie, t.in_port, rule_id, t.reg7, t.userdata, frames[i % 64000],
+                   t.total_len, time.time())
 
-    def packet_ins():  # made on the fly, as the channel makes them: n live objects would make this about GC
-        for i in range(n):
-            # (rule, destination port) differs for every packet-in up to 64k x DISTINCT_RULES
-            rule_id = RULE_ID + (i // 64000) % DISTINCT_RULES
-            yield make(t.reason, t.table_id, t.cookie, t.in_port, rule_id, t.reg7, t.userdata, frames[i % 64000],
-                       t.total_len, time.time())
 
+def pipeline_capacity(path: Path, n: int, pin: bool,
+                      overload: Callable[[AuditWriter], Overload | None] = lambda writer: None) -> dict:
+    """Records/s the pipeline writes with OVS out of the way: n packet-ins of n distinct keys
+    (distinct_packet_ins) fed straight in (with `overload`'s Overload, if it gives one)."""
+    packet_ins = functools.partial(distinct_packet_ins, n)
     context = bench_context()
     affinity = os.sched_getaffinity(0)
     if pin:
@@ -232,7 +238,7 @@ def pipeline_capacity(path: Path, n: int, pin: bool) -> dict:
         # The agent's writer defaults (100 MiB files, a 100k-record queue; a drop would show below).
         writer = AuditWriter(path, backup_count=50)
         writer.start()
-        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0))
+        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload(writer))
         settle_heap()  # as the agent does once it has started
         t0 = time.perf_counter()
         c0 = time.process_time()
@@ -246,7 +252,7 @@ def pipeline_capacity(path: Path, n: int, pin: bool) -> dict:
     finally:
         os.sched_setaffinity(0, affinity)
     records, packets = count_records(path)
-    return {"records": records, "packets_accounted": packets,
+    return {"records": records, "packets_accounted": packets, "coarsened": pipeline.stats["coarsened"],
             "writer_dropped": writer.stats["dropped_queue_full"], "pinned_to_one_cpu": pin,
             "records_per_s_fed": round(n / fed), "records_per_s_on_disk": round(records / elapsed),
             "cpu_seconds_both_threads": round(cpu, 3)}
@@ -343,11 +349,7 @@ def main() -> int:
     }
     summary["aggregated_flood"]["accounted_vs_ceiling"] = round(
         summary["aggregated_flood"]["packets_accounted_per_s"] / summary["aggregated_flood"]["ovs_ceiling_per_s_baseline"], 4)
-    print(json.dumps({"benchmark": "auditlog_throughput", "machine": machine(),
-                      "settings": {"seconds": args.seconds, "rounds": args.rounds, "copies": args.copies,
-                                   "offered_frames_per_s": args.rate, "pinned": args.pin},
-                      "phases": phases, "summary": summary}, indent=2))
-    subprocess.run(["rm", "-rf", str(work)])
+    print_report("auditlog_throughput", args, phases, summary, work)
     return 0
 
 

@@ -14,8 +14,10 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Callable, Iterable
 
+from meters.fair_share import ADMITTED, DROPPED_FAIR_SHARE, FairShare
 from meters.token_bucket import TokenBucket
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
@@ -29,7 +31,8 @@ DELIVERED = "delivered"
 DROPPED_RATE = "dropped_rate_limit"
 DROPPED_QUEUE = "dropped_queue_full"
 HANDLER_ERROR = "handler_error"
-OUTCOMES = (RECEIVED, DELIVERED, DROPPED_RATE, DROPPED_QUEUE, HANDLER_ERROR)
+DROPPED_FAIR = "dropped_fair_share"  # past its key's fair share while the category was down to its reserve
+OUTCOMES = (RECEIVED, DELIVERED, DROPPED_RATE, DROPPED_QUEUE, HANDLER_ERROR, DROPPED_FAIR)
 
 # Packet-ins that never reach a category (npaudit_packetin_unroutable_total{reason}).
 UNKNOWN_CATEGORY = "unknown_category"
@@ -45,6 +48,27 @@ _CONSUMER_SLICE = 512
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class FairShareSettings:
+    """Fair admission between keys of one category (meters/fair_share.py).
+
+    `key` runs on every packet-in of the category before admission: it must be cheap
+    (the agent gives (rule id, applied-to Pod) from reg6, in_port and the frame).
+    """
+
+    key: Callable[[PacketIn], Hashable]
+    key_rate: float
+    key_burst: float
+    max_keys: int
+
+
+@dataclass(frozen=True)
+class FairShareStats:
+    keys: int      # keys tracked now
+    evicted: int   # keys dropped from the LRU to stay within max_keys
+    borrowed: int  # packet-ins admitted past their key's share, from the category's excess
+
+
 @dataclass(slots=True)
 class _Subscription:
     category: int
@@ -56,6 +80,8 @@ class _Subscription:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     task: asyncio.Task[None] | None = None
+    fair: FairShare | None = None
+    fair_key: Callable[[PacketIn], Hashable] | None = None
 
 
 class Demux:
@@ -68,8 +94,10 @@ class Demux:
         self._running = False
 
     def subscribe(self, category: int, handler: Handler, *, rate: float, burst: float,
-                  queue_size: int, now: float, name: str | None = None) -> None:
-        """Register the handler for `category` with its own token bucket and channel."""
+                  queue_size: int, now: float, name: str | None = None,
+                  fair: FairShareSettings | None = None) -> None:
+        """Register the handler for `category` with its own token bucket and channel
+        (and with `fair`, a bucket per key under the category's: meters/fair_share.py)."""
         if category in self._subs:
             raise ValueError(f"category {category} already has subscriber {self._subs[category].name!r}")
         if queue_size < 1:
@@ -81,6 +109,10 @@ class Demux:
             bucket=TokenBucket(rate, burst, now),
             queue_size=queue_size,
         )
+        if fair is not None:
+            sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
+                                 max_keys=fair.max_keys, now=now)
+            sub.fair_key = fair.key
         self._subs[category] = sub
         if self._running:
             sub.task = asyncio.get_running_loop().create_task(self._consume(sub))
@@ -116,6 +148,9 @@ class Demux:
             counts = sub.counts
             n = len(group)
             counts[RECEIVED] += n
+            if sub.fair is not None:
+                self._admit_fairly(sub, group, now)
+                continue
             room = sub.queue_size - len(sub.queue)
             admitted = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
             if admitted < n:
@@ -125,6 +160,32 @@ class Demux:
             if admitted:
                 sub.queue.extend(group if admitted == n else group[:admitted])
                 sub.wake.set()
+
+    def _admit_fairly(self, sub: _Subscription, group: list[PacketIn], now: float) -> None:
+        """Per packet-in: the channel's room first, then its key's share and the category's bucket."""
+        fair, key, counts, queue = sub.fair, sub.fair_key, sub.counts, sub.queue
+        if fair is None or key is None:
+            return
+        admit = fair.admit
+        room = sub.queue_size - len(queue)
+        before = len(queue)
+        rate_drops = fair_drops = 0
+        for i, pin in enumerate(group):
+            if room <= 0:
+                counts[DROPPED_QUEUE] += len(group) - i
+                break
+            outcome = admit(key(pin), now)
+            if outcome == ADMITTED:
+                queue.append(pin)
+                room -= 1
+            elif outcome == DROPPED_FAIR_SHARE:
+                fair_drops += 1
+            else:
+                rate_drops += 1
+        counts[DROPPED_RATE] += rate_drops
+        counts[DROPPED_FAIR] += fair_drops
+        if len(queue) > before:
+            sub.wake.set()
 
     def start(self) -> None:
         """Start one consumer task per subscriber (call from inside the event loop)."""
@@ -153,6 +214,15 @@ class Demux:
 
     def queue_depths(self) -> dict[int, int]:
         return {cat: len(sub.queue) for cat, sub in self._subs.items()}
+
+    def queue_fill(self, category: int) -> float:
+        """How full the category's channel is, 0.0 .. 1.0 (0.0 without a subscriber)."""
+        sub = self._subs.get(category)
+        return len(sub.queue) / sub.queue_size if sub is not None else 0.0
+
+    def fair_share_stats(self) -> dict[int, FairShareStats]:
+        return {cat: FairShareStats(len(sub.fair), sub.fair.evicted, sub.fair.borrowed)
+                for cat, sub in self._subs.items() if sub.fair is not None}
 
     def _drain(self, sub: _Subscription, limit: int) -> None:
         queue = sub.queue

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry
 
 from auditlog.aggregate import Aggregator
+from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
@@ -21,7 +22,8 @@ from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
-from packetin.demux import Demux, Handler
+from packetin.demux import Demux, FairShareSettings, Handler
+from packetin.fair_key import applied_to_key
 from packetin.gctune import settle_heap
 from packetin.model import Category
 from policy_agent.ovs import tables
@@ -107,7 +109,8 @@ class Agent:
         self.audit: AuditPipeline | None = None
         self.audit_writer: AuditWriter | None = None
         if config.audit.enabled:
-            self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine)
+            self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine,
+                                                         lambda: self.demux.queue_fill(Category.POLICY))
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
         # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
         self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
@@ -133,6 +136,11 @@ class Agent:
         self.problems = RecentProblems()
         self._started: tuple[float, float] | None = None  # (time.time(), time.monotonic()) at start
 
+    def _rule_direction(self, rule_id: int) -> str | None:
+        """"ingress" or "egress" for a known rule id (the fair-share key asks once per rule)."""
+        rule = self.rules.get(rule_id)
+        return None if rule is None else str(getattr(rule.direction, "value", rule.direction)).lower()
+
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers."""
         cfg = self.config
@@ -152,8 +160,12 @@ class Agent:
             Category.POLICY: cfg.packetin.policy, Category.TRACEFLOW: cfg.packetin.traceflow}
         for category, handler in self._handlers.items():
             lim = limits.get(category, cfg.packetin.traceflow)
+            fair = cfg.packetin.fair_share
             self.demux.subscribe(category, handler, rate=lim.rate, burst=lim.burst,
-                                 queue_size=lim.queue_size, now=now)
+                                 queue_size=lim.queue_size, now=now,
+                                 fair=FairShareSettings(applied_to_key(self._rule_direction), fair.key_rate,
+                                                        fair.key_burst, fair.max_keys)
+                                 if category == Category.POLICY and fair.enabled else None)
         if self.audit is not None and self.audit_writer is not None:
             await asyncio.to_thread(self.audit_writer.start)
             self.audit.start()
@@ -396,8 +408,8 @@ class _LateDirectory:
         return None if engine is None else engine.by_ip(ip)
 
 
-def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None]
-                 ) -> tuple[AuditPipeline, AuditWriter]:
+def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None],
+                 packetin_fill: Callable[[], float]) -> tuple[AuditPipeline, AuditWriter]:
     ac = config.audit
     node_fields = {"observer": {"hostname": config.node, **OBSERVER},
                    "orchestrator": {"type": "kubernetes",
@@ -405,7 +417,10 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
     writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
                          max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields)
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
-    return AuditPipeline(ctx, writer, Aggregator(window=ac.window)), writer
+    ov = ac.overload
+    overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,
+                        peers_mark=ov.peers_mark, low_mark=ov.low_mark) if ov.enabled else None
+    return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
 
 
 def _build_syslog(config: AgentConfig) -> list[Forwarder]:

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import yaml
 
 from policy_agent.config_checks import (
-    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, ovs_queue_size, record_name,
+    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, listen_address, netns_name, ovs_queue_size,
+    record_name,
 )
+from policy_agent.config_overload import FairShareConfig, OverloadConfig
 from policy_agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -50,13 +52,6 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
-def _listen(v: str) -> str | None:
-    if v == "":
-        return None
-    host, sep, port = v.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return f"must be HOST:PORT (or \"\" to disable), got {v!r}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -136,6 +131,7 @@ class PacketInConfig:
     policy: CategoryLimits = CategoryLimits()
     # Category 1, traceflow: a few packets per trace.
     traceflow: CategoryLimits = CategoryLimits(rate=100.0, burst=200.0, queue_size=1024)
+    fair_share: FairShareConfig = FairShareConfig()  # within the policy category (config_overload.py)
     # Debug tap: write one JSON line per delivered packet-in to this path
     # ("-" = stdout, "" = off). Not the audit log.
     tap: str = ""
@@ -202,6 +198,7 @@ class AuditConfig:
     window: float = field(default=1.0, metadata=_check(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
     # Records waiting for the writer thread (at most 10,000,000); a full queue drops and counts.
     queue_size: int = field(default=100000, metadata=_check(bounded(1, QUEUE_MAX)))
+    overload: OverloadConfig = OverloadConfig()  # coarser records under load (config_overload.py)
 
 
 @dataclass(frozen=True)
@@ -248,7 +245,7 @@ class SyslogConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     # Prometheus endpoint, HOST:PORT; "" disables it.
-    listen: str = field(default="127.0.0.1:9495", metadata=_check(_listen))
+    listen: str = field(default="127.0.0.1:9495", metadata=_check(listen_address))
 
 
 @dataclass(frozen=True)
@@ -383,7 +380,7 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
         errors += [problem] if problem else []
         config = dataclasses.replace(config, node_name=env_node)
     if not errors:
-        errors += _syslog_errors(config)
+        errors += config.audit.overload.problems() + _syslog_errors(config)
     if errors:
         raise ConfigError(errors)
     return config

@@ -53,3 +53,16 @@ def record_name(v: str) -> str | None:
     if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in v):
         return f"must not contain control characters or line breaks, got {v!r}"
     return None if len(v) <= 253 else f"must be at most 253 characters, got {len(v)}"
+
+
+def fraction(v: Any) -> str | None:
+    return None if 0 < v <= 1 else f"must be > 0 and <= 1, got {v}"
+
+
+def listen_address(v: str) -> str | None:
+    if v == "":
+        return None
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"must be HOST:PORT (or \"\" to disable), got {v!r}"
+    return None

@@ -61,6 +61,7 @@ class AgentCollector:
         for cat, n in sorted(self._demux.queue_depths().items()):
             depth.add_metric([category_name(cat)], n)
         yield depth
+        yield from _fair_share_metrics(self._demux)
         ch = self._channel
         yield GaugeMetricFamily("npaudit_openflow_connected", "1 while the OpenFlow channel is ready",
                                 value=1 if ch.ready else 0)
@@ -134,6 +135,20 @@ class WriterStatsSource(Protocol):
     def snapshot(self) -> WriterStats: ...
 
 
+def _fair_share_metrics(demux: Demux) -> Iterator[Metric]:
+    keys = GaugeMetricFamily("npaudit_packetin_fair_share_keys", "(rule, applied-to Pod) keys with a "
+                             "fair-share bucket now", labels=["category"])
+    evicted = CounterMetricFamily("npaudit_packetin_fair_share_keys_evicted", "Fair-share keys dropped "
+                                  "from the LRU to stay within max_keys", labels=["category"])
+    borrowed = CounterMetricFamily("npaudit_packetin_fair_share_borrowed", "Packet-ins admitted past their "
+                                   "key's share, from the category's excess", labels=["category"])
+    for cat, st in sorted(demux.fair_share_stats().items()):
+        keys.add_metric([category_name(cat)], st.keys)
+        evicted.add_metric([category_name(cat)], st.evicted)
+        borrowed.add_metric([category_name(cat)], st.borrowed)
+    yield from (keys, evicted, borrowed)
+
+
 class AuditCollector:
     """Exports the audit pipeline's and writer's counters: nothing the audit trail loses is silent."""
 
@@ -172,6 +187,15 @@ class AuditCollector:
                                 value=a.open_windows)
         yield CounterMetricFamily("npaudit_audit_windows_evicted", "Aggregation windows closed early "
                                   "because the key limit was reached", value=a.evicted_early)
+        yield CounterMetricFamily("npaudit_audit_records_coarsened", "Audit records written with a coarser "
+                                  "key in overload mode (of the queued ones)", value=p.coarsened)
+        ov = p.overload
+        yield GaugeMetricFamily("npaudit_audit_overload_level", "Detail of the audit records now: 0 full, "
+                                "1 ports dropped, 2 peers dropped too", value=ov.level if ov else 0)
+        yield CounterMetricFamily("npaudit_audit_overload_seconds", "Time the audit pipeline spent in "
+                                  "overload mode (coarsened)", value=ov.seconds if ov else 0)
+        yield CounterMetricFamily("npaudit_audit_overload_entered", "Times the audit pipeline left full detail",
+                                  value=ov.entered if ov else 0)
 
 
 class SyslogStatsSource(Protocol):

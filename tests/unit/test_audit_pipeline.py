@@ -111,4 +111,4 @@ def test_every_admitted_packet_is_in_exactly_one_record_full_writer_counted() ->
     # 10 distinct UDP flows; the TCP flood spans 10 windows of 1 s, each a "first" record
     # and one aggregate of the rest; 5 Allows
     assert len(writer.records) == 10 + 10 * 2 + 5
-    assert over.stats == {"packet_ins": 5, "records": 3, "writer_full": 2, "decode_truncated": 0}
+    assert over.stats == {"packet_ins": 5, "records": 3, "writer_full": 2, "decode_truncated": 0, "coarsened": 0}

@@ -10,12 +10,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditlog.aggregate import Aggregator
+from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.writer import AuditWriter
 from packetin.channel import ChannelSettings, OpenFlowChannel
-from packetin.demux import Demux
+from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category
 from meters.stats import Dropped
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
@@ -52,12 +53,14 @@ class _Supervisor:
 def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dict[str, str]]]]]:
     """Every family of a registry built as the agent builds it: name -> (type, label names, samples)."""
     demux = Demux()
-    demux.subscribe(Category.POLICY, lambda pin: None, rate=1, burst=1, queue_size=4, now=0.0)
+    demux.subscribe(Category.POLICY, lambda pin: None, rate=1, burst=1, queue_size=4, now=0.0,
+                    fair=FairShareSettings(lambda pin: pin.rule_id, key_rate=1, key_burst=1, max_keys=4))
     channel = OpenFlowChannel(ChannelSettings(target="/nonexistent"), demux.dispatch)
     registry = build_registry(demux, channel, lambda: {"rconn_overflow": 0, "packet_in_overflow": 0})
     writer = AuditWriter(tmp_path / "audit.jsonl", queue_size=4)
     pipeline = AuditPipeline(RecordContext(node="n", rules=RuleRegistry(), pods=_NoPods()), writer,
-                             Aggregator(window=0))
+                             Aggregator(window=0),
+                             overload=Overload(lambda: 0.0, high_mark=0.5, peers_mark=0.8, low_mark=0.1))
     registry.register(AuditCollector(pipeline, writer))
     registry.register(SyslogCollector([_Forwarder()]))
     registry.register(MeterCollector(_Meters()))

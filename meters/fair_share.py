@@ -1,0 +1,95 @@
+"""Fair admission inside one category: a token bucket per key under the category's bucket.
+
+Hierarchical token buckets in the HTB manner. Every key (the agent uses rule and
+applied-to Pod) has an assured share, its own bucket (`key_rate`, `key_burst`); a
+packet within its key's share takes a token from the key and one from the category.
+A key past its share may still borrow from the category, but only while the category
+holds more than `reserve` tokens. So one key flooding at full speed gets the whole
+category rate when it is alone (work-conserving), yet can never take the last
+`reserve` tokens and their refill: those stay for keys within their share, and a
+quiet key is admitted as long as the keys within their share ask for less than the
+category rate. Keys are kept in an LRU of at most `max_keys`; a key evicted and seen
+again starts with a full bucket (evictions are counted). The clock is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+from meters.token_bucket import TokenBucket
+
+# What `admit` decided.
+ADMITTED = 0
+DROPPED_FAIR_SHARE = 1  # the key was past its share and the category was down to its reserve
+DROPPED_CATEGORY = 2    # the key was within its share, but the category had no token left
+
+
+class FairShare:
+    """Admission for one category: `admit(key, now)` per packet.
+
+    The buckets are TokenBucket's arithmetic written out (a key's is a [tokens, last]
+    pair): this runs on the reader for every packet-in of the category.
+    """
+
+    __slots__ = ("rate", "burst", "key_rate", "key_burst", "max_keys", "reserve", "_tokens", "_last", "_keys",
+                 "evicted", "borrowed")
+
+    def __init__(self, rate: float, burst: float, *, key_rate: float, key_burst: float, max_keys: int,
+                 now: float, reserve: float | None = None) -> None:
+        TokenBucket(rate, burst, now)  # the same checks as a plain bucket's, for both levels
+        TokenBucket(key_rate, key_burst, now)
+        if max_keys < 1:
+            raise ValueError(f"fair share max_keys must be >= 1, got {max_keys}")
+        self.rate, self.burst = float(rate), float(burst)
+        self.key_rate, self.key_burst = float(key_rate), float(key_burst)
+        self.max_keys = max_keys
+        # Half the category's burst by default: enough for many quiet keys' first packets.
+        self.reserve = self.burst / 2 if reserve is None else float(reserve)
+        if not (0 <= self.reserve < self.burst):
+            raise ValueError(f"fair share reserve must be >= 0 and below the burst {burst}, got {reserve}")
+        self._tokens = self.burst
+        self._last = now
+        self._keys: OrderedDict[Hashable, list[float]] = OrderedDict()
+        self.evicted = 0
+        self.borrowed = 0  # packets admitted past their key's share (from the category's excess)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def admit(self, key: Hashable, now: float) -> int:
+        """ADMITTED, DROPPED_FAIR_SHARE or DROPPED_CATEGORY for one packet of `key` at `now`
+        (a clock going backwards adds no tokens)."""
+        keys = self._keys
+        own = keys.get(key)
+        if own is None:
+            if len(keys) >= self.max_keys:
+                keys.popitem(last=False)  # the least recently seen key
+                self.evicted += 1
+            own = keys[key] = [self.key_burst, now]
+        else:
+            keys.move_to_end(key)
+            elapsed = now - own[1]
+            if elapsed > 0:
+                tokens = own[0] + elapsed * self.key_rate
+                own[0] = tokens if tokens < self.key_burst else self.key_burst
+                own[1] = now
+        category = self._tokens
+        elapsed = now - self._last
+        if elapsed > 0:
+            category += elapsed * self.rate
+            if category > self.burst:
+                category = self.burst
+            self._tokens = category
+            self._last = now
+        if own[0] >= 1:
+            if category >= 1:
+                self._tokens = category - 1
+                own[0] -= 1
+                return ADMITTED
+            return DROPPED_CATEGORY
+        if category >= self.reserve + 1:
+            self._tokens = category - 1
+            self.borrowed += 1
+            return ADMITTED
+        return DROPPED_FAIR_SHARE

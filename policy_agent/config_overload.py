@@ -1,0 +1,43 @@
+"""Configuration of fair admission (packetin.fair_share) and of the audit overload mode (audit.overload)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy_agent.config_checks import bounded, fraction
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be > 0, got {v}"
+
+
+@dataclass(frozen=True)
+class FairShareConfig:
+    # Fair admission in the policy category between (rule, applied-to Pod) keys: each key has
+    # its own token bucket under the category's (packetin.policy); a key past its share only
+    # borrows while the category holds more than half its burst, so one flooding key cannot
+    # starve the others. Drops: npaudit_packetin_total{outcome="dropped_fair_share"}.
+    enabled: bool = True
+    key_rate: float = field(default=100.0, metadata={"check": _positive})  # packet-ins/s assured per key
+    key_burst: float = field(default=200.0, metadata={"check": lambda v: None if v >= 1 else f"must be >= 1, got {v}"})
+    # Keys tracked at once (LRU; evictions counted), at most 10000000.
+    max_keys: int = field(default=65536, metadata={"check": bounded(1, 10_000_000)})
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    # Above high_mark (fill of the policy packet-in queue or of the writer queue, 0..1) the
+    # audit pipeline aggregates with a coarser key, ports dropped (then peers, above
+    # peers_mark) and writes fewer, wider records marked npaudit.aggregate.coarsened; full
+    # detail again below low_mark. Every packet is still counted.
+    enabled: bool = True
+    high_mark: float = field(default=0.05, metadata={"check": fraction})
+    peers_mark: float = field(default=0.25, metadata={"check": fraction})
+    low_mark: float = field(default=0.01, metadata={"check": fraction})
+
+    def problems(self) -> list[str]:
+        if not self.low_mark < self.high_mark <= self.peers_mark:
+            return [f"audit.overload: needs low_mark < high_mark <= peers_mark, got {self.low_mark}, "
+                    f"{self.high_mark}, {self.peers_mark}"]
+        return []

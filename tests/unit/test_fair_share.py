@@ -1,0 +1,194 @@
+"""Fair admission between (rule, applied-to Pod) keys: meters.fair_share, its demux wiring and the key.
+
+The clock is a number the test moves; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+import pytest
+
+logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
+
+from scapy.layers.inet import IP, UDP  # noqa: E402
+from scapy.layers.inet6 import IPv6  # noqa: E402
+from scapy.layers.l2 import Dot1Q, Ether  # noqa: E402
+
+from meters.fair_share import ADMITTED, DROPPED_CATEGORY, DROPPED_FAIR_SHARE, FairShare  # noqa: E402
+from packetin import demux as dm  # noqa: E402
+from packetin.demux import Demux, FairShareSettings  # noqa: E402
+from packetin.fair_key import applied_to_key, destination_address  # noqa: E402
+from packetin.model import Category, PacketIn, Userdata  # noqa: E402
+
+POLICY = int(Category.POLICY)
+
+
+def share(**kw: float) -> FairShare:
+    args = dict(rate=300.0, burst=300.0, key_rate=20.0, key_burst=40.0, max_keys=1000, now=0.0)
+    args.update(kw)
+    return FairShare(args.pop("rate"), args.pop("burst"), **args)  # type: ignore[arg-type]
+
+
+def test_a_key_flooding_at_full_speed_does_not_starve_quiet_keys() -> None:
+    fair = share()
+    quiet_sent = quiet_admitted = flood_admitted = 0
+    for ms in range(10_000):  # 10 s; the flood sends 20 packets every millisecond (20k/s)
+        now = ms / 1000
+        for _ in range(20):
+            flood_admitted += fair.admit(("drop-flood", "pod-t"), now) == ADMITTED
+        if ms % 250 == 0:  # five quiet keys, 4 packets/s each
+            for q in range(5):
+                quiet_sent += 1
+                quiet_admitted += fair.admit((f"rule-{q}", f"pod-{q}"), now) == ADMITTED
+    assert quiet_admitted == quiet_sent == 200
+    # The flood still has everything the quiet keys leave (work-conserving), never more than the category.
+    budget = 300 + 300 * 10
+    assert budget - quiet_sent - 300 <= flood_admitted <= budget - quiet_sent
+
+
+def test_without_fair_shares_the_same_flood_starves_the_quiet_keys() -> None:
+    """The plain category bucket (what admission was before): the check above is not vacuous."""
+    from meters.token_bucket import TokenBucket
+
+    bucket = TokenBucket(300.0, 300.0, 0.0)
+    quiet_admitted = 0
+    for ms in range(10_000):
+        now = ms / 1000
+        for _ in range(20):
+            bucket.take(now)
+        if ms % 250 == 0:
+            quiet_admitted += sum(bucket.take(now) for _ in range(5))
+    assert quiet_admitted < 20
+
+
+def test_a_lone_key_gets_the_whole_category_rate() -> None:
+    fair = share()
+    admitted = sum(fair.admit("only", ms / 1000) == ADMITTED for ms in range(10_000) for _ in range(5))
+    assert 300 * 10 <= admitted <= 300 + 300 * 10
+    # All but its own share (burst 40, then 20/s) was borrowed; only the reserve stays unused.
+    assert admitted - 40 - 20 * 10 <= fair.borrowed <= admitted - 40 - 20 * 10 + 1
+    assert admitted >= 300 + 300 * 10 - fair.reserve - 1
+
+
+def test_drops_say_whether_the_key_was_past_its_share_or_the_category_was_empty() -> None:
+    fair = share(rate=10.0, burst=10.0, key_rate=1.0, key_burst=4.0)
+    # A key past its share stops where the category is down to its reserve (half the burst).
+    outcomes = [fair.admit("flood", 0.0) for _ in range(10)]
+    assert outcomes[:4] == [ADMITTED] * 4  # its own share
+    assert outcomes.count(ADMITTED) == 5  # and one borrowed: 10 - 4 = 6 tokens, reserve 5
+    assert set(outcomes[5:]) == {DROPPED_FAIR_SHARE}
+    # Keys within their share use the reserve; when it is gone too, that is the category's limit.
+    others = [fair.admit(f"k{i}", 0.0) for i in range(7)]
+    assert others == [ADMITTED] * 5 + [DROPPED_CATEGORY] * 2
+
+
+def test_keys_are_kept_in_an_lru_and_evictions_are_counted() -> None:
+    fair = share(max_keys=3)
+    for key in ("a", "b", "c", "a", "d", "e"):  # "a" seen again: "b" and "c" are the oldest
+        fair.admit(key, 0.0)
+    assert len(fair) == 3 and fair.evicted == 2
+    # An evicted key starts again with a full bucket (its share, not the category's excess).
+    assert fair.admit("b", 0.0) == ADMITTED and fair.evicted == 3
+
+
+@pytest.mark.parametrize("kw", [dict(max_keys=0), dict(key_rate=0.0), dict(key_burst=0.5), dict(reserve=300.0)])
+def test_nonsense_settings_are_refused(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        share(**kw)
+
+
+# --- the demux -------------------------------------------------------------------------
+
+
+def packet_in(rule_id: int, in_port: int, frame: bytes = b"") -> PacketIn:
+    return PacketIn(reason=0, table_id=0, cookie=0, in_port=in_port, rule_id=rule_id, reg7=1,
+                    userdata=Userdata(category=POLICY, flags=1, rule_id=rule_id).encode(), packet=frame,
+                    total_len=len(frame), received_at=0.0)
+
+
+def test_the_demux_admits_fairly_and_counts_every_packet_in_once() -> None:
+    seen: list[int] = []
+
+    async def run() -> Demux:
+        demux = Demux()
+        demux.subscribe(POLICY, lambda p: seen.append(p.in_port), rate=100.0, burst=100.0, queue_size=1000, now=0.0,
+                        fair=FairShareSettings(lambda p: (p.rule_id, p.in_port), key_rate=5.0, key_burst=10.0,
+                                               max_keys=100))
+        demux.start()
+        for t in range(100):  # 1 s: port 1 floods (50 per 10 ms), ports 2..6 send one each per 100 ms
+            now = t / 100
+            batch = [packet_in(9, 1) for _ in range(50)]
+            if t % 10 == 0:
+                batch[25:25] = [packet_in(9, port) for port in range(2, 7)]
+            demux.dispatch(batch, now)
+            await asyncio.sleep(0)
+        await demux.wait_idle()
+        await demux.stop()
+        return demux
+
+    demux = asyncio.run(run())
+    counts = demux.stats()[POLICY]
+    assert [seen.count(port) for port in range(2, 7)] == [10] * 5
+    assert counts[dm.RECEIVED] == 5050
+    assert counts[dm.RECEIVED] == counts[dm.DELIVERED] + counts[dm.DROPPED_FAIR] + counts[dm.DROPPED_RATE] \
+        + counts[dm.DROPPED_QUEUE]
+    assert counts[dm.DROPPED_FAIR] > 4000 and counts[dm.DROPPED_QUEUE] == 0
+    assert demux.fair_share_stats()[POLICY].keys == 6
+
+
+def test_a_full_channel_still_counts_as_queue_full_with_fair_shares() -> None:
+    demux = Demux()
+    demux.subscribe(POLICY, lambda p: None, rate=1e6, burst=1e6, queue_size=3, now=0.0,
+                    fair=FairShareSettings(lambda p: p.in_port, key_rate=1e6, key_burst=1e6, max_keys=10))
+    demux.dispatch([packet_in(1, i) for i in range(10)], 0.0)
+    counts = demux.stats()[POLICY]
+    assert (counts[dm.DROPPED_QUEUE], demux.queue_depths()[POLICY], demux.queue_fill(POLICY)) == (7, 3, 1.0)
+
+
+# --- the key -------------------------------------------------------------------------------
+
+MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
+
+
+def test_the_applied_to_pod_is_the_sender_for_egress_and_the_receiver_for_ingress() -> None:
+    directions = {1: "egress", 2: "ingress"}
+    asked: list[int] = []
+
+    def direction_of(rule_id: int) -> str | None:
+        asked.append(rule_id)
+        return directions.get(rule_id)
+
+    key = applied_to_key(direction_of)
+    to_b = bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(dport=53))
+    to_c = bytes(Ether(**MAC) / IP(src="10.0.0.1", dst="10.0.0.3") / UDP(dport=53))
+    # egress: the sender's port, whatever the destination
+    assert key(packet_in(1, 7, to_b)) == key(packet_in(1, 7, to_c)) == (1, 7)
+    # ingress: the destination address, whichever port sent it
+    assert key(packet_in(2, 7, to_b)) == key(packet_in(2, 8, to_b)) == (2, bytes([10, 0, 0, 2]))
+    assert key(packet_in(2, 7, to_c)) != key(packet_in(2, 7, to_b))
+    # unknown rule: both, and asked again next time (it may be known by then)
+    assert key(packet_in(3, 7, to_b)) == (3, 7, bytes([10, 0, 0, 2]))
+    key(packet_in(3, 7, to_b))
+    assert asked.count(1) == 1 and asked.count(2) == 1 and asked.count(3) == 2
+
+
+def test_the_destination_address_is_read_through_vlan_tags_and_for_ipv6() -> None:
+    v4 = bytes(Ether(**MAC) / Dot1Q(vlan=5) / Dot1Q(vlan=6) / IP(src="10.0.0.1", dst="10.9.8.7") / UDP())
+    v6 = bytes(Ether(**MAC) / IPv6(src="fd00::1", dst="fd00::2") / UDP())
+    assert destination_address(v4) == bytes([10, 9, 8, 7])
+    assert destination_address(v6) == ipaddress.IPv6Address("fd00::2").packed
+    assert destination_address(b"\x00" * 12 + b"\x08\x06" + b"\x00" * 28) == b""  # ARP
+    assert destination_address(b"") == b""
+
+
+def test_fair_share_settings_are_checked_at_load_naming_the_field() -> None:
+    from policy_agent.config import ConfigError, loads
+
+    config = loads("packetin:\n  fair_share: {key_rate: 5, key_burst: 10, max_keys: 100}\n", environ={})
+    assert (config.packetin.fair_share.key_rate, config.packetin.fair_share.max_keys) == (5.0, 100)
+    for bad, field in (("max_keys: 0", "max_keys"), ("key_rate: 0", "key_rate"), ("key_burst: 0.5", "key_burst")):
+        with pytest.raises(ConfigError, match=rf"packetin\.fair_share\.{field}: must be"):
+            loads(f"packetin:\n  fair_share: {{{bad}}}\n", environ={})
