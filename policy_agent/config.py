@@ -138,8 +138,8 @@ class CategoryLimits:
 class PacketInConfig:
     # Category 0, policy audit. Generous: OVS meters are the first limit.
     policy: CategoryLimits = CategoryLimits()
-    # Category 1, traceflow: a few packets per trace.
-    traceflow: CategoryLimits = CategoryLimits(rate=100.0, burst=200.0, queue_size=1024)
+    # Category 1, traceflow: at most 9 copies per trace (npaudit trace); 500/s is ~50 traces/s.
+    traceflow: CategoryLimits = CategoryLimits(rate=500.0, burst=500.0, queue_size=1024)
     # Debug tap: write one JSON line per delivered packet-in to this path
     # ("-" = stdout, "" = off). Not the audit log.
     tap: str = ""
@@ -158,7 +158,7 @@ class MetersConfig:
     # neither allow records nor traceflow (DESIGN.md §3).
     policy_allow: MeterLimit = MeterLimit()
     policy_deny: MeterLimit = MeterLimit()  # Drop, Reject, Pass
-    traceflow: MeterLimit = MeterLimit(rate=100, burst=50)
+    traceflow: MeterLimit = MeterLimit(rate=500, burst=200)  # at most 9 copies per trace
 
 
 @dataclass(frozen=True)
