@@ -116,8 +116,10 @@ class Agent:
             self.registry.register(SyslogCollector(self.syslog))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.
+        meter, bucket = config.meters.traceflow, config.packetin.traceflow
         self.traceflow = TraceService(self.channel, lambda: self.engine, self.rules.get,
-                                      round_=lambda: self.round_, meters=self._meters_supported)
+                                      round_=lambda: self.round_, meters=self._meters_supported,
+                                      budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)))
         self.registry.register(TraceCollector(self.traceflow.stats))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY),
@@ -318,6 +320,7 @@ class Agent:
             await self.api.close()
         if self.cni is not None:
             await self.cni.close()
+        await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()
         await self.demux.stop(drain=True)
         if self.audit is not None and self.audit_writer is not None:

@@ -42,6 +42,8 @@ RESUBMIT_POINTS = (tables.T_CT_STATE, tables.T_EGRESS, tables.T_EGRESS_K8S, tabl
 _PORT_FIELDS = {IPPROTO_TCP: ("tcp_src", "tcp_dst"), IPPROTO_UDP: ("udp_src", "udp_dst"),
                 IPPROTO_SCTP: ("sctp_src", "sctp_dst")}
 ICMP_ECHO_REQUEST = 8
+# Copies one trace can cause: an arrival at each resubmit point and at table 70, and the AFTER copy.
+MAX_COPIES = len(RESUBMIT_POINTS) + 2
 
 
 class Phase(enum.IntEnum):

@@ -15,21 +15,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from meters.token_bucket import TokenBucket
 from packetin import messages
 from packetin.errors import PacketInError
 from packetin.model import PacketIn
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy_packetins import build_reject
-from policy_agent.traceflow.flows import Phase, TraceMark, trace_flows
+from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
 from policy_agent.traceflow.packet import build_packet
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
 from policy_agent.traceflow.result import OUTCOMES, Copy, Destination, complete, decode
-from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag
+from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity
 
 log = logging.getLogger(__name__)
 
-# Seconds a released tag still marks its trace's packet-ins (they may trail in the policy channel).
+# Seconds a trace packet is still recognised after its trace (its policy packet-ins may trail behind a flood).
 LINGER = 5.0
+# Copies per second and burst the traceflow meter and channel admit unless configured otherwise.
+DEFAULT_BUDGET = (500.0, 200.0)
 ERROR = "error"  # a trace that could not run (outcome label of npaudit_traceflow_total)
 
 
@@ -46,6 +49,7 @@ class Switch(Protocol):
 @dataclass
 class _Running:
     tag: TraceTag
+    identity: bytes
     done: asyncio.Event = field(default_factory=asyncio.Event)
     copies: list[Copy] = field(default_factory=list)
 
@@ -70,7 +74,8 @@ class TraceService:
 
     def __init__(self, switch: Switch, pods: Callable[[], PodDirectory | None],
                  rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
-                 clock: Callable[[], float] = time.monotonic, linger: float = LINGER) -> None:
+                 budget: tuple[float, float] = DEFAULT_BUDGET, clock: Callable[[], float] = time.monotonic,
+                 linger: float = LINGER) -> None:
         self._switch = switch
         self._pods = pods
         self._rules = rules
@@ -80,7 +85,12 @@ class TraceService:
         self._linger = linger
         self.tags = TagRegistry()
         self._running: dict[int, _Running] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
         self.stats = TraceStats()
+        # Traces start no faster than the traceflow meter and channel admit their copies: a burst of
+        # traces waits its turn rather than losing copies to the meter and timing out.
+        rate, burst = budget
+        self._budget = TokenBucket(rate, max(burst, MAX_COPIES), clock())
 
     async def warm_up(self) -> None:
         """Import scapy off the loop once, so the first trace does not pay for it."""
@@ -91,8 +101,8 @@ class TraceService:
     def __call__(self, pin: PacketIn) -> None:
         mark = TraceMark.decode(pin.userdata)
         running = self._running.get(mark.tag) if mark is not None else None
-        if mark is None or running is None:
-            self.stats.stray += 1
+        if mark is None or running is None or identity(pin.packet) != running.identity:
+            self.stats.stray += 1  # late copies of an earlier trace with this tag are not this one's
             return
         running.copies.append(Copy(pin.table_id, mark.phase, pin.rule_id, pin.disposition))
         if complete(running.copies):
@@ -112,41 +122,76 @@ class TraceService:
         pods = self._pods()
         if pods is None:
             return {"ok": False, "errors": ["the agent has not started its policy engine yet"], "usage": False}
+        started = self._clock()
         try:
             req = parse(request, pods)
-            tag = self.tags.allocate(req.source.ip, req.dst_ip, req.proto, req.source_port, req.port)
+            await self._pace()
+            tag = TraceTag(self.tags.allocate(), req.source.ip, req.dst_ip, req.proto, req.source_port, req.port)
         except TraceUsageError as exc:
             return {"ok": False, "errors": [str(exc)], "usage": True}
         except TagsExhausted as exc:
             self.stats.outcomes[ERROR] += 1
             return {"ok": False, "errors": [str(exc)], "usage": False}
+        key: bytes | None = None
+        flows: list[messages.FlowSpec] = []
         try:
-            return {"ok": True, "trace": await self._run(req, tag)}
+            dst = req.destination
+            frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
+            key = self.tags.hold(frame)
+            flows = trace_flows(self._round(), tag, meters=self._meters())
+            return {"ok": True, "trace": await self._run(req, tag, frame, key, flows, started)}
         except (PacketInError, asyncio.TimeoutError) as exc:
             self.stats.outcomes[ERROR] += 1
             return {"ok": False, "errors": [f"the switch did not take the trace: {exc or type(exc).__name__}"],
                     "usage": False}
         finally:
-            asyncio.get_running_loop().call_later(self._linger, self.tags.forget, tag)
+            if key is not None:
+                asyncio.get_running_loop().call_later(self._linger, self.tags.forget, key)
+            self._finish(tag.dscp, flows)
 
-    async def _run(self, req: TraceRequest, tag: TraceTag) -> dict[str, Any]:
-        started = self._clock()
+    def _finish(self, dscp: int, flows: list[messages.FlowSpec]) -> None:
+        """Remove the trace's flows, then free its tag: behind the answer, which needs neither."""
+        async def cleanup() -> None:
+            try:
+                if flows:
+                    await self._remove(flows)
+            finally:
+                self.tags.release(dscp)
+        task = asyncio.get_running_loop().create_task(cleanup())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def close(self) -> None:
+        """Wait for the flows of finished traces to be removed (the agent calls this before the channel goes)."""
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def _remove(self, flows: list[messages.FlowSpec]) -> None:
+        """Also after a refused install: a refused batch may have left some of its flows in."""
+        try:
+            await self._switch.delete_flows(flows)
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            # They match only this trace's exact packet; the next agent round deletes them.
+            log.warning("trace flows of tag %d not removed: %s", flows and dict(flows[0].match).get("ip_dscp"), exc)
+
+    async def _pace(self) -> None:
+        while not self._budget.take(self._clock(), MAX_COPIES):
+            missing = MAX_COPIES - self._budget.tokens(self._clock())
+            await asyncio.sleep(max(missing, 0.5) / self._budget.rate)
+
+    async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes,
+                   flows: list[messages.FlowSpec], started: float) -> dict[str, Any]:
         dst = req.destination
-        frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
-        flows = trace_flows(self._round(), tag, meters=self._meters())
-        running = self._running[tag.dscp] = _Running(tag)
+        running = self._running[tag.dscp] = _Running(tag, key)
         try:
             await self._switch.install_flows(flows)
+            installed = self._clock()
+            self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
             try:
-                self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
-                left = req.timeout - (self._clock() - started)
-                try:
-                    await asyncio.wait_for(running.done.wait(), max(left, 0.001))
-                    timed_out = False
-                except asyncio.TimeoutError:
-                    timed_out = True
-            finally:
-                await self._switch.delete_flows(flows)
+                await asyncio.wait_for(running.done.wait(), max(req.timeout - (installed - started), 0.001))
+                timed_out = False
+            except asyncio.TimeoutError:
+                timed_out = True
         finally:
             del self._running[tag.dscp]
         result = decode(running.copies, rules=self._rules,
@@ -156,7 +201,7 @@ class TraceService:
                         reject_reply=reject_reply(frame), source_port=req.source.ofport, timed_out=timed_out)
         self.stats.outcomes[result.result] += 1
         elapsed = (self._clock() - started) * 1000
-        log.info("trace %s -> %s %s/%s: %s in %.1f ms", req.describe()["from"]["pod"], req.dst_ip, req.protocol,
-                 req.port, result.result, elapsed)
+        log.info("trace %s -> %s %s/%s: %s in %.1f ms (flows in after %.1f ms)", req.describe()["from"]["pod"],
+                 req.dst_ip, req.protocol, req.port, result.result, elapsed, (installed - started) * 1000)
         return {**req.describe(), "tag": tag.dscp, "observations": result.observations,
                 "outcome": result.outcome, "elapsed_ms": round(elapsed, 3)}

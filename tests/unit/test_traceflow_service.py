@@ -4,6 +4,7 @@ timeouts, usage errors, and the category-0 dispatcher staying silent about trace
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -31,9 +32,10 @@ class Pods:
         return next((k for k, e in self.endpoints.items() if e.ip == ip), None)
 
 
-def copy_pin(tag: int, table: int, phase: Phase, rule: int = 0, disposition: int = 0) -> PacketIn:
+def copy_pin(tag: int, table: int, phase: Phase, rule: int = 0, disposition: int = 0, frame: bytes = b""
+             ) -> PacketIn:
     return PacketIn(reason=1, table_id=table, cookie=0, in_port=3, rule_id=rule, reg7=disposition,
-                    userdata=TraceMark(tag, phase).userdata(), packet=b"", total_len=0, received_at=0.0)
+                    userdata=TraceMark(tag, phase).userdata(), packet=frame, total_len=len(frame), received_at=0.0)
 
 
 class Switch:
@@ -62,23 +64,26 @@ class Switch:
         return 1
 
 
-def make(script: Any) -> tuple[TraceService, Switch]:
+def make(script: Any, budget: tuple[float, float] = (500.0, 200.0)) -> tuple[TraceService, Switch]:
     ref: list[TraceService] = []
     switch = Switch(ref, script)
-    ref.append(TraceService(switch, Pods, {11: RULE}.get, round_=lambda: 2, meters=lambda: True, linger=0.05))
+    ref.append(TraceService(switch, Pods, {11: RULE}.get, round_=lambda: 2, meters=lambda: True, linger=0.05,
+                            budget=budget))
     return ref[0], switch
 
 
 def rejected(tag: int, frame: bytes) -> list[PacketIn]:
-    return [copy_pin(tag, 20, Phase.ARRIVAL)] + [copy_pin(tag, t, Phase.ARRIVAL) for t in (30, 31, 32, 40)] + \
-        [copy_pin(tag, 20, Phase.AFTER, 11, Disposition.REJECT)]
+    return [copy_pin(tag, t, Phase.ARRIVAL, frame=frame) for t in (20, 30, 31, 32, 40)] + \
+        [copy_pin(tag, 20, Phase.AFTER, 11, Disposition.REJECT, frame=frame)]
 
 
 def test_a_trace_installs_its_flows_injects_at_the_source_port_and_removes_them() -> None:
     async def main() -> dict[str, Any]:
         service, switch = make(rejected)
         reply = await service.trace({"from": "x/a", "to": "y/b", "port": 81, "source_port": 45000})
-        assert switch.installed and switch.deleted == switch.installed
+        assert service.tags.running == 1  # until its flows are gone, behind the answer
+        await service.close()
+        assert switch.installed and switch.deleted == switch.installed and service.tags.running == 0
         (out,) = switch.sent
         assert out.match["in_port"] == 3 and out.actions[0].port == 0xFFFFFFF9  # OFPP_TABLE
         pkt = Ether(bytes(out.data))
@@ -102,6 +107,7 @@ def test_no_copies_is_a_timeout_and_the_flows_still_go() -> None:
         reply = await service.trace({"from": "x/a", "to": "10.0.0.99", "timeout": 0.05})
         assert reply["ok"] and reply["trace"]["outcome"]["result"] == "timeout"
         assert reply["trace"]["to"] == {"pod": None, "ip": "10.0.0.99"}
+        await service.close()
         assert switch.deleted == switch.installed
         assert service.stats.outcomes["timeout"] == 1
     asyncio.run(main())
@@ -159,3 +165,29 @@ def test_copies_of_no_running_trace_are_counted_as_stray() -> None:
     service(copy_pin(7, 20, Phase.ARRIVAL))
     service(copy_pin(7, 20, Phase.ARRIVAL)._replace(userdata=b"\x01\x01"))
     assert service.stats.stray == 2
+
+
+def test_traces_beyond_the_copy_budget_wait_their_turn_instead_of_losing_copies() -> None:
+    async def main() -> tuple[list[str], float]:
+        # 90 copies/s with room for one trace (9 copies): the 2nd and 3rd wait ~0.1 s each.
+        service, switch = make(rejected, budget=(90.0, 9.0))
+        start = time.monotonic()
+        replies = await asyncio.gather(*(service.trace({"from": "x/a", "to": "y/b", "port": 81, "timeout": 2})
+                                         for _ in range(3)))
+        return [r["trace"]["outcome"]["result"] for r in replies], time.monotonic() - start
+
+    results, took = asyncio.run(main())
+    assert results == ["rejected"] * 3
+    assert took >= 0.18
+
+
+def test_a_late_copy_of_an_earlier_trace_with_the_same_tag_is_not_taken_for_the_running_one() -> None:
+    def late_then_real(tag: int, frame: bytes) -> list[PacketIn]:
+        earlier = frame[:34] + bytes([0x9C, 0x41]) + frame[36:]  # another source port, same tag
+        return [copy_pin(tag, 20, Phase.AFTER, 11, Disposition.DROP, frame=earlier)] + rejected(tag, frame)
+
+    async def main() -> tuple[dict[str, Any], TraceService]:
+        service, _ = make(late_then_real)
+        return await service.trace({"from": "x/a", "to": "y/b", "port": 81}), service
+    reply, service = asyncio.run(main())
+    assert reply["trace"]["outcome"]["result"] == "rejected" and service.stats.stray == 1
