@@ -171,6 +171,11 @@ def test_trace_answers_forwarded_dropped_isolated_rejected_pass_allow_and_unknow
                          (32, "default"), (40, "default"), (41, "default"), (42, "default"), (60, "skip"),
                          (70, "output")]
 
+    # ICMP echo and SCTP INIT meet the same pipeline.
+    for proto in ("icmp", "sctp"):
+        code, other = trace(cluster, "--from", "x/a", "--to", "y/b", "--protocol", proto)
+        assert code == 0 and other["outcome"]["result"] == "delivered", other
+
     # Dropped by a tiered ClusterNetworkPolicy rule that does not log: policy, rule and tier named.
     code, drop = trace(cluster, "--from", "x/a", "--to", "y/b", "--port", "80")
     assert code == 1, drop
