@@ -119,7 +119,8 @@ class Agent:
         meter, bucket = config.meters.traceflow, config.packetin.traceflow
         self.traceflow = TraceService(self.channel, lambda: self.engine, self.rules.get,
                                       round_=lambda: self.round_, meters=self._meters_supported,
-                                      budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)))
+                                      budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
+                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge)
         self.registry.register(TraceCollector(self.traceflow.stats))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY),

@@ -28,6 +28,9 @@ def add_parser(sub: Any, load_config: Callable[[str | None], AgentConfig]) -> No
     p.add_argument("--port", type=int, help="destination port (default 80; none for icmp)")
     p.add_argument("--source-port", type=int, help="source port (default: random ephemeral)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the trace (default 5)")
+    p.add_argument("--live", action="store_true",
+                   help="trace the next real packet matching --from/--to/--protocol/--port (and --source-port "
+                        "when given) instead of injecting one; it is forwarded, committed and audited as ever")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")
     p.set_defaults(func=lambda args: run_trace(load_config(args.config), request_of(args), args.output))
@@ -40,6 +43,8 @@ def request_of(args: Any) -> dict[str, Any]:
         req["port"] = args.port
     if args.source_port is not None:
         req["source_port"] = args.source_port
+    if args.live:
+        req["live"] = True
     return req
 
 
@@ -74,11 +79,11 @@ def trace_table(trace: dict[str, Any]) -> str:
     from auditlog.query_output import safe_text
 
     src, dst = trace.get("from") or {}, trace.get("to") or {}
-    ports = (f" {trace.get('source_port')} -> {trace.get('destination_port')}"
-             if trace.get("destination_port") is not None else "")
+    sport = trace.get("source_port") if trace.get("source_port") is not None else "any"
+    ports = f" {sport} -> {trace.get('destination_port')}" if trace.get("destination_port") is not None else ""
     lines = [safe_text(f"trace {src.get('pod')} ({src.get('ip')}, port {src.get('port')}) -> "
                        f"{dst.get('pod') or 'no Pod'} ({dst.get('ip')}) {trace.get('protocol')}{ports}, "
-                       f"tag {trace.get('tag')}")]
+                       + ("live" if trace.get("live") else f"tag {trace.get('tag')}"))]
     rows = [("TABLE", "NAME", "ACTION", "DETAIL")]
     for obs in trace.get("observations") or []:
         rows.append((str(obs.get("table")), str(obs.get("name")), str(obs.get("action")), str(obs.get("detail"))))

@@ -76,10 +76,13 @@ class TraceMark:
         return cls(tag, Phase(phase))
 
 
-def packet_match(tag: TraceTag) -> dict[str, object]:
-    """The trace packet exactly: tag, addresses, protocol, ports (ICMP: echo request)."""
-    match: dict[str, object] = {"eth_type": ETH_TYPE_IPV4, "ip_dscp": tag.dscp, "ipv4_src": tag.src,
-                                "ipv4_dst": tag.dst, "ip_proto": tag.proto}
+def packet_match(tag: TraceTag, live: bool = False) -> dict[str, object]:
+    """The trace packet exactly: tag, addresses, protocol, ports (ICMP: echo request). Live: the
+    filter on real packets (no tag; the source port only when given)."""
+    match: dict[str, object] = {"eth_type": ETH_TYPE_IPV4, "ipv4_src": tag.src, "ipv4_dst": tag.dst,
+                                "ip_proto": tag.proto}
+    if not live:
+        match["ip_dscp"] = tag.dscp
     fields = _PORT_FIELDS.get(tag.proto)
     if fields is not None:
         if tag.sport is not None:
@@ -95,10 +98,14 @@ def _seen(point: int) -> int:
     return 1 << (TRACEFLOW_SEEN_SHIFT + point)
 
 
-def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True) -> list[messages.FlowSpec]:
-    """Every flow of the trace marked by `tag` (install before the packet-out, delete after)."""
+def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True, live: bool = False) -> list[messages.FlowSpec]:
+    """Every flow of the trace marked by `tag` (install before the packet-out, delete after).
+
+    Live (`npaudit trace --live`): the next real packet matching the filter is observed and still
+    forwarded as ever: table 60 commits it and copies it (the last decision rides along), and
+    table 70 has no trace flow."""
     cookie = tables.cookie(round_, tables.COOKIE_KIND_TRACEFLOW)
-    match = packet_match(tag)
+    match = packet_match(tag, live)
     meter = METER_TRACEFLOW if meters else None
 
     def copy(phase: Phase) -> messages.Controller:
@@ -121,6 +128,10 @@ def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True) -> list[mess
         if table == tables.T_CT_STATE:
             actions.append(copy(Phase.AFTER))
         flows.append(flow(table, actions, {REG_TRACEFLOW_FIELD: (0, bit)}))
+    if live:
+        flows.append(flow(tables.T_COMMIT, [messages.Ct(commit=True, zone=tables.CT_ZONE), copy(Phase.ARRIVAL)],
+                          goto=tables.T_FORWARD))
+        return flows
     flows.append(flow(tables.T_COMMIT, [], goto=tables.T_FORWARD))
     flows.append(flow(tables.T_FORWARD, [copy(Phase.ARRIVAL)]))
     return flows

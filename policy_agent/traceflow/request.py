@@ -39,14 +39,16 @@ class TraceRequest:
     protocol: str
     proto: int
     port: int | None
-    source_port: int | None
+    source_port: int | None  # live: None = any
     timeout: float
+    live: bool = False  # observe the next real packet matching the filter instead of injecting one
 
     def describe(self) -> dict[str, Any]:
         src, dst = self.source, self.destination
         return {"from": {"pod": _ref(src), "ip": src.ip, "port": src.ofport},
                 "to": {"pod": None if dst is None else _ref(dst), "ip": self.dst_ip},
-                "protocol": self.protocol, "destination_port": self.port, "source_port": self.source_port}
+                "protocol": self.protocol, "destination_port": self.port, "source_port": self.source_port,
+                "live": self.live}
 
 
 def _ref(ep: Endpoint) -> str:
@@ -89,16 +91,19 @@ def parse(request: Mapping[str, Any], pods: PodDirectory, rng: random.Random | N
     protocol = request.get("protocol", "tcp")
     if protocol not in PROTOCOLS:
         raise TraceUsageError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    live = request.get("live", False)
+    if type(live) is not bool:
+        raise TraceUsageError(f"live: must be true or false, got {live!r}")
     port = source_port = None
     if protocol != "icmp":
         port = _int("port", request.get("port", DEFAULT_PORT), 1, 65535)
         sp = request.get("source_port")
         source_port = _int("source_port", sp, 1, 65535) if sp is not None else \
-            (rng or random.SystemRandom()).randint(*SOURCE_PORTS)
+            None if live else (rng or random.SystemRandom()).randint(*SOURCE_PORTS)
     elif request.get("port") is not None:
         raise TraceUsageError("port: ICMP has no ports")
     timeout = request.get("timeout", DEFAULT_TIMEOUT)
     if type(timeout) not in (int, float) or not 0 < timeout <= MAX_TIMEOUT:
         raise TraceUsageError(f"timeout: must be seconds in (0, {MAX_TIMEOUT:.0f}], got {timeout!r}")
     return TraceRequest(source, dst_ip, destination, protocol, PROTOCOLS[protocol], port, source_port,
-                        float(timeout))
+                        float(timeout), live)

@@ -96,7 +96,8 @@ def _decision(table: int, rule_id: int, disposition: int, rules: Callable[[int],
 
 
 def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], destination: Destination,
-           reject_reply: str | None, source_port: int | None = None, timed_out: bool = False) -> TraceResult:
+           reject_reply: str | None, source_port: int | None = None, timed_out: bool = False,
+           live: bool = False) -> TraceResult:
     """The observations and the outcome of one trace from its copies."""
     copies = list(copies)
     arrivals: dict[int, Copy] = {}
@@ -111,7 +112,8 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
                                  "action": "accept", "detail": f"from the source Pod's port {source_port}"
                                  if source_port is not None else "from the source Pod's port"})
         res.observations.append({"table": tables.T_CONNTRACK, "name": TABLE_NAMES[tables.T_CONNTRACK],
-                                 "action": "track", "detail": "tracked; a trace never commits conntrack state"})
+                                 "action": "track", "detail": "tracked" if live else
+                                 "tracked; a trace never commits conntrack state"})
     last: dict[str, Any] | None = None
     for i, table in enumerate(path):
         nxt = arrivals[path[i + 1]] if i + 1 < len(path) else after
@@ -127,24 +129,28 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
         elif table in POLICY_TABLES:
             last = _decision(table, nxt.rule_id, nxt.disposition, rules) if nxt is not None else \
                 {"table": table, "name": TABLE_NAMES[table], "action": "unknown", "detail": "no decision seen"}
+        elif table == tables.T_COMMIT:  # a live trace copies here, after the real commit, and forwards for real
+            res.observations.append({"table": table, "name": TABLE_NAMES[table], "action": "commit",
+                                     "detail": "connection committed to conntrack (live packet)"})
+            last = {"table": tables.T_FORWARD, "name": TABLE_NAMES[tables.T_FORWARD], **_forward(destination)}
         else:  # table 70; its trace flow's only way in is through table 60's, which copies nothing
             res.observations.append({"table": tables.T_COMMIT, "name": TABLE_NAMES[tables.T_COMMIT],
                                      "action": "skip", "detail": "no conntrack commit for a trace"})
             last = {"table": table, "name": TABLE_NAMES[table], **_forward(destination)}
         res.observations.append(last)
-    res.outcome = _outcome(path, last, after, destination, reject_reply, timed_out)
+    res.outcome = _outcome(path, last, after, destination, reject_reply, timed_out, live)
     return res
 
 
 def _forward(dest: Destination) -> dict[str, Any]:
     if dest.pod is None:
         return {"action": "drop", "detail": f"no Pod has IP {dest.ip}: unknown destination"}
-    return {"action": "output", "detail": f"to Pod {dest.pod} on port {dest.ofport} (a trace stops here)"}
+    return {"action": "output", "detail": f"to Pod {dest.pod} on port {dest.ofport}"}
 
 
 def _outcome(path: list[int], last: dict[str, Any] | None, after: Copy | None, dest: Destination,
-             reject_reply: str | None, timed_out: bool) -> dict[str, Any]:
-    if path and path[-1] == tables.T_FORWARD:
+             reject_reply: str | None, timed_out: bool, live: bool) -> dict[str, Any]:
+    if path and path[-1] in (tables.T_COMMIT, tables.T_FORWARD):
         if dest.pod is None:
             return {"result": UNKNOWN_DESTINATION, "detail": f"no Pod has IP {dest.ip}"}
         return {"result": DELIVERED, "pod": dest.pod, "port": dest.ofport,
@@ -155,5 +161,6 @@ def _outcome(path: list[int], last: dict[str, Any] | None, after: Copy | None, d
     out: dict[str, Any] = {"table": last["table"], "rule": last.get("rule")}
     if last.get("action") == "Reject":
         return {"result": REJECTED, **out, "reply": reject_reply,
-                "detail": f"{last['detail']}; the source Pod would receive {reject_reply or 'nothing'}"}
+                "detail": f"{last['detail']}; the source Pod {'would receive' if not live else 'received'} "
+                          f"{reject_reply or 'nothing'}"}
     return {"result": DROPPED, **out, "detail": str(last.get("detail") or f"dropped in table {last['table']}")}

@@ -19,13 +19,14 @@ from meters.token_bucket import TokenBucket
 from packetin import messages
 from packetin.errors import PacketInError
 from packetin.model import PacketIn
+from policy_agent.errors import AgentError
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy_packetins import build_reject
 from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
 from policy_agent.traceflow.packet import build_packet
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
 from policy_agent.traceflow.result import OUTCOMES, Copy, Destination, complete, decode
-from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity
+from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity, packet_ports
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ class Switch(Protocol):
 @dataclass
 class _Running:
     tag: TraceTag
-    identity: bytes
+    identity: bytes | None  # live: that of the first real packet copied
+    live: bool = False
+    frame: bytes = b""  # the traced packet (live: the first copy's)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     copies: list[Copy] = field(default_factory=list)
 
@@ -74,9 +77,10 @@ class TraceService:
 
     def __init__(self, switch: Switch, pods: Callable[[], PodDirectory | None],
                  rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
-                 budget: tuple[float, float] = DEFAULT_BUDGET, clock: Callable[[], float] = time.monotonic,
-                 linger: float = LINGER) -> None:
+                 budget: tuple[float, float] = DEFAULT_BUDGET, purge: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, linger: float = LINGER) -> None:
         self._switch = switch
+        self._purge = purge  # the datapath's megaflows, so live traffic meets a live trace's flows at once
         self._pods = pods
         self._rules = rules
         self._round = round_
@@ -101,8 +105,10 @@ class TraceService:
     def __call__(self, pin: PacketIn) -> None:
         mark = TraceMark.decode(pin.userdata)
         running = self._running.get(mark.tag) if mark is not None else None
+        if running is not None and running.identity is None and identity(pin.packet) is not None:
+            running.identity, running.frame = identity(pin.packet), pin.packet  # live: the first packet is the one
         if mark is None or running is None or identity(pin.packet) != running.identity:
-            self.stats.stray += 1  # late copies of an earlier trace with this tag are not this one's
+            self.stats.stray += 1  # late copies of an earlier trace with this tag, or of a later live packet
             return
         running.copies.append(Copy(pin.table_id, mark.phase, pin.rule_id, pin.disposition))
         if complete(running.copies):
@@ -125,6 +131,7 @@ class TraceService:
         started = self._clock()
         try:
             req = parse(request, pods)
+            self._one_live_per_pair(req)
             await self._pace()
             tag = TraceTag(self.tags.allocate(), req.source.ip, req.dst_ip, req.proto, req.source_port, req.port)
         except TraceUsageError as exc:
@@ -136,9 +143,11 @@ class TraceService:
         flows: list[messages.FlowSpec] = []
         try:
             dst = req.destination
-            frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
-            key = self.tags.hold(frame)
-            flows = trace_flows(self._round(), tag, meters=self._meters())
+            frame = b""
+            if not req.live:
+                frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
+                key = self.tags.hold(frame)
+            flows = trace_flows(self._round(), tag, meters=self._meters(), live=req.live)
             return {"ok": True, "trace": await self._run(req, tag, frame, key, flows, started)}
         except (PacketInError, asyncio.TimeoutError) as exc:
             self.stats.outcomes[ERROR] += 1
@@ -148,6 +157,13 @@ class TraceService:
             if key is not None:
                 asyncio.get_running_loop().call_later(self._linger, self.tags.forget, key)
             self._finish(tag.dscp, flows)
+
+    def _one_live_per_pair(self, req: TraceRequest) -> None:
+        """Two live traces whose filters overlap would share their packets' copies: refused."""
+        if req.live and any(r.live and (r.tag.src, r.tag.dst, r.tag.proto) == (req.source.ip, req.dst_ip, req.proto)
+                            for r in self._running.values()):
+            raise TraceUsageError(f"live: a live trace {req.source.ip} -> {req.dst_ip} ({req.protocol}) is running "
+                                  "already; wait for it to end")
 
     def _finish(self, dscp: int, flows: list[messages.FlowSpec]) -> None:
         """Remove the trace's flows, then free its tag: behind the answer, which needs neither."""
@@ -174,19 +190,31 @@ class TraceService:
             # They match only this trace's exact packet; the next agent round deletes them.
             log.warning("trace flows of tag %d not removed: %s", flows and dict(flows[0].match).get("ip_dscp"), exc)
 
+    async def _purge_datapath(self) -> None:
+        """A megaflow cached before the live trace's flows would carry its packets past them."""
+        if self._purge is None:
+            return
+        try:
+            await asyncio.to_thread(self._purge)
+        except AgentError as exc:
+            log.warning("live trace: %s; packets may pass untraced until OVS revalidates its datapath flows", exc)
+
     async def _pace(self) -> None:
         while not self._budget.take(self._clock(), MAX_COPIES):
             missing = MAX_COPIES - self._budget.tokens(self._clock())
             await asyncio.sleep(max(missing, 0.5) / self._budget.rate)
 
-    async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes,
+    async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes | None,
                    flows: list[messages.FlowSpec], started: float) -> dict[str, Any]:
         dst = req.destination
-        running = self._running[tag.dscp] = _Running(tag, key)
+        running = self._running[tag.dscp] = _Running(tag, key, req.live, frame)
         try:
             await self._switch.install_flows(flows)
             installed = self._clock()
-            self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
+            if req.live:
+                await self._purge_datapath()
+            else:
+                self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
             try:
                 await asyncio.wait_for(running.done.wait(), max(req.timeout - (installed - started), 0.001))
                 timed_out = False
@@ -198,10 +226,14 @@ class TraceService:
                         destination=Destination(req.dst_ip, None if dst is None else
                                                 f"{dst.pod.namespace}/{dst.pod.name}",
                                                 None if dst is None else dst.ofport),
-                        reject_reply=reject_reply(frame), source_port=req.source.ofport, timed_out=timed_out)
+                        reject_reply=reject_reply(running.frame), source_port=req.source.ofport, timed_out=timed_out,
+                        live=req.live)
         self.stats.outcomes[result.result] += 1
         elapsed = (self._clock() - started) * 1000
         log.info("trace %s -> %s %s/%s: %s in %.1f ms (flows in after %.1f ms)", req.describe()["from"]["pod"],
                  req.dst_ip, req.protocol, req.port, result.result, elapsed, (installed - started) * 1000)
-        return {**req.describe(), "tag": tag.dscp, "observations": result.observations,
+        described = req.describe()
+        if req.live and running.frame:
+            described["source_port"] = packet_ports(running.frame)[0]  # the real packet's
+        return {**described, "tag": tag.dscp, "observations": result.observations,
                 "outcome": result.outcome, "elapsed_ms": round(elapsed, 3)}

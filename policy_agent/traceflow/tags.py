@@ -52,6 +52,14 @@ def identity(frame: bytes) -> bytes | None:
     return frame[15:16] + frame[23:24] + frame[26:34] + l4
 
 
+def packet_ports(frame: bytes) -> tuple[int | None, int | None]:
+    """(source, destination) port of an Ethernet/IPv4 TCP, UDP or SCTP frame; (None, None) otherwise."""
+    key = identity(frame)
+    if key is None or key[1] not in _PORTED or len(key) < 14:
+        return None, None
+    return int.from_bytes(key[10:12], "big"), int.from_bytes(key[12:14], "big")
+
+
 class TagRegistry:
     """DSCP tags of running traces, and the identities of recent trace packets. Pure: the service
     schedules `forget`."""

@@ -294,3 +294,46 @@ def test_twenty_traces_complete_while_a_logged_drop_flood_saturates_the_policy_m
     records = cluster.audit_records()
     assert any(r.get("destination", {}).get("port") == 9 for r in records), "the flood was not audited"
     assert not [r for r in records if r.get("destination", {}).get("port") == 80]
+
+
+def test_live_traces_follow_the_next_real_packet_which_is_still_forwarded_answered_and_audited(
+        cluster: Cluster) -> None:
+    pods = setup(cluster)
+    yb = pods["y/b"]
+
+    def live(target: str, *args: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "trace", "--live", "--from", "x/a",
+                                 "--to", "y/b", *args, "--timeout", "20", "-o", "json", "--config",
+                                 str(cluster.config)], stdout=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 15
+            while not any("priority=65000" in f for f in cluster.flows()):
+                assert time.monotonic() < deadline and proc.poll() is None, "the live trace's flows never came"
+                time.sleep(0.05)
+            probe = cluster.probe("x/a", [target])
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, json.loads(out), probe
+
+    code, dropped, probe = live(f"{yb.ip}:80/tcp", "--port", "80")
+    assert probe == {f"{yb.ip}:80/tcp": "timeout"}
+    assert code == 1 and dropped["live"] and isinstance(dropped["source_port"], int)
+    assert dropped["outcome"]["rule"]["policy"] == "sec-drop-web"
+
+    code, delivered, probe = live(f"{yb.ip}:53/udp", "--protocol", "udp", "--port", "53")
+    assert probe == {f"{yb.ip}:53/udp": "connected"}  # the real packet was delivered (and answered)
+    assert code == 0 and delivered["outcome"]["result"] == "delivered", delivered
+    assert [o["table"] for o in delivered["observations"]][-2:] == [60, 70]
+
+    code, rejected, probe = live(f"{yb.ip}:81/tcp", "--port", "81")
+    assert probe == {f"{yb.ip}:81/tcp": "refused"}  # the agent answered the real packet
+    assert code == 1 and rejected["outcome"]["result"] == "rejected"
+    time.sleep(1.5)
+    assert any(r.get("source", {}).get("port") == rejected["source_port"] for r in cluster.audit_records())
+    deadline = time.monotonic() + 5
+    while any("priority=65000" in f for f in cluster.flows()):
+        assert time.monotonic() < deadline, "a live trace's flows stayed"
+        time.sleep(0.05)

@@ -104,3 +104,23 @@ def test_trace_mark_round_trips_and_refuses_other_userdata() -> None:
     assert TraceMark.decode(Userdata(category=Category.POLICY, rule_id=7).encode()) is None
     assert TraceMark.decode(b"") is None
     assert TraceMark.decode(Userdata(category=Category.TRACEFLOW, rule_id=(1 << 24) | (9 << 16)).encode()) is None
+
+
+def test_live_flows_observe_a_real_packet_and_leave_its_forwarding_and_commit_alone() -> None:
+    state = policies()
+    s, d = ep(state, "x/a"), ep(state, "y/a")
+    base = tables.fixed_flows(1) + compile_policies(state).flows
+    for e in state.endpoints:
+        base += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    live = trace_flows(1, TraceTag(5, s.ip, d.ip, 6, None, 80), live=True)
+    assert all("ip_dscp" not in dict(f.match) and "tcp_src" not in dict(f.match) for f in live)
+    assert tables.T_FORWARD not in {f.table for f in live}
+    pkt = {"in_port": s.ofport, "eth_type": 0x0800, "ipv4_src": s.ip, "ipv4_dst": d.ip, "ip_proto": 6,
+           "tcp_src": 50000, "tcp_dst": 80, "ip_dscp": 0}
+    traced, plain = FlowTable(base + live).run(pkt), FlowTable(base).run(pkt)
+    assert traced.output == plain.output == d.ofport and traced.committed
+    copies = [Copy(table, TraceMark.decode(raw).phase, reg6, reg7) for table, reg7, reg6, raw in traced.copy_log]
+    res = decode(copies, rules=compile_policies(state).rules.get, destination=Destination(d.ip, "y/a", d.ofport),
+                 reject_reply=None, live=True)
+    assert res.outcome["result"] == "delivered"
+    assert [o["table"] for o in res.observations][-2:] == [60, 70]

@@ -191,3 +191,34 @@ def test_a_late_copy_of_an_earlier_trace_with_the_same_tag_is_not_taken_for_the_
         return await service.trace({"from": "x/a", "to": "y/b", "port": 81}), service
     reply, service = asyncio.run(main())
     assert reply["trace"]["outcome"]["result"] == "rejected" and service.stats.stray == 1
+
+
+def test_a_live_trace_injects_nothing_purges_the_datapath_cache_and_follows_the_first_real_packet() -> None:
+    purged: list[bool] = []
+
+    async def main() -> dict[str, Any]:
+        service, switch = make(rejected)
+        service._purge = lambda: purged.append(True)
+        task = asyncio.ensure_future(service.trace({"from": "x/a", "to": "y/b", "port": 81, "live": True}))
+        while not switch.installed:
+            await asyncio.sleep(0.01)
+        tag = dict(switch.installed[0].match)
+        assert "ip_dscp" not in tag and "tcp_src" not in tag
+        again = await service.trace({"from": "x/a", "to": "y/b", "port": 80, "live": True})
+        assert again["usage"] and "running already" in again["errors"][0]
+        real = bytes(Ether() / IP(src="10.0.0.2", dst="10.0.0.3") / TCP(sport=50123, dport=81, flags="S"))
+        other = bytes(Ether() / IP(src="10.0.0.2", dst="10.0.0.3") / TCP(sport=50124, dport=81, flags="S"))
+        (dscp,) = service._running
+        service(copy_pin(dscp, 20, Phase.ARRIVAL, frame=real))
+        service(copy_pin(dscp, 20, Phase.ARRIVAL, frame=other))  # a second real packet: not this trace's
+        for pin in rejected(dscp, real)[1:]:
+            service(pin)
+        reply = await task
+        assert switch.sent == [] and purged == [True] and service.stats.stray == 1
+        return reply
+
+    reply = asyncio.run(main())
+    trace = reply["trace"]
+    assert trace["live"] and trace["source_port"] == 50123
+    assert trace["outcome"]["result"] == "rejected" and trace["outcome"]["detail"].endswith(
+        "the source Pod received a TCP RST")

@@ -65,3 +65,11 @@ def test_identity_of_icmp_is_type_and_code_and_non_ipv4_has_none() -> None:
     assert identity(raw(Ether(type=0x86DD) / (b"\x00" * 40))) is None
     with pytest.raises(ValueError):
         TagRegistry().hold(b"\x00" * 60)
+
+
+def test_packet_ports() -> None:
+    from policy_agent.traceflow.tags import packet_ports
+
+    assert packet_ports(frame(0, sport=41000)) == (41000, 80)
+    assert packet_ports(raw(Ether() / IP() / ICMP())) == (None, None)
+    assert packet_ports(b"") == (None, None)
