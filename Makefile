@@ -60,6 +60,7 @@ bench: setup
 	$(PY) bench/meter_accuracy.py
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
+	$(PY) bench/traceflow_latency.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -52,10 +52,10 @@ class Output:
 
 @dataclass(frozen=True, slots=True)
 class SetField:
-    """Load `value` into a field, e.g. SetField("reg7", 1)."""
+    """Load `value` into a field, e.g. SetField("reg7", 1); (value, mask) loads only the mask's bits."""
 
     name: str
-    value: int
+    value: int | tuple[int, int]
 
     def to_ofp(self) -> Any:
         return parser.OFPActionSetField(**{self.name: self.value})
@@ -369,6 +369,12 @@ def packet_out(data: bytes, out_port: int) -> Any:
     return parser.OFPPacketOut(CODEC, buffer_id=ofp.OFP_NO_BUFFER,
                                match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
                                actions=[parser.OFPActionOutput(out_port)], data=data)
+
+
+def packet_out_to_pipeline(data: bytes, in_port: int) -> Any:
+    """Inject `data` as if it had arrived on `in_port`: it meets the flow tables from table 0."""
+    return parser.OFPPacketOut(CODEC, buffer_id=ofp.OFP_NO_BUFFER, match=parser.OFPMatch(in_port=in_port),
+                               actions=[parser.OFPActionOutput(ofp.OFPP_TABLE)], data=data)
 
 
 _MULTIPART_HEADER = struct.Struct("!HH4x")  # type, flags, pad (after the OpenFlow header)

@@ -44,6 +44,8 @@ from policy_agent.ovs.supervisor import OvsSupervisor
 from policy_agent.ovs.coverage import CoverageReader, vswitchd_ctl_path
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.traceflow.collector import TraceCollector
+from policy_agent.traceflow.service import TraceService
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +127,19 @@ class Agent:
             submit=writer.submit if writer is not None else None,
             context=writer.state_fields if writer is not None else None)
         self.registry.register(MeterCollector(self.losses))
+        # Category 1: copies of running traces (`npaudit trace`); their packets are neither
+        # audited nor answered by the category-0 dispatcher.
+        meter, bucket = config.meters.traceflow, config.packetin.traceflow
+        self.traceflow = TraceService(self.channel, lambda: self.engine, self.rules.get,
+                                      round_=lambda: self.round_, meters=self._meters_supported,
+                                      budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
+                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge)
+        self.registry.register(TraceCollector(self.traceflow.stats))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
-                                                tap=self._handlers.get(Category.POLICY))
+                                                tap=self._handlers.get(Category.POLICY),
+                                                suppress=self.traceflow.suppress)
         self._handlers[Category.POLICY] = self.policy_packetins
+        self._handlers[Category.TRACEFLOW] = _chain(self.traceflow, self._handlers.get(Category.TRACEFLOW))
         self.api: LocalApi | None = None
         self.cni: Any = None
         self.manifests: ManifestDirectory | None = None
@@ -183,6 +195,7 @@ class Agent:
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
         await self._start_policy(meters_ok)
         self.losses.start()
+        await self.traceflow.warm_up()
         self.ovs_supervisor.start()
         settle_heap()
 
@@ -245,7 +258,8 @@ class Agent:
             await self.channel.delete_flows_by_cookie(previous << tables.COOKIE_ROUND_SHIFT, tables.ROUND_MASK)
         if self.cni is not None:
             await self.cni.start()
-        self.api = LocalApi(cfg.api_socket, self.engine, store, syslog_status=self.syslog_status, status=self.status)
+        self.api = LocalApi(cfg.api_socket, self.engine, store, syslog_status=self.syslog_status, status=self.status,
+                            trace=self.traceflow.trace)
         await self.api.start()
         if self.manifests is not None:
             self.manifests.start()
@@ -262,6 +276,10 @@ class Agent:
         except asyncio.TimeoutError:
             log.warning("Kubernetes API not fully listed after %.0fs (%s); serving CNI anyway: "
                         "Pods wait up to %.0fs for their labels", kc.sync_timeout, self.k8s.stats, kc.pod_wait)
+
+    def _meters_supported(self) -> bool:
+        support = self.channel.meter_support
+        return support is not None and support.supported
 
     def syslog_status(self) -> SyslogStatus:
         """The forwarders' snapshots and the writer's newest seq, for `npaudit syslog status`."""
@@ -327,6 +345,7 @@ class Agent:
         if self.cni is not None:
             await self.cni.close()
         await self.losses.close()  # a last loss window, read while the channel is still up
+        await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()
         await self.demux.stop(drain=True)
         if self.audit is not None and self.audit_writer is not None:
@@ -395,6 +414,17 @@ def _write_round(state_dir: Path, round_: int) -> None:
     tmp = state_dir / "round.tmp"
     tmp.write_text(f"{round_}\n")
     tmp.replace(state_dir / "round")
+
+
+def _chain(first: Handler, then: Handler | None) -> Handler:
+    """`first`, then the debug tap when there is one."""
+    if then is None:
+        return first
+
+    def both(pin: Any) -> None:
+        first(pin)
+        then(pin)
+    return both
 
 
 class _LateDirectory:

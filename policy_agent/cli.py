@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     from policy_agent.bundle_cli import add_parser as add_bundle_parser
 
     add_bundle_parser(sub)
+    from policy_agent.trace_cli import add_parser as add_trace_parser
+
+    add_trace_parser(sub, _load_config)
 
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")

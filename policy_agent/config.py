@@ -129,8 +129,8 @@ class CategoryLimits:
 class PacketInConfig:
     # Category 0, policy audit. Generous: OVS meters are the first limit.
     policy: CategoryLimits = CategoryLimits()
-    # Category 1, traceflow: a few packets per trace.
-    traceflow: CategoryLimits = CategoryLimits(rate=100.0, burst=200.0, queue_size=1024)
+    # Category 1, traceflow: at most 9 copies per trace (npaudit trace); 500/s is ~50 traces/s.
+    traceflow: CategoryLimits = CategoryLimits(rate=500.0, burst=500.0, queue_size=1024)
     fair_share: FairShareConfig = FairShareConfig()  # within the policy category (config_overload.py)
     # Debug tap: write one JSON line per delivered packet-in to this path
     # ("-" = stdout, "" = off). Not the audit log.
@@ -150,7 +150,7 @@ class MetersConfig:
     # neither allow records nor traceflow (DESIGN.md §3).
     policy_allow: MeterLimit = MeterLimit()
     policy_deny: MeterLimit = MeterLimit()  # Drop, Reject, Pass
-    traceflow: MeterLimit = MeterLimit(rate=100, burst=50)
+    traceflow: MeterLimit = MeterLimit(rate=500, burst=200)  # at most 9 copies per trace
     # Seconds between reads of the meters' drop counts (npaudit_meter_dropped_*); each read
     # ends a window whose losses (meter, OVS queue, admission, writer) go into a loss record.
     stats_interval: float = field(default=5.0, metadata=_check(bounded(0.1, 3600)))

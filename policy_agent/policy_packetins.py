@@ -86,13 +86,16 @@ class PolicyPacketIns:
     """
 
     def __init__(self, send: Callable[[Any], int], *, audit: Handler | None = None,
-                 tap: Handler | None = None) -> None:
+                 tap: Handler | None = None, suppress: Callable[[PacketIn], bool] | None = None) -> None:
         self._send = send
         self._logged = tuple(h for h in (audit, tap) if h is not None)
+        self._suppress = suppress  # True for a trace's packet (npaudit trace): neither answered nor logged
         self.answered = 0
         self.unanswerable = 0
 
     def __call__(self, pin: PacketIn) -> None:
+        if self._suppress is not None and self._suppress(pin):
+            return
         flags = pin.flags
         if flags is not None and flags & _REJECT and pin.in_port is not None:
             answer = build_reject(pin.packet)

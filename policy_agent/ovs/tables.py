@@ -41,6 +41,7 @@ COOKIE_ROUND_SHIFT = 32
 COOKIE_KIND_FIXED = 1
 COOKIE_KIND_POD = 2
 COOKIE_KIND_POLICY = 3
+COOKIE_KIND_TRACEFLOW = 4  # a running trace's flows (policy_agent/traceflow/flows.py)
 ROUND_MASK = 0xFFFFFFFF << COOKIE_ROUND_SHIFT
 
 # ct_state bits (OVS): new 0x01, est 0x02, rel 0x04, rpl 0x08, inv 0x10, trk 0x20.

@@ -1,5 +1,5 @@
 """The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode,
-`npaudit syslog status`, `npaudit status|stats`.
+`npaudit syslog status`, `npaudit status|stats`, `npaudit trace`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
@@ -35,17 +35,20 @@ def counts(objs: ObjectSet) -> dict[str, int]:
 
 SYSLOG_STATUS_OP = "syslog-status"
 STATUS_OP = "status"
+TRACE_OP = "trace"
 
 
 class LocalApi:
     def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None,
                  syslog_status: Callable[[], SyslogStatus] | None = None,
-                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                 trace: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.socket_path = socket_path
         self._engine = engine
         self._store = store
         self._syslog_status = syslog_status
         self._status = status
+        self._trace = trace
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -89,9 +92,13 @@ class LocalApi:
             return self.syslog_status()
         if op == STATUS_OP:
             return await self.status()
+        if op == TRACE_OP:  # one packet through the pipeline (policy_agent/traceflow)
+            if self._trace is None:
+                return {"ok": False, "errors": ["this agent runs no traces"]}
+            return await self._trace(request)
         if op not in ("apply", "delete"):
-            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP} or {SYSLOG_STATUS_OP}, "
-                                            f"got {op!r}"]}
+            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP}, {SYSLOG_STATUS_OP} or "
+                                            f"{TRACE_OP}, got {op!r}"]}
         text = request.get("manifests")
         if not isinstance(text, str):
             return {"ok": False, "errors": ["manifests: must be a string"]}

@@ -2,7 +2,9 @@
 
 Enough of OVS for the compiler's flows: tables, priorities, exact and masked
 matches, ct_state, goto_table, output, controller copies, set_field of
-reg6/reg7, and conjunctive matches (conjunction actions + conj_id flows).
+reg6/reg7, and conjunctive matches (conjunction actions + conj_id flows); for
+traceflow's flows also register matches, masked set_field, resubmit (a nested
+walk, then the rest of the actions) and ct(commit).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class Verdict:
     copies: list[tuple[int, int, Userdata | None]] = field(default_factory=list)  # (reg7, reg6, userdata)
     tables: list[int] = field(default_factory=list)
     regs: dict[str, int] = field(default_factory=dict)
+    copy_log: list[tuple[int, int, int, bytes]] = field(default_factory=list)  # (table, reg7, reg6, raw userdata)
+    committed: bool = False  # a ct(commit) ran
 
     @property
     def forwarded(self) -> bool:
@@ -89,31 +93,45 @@ class FlowTable:
 
     def run(self, pkt: dict[str, Any], table: int = 0) -> Verdict:
         verdict = Verdict()
-        pkt = dict(pkt)
+        self._walk(dict(pkt), table, verdict, 0)
+        return verdict
+
+    def _walk(self, pkt: dict[str, Any], table: int, verdict: Verdict, depth: int) -> None:
         for _ in range(64):
             verdict.tables.append(table)
-            flow = self._lookup(table, pkt)
+            regs = {f"reg{n}": verdict.regs.get(f"reg{n}", 0) for n in range(8)}
+            flow = self._lookup(table, {**pkt, **regs})
             if flow is None:
-                return verdict  # table miss = drop
+                return  # table miss = drop
+            recirculate = None
             for a in flow.actions:
                 if isinstance(a, messages.SetField):
-                    verdict.regs[a.name] = a.value
+                    if isinstance(a.value, tuple):
+                        value, mask = a.value
+                        verdict.regs[a.name] = (verdict.regs.get(a.name, 0) & ~mask) | (value & mask)
+                    else:
+                        verdict.regs[a.name] = a.value
                 elif isinstance(a, messages.Controller):
-                    verdict.copies.append((verdict.regs.get(REG_DISPOSITION_FIELD, 0), verdict.regs.get(REG_RULE_ID_FIELD, 0),
-                                           Userdata.decode(a.userdata)))
+                    reg7, reg6 = verdict.regs.get(REG_DISPOSITION_FIELD, 0), verdict.regs.get(REG_RULE_ID_FIELD, 0)
+                    verdict.copies.append((reg7, reg6, Userdata.decode(a.userdata)))
+                    verdict.copy_log.append((table, reg7, reg6, a.userdata))
                 elif isinstance(a, messages.Output):
                     verdict.output = a.port
+                elif isinstance(a, messages.Resubmit):
+                    if depth < 64:
+                        self._walk(pkt, a.table, verdict, depth + 1)
                 elif isinstance(a, messages.Ct):
+                    verdict.committed = verdict.committed or a.commit
                     if a.table is not None:  # recirculate as a new connection (tests use new ones)
                         pkt["ct_state"] = 0x21
-                        table = a.table
+                        recirculate = a.table
                         break
-            else:
-                if flow.goto is None:
-                    return verdict
-                table = flow.goto.table
+            if recirculate is not None:
+                table = recirculate
                 continue
-        return verdict
+            if flow.goto is None:
+                return
+            table = flow.goto.table
 
 
 def _is_conj(f: messages.FlowSpec) -> bool:

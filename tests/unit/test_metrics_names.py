@@ -23,6 +23,8 @@ from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorC
                                   build_registry)
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
+from policy_agent.traceflow.collector import TraceCollector
+from policy_agent.traceflow.service import TraceStats
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -66,6 +68,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     registry.register(MeterCollector(_Meters()))
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
+    registry.register(TraceCollector(TraceStats()))
     families = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {key for sample in family.samples for key in sample.labels}

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Traceflow latency (issue 11): `trace` requests to the real agent, without and with a logged-Drop flood. Prints JSON.
+
+A cluster of the real processes (tests/e2e/cluster.py): the agent with its embedded OVS, Pods
+x/a, x/b, y/b, y/c, y/d through `npaudit cni`, the policies of tests/e2e/test_traceflow_e2e.py
+(a securityops Drop of TCP 80 from x to y/b; a logged emergency Drop of UDP 9 to y/d). Each phase
+alternates a trace (x/a -> y/b TCP 80, dropped, and UDP 53, delivered) with a baseline request
+of the same local API that does no OVS work (`syslog-status`), spaced by --interval so the
+traceflow copy budget (500 copies/s, 9 per trace) never paces them. Reported per phase: the
+client's wall time of each request (what `npaudit trace` waits for, minus process start-up)
+and the agent's own elapsed time (result "elapsed_ms"), p50/p90/p99, outcomes (every trace
+must complete with the expected answer), and, under flood, the packets the policy Drop meter
+dropped during the phase (proof that the policy category was saturated).
+
+Targets (issue 11): p99 <= 50 ms without flood, <= 100 ms under flood.
+Run as root: `.venv/bin/python bench/traceflow_latency.py` (JSON on stdout, progress on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.cni_latency import pct  # noqa: E402
+from policy_agent.config import load  # noqa: E402
+from policy_agent.sources.local_api import SYSLOG_STATUS_OP, TRACE_OP, call  # noqa: E402
+from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.e2e.test_traceflow_e2e import FLOOD, meter_drops, setup  # noqa: E402
+
+TARGETS_P99_MS = {"no_flood": 50.0, "flood": 100.0}
+CASES = ((dict(to="y/b", protocol="tcp", port=80), "dropped"), (dict(to="y/b", protocol="udp", port=53), "delivered"))
+
+
+def phase(cluster: Cluster, socket: Path, n: int, interval: float) -> dict[str, Any]:
+    client, agent, baseline = [], [], []
+    outcomes: dict[str, int] = {}
+    wrong = 0
+    for i in range(n):
+        case, expected = CASES[i % len(CASES)]
+        t0 = time.perf_counter()
+        reply = call(socket, {"op": TRACE_OP, "from": "x/a", **case, "timeout": 5})
+        client.append((time.perf_counter() - t0) * 1000)
+        result = reply.get("trace", {}).get("outcome", {}).get("result", "error")
+        outcomes[result] = outcomes.get(result, 0) + 1
+        wrong += result != expected
+        if reply.get("ok"):
+            agent.append(reply["trace"]["elapsed_ms"])
+        t0 = time.perf_counter()
+        call(socket, {"op": SYSLOG_STATUS_OP})
+        baseline.append((time.perf_counter() - t0) * 1000)
+        time.sleep(interval)
+    return {"traces": n, "outcomes": outcomes, "unexpected_outcomes": wrong, "client_ms": pct(client),
+            "agent_ms": pct(agent), "baseline_api_roundtrip_ms": pct(baseline)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=200, help="traces per phase")
+    ap.add_argument("--interval", type=float, default=0.03, help="seconds between traces")
+    args = ap.parse_args()
+    cluster = Cluster()
+    try:
+        cluster.start()
+        pods = setup(cluster)
+        socket = load(str(cluster.config)).api_socket
+        call(socket, {"op": TRACE_OP, "from": "x/a", "to": "y/b", "port": 80})  # first-use costs out of the way
+        print("phase: no flood", file=sys.stderr)
+        quiet = phase(cluster, socket, args.traces, args.interval)
+        print("phase: logged Drop flood", file=sys.stderr)
+        duration = args.traces * (args.interval + 0.05) + 5
+        before = meter_drops(cluster, 2)
+        flood = subprocess.Popen(["ip", "netns", "exec", pods["x/b"].netns, sys.executable, "-c", FLOOD,
+                                  pods["y/d"].ip, str(duration)], stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.0)
+            flooded = phase(cluster, socket, args.traces, args.interval)
+            flooded["policy_meter_drops_during_phase"] = meter_drops(cluster, 2) - before
+        finally:
+            flood.kill()
+            flood.wait()
+        result = {
+            "bench": "traceflow_latency", "traces_per_phase": args.traces, "interval_s": args.interval,
+            "no_flood": quiet, "flood": flooded,
+            "targets": {name: {"p99_ms_target": target, "client_p99_ms": res["client_ms"].get("p99"),
+                               "met": (res["client_ms"].get("p99") or 1e9) <= target and not res["unexpected_outcomes"]}
+                        for (name, target), res in zip(TARGETS_P99_MS.items(), (quiet, flooded))},
+        }
+        print(json.dumps(result, indent=2))
+    finally:
+        cluster.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Runs traces on the agent: tag, flows in, packet out, copies collected, flows out, tag released.
+
+The category-1 (traceflow) subscriber and the local API's "trace" op meet here. Copies of a
+running trace arrive through the traceflow channel, with its own meter and token bucket, so a
+flood of policy packet-ins delays no trace. The category-0 dispatcher asks `suppress` for each
+policy packet-in: a trace packet that meets a logged or Reject rule is neither audited nor
+answered, only counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from meters.token_bucket import TokenBucket
+from packetin import messages
+from packetin.errors import PacketInError
+from packetin.model import PacketIn
+from policy_agent.errors import AgentError
+from policy_agent.policy.rules import RuleInfo
+from policy_agent.policy_packetins import build_reject
+from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
+from policy_agent.traceflow.packet import build_packet
+from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
+from policy_agent.traceflow.result import OUTCOMES, Copy, Destination, complete, decode
+from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity, packet_ports
+
+log = logging.getLogger(__name__)
+
+# Seconds a trace packet is still recognised after its trace (its policy packet-ins may trail behind a flood).
+LINGER = 5.0
+# Copies per second and burst the traceflow meter and channel admit unless configured otherwise.
+DEFAULT_BUDGET = (500.0, 200.0)
+ERROR = "error"  # a trace that could not run (outcome label of npaudit_traceflow_total)
+
+
+class Switch(Protocol):
+    """What a trace needs of the OpenFlow channel."""
+
+    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+    def send_nowait(self, msg: Any) -> int: ...
+
+
+@dataclass
+class _Running:
+    tag: TraceTag
+    identity: bytes | None  # live: that of the first real packet copied
+    live: bool = False
+    frame: bytes = b""  # the traced packet (live: the first copy's)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    copies: list[Copy] = field(default_factory=list)
+
+
+@dataclass
+class TraceStats:
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OUTCOMES, ERROR), 0))
+    suppressed: int = 0  # category-0 packet-ins of trace packets: not audited, not answered
+    stray: int = 0  # traceflow copies of no running trace (late, or not ours)
+
+
+def reject_reply(frame: bytes) -> str | None:
+    """What the source Pod would receive if a Reject rule stopped `frame` (the agent's own answer)."""
+    answer = build_reject(frame)
+    if answer is None:
+        return None
+    return "a TCP RST" if answer[23] == 6 else "an ICMP destination unreachable (administratively prohibited)"
+
+
+class TraceService:
+    """`trace` (the local API op) and `__call__` (the traceflow subscriber)."""
+
+    def __init__(self, switch: Switch, pods: Callable[[], PodDirectory | None],
+                 rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
+                 budget: tuple[float, float] = DEFAULT_BUDGET, purge: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, linger: float = LINGER) -> None:
+        self._switch = switch
+        self._purge = purge  # the datapath's megaflows, so live traffic meets a live trace's flows at once
+        self._pods = pods
+        self._rules = rules
+        self._round = round_
+        self._meters = meters
+        self._clock = clock
+        self._linger = linger
+        self.tags = TagRegistry()
+        self._running: dict[int, _Running] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self.stats = TraceStats()
+        # Traces start no faster than the traceflow meter and channel admit their copies: a burst of
+        # traces waits its turn rather than losing copies to the meter and timing out.
+        rate, burst = budget
+        self._budget = TokenBucket(rate, max(burst, MAX_COPIES), clock())
+
+    async def warm_up(self) -> None:
+        """Import scapy off the loop once, so the first trace does not pay for it."""
+        await asyncio.to_thread(build_packet, TraceTag(0, "0.0.0.0", "0.0.0.0", 6, 1, 1), "02:00:00:00:00:01", None)
+
+    # --- the subscribers ------------------------------------------------------------------
+
+    def __call__(self, pin: PacketIn) -> None:
+        mark = TraceMark.decode(pin.userdata)
+        running = self._running.get(mark.tag) if mark is not None else None
+        if running is not None and running.identity is None and identity(pin.packet) is not None:
+            running.identity, running.frame = identity(pin.packet), pin.packet  # live: the first packet is the one
+        if mark is None or running is None or identity(pin.packet) != running.identity:
+            self.stats.stray += 1  # late copies of an earlier trace with this tag, or of a later live packet
+            return
+        running.copies.append(Copy(pin.table_id, mark.phase, pin.rule_id, pin.disposition))
+        if complete(running.copies):
+            running.done.set()
+
+    def suppress(self, pin: PacketIn) -> bool:
+        """True for a category-0 packet-in of a trace packet: the dispatcher neither audits nor answers it."""
+        if self.tags.match(pin.packet) is None:
+            return False
+        self.stats.suppressed += 1
+        return True
+
+    # --- a trace -----------------------------------------------------------------------
+
+    async def trace(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The local API's answer: {"ok": true, "trace": {...}} or {"ok": false, "errors": [...], "usage": bool}."""
+        pods = self._pods()
+        if pods is None:
+            return {"ok": False, "errors": ["the agent has not started its policy engine yet"], "usage": False}
+        started = self._clock()
+        try:
+            req = parse(request, pods)
+            self._one_live_per_pair(req)
+            await self._pace()
+            tag = TraceTag(self.tags.allocate(), req.source.ip, req.dst_ip, req.proto, req.source_port, req.port)
+        except TraceUsageError as exc:
+            return {"ok": False, "errors": [str(exc)], "usage": True}
+        except TagsExhausted as exc:
+            self.stats.outcomes[ERROR] += 1
+            return {"ok": False, "errors": [str(exc)], "usage": False}
+        key: bytes | None = None
+        flows: list[messages.FlowSpec] = []
+        try:
+            dst = req.destination
+            frame = b""
+            if not req.live:
+                frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
+                key = self.tags.hold(frame)
+            flows = trace_flows(self._round(), tag, meters=self._meters(), live=req.live)
+            return {"ok": True, "trace": await self._run(req, tag, frame, key, flows, started)}
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            self.stats.outcomes[ERROR] += 1
+            return {"ok": False, "errors": [f"the switch did not take the trace: {exc or type(exc).__name__}"],
+                    "usage": False}
+        finally:
+            if key is not None:
+                asyncio.get_running_loop().call_later(self._linger, self.tags.forget, key)
+            self._finish(tag.dscp, flows)
+
+    def _one_live_per_pair(self, req: TraceRequest) -> None:
+        """Two live traces whose filters overlap would share their packets' copies: refused."""
+        if req.live and any(r.live and (r.tag.src, r.tag.dst, r.tag.proto) == (req.source.ip, req.dst_ip, req.proto)
+                            for r in self._running.values()):
+            raise TraceUsageError(f"live: a live trace {req.source.ip} -> {req.dst_ip} ({req.protocol}) is running "
+                                  "already; wait for it to end")
+
+    def _finish(self, dscp: int, flows: list[messages.FlowSpec]) -> None:
+        """Remove the trace's flows, then free its tag: behind the answer, which needs neither."""
+        async def cleanup() -> None:
+            try:
+                if flows:
+                    await self._remove(flows)
+            finally:
+                self.tags.release(dscp)
+        task = asyncio.get_running_loop().create_task(cleanup())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def close(self) -> None:
+        """Wait for the flows of finished traces to be removed (the agent calls this before the channel goes)."""
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def _remove(self, flows: list[messages.FlowSpec]) -> None:
+        """Also after a refused install: a refused batch may have left some of its flows in."""
+        try:
+            await self._switch.delete_flows(flows)
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            # They match only this trace's exact packet; the next agent round deletes them.
+            log.warning("trace flows of tag %d not removed: %s", flows and dict(flows[0].match).get("ip_dscp"), exc)
+
+    async def _purge_datapath(self) -> None:
+        """A megaflow cached before the live trace's flows would carry its packets past them."""
+        if self._purge is None:
+            return
+        try:
+            await asyncio.to_thread(self._purge)
+        except AgentError as exc:
+            log.warning("live trace: %s; packets may pass untraced until OVS revalidates its datapath flows", exc)
+
+    async def _pace(self) -> None:
+        while not self._budget.take(self._clock(), MAX_COPIES):
+            missing = MAX_COPIES - self._budget.tokens(self._clock())
+            await asyncio.sleep(max(missing, 0.5) / self._budget.rate)
+
+    async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes | None,
+                   flows: list[messages.FlowSpec], started: float) -> dict[str, Any]:
+        dst = req.destination
+        running = self._running[tag.dscp] = _Running(tag, key, req.live, frame)
+        try:
+            await self._switch.install_flows(flows)
+            installed = self._clock()
+            if req.live:
+                await self._purge_datapath()
+            else:
+                self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
+            try:
+                await asyncio.wait_for(running.done.wait(), max(req.timeout - (installed - started), 0.001))
+                timed_out = False
+            except asyncio.TimeoutError:
+                timed_out = True
+        finally:
+            del self._running[tag.dscp]
+        result = decode(running.copies, rules=self._rules,
+                        destination=Destination(req.dst_ip, None if dst is None else
+                                                f"{dst.pod.namespace}/{dst.pod.name}",
+                                                None if dst is None else dst.ofport),
+                        reject_reply=reject_reply(running.frame), source_port=req.source.ofport, timed_out=timed_out,
+                        live=req.live)
+        self.stats.outcomes[result.result] += 1
+        elapsed = (self._clock() - started) * 1000
+        log.info("trace %s -> %s %s/%s: %s in %.1f ms (flows in after %.1f ms)", req.describe()["from"]["pod"],
+                 req.dst_ip, req.protocol, req.port, result.result, elapsed, (installed - started) * 1000)
+        described = req.describe()
+        if req.live and running.frame:
+            described["source_port"] = packet_ports(running.frame)[0]  # the real packet's
+        return {**described, "tag": tag.dscp, "observations": result.observations,
+                "outcome": result.outcome, "elapsed_ms": round(elapsed, 3)}
