@@ -31,6 +31,7 @@ from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
+from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks
 from policy_agent.metrics import (AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry,
                                   build_versions, category_name)
 from policy_agent.policy.manifests import load_text
@@ -43,9 +44,6 @@ from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
 
 log = logging.getLogger(__name__)
-
-# What `npaudit status` says of the eBPF drop offload until the agent attaches it.
-EBPF_NOT_WIRED = "not wired: the XDP offload (meters/ebpf) is built and tested but the agent does not load it yet"
 
 
 class RecentProblems(logging.Handler):
@@ -112,8 +110,12 @@ class Agent:
         self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
         if self.syslog:
             self.registry.register(SyslogCollector(self.syslog))
+        # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
+        self.offload = DropOffload(config.offload, self.audit, ovs_netns=config.ovs.netns if config.ovs.mode ==
+                                   "embedded" else "", busy=lambda: self.engine is not None and self.engine.changing)
+        self.registry.register(OffloadCollector(self.offload))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
-                                                tap=self._handlers.get(Category.POLICY))
+                                                tap=self._handlers.get(Category.POLICY), offload=self.offload)
         self._handlers[Category.POLICY] = self.policy_packetins
         self.api: LocalApi | None = None
         self.cni: Any = None
@@ -159,6 +161,8 @@ class Agent:
         if not meters_ok:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
+        await asyncio.to_thread(self.offload.load)
+        self.offload.start()
         await self._start_policy(meters_ok)
         self.ovs_supervisor.start()
         settle_heap()
@@ -191,7 +195,7 @@ class Agent:
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=desired_meters(limits, meters_ok),
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
-                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir))
+                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):
@@ -210,11 +214,12 @@ class Agent:
 
             if self.ovsdb is None:
                 raise RuntimeError("CNI needs the OVSDB connection made in start()")
+            hooks = OffloadPodHooks(self.engine, self.offload)
             pods = PodInterfaces(self.ovsdb, cfg.ovs.bridge, cfg.ovs.netns if cfg.ovs.mode == "embedded" else "",
-                                 state_dir / "cni", self.engine)
+                                 state_dir / "cni", hooks)
             # Pods from before a restart: their policy and forwarding flows again, in this round.
             for info in await asyncio.to_thread(pods.pods):
-                await self.engine.pod_added(info)
+                await hooks.pod_added(info)
             self.cni = CniServer(cfg.cni_socket, pods)
         if previous:
             # Flows of the previous run that this run did not rewrite: gone only now,
@@ -269,7 +274,7 @@ class Agent:
             "ovs": {"mode": cfg.ovs.mode, "bridge": cfg.ovs.bridge, "version": ovs_version,
                     "datapath_type": self.datapath_type},
             "meters": {"supported": None if support is None else support.supported},
-            "ebpf": {"state": EBPF_NOT_WIRED},
+            "ebpf": self.offload.status(),
             "policy": None if engine is None else {
                 "tiers": len(engine.tiers), "policies": len(engine.policies), "rules": len(self.rules),
                 "namespaces": len(engine.namespaces), "pods": len(engine.pods)},
@@ -305,6 +310,7 @@ class Agent:
             await self.cni.close()
         await self.channel.close()
         await self.demux.stop(drain=True)
+        await self.offload.close()  # the last offloaded counts go into records before those close
         if self.audit is not None and self.audit_writer is not None:
             await self.audit.close()  # what the open aggregation windows hold, written now
             await asyncio.to_thread(self.audit_writer.close)

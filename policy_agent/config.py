@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import yaml
 
-from policy_agent.config_checks import (
-    QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, record_name,
-)
+from policy_agent.config_checks import QUEUE_MAX, U32_MAX, absolute_path, bounded, interface_name, netns_name, record_name
 from policy_agent.errors import AgentError
+from policy_agent.offload_config import OffloadConfig
 
 if TYPE_CHECKING:
     from auditlog.syslog.forwarder import Destination
@@ -278,6 +277,7 @@ class AgentConfig:
     openflow: OpenFlowConfig = OpenFlowConfig()
     packetin: PacketInConfig = PacketInConfig()
     meters: MetersConfig = MetersConfig()
+    offload: OffloadConfig = OffloadConfig()  # the eBPF drop offload (policy_agent/offload_config.py)
     policy: PolicyConfig = PolicyConfig()
     cni: CniConfig = CniConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
