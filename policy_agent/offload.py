@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 _ELIGIBLE = int(Flags.OFFLOAD_ELIGIBLE)
 _DROP = int(Disposition.DROP)
 Sample = tuple[PacketIn, PacketSummary]
+Flow = tuple[int | None, AggregateKey]  # (OVS in_port, aggregation key): what the detector counts
 Loader = Callable[[OffloadConfig], XdpOffload]
 
 
@@ -81,7 +82,7 @@ class OffloadStats:
 class _Entry:
     """The agent's mirror of one map entry: which record its drops belong to, and what is folded already."""
 
-    agg_key: AggregateKey
+    flow: Flow
     sample: Sample
     expires_ns: int
     folded: OffloadCounts
@@ -95,9 +96,9 @@ class FloodDetector:
         self._threshold = threshold_pps
         self._max_keys = max_keys
         self._second = -math.inf
-        self._counts: dict[tuple[int | None, AggregateKey], int] = {}
+        self._counts: dict[Flow, int] = {}
 
-    def over(self, flow: tuple[int | None, AggregateKey], now: float) -> bool:
+    def over(self, flow: Flow, now: float) -> bool:
         second = math.floor(now)
         if second != self._second:
             self._second = second
@@ -137,6 +138,7 @@ class DropOffload:
         self._reason = "disabled in the config (offload.enabled: false)"
         self._ifindex: dict[int, int] = {}  # OVS ofport -> the veth's ifindex (its netns)
         self._entries: dict[OffloadKey, _Entry] = {}
+        self._by_flow: dict[Flow, OffloadKey] = {}
         self._detector = FloodDetector(config.threshold_pps, 4 * config.max_entries)
         self._ops = asyncio.Lock()
         self._frozen = False
@@ -238,16 +240,19 @@ class DropOffload:
         if ifindex is None:
             return  # not from a Pod veth we cover
         summary = decode_frame(pin.packet)
-        agg_key = aggregate_key(pin, summary)
-        if not self._detector.over((pin.in_port, agg_key), pin.received_at):
-            return
-        port = offload_port(summary)
-        if port is None or summary.fragment or summary.src_ip is None or summary.dst_ip is None:
-            return
-        key = OffloadKey(ifindex, ip_address(summary.src_ip), ip_address(summary.dst_ip), summary.protocol or 0, port)
-        self._insert(key, agg_key, (pin, summary), pin.rule_id)
+        flow = (pin.in_port, aggregate_key(pin, summary))
+        key = self._by_flow.get(flow)
+        if key is None:  # a cached flow's samples refresh it whatever their rate
+            if not self._detector.over(flow, pin.received_at):
+                return
+            port = offload_port(summary)
+            if port is None or summary.fragment or summary.src_ip is None or summary.dst_ip is None:
+                return
+            key = OffloadKey(ifindex, ip_address(summary.src_ip), ip_address(summary.dst_ip),
+                             summary.protocol or 0, port)
+        self._insert(key, flow, (pin, summary), pin.rule_id)
 
-    def _insert(self, key: OffloadKey, agg_key: AggregateKey, sample: Sample, rule_id: int) -> None:
+    def _insert(self, key: OffloadKey, flow: Flow, sample: Sample, rule_id: int) -> None:
         xdp, cfg = self._xdp, self._config
         if xdp is None or self._ops.locked():
             return  # a read or flush is under way: the flood's next packet-in tries again
@@ -267,7 +272,8 @@ class DropOffload:
             self._errors.log(logging.WARNING, "put", "eBPF drop offload: %s", exc)
             return
         if entry is None:
-            self._entries[key] = _Entry(agg_key, sample, rule.expires_ns, OffloadCounts())
+            self._entries[key] = _Entry(flow, sample, rule.expires_ns, OffloadCounts())
+            self._by_flow[flow] = key
             self.counts["inserted"] += 1
         else:
             entry.expires_ns = rule.expires_ns
@@ -297,7 +303,7 @@ class DropOffload:
                     self._fold(key, counts)
             for key, counts in removed.items():
                 self._fold(key, counts)
-                self._entries.pop(key, None)
+                self._forget(key)
 
     async def _flush(self, match: Callable[[OffloadKey], bool] | None) -> None:
         xdp = self._xdp
@@ -310,7 +316,12 @@ class DropOffload:
             for key, counts in removed.items():
                 self._fold(key, counts)
             for key in [k for k in self._entries if match is None or match(k)]:
-                del self._entries[key]
+                self._forget(key)
+
+    def _forget(self, key: OffloadKey) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._by_flow.pop(entry.flow, None)
 
     def _fold(self, key: OffloadKey, counts: OffloadCounts) -> None:
         entry = self._entries.get(key)
@@ -324,7 +335,7 @@ class DropOffload:
         self.counts["offloaded_packets"] += packets
         self.counts["offloaded_bytes"] += bytes_
         if self._sink is not None:
-            self._sink.add_offloaded(entry.agg_key, packets, bytes_, entry.sample)
+            self._sink.add_offloaded(entry.flow[1], packets, bytes_, entry.sample)
 
     # --- reporting --------------------------------------------------------------------
 

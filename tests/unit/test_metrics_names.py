@@ -18,6 +18,8 @@ from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
 from policy_agent.metrics import AuditCollector, OvsSupervisorCollector, SyslogCollector, build_registry
+from policy_agent.offload import DropOffload, OffloadCollector
+from policy_agent.offload_config import OffloadConfig
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 
@@ -55,6 +57,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     registry.register(SyslogCollector([_Forwarder()]))
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
+    registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
     families = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {key for sample in family.samples for key in sample.labels}
