@@ -327,3 +327,26 @@ def test_the_engine_flushes_cached_verdicts_before_each_bundle_that_changes_flow
         assert seen_changing and all(seen_changing) and not eng.changing
 
     run(go())
+
+
+def test_status_probes_here_only_when_the_agents_offload_is_not_running() -> None:
+    import io
+
+    from policy_agent.config import AgentConfig
+    from policy_agent.status_cli import run_status
+
+    probes: list[int] = []
+
+    def probe() -> tuple[bool, str]:
+        probes.append(1)
+        return True, ""
+
+    for active, state in ((True, "active: XDP on 2 Pod veth(s), 1 cached Drop flow(s), threshold 100 pps"),
+                          (False, "unavailable: bcc is not importable")):
+        status = {"ebpf": {"active": active, "state": state}}
+        out = io.StringIO()
+        assert run_status(AgentConfig(), "table", api=lambda s, r, st=status: {"ok": True, "status": st},
+                          probe=probe, out=out) == 0
+        line = next(x for x in out.getvalue().splitlines() if x.startswith("ebpf"))
+        assert state in line and (("probe here" in line) is not active)
+    assert probes == [1]
