@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/cni_latency.py
 	$(PY) bench/flow_encoder.py
 	$(PY) bench/xdp_offload.py
+	$(PY) bench/flood.py
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
 
