@@ -27,7 +27,6 @@ import re
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -39,41 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 from _bridge import machine  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from xdp_offload import FLOOD_DST_PORT, tx_dropped  # noqa: E402
+from xdp_offload import tx_dropped  # noqa: E402
 
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
 from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.e2e.test_offload_e2e import SENDER  # noqa: E402
+from tests.e2e.test_offload_e2e import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
 from tests.support.rsyslog import free_port  # noqa: E402
 
-MANIFESTS = textwrap.dedent(f"""
-    apiVersion: v1
-    kind: Namespace
-    metadata: {{name: x, labels: {{kubernetes.io/metadata.name: x}}}}
-    ---
-    apiVersion: v1
-    kind: Namespace
-    metadata: {{name: y, labels: {{kubernetes.io/metadata.name: y}}}}
-    ---
-    apiVersion: v1
-    kind: Namespace
-    metadata: {{name: q, labels: {{kubernetes.io/metadata.name: q}}}}
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {{name: flood-guard}}
-    spec:
-      tier: securityops
-      priority: 1
-      appliedTo: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]
-      ingress:
-      - name: no-flood
-        action: Drop
-        enableLogging: true
-        logLabel: flood
-        from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-        ports: [{{protocol: UDP, port: {FLOOD_DST_PORT}}}]
-""")
+# The e2e test's Pods and logged Drop (applied to y/a by label), plus the quiet Pods' namespace.
+MANIFESTS = "---\n".join([NAMESPACES, pod_y("web"), "apiVersion: v1\nkind: Namespace\nmetadata: {name: q}\n",
+                          policy("Drop")])
 
 
 def offload_section(enabled: bool) -> str:
@@ -167,7 +141,7 @@ def run(offload: bool, seconds: float, rate: float) -> dict[str, Any]:
         ping = start_ping(cluster, pings)
         # A socket sender, not raw frames: the Pod's own stack makes packets conntrack accepts.
         sent = int(subprocess.run(["ip", "netns", "exec", xa.netns, sys.executable, "-c", SENDER, ya.ip,
-                                   str(FLOOD_DST_PORT), str(rate), str(int(rate * seconds)), "flood"],
+                                   str(PORT), str(rate), str(int(rate * seconds)), "flood"],
                                   capture_output=True, text=True, check=True).stdout)
         elapsed = time.monotonic() - t0
         v1, a1 = cpu(vswitchd), cpu(agent)
