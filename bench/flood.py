@@ -91,8 +91,8 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def meter_band_drops(cluster: Cluster) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "meter-stats", f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}"],
-                         capture_output=True, text=True).stdout
+    mgmt = f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}"
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "meter-stats", mgmt], capture_output=True, text=True).stdout
     return sum(int(n) for n in re.findall(r"\d+: packet_count:(\d+)", out))
 
 

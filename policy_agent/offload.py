@@ -355,7 +355,8 @@ class DropOffload:
         if self._xdp is None:
             return self._reason
         return (f"active: XDP on {len(self._ifindex)} Pod veth(s), {len(self._entries)} cached Drop flow(s), "
-                f"threshold {self._config.threshold_pps} pps")
+                f"{self.counts['offloaded_packets']} packets dropped before OVS (threshold "
+                f"{self._config.threshold_pps} pps)")
 
 
 class OffloadPodHooks:
