@@ -58,6 +58,7 @@ bench: setup
 	$(PY) bench/flow_encoder.py
 	$(PY) bench/xdp_offload.py
 	$(PY) bench/meter_accuracy.py
+	$(PY) bench/flood.py
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
 	$(PY) bench/traceflow_latency.py

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from auditlog.aggregate import Aggregator, AggregatorStats, Emission
+from auditlog.aggregate import AggregateKey, Aggregator, AggregatorStats, Emission
 from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
-from auditlog.packet import decode_frame
+from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
@@ -50,6 +50,11 @@ class PipelineStats:
     aggregator: AggregatorStats
     coarsened: int = 0  # of `records`, those written with a coarser key in overload
     overload: OverloadStats | None = None
+
+
+def aggregate_key(pin: PacketIn, summary: PacketSummary) -> AggregateKey:
+    """The aggregation key of a packet-in: (rule id, disposition, src, dst, protocol, dst port or ICMP type)."""
+    return (pin.rule_id, pin.reg7 & DISPOSITION_BITS, *flow_key(summary))
 
 
 class AuditPipeline:
@@ -89,7 +94,7 @@ class AuditPipeline:
             stats["decode_truncated"] += 1
         stats["packet_ins"] += 1
         disposition = pin.reg7 & DISPOSITION_BITS  # PacketIn.disposition, without the property call per packet
-        # flow_key(summary), spelled out: this runs once per packet-in.
+        # aggregate_key(pin, summary), spelled out: this runs once per packet-in.
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
         key = (pin.rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
         aggregate = disposition != _ALLOW
@@ -141,6 +146,16 @@ class AuditPipeline:
                 self._directions[rule_id] = direction
         return direction
 
+    def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, sample: tuple[PacketIn, PacketSummary]
+                      ) -> None:
+        """Fold drops the eBPF offload counted for `key` (never seen by OVS) into its records;
+        `sample` (a packet-in of the key and its summary) names the flow when no OVS packet does."""
+        emissions = self._agg.add_offloaded(key, packets, bytes_, self._clock(), sample)
+        if emissions:
+            self._emit(emissions)
+        if self._wake is not None:
+            self._wake.set()
+
     def _emit(self, emissions: list[Emission]) -> None:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
         for e in emissions:
@@ -151,11 +166,13 @@ class AuditPipeline:
                 keys = 1 if e.kind == "first" else len(self._distinct.pop(key, ())) or 1
                 coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
                                           icmp_type=None, icmp_code=None)
-                record = encode(pin, coarse, e.packets, e.bytes, e.first, e.last, e.offloaded_packets,
+                record = encode(pin, coarse, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes, e.first, e.last, e.offloaded_packets,
                                 level, keys)
                 stats["coarsened"] += 1
             else:
-                record = encode(pin, summary, e.packets, e.bytes, e.first, e.last, e.offloaded_packets)
+                # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).
+                record = encode(pin, summary, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes,
+                                e.first, e.last, e.offloaded_packets)
             if submit(record):
                 stats["records"] += 1
             else:

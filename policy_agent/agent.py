@@ -36,6 +36,7 @@ from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.loss_accounting import LossAccounting
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry, build_versions, category_name)
+from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
@@ -48,9 +49,6 @@ from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceService
 
 log = logging.getLogger(__name__)
-
-# What `npaudit status` says of the eBPF drop offload until the agent attaches it.
-EBPF_NOT_WIRED = "not wired: the XDP offload (meters/ebpf) is built and tested but the agent does not load it yet"
 
 
 class RecentProblems(logging.Handler):
@@ -135,8 +133,12 @@ class Agent:
                                       budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
                                       purge=MegaflowCache(config.ovs.ovs_rundir).purge)
         self.registry.register(TraceCollector(self.traceflow.stats))
+        # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
+        self.offload = DropOffload(config.offload, self.audit, ovs_netns=config.ovs.netns if config.ovs.mode ==
+                                   "embedded" else "", busy=lambda: self.engine is not None and self.engine.changing)
+        self.registry.register(OffloadCollector(self.offload))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
-                                                tap=self._handlers.get(Category.POLICY),
+                                                tap=self._handlers.get(Category.POLICY), offload=self.offload,
                                                 suppress=self.traceflow.suppress)
         self._handlers[Category.POLICY] = self.policy_packetins
         self._handlers[Category.TRACEFLOW] = _chain(self.traceflow, self._handlers.get(Category.TRACEFLOW))
@@ -193,6 +195,8 @@ class Agent:
         if not meters_ok:
             log.warning("datapath of bridge %s has NO meter support: packet-ins are limited only by "
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
+        await asyncio.to_thread(self.offload.load)
+        self.offload.start()
         await self._start_policy(meters_ok)
         self.losses.start()
         await self.traceflow.warm_up()
@@ -227,7 +231,7 @@ class Agent:
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=desired_meters(limits, meters_ok),
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
-                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir))
+                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):
@@ -246,11 +250,12 @@ class Agent:
 
             if self.ovsdb is None:
                 raise RuntimeError("CNI needs the OVSDB connection made in start()")
+            hooks = OffloadPodHooks(self.engine, self.offload)
             pods = PodInterfaces(self.ovsdb, cfg.ovs.bridge, cfg.ovs.netns if cfg.ovs.mode == "embedded" else "",
-                                 state_dir / "cni", self.engine)
+                                 state_dir / "cni", hooks)
             # Pods from before a restart: their policy and forwarding flows again, in this round.
             for info in await asyncio.to_thread(pods.pods):
-                await self.engine.pod_added(info)
+                await hooks.pod_added(info)
             self.cni = CniServer(cfg.cni_socket, pods)
         if previous:
             # Flows of the previous run that this run did not rewrite: gone only now,
@@ -310,7 +315,7 @@ class Agent:
             "ovs": {"mode": cfg.ovs.mode, "bridge": cfg.ovs.bridge, "version": ovs_version,
                     "datapath_type": self.datapath_type},
             "meters": {"supported": None if support is None else support.supported},
-            "ebpf": {"state": EBPF_NOT_WIRED},
+            "ebpf": self.offload.status(),
             "policy": None if engine is None else {
                 "tiers": len(engine.tiers), "policies": len(engine.policies), "rules": len(self.rules),
                 "namespaces": len(engine.namespaces), "pods": len(engine.pods)},
@@ -348,6 +353,7 @@ class Agent:
         await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()
         await self.demux.stop(drain=True)
+        await self.offload.close()  # the last offloaded counts go into records before those close
         if self.audit is not None and self.audit_writer is not None:
             await self.audit.close()  # what the open aggregation windows hold, written now
             await asyncio.to_thread(self.audit_writer.close)

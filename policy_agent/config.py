@@ -25,6 +25,7 @@ from policy_agent.config_checks import (
 )
 from policy_agent.config_overload import FairShareConfig, OverloadConfig
 from policy_agent.errors import AgentError
+from policy_agent.offload_config import OffloadConfig
 
 if TYPE_CHECKING:
     from auditlog.syslog.forwarder import Destination
@@ -274,6 +275,7 @@ class AgentConfig:
     openflow: OpenFlowConfig = OpenFlowConfig()
     packetin: PacketInConfig = PacketInConfig()
     meters: MetersConfig = MetersConfig()
+    offload: OffloadConfig = OffloadConfig()  # the eBPF drop offload (policy_agent/offload_config.py)
     policy: PolicyConfig = PolicyConfig()
     cni: CniConfig = CniConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

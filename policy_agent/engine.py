@@ -63,6 +63,13 @@ class DatapathCache(Protocol):
     def purge(self) -> None: ...
 
 
+class VerdictCache(Protocol):
+    """Verdicts cached outside OVS (the XDP drop offload): `invalidate` returns once none is left
+    that the change about to go in could contradict."""
+
+    async def invalidate(self) -> None: ...
+
+
 class FlowProgrammer(Protocol):
     """What the engine needs of the switch (the OpenFlow channel): each call returns once the
     switch has confirmed it, which is what makes the engine's ordering hold."""
@@ -145,8 +152,9 @@ class PolicyEngine:
     def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
                  pod_wait: float | None = None, datapath: DatapathCache | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, verdicts: VerdictCache | None = None) -> None:
         self._channel = channel
+        self._verdicts = verdicts
         self._datapath = datapath
         self.purge_failures = 0
         self._clock = clock
@@ -164,6 +172,11 @@ class PolicyEngine:
         # CNI ADD: wait this long for them rather than realise policy without them.
         self._pod_wait = pod_wait
         self._pods_changed = asyncio.Event()
+
+    @property
+    def changing(self) -> bool:
+        """True while a change is being compiled or put in (verdicts judged meanwhile may be stale)."""
+        return self._lock.locked()
 
     @property
     def namespaces(self) -> dict[str, Namespace]:
@@ -311,6 +324,8 @@ class PolicyEngine:
         if not same_rules:
             self.registry.replace({**old_rules, **plan.compiled.rules})
         compiled = self._clock()
+        if self._verdicts is not None and (plan.add or plan.stale):
+            await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
         try:
             await self._channel.commit_flows(plan.add, plan.stale)
         except (PacketInError, asyncio.TimeoutError) as exc:

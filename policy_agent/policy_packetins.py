@@ -80,15 +80,16 @@ def build_reject(frame: bytes) -> bytes | None:
 class PolicyPacketIns:
     """The category-0 subscriber: dispatches each packet-in on its userdata flags.
 
-    `send` is the channel's fire-and-forget send (a packet-out). `audit` and `tap`
-    receive the packet-ins that are to be logged; a Reject is answered whether or
-    not its rule logs.
+    `send` is the channel's fire-and-forget send (a packet-out). `audit`, `offload`
+    (the XDP drop offload, which caches floods of logged Drops) and `tap` receive the
+    packet-ins that are to be logged; a Reject is answered whether or not its rule logs.
     """
 
     def __init__(self, send: Callable[[Any], int], *, audit: Handler | None = None,
-                 tap: Handler | None = None, suppress: Callable[[PacketIn], bool] | None = None) -> None:
+                 tap: Handler | None = None, offload: Handler | None = None,
+                 suppress: Callable[[PacketIn], bool] | None = None) -> None:
         self._send = send
-        self._logged = tuple(h for h in (audit, tap) if h is not None)
+        self._logged = tuple(h for h in (audit, offload, tap) if h is not None)
         self._suppress = suppress  # True for a trace's packet (npaudit trace): neither answered nor logged
         self.answered = 0
         self.unanswerable = 0

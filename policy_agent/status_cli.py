@@ -1,9 +1,9 @@
 """`npaudit status` and `npaudit stats`: the running agent's state, and counts over a window of the audit files.
 
-`status` asks the running agent over its local API (one read-only op). The eBPF
-tier is not wired into the agent yet: status says so, and probes here (in this
-process, on this host) whether it could run, since the probe compiles and loads
-the program and must not disturb the agent's own output. `stats` counts the
+`status` asks the running agent over its local API (one read-only op), which says
+whether its eBPF tier runs; when it does not, status probes here (in this process,
+on this host) whether it could, since the probe compiles and loads the program and
+must not disturb the agent's own output. `stats` counts the
 audit files itself (no agent needed) and adds the agent's packet-in counters when
 one answers.
 """
@@ -90,7 +90,7 @@ def run_status(cfg: AgentConfig, output: str = "table", *, api: ApiCall | None =
     if status is None:
         print(f"error: {why}", file=err)
         return 1
-    if probe is not None:
+    if probe is not None and _get(status, "ebpf", "active") is not True:
         ok, reason = probe()
         status["ebpf"] = {**status.get("ebpf", {}), "probe": {"ok": ok, "reason": reason}}
     if output == "json":

@@ -261,12 +261,22 @@ def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, fl
             messages.Controller(reason=0, userdata=ud, meter_id=meter)]
 
 
+def rule_flags(action: Action, logged: bool) -> int:
+    """Userdata flags of a rule's controller copy. The one place that decides what the agent may
+    cache in its XDP drop offload: a logged Drop only; never Allow or Pass (OVS must keep deciding
+    them) nor Reject (the Pod must still get its RST or unreachable)."""
+    flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
+    if logged and action == Action.DROP:
+        flags |= Flags.OFFLOAD_ELIGIBLE
+    return int(flags)
+
+
 def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: bool, table: int
                   ) -> tuple[list[messages.Action], int | None]:
     """(actions, goto table or None = drop) for a rule in `table`."""
     disposition = _DISPOSITION[action]
-    flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
-    actions = _log_actions(state, disposition, rule_id, int(flags)) if flags else \
+    flags = rule_flags(action, logged)
+    actions = _log_actions(state, disposition, rule_id, flags) if flags else \
         [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT

@@ -93,7 +93,8 @@ class PodHandle:
 class Cluster:
     """The agent (embedded OVS in its own namespace) plus Pods on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_config: str = "", metrics_listen: str = "") -> None:
+        """`extra_config`: YAML sections appended to the agent's config (e.g. `offload:`)."""
         self.tag = secrets.token_hex(3)
         self.dir = Path(tempfile.mkdtemp(prefix=f"npe-{self.tag}-", dir="/tmp"))
         self.state = self.dir / "state"
@@ -102,9 +103,9 @@ class Cluster:
         self.config.write_text(
             f"state_dir: {self.state}\n"
             f"ovs:\n  run_dir: {self.dir / 'ovs'}\n  netns: npe-{self.tag}\n"
-            f"metrics:\n  listen: ''\n"
+            f"metrics:\n  listen: '{metrics_listen}'\n"
             f"packetin:\n  tap: {self.tap}\n"
-            f"audit:\n  path: {self.dir / 'audit' / 'audit.jsonl'}\n")
+            f"audit:\n  path: {self.dir / 'audit' / 'audit.jsonl'}\n" + extra_config)
         self.agent: subprocess.Popen[bytes] | None = None
         self.pods: dict[str, PodHandle] = {}
         self._servers: list[subprocess.Popen[bytes]] = []

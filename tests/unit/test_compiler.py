@@ -91,7 +91,7 @@ def test_logged_tiered_drop_copies_disposition_rule_and_label() -> None:
     assert not v.forwarded
     (reg7, reg6, ud), = v.copies
     assert (reg7, reg6) == (Disposition.DROP, info.rule_id)
-    assert ud is not None and ud.category == Category.POLICY and ud.flags == Flags.LOG and ud.rule_id == info.rule_id
+    assert ud is not None and ud.category == Category.POLICY and ud.flags == Flags.LOG | Flags.OFFLOAD_ELIGIBLE and ud.rule_id == info.rule_id
     assert info.log_label == "audit-me" and info.tier == "securityops"
     assert info.ruleset == "AntreaClusterNetworkPolicy:drop-web" and info.direction == Direction.EGRESS
     assert send(st, "x/a", "y/b", 81).forwarded
@@ -162,7 +162,7 @@ def test_k8s_isolation_allows_only_the_union_and_logs_by_namespace() -> None:
     v = send(st, "y/c", "z/a")
     assert not v.forwarded
     iso = rule_of(st, "allow-x", compiler.ISOLATION_RULE)  # the first isolating policy names the drop
-    assert v.copies == [(Disposition.DROP, iso.rule_id, v.copies[0][2])] and v.copies[0][2].flags == Flags.LOG
+    assert v.copies == [(Disposition.DROP, iso.rule_id, v.copies[0][2])] and v.copies[0][2].flags == Flags.LOG | Flags.OFFLOAD_ELIGIBLE
     assert iso.ruleset == "K8sNetworkPolicy:z/allow-x" and iso.action == Action.DROP
     assert send(st, "y/c", "z/b").forwarded  # z/b is not selected: not isolated
     assert send(cluster(p1, p2), "y/c", "z/a").copies == []  # namespace without logging: silent

@@ -21,6 +21,8 @@ from packetin.model import Category
 from meters.stats import Dropped
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry)
+from policy_agent.offload import DropOffload, OffloadCollector
+from policy_agent.offload_config import OffloadConfig
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.traceflow.collector import TraceCollector
@@ -69,6 +71,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
+    registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
     families = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {key for sample in family.samples for key in sample.labels}

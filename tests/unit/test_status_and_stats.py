@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from auditlog.fileset import audit_files
-from policy_agent.agent import EBPF_NOT_WIRED, Agent, RecentProblems
+from policy_agent.agent import Agent, RecentProblems
 from policy_agent.cli import main
 from policy_agent.config import AgentConfig, loads
 from policy_agent.sources.local_api import STATUS_OP, LocalApi
@@ -54,7 +54,8 @@ def test_the_snapshot_of_an_agent_not_yet_connected_says_what_is_not_known(agent
     status = snapshot(agent)
     assert status["openflow"]["connected"] is False and status["meters"]["supported"] is None
     assert status["ovs"]["version"] == "3.1.0" and status["policy"] is None
-    assert status["ebpf"] == {"state": EBPF_NOT_WIRED}
+    assert status["ebpf"]["active"] is False and status["ebpf"]["attached"] == 0
+    assert status["ebpf"]["state"] == "disabled in the config (offload.enabled: false)"
     assert status["audit"]["path"].endswith("logs/audit.jsonl") and status["audit"]["head"]["seq"] == 0
     assert status["syslog"] == {"writer_seq": 0, "destinations": []}
     assert status["packetin"]["ovs_lost"] == {"rconn_overflow": 0, "packet_in_overflow": None}
@@ -105,7 +106,8 @@ def test_status_over_the_real_local_api_and_client(tmp_path: Path, agent: Agent)
     code, text = asyncio.run(serve())
     assert code == 0
     status = json.loads(text)
-    assert status["ebpf"] == {"state": EBPF_NOT_WIRED, "probe": {"ok": False, "reason": "no kernel headers"}}
+    assert status["ebpf"]["state"] == "disabled in the config (offload.enabled: false)"
+    assert status["ebpf"]["probe"] == {"ok": False, "reason": "no kernel headers"}
     assert status["agent"]["uptime_seconds"] == 0  # start() was not run: the snapshot's own time
     assert status["problems"][0]["message"] == "datapath of bridge br-int has NO meter support"
 
@@ -135,7 +137,7 @@ def test_the_status_table_names_each_subsystem_and_escapes_what_came_from_users(
     lines = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith(" ")}
     assert set(lines) == {"agent", "openflow", "ovs", "meters", "ebpf", "policy", "audit", "syslog", "problems"}
     assert "NOT connected" in lines["openflow"] and "3.1.0" in lines["ovs"]
-    assert "not wired" in lines["ebpf"] and "probe here: it can run" in lines["ebpf"]
+    assert "disabled in the config" in lines["ebpf"] and "probe here: it can run" in lines["ebpf"]
     assert "2 policies, 5 rules" in lines["policy"] and "3 pods" in lines["policy"]
     assert "\x1b" not in text and "pod evil\\x1b[2J" in text
 
