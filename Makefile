@@ -58,6 +58,7 @@ bench: setup
 	$(PY) bench/xdp_offload.py
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
+	$(PY) bench/megaflow_purge.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
