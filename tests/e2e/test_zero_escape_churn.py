@@ -17,13 +17,13 @@ import ipaddress
 import json
 import subprocess
 import sys
-import threading
 import time
 
 from policy_agent.cni.netdev import mac_for_ip
 from policy_agent.sources.local_api import call
 from tests.e2e.cluster import SUBNET, Cluster, PodHandle
 from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.background import Background
 
 DENIED = 80
 
@@ -88,7 +88,9 @@ kind: NetworkPolicy
 metadata: {name: allow-80-from-x, namespace: y}
 spec:
   podSelector: {}
-  ingress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}], ports: [{protocol: TCP, port: 80}]}]
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
+    ports: [{protocol: TCP, port: 80}]
 """
 
 
@@ -99,28 +101,19 @@ def relabelled(version: int) -> str:
             f"  labels: {{pod: a, version: v{version}}}\n")
 
 
-class Churn:
+class Churn(Background):
     """Applies and deletes versions back to back, through the agent's local API (the client the
     CLI uses, without a Python start per request), until stopped."""
 
     def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
         self.cluster = cluster
         self.versions = 0
         self.failure: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Churn":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
-
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 v = self.versions + 1
                 for op, text in (("apply", no_80_into_y(v)), ("apply" if v % 2 else "delete", ALLOW_81),
                                  ("apply" if v % 3 else "delete", K8S_ALLOW_80), ("apply", relabelled(v))):

@@ -4,10 +4,10 @@ independent observer (its own OpenFlow connection) sees the empty table or the w
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
 import socket
 import struct
-import threading
 import time
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
@@ -16,13 +16,15 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 from packetin import messages
 from packetin.messages import CODEC
 from tests.integration.conftest import OvsEnv
+from tests.support.background import Background
 from tests.integration.test_packetin_ovs import connected, wait_for
 
 FLOWS = 10_000  # enough that a flow-by-flow replay spans many of vswitchd's main-loop iterations
 
 
 def many_flows(n: int) -> list[messages.FlowSpec]:
-    return [messages.FlowSpec.make(1, 100, {"eth_type": 0x0800, "ipv4_src": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"},
+    """n flows in one table, each for its own source address."""
+    return [messages.FlowSpec.make(1, 100, {"eth_type": 0x0800, "ipv4_src": str(ipaddress.IPv4Address(0x0A000000 + i))},
                                    [messages.Output(1)]) for i in range(n)]
 
 
@@ -45,38 +47,30 @@ _AGGREGATE = messages.serialize(parser.OFPAggregateStatsRequest(
     CODEC, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, 0, 0, parser.OFPMatch()), 7)
 
 
-class FlowCountObserver:
+class FlowCountObserver(Background):
     """Asks OVS for its flow count back to back, on its own OpenFlow connection to the
     bridge's management socket (independent of the channel under test), in a thread."""
 
     def __init__(self, env: OvsEnv) -> None:
+        super().__init__()
         self._path = env.mgmt[len("unix:"):]
         self.counts: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "FlowCountObserver":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while not self.stopping.is_set():
             try:
                 with socket.socket(socket.AF_UNIX) as sock:
                     sock.settimeout(5)
                     sock.connect(self._path)
                     sock.sendall(messages.serialize(messages.hello(), 1))
-                    while not self._stop.is_set():
+                    while not self.stopping.is_set():
                         sock.sendall(_AGGREGATE)
                         while (raw := _message(sock))[1] != ofp.OFPT_MULTIPART_REPLY:
                             pass  # the switch's HELLO
                         self.counts.append(messages.parse(raw).body.stats["flow_count"])
             except OSError:  # vswitchd is down: look again
                 time.sleep(0.001)
+
 
 def test_the_replay_after_a_vswitchd_restart_is_all_or_nothing(ovs_env: OvsEnv) -> None:
     flows = many_flows(FLOWS)
@@ -95,5 +89,6 @@ def test_the_replay_after_a_vswitchd_restart_is_all_or_nothing(ovs_env: OvsEnv) 
 
     counts = asyncio.run(scenario())
     partial = sorted({c for c in counts if c not in (0, FLOWS)})
-    assert not partial, f"an observer saw a partly replayed table: {partial[:10]} flows (of {FLOWS}) in {len(counts)} looks"
+    assert not partial, \
+        f"an observer saw a partly replayed table: {partial[:10]} flows (of {FLOWS}) in {len(counts)} looks"
     assert 0 in counts  # it did look while the table was empty, before the replay

@@ -40,7 +40,8 @@ def _acnp(name: str, spec: str) -> str:
 
 
 def _tier(name: str, priority: int) -> str:
-    return f"apiVersion: crd.antrea.io/v1beta1\nkind: Tier\nmetadata: {{name: {name}}}\nspec: {{priority: {priority}}}\n"
+    return (f"apiVersion: crd.antrea.io/v1beta1\nkind: Tier\nmetadata: {{name: {name}}}\n"
+            f"spec: {{priority: {priority}}}\n")
 
 
 DROP_81 = _acnp("drop-81", "  priority: 1\n  appliedTo: [{podSelector: {matchLabels: {app: web}}}]\n"

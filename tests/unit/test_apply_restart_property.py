@@ -11,7 +11,6 @@ stands in for a switch refusing a change, which must leave everything as it was.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from dataclasses import dataclass
