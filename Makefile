@@ -62,6 +62,7 @@ bench: setup
 	$(PY) bench/syslog_throughput.py
 	$(PY) bench/logs_query.py
 	$(PY) bench/traceflow_latency.py
+	$(PY) bench/megaflow_purge.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -6,8 +6,8 @@ on the event-loop thread. Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
 OpenFlowError naming the failing message; `commit_flows` sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
-the desired state and replayed (meters, groups, then flows) after every
-reconnect, e.g. when ovs-vswitchd restarts and comes back with an empty table.
+the desired state and replayed (meters, groups, then all flows as one bundle)
+after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.model import PacketIn
-from packetin.refusals import group_exists, meter_exists, raise_first, refusal
+from packetin.refusals import add_or_modify, group_exists, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,6 @@ class OpenFlowChannel:
         self._closing = False
         self._last_rx = 0.0
         self._desired = DesiredState()  # what the switch confirmed, replayed after reconnects
-        # Flows of a bundle whose commit got no answer (connection lost): the switch may hold
-        # them or not; the next replay puts their keys back as desired.
-        self._in_doubt: dict[tuple[object, ...], messages.FlowSpec] = {}
         self._bundle_id = 0
         self._bundle_lock = asyncio.Lock()
         self.datapath_id: int | None = None
@@ -194,13 +191,13 @@ class OpenFlowChannel:
             self._send(messages.echo_request())
 
     async def _replay(self) -> None:
-        """Reinstall the desired state. A refused item is logged and forgotten, not retried
-        forever: the switch that refused it will refuse it again on every reconnect."""
+        """Reinstall the desired state: meters and groups (which change no forwarding until a flow
+        names them), then every flow in one atomic bundle. A refused item is logged and forgotten,
+        not retried forever: the switch that refused it will refuse it again on every reconnect."""
         desired = self._desired
         for what, items, install in (
             ("meter", list(desired.meters.values()), self.install_meters),
             ("group", list(desired.groups.values()), self.install_groups),
-            ("flow", list(desired.flows.values()), self.install_flows),
         ):
             if not items:
                 continue
@@ -209,12 +206,26 @@ class OpenFlowChannel:
             except OpenFlowError as exc:
                 log.error("replay to %s: %s was refused and is dropped from the desired state: %s",
                           self.settings.target, what, exc)
-        doubt = [f for k, f in self._in_doubt.items() if k not in desired.flows]
-        if doubt:  # what an unanswered commit may have added: gone, so the switch holds exactly `desired`
-            await self.delete_flows(doubt)
-        self._in_doubt.clear()
+        async with self._bundle_lock:
+            await self._replay_flows()
         if desired:
             log.info("replayed %s to %s", desired.describe(), self.settings.target)
+
+    async def _replay_flows(self) -> None:
+        """One bundle takes the switch from whatever it holds (nothing after a restart; maybe the
+        flows of a commit whose answer was lost) to exactly the desired flows: no observer, and no
+        packet, ever meets a half-replayed table. Without the refused flows if it refuses some."""
+        desired = self._desired
+        while True:
+            install, delete = desired.replay_flows()
+            refused = await self._bundle(install, delete) if install or delete else {}
+            if not refused:
+                break
+            for exc in refused.values():
+                log.error("replay to %s: flow was refused and is dropped from the desired state: %s",
+                          self.settings.target, exc)
+            desired.forget_refused(install, delete, refused)  # at least one each round: the loop ends
+        desired.in_doubt.clear()
 
     # --- public requests -------------------------------------------------------------
     # Each returns once a barrier confirmed the whole batch. What the switch accepted
@@ -237,48 +248,58 @@ class OpenFlowChannel:
         before the commit. Lost after it (ChannelClosed), the outcome is unknown until the
         reconnect, whose replay brings the switch back to the desired state, which stays the old one.
         """
-        specs = [*install, *delete]
-        if not specs:
+        if not install and not delete:
             return
         async with self._bundle_lock:
-            self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
-            bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
-            # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
-            wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
-            what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
-            await self.request(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
-            self._errors.update(dict.fromkeys(xids))
-            try:
-                self._send_raw(wire_bytes)
-                await self._barrier()  # every add was checked; a refused one means no commit at all
-                refused = self._refusals(xids, what)
-                if refused:
-                    with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
-                        await self.request(bundles.control(bundle_id, ofp.OFPBCT_DISCARD_REQUEST))
-                    raise_first(refused)
-                await self._commit(bundle_id, specs, xids, what)
-            finally:
-                for xid in xids:
-                    self._errors.pop(xid, None)
+            raise_first(await self._bundle(install, delete))
         self._desired.flows.update((f.key, f) for f in install)
         for f in delete:
             self._desired.flows.pop(f.key, None)
 
-    async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int], what: list[str]) -> None:
+    async def _bundle(self, install: Sequence[messages.FlowSpec],
+                      delete: Sequence[messages.FlowSpec]) -> dict[int, OpenFlowError]:
+        """Send one bundle and commit it (call holding _bundle_lock). Returns {} once the commit
+        is confirmed, else the switch's refusals by index (install first): nothing changed then."""
+        specs = [*install, *delete]
+        self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
+        bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
+        # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
+        wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
+        what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
+        await self.request(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
+        self._errors.update(dict.fromkeys(xids))
+        try:
+            self._send_raw(wire_bytes)
+            await self._barrier()  # every add was checked; a refused one means no commit at all
+            refused = self._refusals(xids, what)
+            if refused:
+                with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
+                    await self.request(bundles.control(bundle_id, ofp.OFPBCT_DISCARD_REQUEST))
+                return refused
+            return await self._commit(bundle_id, specs, xids, what)
+        finally:
+            for xid in xids:
+                self._errors.pop(xid, None)
+
+    async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int],
+                      what: list[str]) -> dict[int, OpenFlowError]:
         xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
         try:
             await self._reply(xid)
         except OpenFlowError:
             # The switch names the failing message with an error of its own, sent before the commit's.
-            raise_first(self._refusals(xids, what))
+            refused = self._refusals(xids, what)
+            if refused:
+                return refused
             raise
         except (ChannelClosed, asyncio.TimeoutError) as exc:
-            self._in_doubt.update((f.key, f) for f in specs)
+            self._desired.in_doubt.update((f.key, f) for f in specs)
             if self._proto is not None and self._proto.transport is not None:
                 self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
             raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
                                 f"({len(specs)} flows): outcome unknown until the reconnect") from exc
         await self._barrier()
+        return {}
 
     def _refusals(self, xids: list[int], what: list[str]) -> dict[int, OpenFlowError]:
         return {i: refusal(err, None, what[i], xid) for i, xid in enumerate(xids)
@@ -286,8 +307,8 @@ class OpenFlowChannel:
 
     async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
-        refused = await self._add_or_modify(
-            meters, messages.meter_mod, ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, meter_exists)
+        refused = await add_or_modify(
+            self._batch, meters, messages.meter_mod, ofp.OFPMC_ADD, ofp.OFPMC_MODIFY, meter_exists)
         settle(self._desired.meters, [x.meter_id for x in meters], meters, refused)
 
     async def delete_meters(self, meter_ids: Iterable[int]) -> None:
@@ -297,8 +318,8 @@ class OpenFlowChannel:
 
     async def install_groups(self, groups: Sequence[messages.GroupSpec]) -> None:
         """Add groups, or modify the ones that already exist."""
-        refused = await self._add_or_modify(
-            groups, messages.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
+        refused = await add_or_modify(
+            self._batch, groups, messages.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
         settle(self._desired.groups, [g.group_id for g in groups], groups, refused)
 
     async def delete_groups(self, group_ids: Iterable[int]) -> None:
@@ -351,21 +372,6 @@ class OpenFlowChannel:
         return self._send(msg)
 
     # --- batches ---------------------------------------------------------------------
-
-    async def _add_or_modify(self, specs: Sequence[Any], build: Callable[[Any, int], Any],
-                             add: int, modify: int, exists: Callable[[OpenFlowError], bool]
-                             ) -> dict[int, OpenFlowError]:
-        """ADD each spec; MODIFY the ones the switch says exist. Returns refusals by index."""
-        refused = await self._batch([(build(x, add), x.describe()) for x in specs])
-        again = [i for i, err in refused.items() if exists(err)]
-        if again:
-            retry = await self._batch([(build(specs[i], modify), specs[i].describe()) for i in again])
-            for n, i in enumerate(again):
-                if n in retry:
-                    refused[i] = retry[n]
-                else:
-                    del refused[i]
-        return refused
 
     async def _barrier(self) -> None:
         await self.request(messages.barrier())

@@ -21,12 +21,30 @@ class DesiredState:
         self.flows: dict[tuple[object, ...], FlowSpec] = {}
         self.meters: dict[int, MeterSpec] = {}
         self.groups: dict[int, GroupSpec] = {}
+        # Flows of a bundle whose commit got no answer (connection lost): the switch may hold
+        # them or not; the next replay removes those that are not desired.
+        self.in_doubt: dict[tuple[object, ...], FlowSpec] = {}
 
     def __bool__(self) -> bool:
         return bool(self.meters or self.groups or self.flows)
 
     def describe(self) -> str:
         return f"{len(self.meters)} meters, {len(self.groups)} groups, {len(self.flows)} flows"
+
+    def replay_flows(self) -> tuple[list[FlowSpec], list[FlowSpec]]:
+        """(flows to install, flows to delete): one bundle of them takes a table that holds
+        nothing, or the old flows plus those in doubt, to exactly the desired flows."""
+        return list(self.flows.values()), [f for k, f in self.in_doubt.items() if k not in self.flows]
+
+    def forget_refused(self, install: Sequence[FlowSpec], delete: Sequence[FlowSpec],
+                       refused: dict[int, OpenFlowError]) -> None:
+        """Drop what the switch refused in a replay (indexes: `install` then `delete`): it would
+        refuse it again on every reconnect."""
+        for i in refused:
+            if i < len(install):
+                self.flows.pop(install[i].key, None)
+            else:
+                self.in_doubt.pop(delete[i - len(install)].key, None)
 
 
 def settle(store: dict[K, V], keys: Sequence[K], installed: Sequence[V] | None,

@@ -1,8 +1,9 @@
-"""The switch's OFPT_ERROR replies as OpenFlowError, and which of them mean "already exists"."""
+"""The switch's OFPT_ERROR replies as OpenFlowError, which of them mean "already exists", and the
+ADD-else-MODIFY that acts on those."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
@@ -41,3 +42,22 @@ def meter_exists(err: OpenFlowError) -> bool:
 def group_exists(err: OpenFlowError) -> bool:
     """An ADD refused because the group is there already: MODIFY it instead."""
     return err.err_type == ofp.OFPET_GROUP_MOD_FAILED and err.err_code == ofp.OFPGMFC_GROUP_EXISTS
+
+
+Batch = Callable[[list[tuple[Any, str]]], Awaitable[dict[int, OpenFlowError]]]
+
+
+async def add_or_modify(batch: Batch, specs: Sequence[Any], build: Callable[[Any, int], Any],
+                        add: int, modify: int, exists: Callable[[OpenFlowError], bool]) -> dict[int, OpenFlowError]:
+    """ADD each spec through `batch` (the channel's: messages, then a barrier; refusals by index);
+    MODIFY the ones the switch says exist. Returns the refusals left, by index."""
+    refused = await batch([(build(x, add), x.describe()) for x in specs])
+    again = [i for i, err in refused.items() if exists(err)]
+    if again:
+        retry = await batch([(build(specs[i], modify), specs[i].describe()) for i in again])
+        for n, i in enumerate(again):
+            if n in retry:
+                refused[i] = retry[n]
+            else:
+                del refused[i]
+    return refused

@@ -239,11 +239,14 @@ class PolicyEngine:
             cur = self._objects
             gone_ns, gone_pods = {ns.name for ns in namespaces}, {pod.key for pod in pods}
             gone_tiers, gone_policies = {t.name for t in tiers}, {p.key for p in policies}
+            # A running Pod whose object goes keeps no labels, as a restart would find it.
+            endpoints = {k: Endpoint(Pod(*k), ep.ip, ep.mac, ep.ofport) if k in gone_pods else ep
+                         for k, ep in cur.endpoints.items()}
             nxt = _Objects(namespaces={k: v for k, v in cur.namespaces.items() if k not in gone_ns},
                            pods={k: v for k, v in cur.pods.items() if k not in gone_pods},
                            tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
                            policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
-                           endpoints=cur.endpoints)
+                           endpoints=endpoints)
             await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers), why="delete")
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------

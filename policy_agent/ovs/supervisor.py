@@ -3,7 +3,7 @@
 vswitchd's state (flows, meters, the userspace datapath) dies with it, but the
 bridge, controller and Pod ports live in the OVSDB file: a new vswitchd reads
 them back, and the OpenFlow channel reconnects and replays meters, groups and
-flows. Until then the switch forwards nothing (fail closed). OVS 3.1's vswitchd
+flows (one atomic bundle). Until then the switch forwards nothing (fail closed). OVS 3.1's vswitchd
 spins and stops forwarding once its ovsdb-server is gone, so an ovsdb-server
 death restarts both. With an external OVS the same watch only reports.
 """

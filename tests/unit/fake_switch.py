@@ -148,7 +148,8 @@ class FakeSwitch:
 
     def __init__(self, path: str, *, datapath_id: int = 0xFEEDC0FFEE, max_meter: int = 1024,
                  band_types: int = OFPMBT_DROP_BIT, max_bands: int = 1, hello_version: int = VERSION,
-                 refuse_out_port: int | None = 77, refuse_meter_features: bool = False) -> None:
+                 refuse_out_port: int | None = 77, refuse_meter_features: bool = False,
+                 record_tables: bool = False) -> None:
         self.path = path
         self.datapath_id = datapath_id
         self.max_meter = max_meter
@@ -171,6 +172,8 @@ class FakeSwitch:
         self.mods: list[Mod] = []
         self.received: list[tuple[int, int]] = []  # (type, xid) of every message
         self.received_raw: list[bytes] = []
+        # With record_tables: the flow table (key, actions) as it stood after each message handled.
+        self.tables: list[frozenset[tuple[FlowKey, tuple[str, ...]]]] | None = [] if record_tables else None
         self.echo_requests = 0
         self.packet_in_format: int | None = None
         self.miss_send_len: int | None = None
@@ -264,6 +267,8 @@ class FakeSwitch:
             reply = error(xid, err[0], err[1], raw)
         if reply is not None:
             conn.send(reply)
+        if self.tables is not None:
+            self.tables.append(frozenset((k, tuple(map(str, f.actions))) for k, f in self.flows.items()))
 
     def _bundle_control(self, conn: _Conn, raw: bytes, xid: int) -> tuple[bytes | None, tuple[int, int] | None]:
         bundle_id, ctrl_type, flags = bundles.parse_control(raw)

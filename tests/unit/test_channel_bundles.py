@@ -148,3 +148,57 @@ def test_echo_is_answered_while_a_big_bundle_is_encoded(sock_path: str) -> None:
             assert ofp.OFPT_ECHO_REPLY in sent[:opened]
             assert len(r.fake.flows) == 10_000 and r.fake.commits == 1
     run(main(), timeout=60)
+
+
+# --- the replay after a reconnect --------------------------------------------------------
+
+
+def test_the_replay_on_a_restarted_switch_installs_every_flow_at_once(sock_path: str) -> None:
+    """ovs-vswitchd came back with an empty table: between nothing and every desired flow there
+    is no table holding some of them (a packet there would meet half a policy)."""
+    many = [flow(2, 100, 1, in_port=i + 1) for i in range(200)]
+
+    async def main() -> None:
+        async with rig(sock_path) as r:
+            await r.chan.commit_flows(many, [])
+            fresh = await r.restart_switch(record_tables=True)
+            await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 4.0, "reconnect")
+            assert fresh.tables is not None
+            sizes = [len(t) for t in fresh.tables]
+            partial = sorted(set(sizes) - {0, len(many)})
+            assert not partial, f"{len(partial)} partial tables seen during the replay, e.g. {partial[:5]} flows"
+            assert fresh.commits == 1 and ofp.OFPT_FLOW_MOD not in fresh.types()
+    run(main(), timeout=20)
+
+
+def test_the_replay_after_a_lost_commit_answer_goes_back_to_the_old_table_at_once(sock_path: str) -> None:
+    """The switch carried out a bundle whose answer was lost: the replay takes it from that new
+    table straight back to the old one, with no table in between (new and old flows mixed)."""
+    async def main() -> None:
+        async with rig(sock_path, fake_kw={"record_tables": True}) as r:
+            await with_old(r)
+            old = r.fake.tables[-1]  # type: ignore[index]
+            r.fake.drop_on_commit = "after"
+            with pytest.raises(ChannelClosed, match="outcome unknown"):
+                await r.chan.commit_flows([NEW, CHANGED], [OLD[2]])
+            new = r.fake.tables[-1]  # type: ignore[index]
+            assert new != old
+            seen_from = len(r.fake.tables)  # type: ignore[arg-type]
+            await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 2.0, "reconnect")
+            seen = set(r.fake.tables[seen_from:])  # type: ignore[index]
+            assert seen == {new, old}, f"{len(seen - {new, old})} mixed tables seen during the replay"
+            assert r.fake.tables[-1] == old  # type: ignore[index]
+    run(main(), timeout=20)
+
+
+def test_a_flow_the_restarted_switch_refuses_is_dropped_and_the_rest_replayed(sock_path: str) -> None:
+    keep, refused = flow(1, 100, 1, in_port=1), flow(5, 10, 1, in_port=7)
+
+    async def main() -> None:
+        async with rig(sock_path) as r:
+            await r.chan.commit_flows([keep, refused], [])
+            fresh = await r.restart_switch()
+            fresh.refuse_table = 5  # the new switch refuses what the old one took
+            await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 4.0, "reconnect")
+            assert set(fresh.flows) == {keep.key} and r.chan.desired_flows == [keep]
+    run(main(), timeout=20)
