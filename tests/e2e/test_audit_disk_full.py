@@ -18,33 +18,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, logged_udp_drop
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 TMPFS_BYTES = 1 << 20
-DROP_UDP = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: disk-full-drop}
-    spec:
-      tier: securityops
-      priority: 3
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - name: drop-udp
-        action: Drop
-        enableLogging: true
-        logLabel: disk-full
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: UDP, port: 53}]
-""")
+DROP_UDP = logged_udp_drop("disk-full-drop", to_ns="y", from_ns="x", label="disk-full")
 # One datagram from each given source port: one flow, one packet, one record each.
 SENDER = ("import socket, sys, time\nip = sys.argv[1]\nfor port in map(int, sys.argv[2:]):\n"
           "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.bind(('0.0.0.0', port))\n"

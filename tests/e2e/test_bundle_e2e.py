@@ -14,34 +14,18 @@ import json
 import subprocess
 import sys
 import tarfile
-import textwrap
 import time
 from pathlib import Path
 
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, logged_udp_drop
 
 NAMESPACES = ("tenant-alpha-q7", "tenant-bravo-k3")
 PODS = {"tenant-alpha-q7": "ledger-db-zx9", "tenant-bravo-k3": "web-client-mv4"}
 MANIFESTS = "---\n".join(
     f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    kubernetes.io/metadata.name: {ns}\n"
     f"---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {PODS[ns]}\n  namespace: {ns}\n  labels:\n    app: {ns}\n"
-    for ns in NAMESPACES) + textwrap.dedent("""
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: bundle-drop-udp}
-    spec:
-      tier: securityops
-      priority: 4
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: tenant-alpha-q7}}}]
-      ingress:
-      - name: drop-udp-from-bravo
-        action: Drop
-        enableLogging: true
-        logLabel: bundle-e2e
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: tenant-bravo-k3}}}]
-        ports: [{protocol: UDP, port: 53}]
-    """)
+    for ns in NAMESPACES) + "---\n" + logged_udp_drop("bundle-drop-udp", to_ns="tenant-alpha-q7",
+                                                        from_ns="tenant-bravo-k3", label="bundle-e2e")
 
 
 def _bundle(config: Path, out: Path, *extra: str) -> dict[str, bytes]:
