@@ -46,6 +46,7 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                        ("TCP between Pods Mbit/s ({1})", "mbit_per_s_median.*"),
                        ("TCP between Pods: >= 0.95 met", "target_met")],
     "flow_encoder": [("flow_mod encoding os-ken / ours ({0})", "*.ratio")],
+    "fuzz": [("fuzz cases, {1}", "targets.*.cases"), ("fuzz uncaught exception, {1}", "targets.*.failure")],
 }
 # For benches not listed above: leaves (outside per-phase lists) whose key says it is a comparison.
 GENERIC_KEYS = ("*ratio*", "*_vs_*", "vs_*", "*target_met*", "meets_target", "*accuracy*", "*error*percent*")
