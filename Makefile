@@ -50,19 +50,10 @@ test-integration: setup
 demo: setup
 	$(VENV)/bin/npaudit demo
 
+# Every bench/*.py not starting with "_", one after another; writes bench/RESULTS.md.
+# BENCH_ARGS e.g. '--only pod_throughput' or '--note "The machine was shared."'.
 bench: setup
-	$(PY) bench/packetin_throughput.py
-	$(PY) bench/auditlog_throughput.py
-	$(PY) bench/audit_overload.py
-	$(PY) bench/cni_latency.py
-	$(PY) bench/flow_encoder.py
-	$(PY) bench/xdp_offload.py
-	$(PY) bench/meter_accuracy.py
-	$(PY) bench/flood.py
-	$(PY) bench/syslog_throughput.py
-	$(PY) bench/logs_query.py
-	$(PY) bench/traceflow_latency.py
-	$(PY) bench/megaflow_purge.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -56,6 +56,16 @@ class LossNote:
             self._fd = -1
 
 
+def pending_loss(audit_path: Path) -> dict[str, Any] | None:
+    """Read-only: what the note beside `audit_path` says was lost and is not in the chain yet, or None."""
+    path = LossNote(audit_path).path
+    try:
+        with open(path, "rb") as f:
+            return _parse(f.read(NOTE_BYTES), path)
+    except OSError:  # no note (never a loss), or not ours to read
+        return None
+
+
 def _parse(data: bytes, path: Path) -> dict[str, Any] | None:
     text = data.rstrip(b"\0")
     if not text:

@@ -20,6 +20,7 @@ from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_r
 from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
                               split_name)
 from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
+from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
@@ -344,6 +345,13 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
         walk.warnings.append(f"{n} loss records state that {packet_ins} packet-ins and {records} records never "
                              "became records (meter, OVS queue, admission or writer drops; `npaudit logs` "
                              "shows them as LOSS)")
+    lives = {p / base if p.is_dir() else p.with_name(split_name(p.name)[0]) for p in map(Path, paths)}
+    for live in sorted(lives):
+        note = pending_loss(live)
+        if note is not None:
+            walk.warnings.append(f"{live}: the writer that stopped last could not write {note['records_lost']} "
+                                 f"audit records after seq {note['after_seq']} ({note['by_reason']}); the next "
+                                 "start puts a chain-restart record saying so into the chain")
     if walk.first_seq not in (None, 1) and brk is None:
         walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
                              "here (removed by retention, or by someone)")

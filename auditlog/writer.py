@@ -200,6 +200,8 @@ class AuditWriter:
             if restart is not None:
                 self._queue.appendleft(restart)  # before anything submitted already
             self._handler = self._new_handler()
+            if self._queue:  # the writer's own records go in now, not when the next record comes
+                self._wake.set()
         except OSError as exc:
             self._loss_note.close()
             self._release_ownership()

@@ -149,6 +149,7 @@ class Agent:
         self._k8s_api: Any = None
         self.problems = RecentProblems()
         self._started: tuple[float, float] | None = None  # (time.time(), time.monotonic()) at start
+        self._policy_ready = False  # the first policy is in OVS and every source of Pods and policy is served
 
     def _rule_direction(self, rule_id: int) -> str | None:
         """"ingress" or "egress" for a known rule id (the fair-share key asks once per rule)."""
@@ -268,6 +269,7 @@ class Agent:
         await self.api.start()
         if self.manifests is not None:
             self.manifests.start()
+        self._policy_ready = True
 
     async def _start_kubernetes(self) -> None:
         from policy_agent.sources.kubernetes import KubernetesSource, api_client_from_config
@@ -327,15 +329,26 @@ class Agent:
             "problems": self.problems.snapshot(),
         }
 
+    def readiness(self) -> list[str]:
+        """What keeps the node from taking Pods with their policy (/readyz); empty when ready."""
+        waiting = []
+        if not self.channel.ready:
+            waiting.append("OpenFlow not connected")
+        if not self._policy_ready:
+            waiting.append("policy flows not installed yet")
+        if self.config.cni.enabled and (self.cni is None or not self.cni.listening):
+            waiting.append("CNI server not listening")
+        return waiting
+
     def _start_metrics(self, listen: str) -> None:
-        from prometheus_client import start_http_server
+        from policy_agent.http_endpoints import serve
 
         host, _, port = listen.rpartition(":")
         try:
-            self._metrics_server, _ = start_http_server(int(port), addr=host, registry=self.registry)
+            self._metrics_server = serve(host, int(port), self.registry, self.readiness)
         except OSError as exc:  # a port in use, an address not on this host
             raise AgentError(f"metrics.listen {listen}: cannot listen ({exc.strerror or exc})") from exc
-        log.info("metrics on http://%s/metrics", listen)
+        log.info("metrics on http://%s/metrics, probes on /readyz and /healthz", listen)
 
     async def stop(self) -> None:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""

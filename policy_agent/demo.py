@@ -4,13 +4,16 @@ A private OVS in a namespace of its own; the sample policies in config/samples
 (a logged securityops ClusterNetworkPolicy, a Kubernetes NetworkPolicy in the
 logging-enabled Namespace z, a custom Tier); Pods created through the real
 `npaudit cni` plugin; real TCP connections between them; the audit records
-they produce printed live as they reach the audit file, whose hash chain is
-verified at the end.
+they produce printed live as they reach the audit file. It ends as an operator
+would look at them: `npaudit logs` and `npaudit stats` over this run's records
+(asking the still-running agent for its counters), then `npaudit verify` of the
+file's hash chain after the agent stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import logging
 import os
@@ -90,19 +93,37 @@ def _connect(netns: str, ip: str, port: int) -> str:
     return res.stdout.strip()
 
 
+def _write_config(state: Path, audit_path: Path) -> Path:
+    """The demo's agent config as a file, so `npaudit logs|stats --config` find its audit file and agent."""
+    path = BASE / "npaudit.yaml"
+    BASE.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"state_dir: {state}\naudit:\n  path: {audit_path}\nmetrics:\n  listen: \"\"\n"
+                    f"ovs:\n  run_dir: {BASE / 'ovs'}\n  netns: {OVS_NETNS}\n")
+    return path
+
+
+def show_command(*args: str) -> int:
+    """Run `npaudit ARGS` as an operator would, its output interleaved with the demo's; its exit status."""
+    print(f"$ npaudit {' '.join(args)}", flush=True)
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], timeout=60).returncode
+
+
+def since_stamp(when: float) -> str:
+    """RFC 3339 at millisecond resolution, rounded down (records carry millisecond times)."""
+    return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def run_demo(duration: float = 0.0, keep: bool = False) -> int:
     state = BASE / "state"
     audit_path = BASE / "audit" / "audit.jsonl"
-    cfg = config_mod.AgentConfig(
-        state_dir=str(state),
-        ovs=config_mod.OvsConfig(run_dir=str(BASE / "ovs"), netns=OVS_NETNS),
-        audit=config_mod.AuditConfig(path=str(audit_path)),
-        metrics=config_mod.MetricsConfig(listen=""),
-    )
+    config_path = _write_config(state, audit_path)
+    cfg = config_mod.load(config_path)
     agent = Agent(cfg)
+    since = since_stamp(time.time())
     tail = FileTail(audit_path)
     objs = load_path(SAMPLES)
     netns_made: list[str] = []
+    failed: list[str] = []
     servers: list[subprocess.Popen[bytes]] = []
 
     async def main() -> None:
@@ -136,6 +157,11 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
             await asyncio.sleep(duration)
             await agent.demux.wait_idle()
             log.info("packet-ins per category: %s", json.dumps(agent.demux.stats()))
+            log.info("this run's records as an operator sees them (earlier runs' records stay in the file)")
+            for args in (("logs", "--config", str(config_path), "--since", since, "-o", "compact"),
+                         ("stats", "--config", str(config_path), "--since", since)):
+                if await asyncio.to_thread(show_command, *args) != 0:
+                    failed.append(f"npaudit {args[0]}")
         finally:
             for proc in servers:
                 proc.kill()
@@ -154,6 +180,8 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
                                  capture_output=True, text=True)
         log.info("npaudit verify %s: %s", audit_path.parent, verdict.stdout.strip().splitlines()[0]
                  if verdict.stdout.strip() else verdict.stderr.strip())
+        if verdict.returncode != 0:
+            failed.append("npaudit verify")
     finally:
         if not keep:
             for netns in netns_made:
@@ -162,4 +190,7 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
                 agent.embedded.down()
     log.info("demo finished in %.1fs%s", time.monotonic() - start,
              f" (left running: npaudit ovs down --run-dir {BASE / 'ovs'} --netns {OVS_NETNS})" if keep else "")
+    if failed:
+        log.error("demo: %s failed (output above)", ", ".join(failed))
+        return 1
     return 0

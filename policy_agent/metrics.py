@@ -132,6 +132,8 @@ class PipelineStatsSource(Protocol):
 class WriterStatsSource(Protocol):
     """The audit writer as this collector sees it (AuditWriter)."""
 
+    queue_size: int  # the queue's capacity: a full queue drops records
+
     def snapshot(self) -> WriterStats: ...
 
 
@@ -178,6 +180,9 @@ class AuditCollector:
                                   "files (before compression)", value=w.events.bytes)
         yield GaugeMetricFamily("npaudit_audit_writer_queue_depth", "Records waiting for the writer thread",
                                 value=w.queued)
+        yield GaugeMetricFamily("npaudit_audit_writer_queue_capacity", "Records the writer's queue holds "
+                                "(audit.queue_size); at depth = capacity new records are dropped",
+                                value=self._writer.queue_size)
         yield GaugeMetricFamily("npaudit_audit_chain_seq", "npaudit.seq of the newest sealed record "
                                 "(compare with the forwarded copy)", value=w.seq)
         a = p.aggregator

@@ -52,6 +52,10 @@ class CniServer:
         # (command, outcome) -> count, outcome "ok" or the CNI error code.
         self.requests: Counter[tuple[str, str]] = Counter()
 
+    @property
+    def listening(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
     async def start(self) -> None:
         sock = await asyncio.to_thread(self._bind)
         self._server = await asyncio.start_unix_server(self._serve, sock=sock)

@@ -70,6 +70,16 @@ with cf.ThreadPoolExecutor(32) as ex:
 """
 
 
+def logged_udp_drop(name: str, to_ns: str, from_ns: str, label: str, port: int = 53) -> str:
+    """A securityops ClusterNetworkPolicy dropping UDP `port` from Namespace `from_ns` to `to_ns`, logged."""
+    return (f"apiVersion: crd.antrea.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\n"
+            f"spec:\n  tier: securityops\n  priority: 3\n"
+            f"  appliedTo: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {to_ns}}}}}}}]\n"
+            f"  ingress:\n  - name: drop-udp\n    action: Drop\n    enableLogging: true\n    logLabel: {label}\n"
+            f"    from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {from_ns}}}}}}}]\n"
+            f"    ports: [{{protocol: UDP, port: {port}}}]\n")
+
+
 def _npaudit(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
              timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], input=stdin, env=env,

@@ -77,11 +77,15 @@ def forwarders() -> Iterator[Callable[..., Forwarder]]:
         fwd.stop()
 
 
-def write_records(live: Path, first: int, count: int, per_second: float = 0.0) -> None:
-    """Write records through the real writer (rotating every 64 KiB, gzip); paced if per_second."""
+def write_records(live: Path, first: int, count: int, per_second: float = 0.0,
+                  submitted: list[int] | None = None) -> None:
+    """Write records through the real writer (rotating every 64 KiB, gzip); paced if per_second.
+    `submitted`: its one element counts the records handed to the writer so far."""
     with AuditWriter(live, max_bytes=64 * 1024, backup_count=100, max_age_days=0) as writer:
         for i in range(first, first + count):
             assert writer.submit(RecordText.of(record(i)))
+            if submitted is not None:
+                submitted[0] += 1
             if per_second:
                 time.sleep(1 / per_second)
         assert writer.flush_wait()
@@ -159,27 +163,38 @@ def test_udp_tcp_and_tls_deliver_every_record_field_by_field(
     assert result.ok and (result.first_seq, result.last_seq) == (1, count)
 
 
+OUTAGE_S = 30.0  # issue 12: rsyslog stopped for 30 s while records flow
+
+
 def test_an_rsyslog_outage_loses_nothing_and_repeats_at_most_the_window(
         rsyslog: Rsyslog, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     fwd = forwarders(f"tcp://127.0.0.1:{rsyslog.ports['tcp']}", live, tmp_path / "ck" / "tcp.json",
                      batch_records=20)
-    writer = threading.Thread(target=write_records, args=(live, 1, 600, 100.0))
+    # 40 records/s for 45 s: records flow before, throughout and after the 30 s outage.
+    total, rate = 1800, 40.0
+    submitted = [0]
+    writer = threading.Thread(target=write_records, args=(live, 1, total, rate, submitted))
     writer.start()
     wait_for(lambda: len(rsyslog.received("tcp")) >= 100)
     rsyslog.stop()
-    # The outage lasts until the forwarder has met it (a failed send or connect), however
-    # slowly a loaded machine schedules it; records keep being written meanwhile.
+    down_at = time.monotonic()
+    at_stop = submitted[0]
+    # The forwarder meets the outage (a failed send or connect) however slowly a loaded
+    # machine schedules it; the outage lasts 30 s from the stop all the same.
     wait_for(lambda: fwd.stats().errors >= 1)
-    time.sleep(1.0)
+    time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+    during = submitted[0] - at_stop
+    assert writer.is_alive() and during >= OUTAGE_S * rate / 2, during
+    assert fwd.stats().last_seq_sent is not None and fwd.stats().last_seq_sent < total
     rsyslog.start()
     writer.join()
-    wait_for(lambda: fwd.stats().last_seq_sent == 600)
+    wait_for(lambda: fwd.stats().last_seq_sent == total, timeout=60)
     rsyslog.stop()  # flushes its files
     seqs = seqs_of(rsyslog.received("tcp"))
-    assert sorted(set(seqs)) == list(range(1, 601))
+    assert sorted(set(seqs)) == list(range(1, total + 1))
     # Batches are sent ahead of the receiver's ACKs: a drop sends every batch not known
     # acknowledged again, so the bound is the window (its default count, 20-record batches).
-    assert len(seqs) - 600 <= fwd.destination.window_batches * 20, "more duplicates than the window"
+    assert len(seqs) - total <= fwd.destination.window_batches * 20, "more duplicates than the window"
     assert fwd.stats().lost == 0
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,25 @@ def test_the_notes_space_is_taken_at_start_so_a_disk_that_fills_later_can_still_
         assert info.st_size == NOTE_BYTES and info.st_blocks * 512 >= NOTE_BYTES
     finally:
         w.close()
+
+
+def test_the_next_start_writes_the_loss_record_at_once_without_waiting_for_a_record(
+        live: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_then_lose(live, monkeypatch, kept=2, lost=4)
+    second = AuditWriter(live)
+    second.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(lines_of(live)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        got = lines_of(live)
+        assert len(got) == 3 and got[2]["npaudit"]["chain_restart"]["records_lost"] == 4, got
+    finally:
+        second.close()
+
+
+def test_verify_names_a_loss_the_note_holds_before_the_next_start(live: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_then_lose(live, monkeypatch, kept=3, lost=5)
+    result = verify([live.parent])
+    assert result.ok and result.last_seq == 3, result
+    assert [w for w in result.warnings if "could not write 5 audit records after seq 3" in w], result.warnings

@@ -142,11 +142,12 @@ def test_netns_is_bidirectional_and_bcc_sees_the_kernel_tree_read_only() -> None
         assert mounts[path][0] == path and mounts[path][1]["readOnly"] is True
 
 
-def test_probes_reach_the_configured_metrics_endpoint() -> None:
+def test_probes_reach_the_configured_metrics_listener_on_the_probe_paths() -> None:
     host, port = _agent_config().metrics.listen.rsplit(":", 1)
     agent = _container("agent")
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert agent[probe]["httpGet"] == {"host": host, "port": int(port), "path": "/metrics"}
+    # Readiness is /readyz (OpenFlow, flows, CNI), not /metrics, which answers before any of them.
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert agent[probe]["httpGet"] == {"host": host, "port": int(port), "path": path}
 
 
 def test_the_init_container_installs_into_the_host_cni_directories() -> None:

@@ -91,6 +91,7 @@ def test_audit_losses_are_exported_and_logged(tmp_path, caplog) -> None:
     assert 'npaudit_audit_records_total{outcome="dropped_writer_full"} 2.0' in text
     assert 'npaudit_audit_writer_total{event="dropped_queue_full"} 2.0' in text
     assert "npaudit_audit_writer_queue_depth 3.0" in text and "npaudit_audit_chain_seq 0.0" in text
+    assert "npaudit_audit_writer_queue_capacity 3.0" in text  # depth / capacity: the fill ratio alerts use
     # Once per interval, not once per record.
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
     assert "audit writer queue full" in caplog.records[0].getMessage()

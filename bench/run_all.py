@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Run every bench and write bench/RESULTS.md: machine facts, the headline same-run ratios, each bench's JSON.
+
+Every bench/*.py whose name does not start with "_" (and is not this file) is a
+bench: it is run with its defaults, one after another, and its stdout's last
+JSON document is its result. A bench that fails, times out or prints no JSON is
+listed as such with the end of its stderr; the others still run. Exit status 1
+if any bench failed. The page says when and where it was measured and whether
+the machine was busy (load average before and after): the figures are only
+comparable within one run, which is why every bench measures its own baseline.
+Run as root: `make bench` (or `.venv/bin/python bench/run_all.py --only pod_throughput`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+BENCH_DIR = Path(__file__).resolve().parent
+# The figures issue 14 asks for, where a bench states them (path components; "*" matches any key).
+HEADLINES: dict[str, list[tuple[str, str]]] = {
+    "packetin_throughput": [("packet-ins delivered vs OVS ceiling ({1})", "summary.*.agent_vs_ceiling")],
+    "auditlog_throughput": [
+        ("records/s, distinct flows", "summary.distinct_flows.records_per_s"),
+        ("records/s, distinct flows, one packet-in per frame", "summary.distinct_flows_one_per_frame.records_per_s"),
+        ("aggregated flood: packets accounted vs OVS ceiling", "summary.aggregated_flood.accounted_vs_ceiling"),
+        ("packet to record latency p50 ms", "summary.latency.p50_ms"),
+        ("packet to record latency p99 ms", "summary.latency.p99_ms")],
+    "cni_latency": [("CNI ADD agent-side p99 ms, {1}", "against_targets.agent_side_add_p99_ms_at_*.measured"),
+                    ("CNI ADD agent-side p99 target met, {1}", "against_targets.agent_side_add_p99_ms_at_*.met")],
+    "xdp_offload": [("flood: vswitchd CPU without / with the eBPF tier entry",
+                     "vswitchd_cpu_ratio_no_entry_over_with_entry"),
+                    ("flood: vswitchd CPU % ({1})", "vswitchd_cpu_percent.*")],
+    "syslog_throughput": [("syslog drain records/s vs writer records/s ({1})", "drain.*.vs_writer"),
+                          ("syslog keeps up with the writer ({2})", "summary.target_met.*")],
+    "pod_throughput": [("TCP between Pods: logging on vs off", "logging_on_vs_off_ratio"),
+                       ("TCP between Pods Mbit/s ({1})", "mbit_per_s_median.*"),
+                       ("TCP between Pods: >= 0.95 met", "target_met")],
+    "flow_encoder": [("flow_mod encoding os-ken / ours ({0})", "*.ratio")],
+    "fuzz": [("fuzz cases, {1}", "targets.*.cases"), ("fuzz uncaught exception, {1}", "targets.*.failure")],
+}
+# For benches not listed above: leaves (outside per-phase lists) whose key says it is a comparison.
+GENERIC_KEYS = ("*ratio*", "*_vs_*", "vs_*", "*target_met*", "meets_target", "*accuracy*", "*error*percent*")
+GENERIC_MAX = 12
+
+
+def benches(directory: Path) -> list[Path]:
+    """The benches in `directory`: public *.py files, this runner excluded, by name."""
+    return sorted(p for p in directory.glob("*.py") if not p.name.startswith("_") and p.name != "run_all.py")
+
+
+def last_json(text: str) -> Any:
+    """The last JSON document in `text` that runs to its end (benches print one, maybe after progress lines)."""
+    decoder = json.JSONDecoder()
+    stripped = text.rstrip()
+    starts = [0] + [i + 1 for i, ch in enumerate(stripped) if ch == "\n"]
+    for start in starts:  # the first line start from which the rest is one document
+        if stripped[start:start + 1] not in ("{", "["):
+            continue
+        try:
+            value, end = decoder.raw_decode(stripped, start)
+        except ValueError:
+            continue
+        if end == len(stripped):
+            return value
+    raise ValueError("no JSON document at the end of the output")
+
+
+def leaves(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, value) of every non-container in nested dicts; lists are not entered (per-phase samples)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, path + (str(key),))
+    elif not isinstance(value, list):
+        yield path, value
+
+
+def headlines(name: str, result: Any) -> list[tuple[str, Any]]:
+    """The (label, value) figures of one bench's result."""
+    found: list[tuple[str, Any]] = []
+    if name in HEADLINES:
+        for label, pattern in HEADLINES[name]:
+            parts = pattern.split(".")
+            for path, value in leaves(result):
+                if len(path) == len(parts) and all(fnmatch.fnmatchcase(p, q) for p, q in zip(path, parts)):
+                    found.append((label.format(*path), value))
+        return found
+    for path, value in leaves(result):
+        if any(fnmatch.fnmatchcase(path[-1], pat) for pat in GENERIC_KEYS) and len(found) < GENERIC_MAX:
+            found.append((".".join(path), value))
+    return found
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        ovs = subprocess.run(["ovs-vswitchd", "--version"], capture_output=True, text=True,
+                             timeout=10).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        ovs = "not installed"
+    return {"cpu_model": model, "cores": os.cpu_count(), "kernel": platform.release(),
+            "os": _os_name(), "ovs": ovs, "python": platform.python_version(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _os_name() -> str:
+    try:
+        return next(line.split("=", 1)[1].strip('"') for line in Path("/etc/os-release").read_text().splitlines()
+                    if line.startswith("PRETTY_NAME="))
+    except (OSError, StopIteration):
+        return platform.system()
+
+
+def run_bench(path: Path, timeout: float) -> dict[str, Any]:
+    started = time.monotonic()
+    entry: dict[str, Any] = {"name": path.stem, "command": f"{Path(sys.executable).name} bench/{path.name}"}
+    print(f"run_all: {path.stem} ...", file=sys.stderr, flush=True)
+    try:
+        res = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                             cwd=path.parent.parent)
+        out, err, code = res.stdout, res.stderr, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")) \
+            + f"\ntimed out after {timeout:.0f}s"
+        code = None
+    entry.update(exit_code=code, seconds=round(time.monotonic() - started, 1))
+    try:
+        entry["result"] = last_json(out)
+    except ValueError as exc:
+        entry["error"] = str(exc)
+    if code != 0 or "result" not in entry:
+        entry["stderr_tail"] = "\n".join(err.strip().splitlines()[-15:])
+    print(f"run_all: {path.stem}: exit {code} in {entry['seconds']}s", file=sys.stderr, flush=True)
+    return entry
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def render(facts: dict[str, Any], entries: list[dict[str, Any]], started: str, note: str) -> str:
+    lines = ["# npaudit benchmark results", "",
+             f"Generated by `bench/run_all.py` (`make bench`) on {started}. {note}".rstrip(), "",
+             "Figures are comparable within this run only: each bench measures its own baseline "
+             "(the OVS ceiling, the raw consumer, the writer alone, logging off) beside its figure.", "",
+             "## Machine", "", "| fact | value |", "|---|---|"]
+    lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in facts.items()]
+    lines += ["", "## Same-run figures", "", "| bench | figure | value |", "|---|---|---|"]
+    for entry in entries:
+        if "result" not in entry or entry["exit_code"] != 0:
+            lines.append(f"| {entry['name']} | **failed** (exit {entry['exit_code']}) | see below |")
+            continue
+        figures = headlines(entry["name"], entry["result"]) or [("(no comparison figure in its JSON)", "-")]
+        lines += [f"| {entry['name']} | {label} | {_fmt(value)} |" for label, value in figures]
+    for entry in entries:
+        lines += ["", f"## {entry['name']}", "",
+                  f"`{entry['command']}`: exit {entry['exit_code']}, {entry['seconds']} s", ""]
+        if "result" in entry:
+            lines += ["```json", json.dumps(entry["result"], indent=2), "```"]
+        if "error" in entry:
+            lines.append(f"No result: {entry['error']}.")
+        if entry.get("stderr_tail"):
+            lines += ["", "stderr (end):", "", "```", entry["stderr_tail"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench-dir", type=Path, default=BENCH_DIR, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md")
+    ap.add_argument("--only", default="", help="comma-separated bench names to run (default: all)")
+    ap.add_argument("--skip", default="", help="comma-separated bench names not to run")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per bench")
+    ap.add_argument("--note", default="", help="a sentence for the header (e.g. that the machine was shared)")
+    args = ap.parse_args(argv)
+    only = {n for n in args.only.split(",") if n}
+    skip = {n for n in args.skip.split(",") if n}
+    found = benches(args.bench_dir)
+    unknown = (only | skip) - {p.stem for p in found}
+    if unknown:
+        print(f"run_all: no such bench: {', '.join(sorted(unknown))} (have: {', '.join(p.stem for p in found)})",
+              file=sys.stderr)
+        return 2
+    chosen = [p for p in found if (not only or p.stem in only) and p.stem not in skip]
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    facts = machine()
+    entries = [run_bench(path, args.timeout) for path in chosen]
+    facts["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    args.out.write_text(render(facts, entries, started, args.note))
+    failed = [e["name"] for e in entries if e["exit_code"] != 0 or "result" not in e]
+    print(f"run_all: wrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""bench/run_all.py: every public bench found and run, its JSON taken, figures and failures on the page.
+
+The benches here are small scripts written by the test into a directory of their
+own (the real ones need root, OVS and minutes); run_all runs them as processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_run_all():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_run_all", ROOT / "bench" / "run_all.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_all = _load_run_all()
+
+
+@pytest.fixture
+def bench_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "bench"
+    d.mkdir()
+    # Progress on stdout before an indented JSON document, as several benches print.
+    (d / "pod_throughput.py").write_text(
+        "import json\nprint('warming up')\nprint(json.dumps({'benchmark': 'pod_throughput', "
+        "'logging_on_vs_off_ratio': 0.97, 'mbit_per_s_median': {'off': 250.0, 'on': 242.5}, "
+        "'phases': [{'ratio': 9}], 'target_met': True}, indent=2))\n")
+    # A bench run_all has no headline list for (another helper's, say): its comparison keys are found.
+    (d / "meter_accuracy.py").write_text(
+        "import json\nprint(json.dumps({'summary': {'admitted_vs_configured_ratio': 1.02, 'rate': 1000}}))\n")
+    (d / "broken.py").write_text("import sys\nprint('partial')\nsys.stderr.write('boom: no OVS here\\n')\n"
+                                 "sys.exit(3)\n")
+    (d / "_helper.py").write_text("raise SystemExit('a private module is never run')\n")
+    (d / "notes.txt").write_text("not a bench\n")
+    return d
+
+
+def test_discovers_public_benches_only(bench_dir: Path) -> None:
+    (bench_dir / "run_all.py").write_text("raise SystemExit('not itself')\n")
+    assert [p.name for p in run_all.benches(bench_dir)] == ["broken.py", "meter_accuracy.py", "pod_throughput.py"]
+
+
+def test_results_page_has_facts_figures_json_and_failures(bench_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "RESULTS.md"
+    code = run_all.main(["--bench-dir", str(bench_dir), "--out", str(out), "--note", "Shared machine."])
+    assert code == 1  # one bench failed
+    page = out.read_text()
+    assert "Shared machine." in page
+    for fact in ("cpu model", "cores", "kernel", "ovs", "load average at start", "load average at end"):
+        assert f"| {fact} |" in page, fact
+    assert "| pod_throughput | TCP between Pods: logging on vs off | 0.97 |" in page
+    assert "| pod_throughput | TCP between Pods Mbit/s (on) | 242.5 |" in page
+    assert "| meter_accuracy | summary.admitted_vs_configured_ratio | 1.02 |" in page
+    assert "| broken | **failed** (exit 3) | see below |" in page
+    assert "boom: no OVS here" in page
+    assert "a private module is never run" not in page
+    # Each result verbatim (as JSON) in its own section.
+    section = page.split("## pod_throughput", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    assert json.loads(section)["logging_on_vs_off_ratio"] == 0.97
+
+
+def test_only_and_unknown_names(bench_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "RESULTS.md"
+    assert run_all.main(["--bench-dir", str(bench_dir), "--out", str(out), "--only", "pod_throughput"]) == 0
+    assert "## broken" not in out.read_text() and "## pod_throughput" in out.read_text()
+    assert run_all.main(["--bench-dir", str(bench_dir), "--out", str(out), "--only", "nope"]) == 2
+    assert "no such bench: nope" in capsys.readouterr().err
+
+
+def test_last_json_takes_the_document_at_the_end() -> None:
+    assert run_all.last_json('progress {not json}\n{"a": 1}\n{\n  "b": [1, 2]\n}\n') == {"b": [1, 2]}
+    with pytest.raises(ValueError):
+        run_all.last_json("no json here\n")
