@@ -14,16 +14,15 @@ DISPOSITION_BITS = 0xF
 # same policy revision.
 REG_RULE_ID = 6
 REG_RULE_ID_FIELD = f"reg{REG_RULE_ID}"
-# reg0..reg5 are unallocated yet; claim them here with a comment before use.
-
-# reg5[0..7]: traceflow (policy_agent/traceflow/flows.py). Bit 0 marks a traced packet from
+# reg3[0..7]: traceflow (policy_agent/traceflow/flows.py). Bit 0 marks a traced packet from
 # table 10 on (set before ct(), so its recirculation never shares a datapath flow with real
 # traffic); bits 1..7 say which traceflow observation point the packet already passed, so
 # the trace flow there, which resubmits to its own table, matches only once.
-REG_TRACEFLOW = 5
+REG_TRACEFLOW = 3
 REG_TRACEFLOW_FIELD = f"reg{REG_TRACEFLOW}"
 TRACEFLOW_ACTIVE_BIT = 0x1
 TRACEFLOW_SEEN_SHIFT = 1  # seen bit of observation point n: 1 << (TRACEFLOW_SEEN_SHIFT + n), n < 7
+# reg0..reg2, reg4, reg5 and reg3[8..31] are unallocated yet; claim them here with a comment before use.
 
 # OpenFlow 1.5 carries registers in packet-in metadata as 64-bit packet
 # registers: xreg N = (reg 2N << 32) | reg 2N+1, so reg6:reg7 arrive as xreg3.

@@ -1,7 +1,7 @@
 """The flows of one running trace, as a pure function of its tag (installed at its start, removed at its end).
 
 Each observation point gets a flow at TRACE_PRIORITY (above every policy and fixed flow) that
-matches the trace's packet exactly and the point's "seen" bit (reg5) clear:
+matches the trace's packet exactly and the point's "seen" bit (reg3) clear:
 
   controller(reason=action, category TRACEFLOW, phase ARRIVAL), set the seen bit,
   reg6 := 0, reg7 := 0, resubmit(,same table)
