@@ -142,7 +142,10 @@ def test_the_alerts_cover_every_loss_and_outage_an_operator_must_hear_about() ->
     for needed in ("npaudit_audit_writer_total", "npaudit_audit_writer_queue_depth", "dropped_rate_limit",
                    "dropped_queue_full", "npaudit_ovs_packetin_lost_total", "npaudit_openflow_connected",
                    "npaudit_syslog_connected", "npaudit_syslog_backlog_bytes", "npaudit_syslog_records_lost_total",
-                   "npaudit_ovs_restarts_capped", "npaudit_ovs_restarts_total", "npaudit_datapath_meters_supported"):
+                   "npaudit_ovs_restarts_capped", "npaudit_ovs_restarts_total", "npaudit_datapath_meters_supported",
+                   "npaudit_meter_dropped_packets_total", "npaudit_audit_overload_level",
+                   "npaudit_packetin_fair_share_keys_evicted_total", "npaudit_ebpf_offload_events_total",
+                   "npaudit_traceflow_total"):
         assert needed in exprs, needed
 
 
@@ -172,10 +175,15 @@ def test_the_dashboard_is_importable_with_a_prometheus_datasource_input() -> Non
         assert set(panel["gridPos"]) == {"h", "w", "x", "y"} and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
 
 
-def test_the_dashboard_shows_records_packet_ins_losses_queues_syslog_and_ovs() -> None:
+def test_the_dashboard_shows_records_packet_ins_losses_queues_syslog_ovs_offload_overload_and_traces() -> None:
     exprs = " ".join(target["expr"] for panel in _panels() for target in panel["targets"])
     for needed in ("npaudit_audit_records_total", "npaudit_packetin_total", "npaudit_ovs_packetin_lost_total",
                    "npaudit_audit_writer_queue_depth", "npaudit_audit_chain_seq", "npaudit_syslog_last_seq_sent",
                    "npaudit_syslog_backlog_bytes", "npaudit_syslog_records_lost_total", "npaudit_ovs_up",
-                   "npaudit_ovs_restarts_total"):
+                   "npaudit_ovs_restarts_total", "npaudit_meter_dropped_packets_total",
+                   "npaudit_audit_writer_queue_capacity", "npaudit_ebpf_offload_active",
+                   "npaudit_ebpf_offloaded_packets_total", "npaudit_audit_overload_level",
+                   "npaudit_audit_records_coarsened_total", "npaudit_packetin_fair_share_keys",
+                   "npaudit_packetin_fair_share_borrowed_total", "npaudit_traceflow_total",
+                   "npaudit_traceflow_suppressed_total"):
         assert needed in exprs, needed
