@@ -303,8 +303,8 @@ class Agent:
 
     def status_snapshot(self, *, now: tuple[float, float], ovs_version: str | None,
                         ovs_losses: dict[str, int | None]) -> dict[str, Any]:
-        """The agent's state as JSON: process, OpenFlow, OVS, meters, eBPF, policy, audit, syslog, packet-in
-        counters since start, and the last problems logged. `now` is (time.time(), time.monotonic())."""
+        """The agent's state as JSON: process, OpenFlow, OVS, meters, eBPF, traces, policy, audit, syslog,
+        packet-in counters since start, and the last problems logged. `now` is (time.time(), time.monotonic())."""
         cfg, engine, writer = self.config, self.engine, self.audit_writer
         support = self.channel.meter_support
         started = self._started or now
@@ -318,6 +318,7 @@ class Agent:
                     "datapath_type": self.datapath_type},
             "meters": {"supported": None if support is None else support.supported},
             "ebpf": self.offload.status(),
+            "traceflow": self.traceflow.stats.to_json(),
             "policy": None if engine is None else {
                 "tiers": len(engine.tiers), "policies": len(engine.policies), "rules": len(self.rules),
                 "namespaces": len(engine.namespaces), "pods": len(engine.pods)},

@@ -23,10 +23,10 @@ ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 EbpfProbe = Callable[[], tuple[bool, str]]
 
 EXIT_USAGE = 2
-STATUS_HELP = ("the running agent: OpenFlow, OVS, meters, eBPF tier, policy, audit chain head, syslog, "
+STATUS_HELP = ("the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, audit chain head, syslog, "
                "recent problems")
 STATS_HELP = ("counts over a window of the audit files (by disposition, policy, rule, Pod), plus the running "
-              "agent's packet-in drops")
+              "agent's packet-in drops, meter drops and packets the eBPF offload dropped")
 
 
 def add_parser(sub: Any, load_config: Callable[[str | None], AgentConfig]) -> None:
@@ -144,6 +144,7 @@ def status_table(status: dict[str, Any]) -> str:
                 f"bridge {ovs.get('bridge')} ({ovs.get('mode')})"),
         ("meters", meters),
         ("ebpf", ebpf),
+        ("traceflow", _traceflow_line(status.get("traceflow"))),
         ("policy", "not started" if not isinstance(policy, dict) else
          ", ".join(f"{policy.get(k)} {k}" for k in ("tiers", "policies", "rules", "namespaces", "pods"))),
         ("audit", "disabled" if not _get(status, "audit", "enabled") else
@@ -158,6 +159,16 @@ def status_table(status: dict[str, Any]) -> str:
         lines.append(f"  {_clock(p.get('time'))} {safe_text(p.get('level'))} {safe_text(p.get('logger'))}: "
                      f"{safe_text(p.get('message'))}")
     return "\n".join(lines)
+
+
+def _traceflow_line(traceflow: Any) -> str:
+    if not isinstance(traceflow, dict):
+        return "-"  # an agent from before traces were counted in its status
+    outcomes = {k: n for k, n in (traceflow.get("outcomes") or {}).items() if n}
+    runs = (f"{sum(outcomes.values())} traces since start: " + ", ".join(f"{k} {n}" for k, n in outcomes.items())
+            if outcomes else "no traces since start")
+    return (f"{runs}; {traceflow.get('suppressed', 0)} packet-ins of trace packets suppressed (not audited), "
+            f"{traceflow.get('stray', 0)} stray copies")
 
 
 def _syslog_line(syslog: dict[str, Any]) -> str:
@@ -285,6 +296,8 @@ def agent_counters(status: dict[str, Any]) -> dict[str, Any]:
                             for cat, counts in by_category.items() if isinstance(counts, dict)},
         "ovs_lost": _get(status, "packetin", "ovs_lost"),
         "meter_drops": _get(status, "packetin", "meter_drops"),
+        "offload": {"active": _get(status, "ebpf", "active"), "state": _get(status, "ebpf", "state"),
+                    "offloaded_packets": _get(status, "ebpf", "offloaded_packets")},
     }
 
 
@@ -367,4 +380,7 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
              ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
                        for m, d in sorted(meter.items())) or "-")
     lines.append(f"  packet-ins OVS meters dropped: {shown}")
+    offload = agent.get("offload") or {}
+    lines.append(f"  packets the eBPF offload dropped before OVS: {offload.get('offloaded_packets', '-')}"
+                 + ("" if offload.get("active") else f" (offload not active: {safe_text(offload.get('state'))})"))
     return "\n".join(lines)

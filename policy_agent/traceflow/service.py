@@ -63,6 +63,10 @@ class TraceStats:
     suppressed: int = 0  # category-0 packet-ins of trace packets: not audited, not answered
     stray: int = 0  # traceflow copies of no running trace (late, or not ours)
 
+    def to_json(self) -> dict[str, Any]:
+        """For `npaudit status`: traces by outcome since the agent started, suppressed and stray packet-ins."""
+        return {"outcomes": dict(self.outcomes), "suppressed": self.suppressed, "stray": self.stray}
+
 
 def reject_reply(frame: bytes) -> str | None:
     """What the source Pod would receive if a Reject rule stopped `frame` (the agent's own answer)."""

@@ -60,6 +60,9 @@ def test_the_snapshot_of_an_agent_not_yet_connected_says_what_is_not_known(agent
     assert status["syslog"] == {"writer_seq": 0, "destinations": []}
     assert status["packetin"]["ovs_lost"] == {"rconn_overflow": 0, "packet_in_overflow": None}
     assert status["packetin"]["meter_drops"] is None
+    assert status["traceflow"] == {"outcomes": {"delivered": 0, "dropped": 0, "rejected": 0,
+                                                "unknown-destination": 0, "timeout": 0, "error": 0},
+                                   "suppressed": 0, "stray": 0}
     json.dumps(status)  # it crosses the local API as JSON
 
 
@@ -135,11 +138,24 @@ def test_the_status_table_names_each_subsystem_and_escapes_what_came_from_users(
                       probe=lambda: (True, ""), out=out) == 0
     text = out.getvalue()
     lines = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith(" ")}
-    assert set(lines) == {"agent", "openflow", "ovs", "meters", "ebpf", "policy", "audit", "syslog", "problems"}
+    assert set(lines) == {"agent", "openflow", "ovs", "meters", "ebpf", "traceflow", "policy", "audit", "syslog",
+                          "problems"}
+    assert "no traces since start; 0 packet-ins of trace packets suppressed" in lines["traceflow"]
     assert "NOT connected" in lines["openflow"] and "3.1.0" in lines["ovs"]
     assert "disabled in the config" in lines["ebpf"] and "probe here: it can run" in lines["ebpf"]
     assert "2 policies, 5 rules" in lines["policy"] and "3 pods" in lines["policy"]
     assert "\x1b" not in text and "pod evil\\x1b[2J" in text
+
+
+def test_the_status_table_counts_traces_by_outcome_and_what_they_suppressed(agent: Agent) -> None:
+    agent.traceflow.stats.outcomes.update(delivered=3, dropped=1, error=1)
+    agent.traceflow.stats.suppressed = 2
+    status = json.loads(json.dumps(snapshot(agent)))  # as it crosses the local API
+    out = io.StringIO()
+    assert run_status(AgentConfig(), api=lambda s, r: {"ok": True, "status": status}, out=out) == 0
+    (line,) = [line for line in out.getvalue().splitlines() if line.startswith("traceflow")]
+    assert line.split(None, 1)[1] == ("5 traces since start: delivered 3, dropped 1, error 1; 2 packet-ins of trace "
+                                      "packets suppressed (not audited), 0 stray copies")
 
 
 # --- stats ---
@@ -206,13 +222,29 @@ def test_stats_adds_the_agents_admission_drops_when_it_answers(logset: Path, age
     assert code == 0
     assert report["agent"]["admission_drops"] == {"policy": {"dropped_rate_limit": 3, "dropped_queue_full": 1}}
     assert report["agent"]["meter_drops"] is None
+    assert report["agent"]["offload"] == {"active": False, "offloaded_packets": 0,
+                                          "state": "disabled in the config (offload.enabled: false)"}
     out = io.StringIO()
     run_stats(AgentConfig(), [logset], since=None, until=None, output="table", now=NOW, top=2,
               api=lambda s, r: {"ok": True, "status": status}, out=out, err=io.StringIO())
     table = out.getvalue()
     assert "packet-in admission drops (policy): dropped_queue_full 1, dropped_rate_limit 3" in table
     assert "packet-ins OVS meters dropped: not read (no datapath meters, or no reading yet)" in table
+    assert ("packets the eBPF offload dropped before OVS: 0 (offload not active: disabled in the config "
+            "(offload.enabled: false))") in table
     assert "more (--top" in table
+
+
+def test_stats_shows_meter_drops_and_offloaded_packets_when_the_agent_has_them(logset: Path, agent: Agent) -> None:
+    status = snapshot(agent)
+    status["packetin"]["meter_drops"] = {"policy_deny": {"packets": 301, "bytes": 30100}}
+    status["ebpf"].update(active=True, offloaded_packets=5000, state="active: XDP on 2 Pod veth(s)")
+    out = io.StringIO()
+    run_stats(AgentConfig(), [logset], since=None, until=None, output="table", now=NOW,
+              api=lambda s, r: {"ok": True, "status": status}, out=out, err=io.StringIO())
+    table = out.getvalue().splitlines()
+    assert "  packet-ins OVS meters dropped: policy_deny 301 (30100 bytes)" in table
+    assert "  packets the eBPF offload dropped before OVS: 5000" in table
 
 
 @pytest.mark.parametrize("args,message", [
