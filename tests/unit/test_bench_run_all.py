@@ -6,6 +6,7 @@ own (the real ones need root, OVS and minutes); run_all runs them as processes.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 from pathlib import Path
@@ -36,7 +37,7 @@ def bench_dir(tmp_path: Path) -> Path:
         "'logging_on_vs_off_ratio': 0.97, 'mbit_per_s_median': {'off': 250.0, 'on': 242.5}, "
         "'phases': [{'ratio': 9}], 'target_met': True}, indent=2))\n")
     # A bench run_all has no headline list for (another helper's, say): its comparison keys are found.
-    (d / "meter_accuracy.py").write_text(
+    (d / "other_helpers.py").write_text(
         "import json\nprint(json.dumps({'summary': {'admitted_vs_configured_ratio': 1.02, 'rate': 1000}}))\n")
     (d / "broken.py").write_text("import sys\nprint('partial')\nsys.stderr.write('boom: no OVS here\\n')\n"
                                  "sys.exit(3)\n")
@@ -47,7 +48,7 @@ def bench_dir(tmp_path: Path) -> Path:
 
 def test_discovers_public_benches_only(bench_dir: Path) -> None:
     (bench_dir / "run_all.py").write_text("raise SystemExit('not itself')\n")
-    assert [p.name for p in run_all.benches(bench_dir)] == ["broken.py", "meter_accuracy.py", "pod_throughput.py"]
+    assert [p.name for p in run_all.benches(bench_dir)] == ["broken.py", "other_helpers.py", "pod_throughput.py"]
 
 
 def test_results_page_has_facts_figures_json_and_failures(bench_dir: Path, tmp_path: Path) -> None:
@@ -60,7 +61,7 @@ def test_results_page_has_facts_figures_json_and_failures(bench_dir: Path, tmp_p
         assert f"| {fact} |" in page, fact
     assert "| pod_throughput | TCP between Pods: logging on vs off | 0.97 |" in page
     assert "| pod_throughput | TCP between Pods Mbit/s (on) | 242.5 |" in page
-    assert "| meter_accuracy | summary.admitted_vs_configured_ratio | 1.02 |" in page
+    assert "| other_helpers | summary.admitted_vs_configured_ratio | 1.02 |" in page
     assert "| broken | **failed** (exit 3) | see below |" in page
     assert "boom: no OVS here" in page
     assert "a private module is never run" not in page
@@ -81,3 +82,39 @@ def test_last_json_takes_the_document_at_the_end() -> None:
     assert run_all.last_json('progress {not json}\n{"a": 1}\n{\n  "b": [1, 2]\n}\n') == {"b": [1, 2]}
     with pytest.raises(ValueError):
         run_all.last_json("no json here\n")
+
+
+# The shape of each bench's JSON (keys as the bench prints them, values made up): every named figure is found.
+SHAPES = {
+    "meter_accuracy": {"ratio_by_rate": {"10": 1.0, "1000": 0.99}, "within_2_percent": {"10": True, "1000": True},
+                       "rates": [{"ratio": 1.0}]},
+    "flood": {"vswitchd_cpu_ratio_off_over_on": 3.4,
+              "runs": {"offload_off": {"quiet_ping": {"p99_ratio": 1.5}, "accounting": {"unaccounted": 0}},
+                       "offload_on": {"quiet_ping": {"p99_ratio": 1.1}, "accounting": {"unaccounted": 2}}}},
+    "audit_overload": {"phases": [], "summary": {
+        "ovs_accounted_vs_emitted_worst": {"off": 0.7, "on": 0.995}, "lost_in_agent_queue": {"off": 9, "on": 0},
+        "full_detail_records_per_s_in_process_best": {"without_overload": 9000, "with_overload_check": 8900}}},
+    "traceflow_latency": {"targets": {"no_flood": {"client_p99_ms": 12.0, "met": True},
+                                      "flood": {"client_p99_ms": 40.0, "met": True}}},
+    "megaflow_purge": {"baseline_unixctl_version_ms": {"p50": 0.2, "max": 0.4, "n": 25},
+                       "purge": {"0": {"purge_ms": {"p50": 0.3}}, "5000": {"purge_ms": {"p50": 4.1}}}},
+    "soak_flood": {"rss_mb": {"max": 120.5, "samples": 60}, "targets_met": True,
+                   "accounting": {"agent": {"difference": 0}, "ovs_vs_agent": {"difference": 0}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_named_figure_of_todays_benches_is_found_in_their_json(name: str) -> None:
+    found = run_all.headlines(name, SHAPES[name])
+    labels = [label for label, _ in found]
+    for label, pattern in run_all.HEADLINES[name]:
+        assert any(fnmatch.fnmatchcase(got, label.replace("{1}", "*").replace("{2}", "*")) for got in labels), pattern
+    assert "{" not in " ".join(labels)
+
+
+def test_the_named_figures_are_labelled_by_their_key() -> None:
+    found = dict(run_all.headlines("flood", SHAPES["flood"]))
+    assert found["flood: frames unaccounted (offload_on)"] == 2
+    assert found["flood: vswitchd CPU offload off / on"] == 3.4
+    assert dict(run_all.headlines("megaflow_purge", SHAPES["megaflow_purge"]))[
+        "megaflow purge p50 ms, 5000 megaflows"] == 4.1
