@@ -248,6 +248,13 @@ def test_two_concurrent_traces_each_get_their_own_answer(cluster: Cluster) -> No
     assert results["fwd"][0] == 0 and results["fwd"][1]["outcome"]["result"] == "delivered"
     assert results["pass"][0] == 0 and results["pass"][1]["outcome"]["result"] == "delivered"
     assert len({r[1]["tag"] for r in results.values()}) == 3
+    # `npaudit status` counts them by outcome.
+    res = _npaudit("status", "--config", str(cluster.config), "-o", "json", "--no-ebpf-probe")
+    assert res.returncode == 0, res.stderr
+    outcomes = json.loads(res.stdout)["traceflow"]["outcomes"]
+    assert {k: n for k, n in outcomes.items() if n} == {"delivered": 2, "dropped": 1}
+    table = _npaudit("status", "--config", str(cluster.config), "--no-ebpf-probe").stdout.decode()
+    assert "3 traces since start: delivered 2, dropped 1;" in table, table
 
 
 FLOOD = r"""
