@@ -26,6 +26,32 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     """
 
     error: BaseException | None = None
+    size: int | None = None  # bytes in the open live file after our last write; None: not known
+
+    def append(self, text: str) -> bool:
+        """Append `text` and a newline to the open live file, without logging's machinery (a
+        LogRecord, formatting, a lock-file round trip: most of a lone record's write time).
+        Only while no rotation is due and the open file is still the live one; False (nothing
+        written) otherwise, and `emit` then rotates or reopens. The lock file guards renames
+        against readers listing the set, and an append renames nothing. Write errors raise."""
+        size = self.size
+        if size is None or (self.maxBytes > 0 and size >= self.maxBytes):
+            return False
+        self._check_stream()  # the live file replaced under us: closes the stream
+        if self.stream is None or self.stream.closed:
+            self.size = None
+            return False
+        self.size = None  # unknown if the write fails part way
+        self.do_write(text)
+        self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.size = None
+        super().emit(record)
+        stream = self.stream
+        if self.error is None and stream is not None and not stream.closed:
+            self.size = os.fstat(stream.fileno()).st_size
 
     def handleError(self, record: logging.LogRecord) -> None:
         # logging's default prints a traceback and forgets the batch; the writer

@@ -8,6 +8,7 @@ clock, time.time(), so that the sender's and the file reader's stamps compare):
   handler  the demux consumer handed it to the pipeline
   submit   the pipeline gave its record to the writer (decode, aggregate, encode done)
   take     the writer thread took the record off its queue
+  emit     its sealed line went to the file handler (lock, rotation check, write(2))
   written  the write of the batch holding it returned (readable in the file from then)
 
 Stamps are keyed by UDP destination port (the latency sender gives every packet its own
@@ -39,7 +40,8 @@ HANDOFFS = (("socket_read", "sent", "read"),          # sender -> kernel -> OVS 
             ("demux_queue", "read", "handler"),       # dispatch, channel, consumer task wake-up
             ("aggregation", "handler", "submit"),     # decode, aggregate, encode
             ("writer_thread", "submit", "take"),      # writer thread wake-up
-            ("write", "take", "written"),             # seal and write(2)
+            ("seal", "take", "emit"),                 # hash chain
+            ("write", "emit", "written"),             # the file handler: flock, rotation check, write(2)
             ("file_reader", "written", "seen"))       # the bench's reader noticing (polling)
 
 
@@ -70,6 +72,12 @@ class StampingWriter(AuditWriter):
                 self.stamps[port]["take"] = now
                 taken.append(port)
         return records, done
+
+    def _emit(self, text: str) -> None:
+        now = time.time()
+        for port in self._taken:
+            self.stamps[port].setdefault("emit", now)
+        super()._emit(text)
 
     def _emit_records(self, records: list[RecordText]) -> None:
         super()._emit_records(records)
