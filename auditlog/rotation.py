@@ -6,6 +6,7 @@ import glob
 import logging
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 from concurrent_log_handler import ConcurrentRotatingFileHandler
@@ -37,9 +38,14 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         size = self.size
         if size is None or (self.maxBytes > 0 and size >= self.maxBytes):
             return False
-        self._check_stream()  # the live file replaced under us: closes the stream
-        if self.stream is None or self.stream.closed:
-            self.size = None
+        stream = self.stream
+        try:
+            live = os.stat(self.baseFilename)
+            current = os.fstat(stream.fileno()) if stream is not None and not stream.closed else None
+        except OSError:  # the live file is gone: emit opens a new one
+            current = None
+        if current is None or (live.st_ino, live.st_dev) != (current.st_ino, current.st_dev):
+            self.size = None  # replaced under us (or closed): emit reopens it
             return False
         self.size = None  # unknown if the write fails part way
         self.do_write(text)
@@ -51,7 +57,8 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         super().emit(record)
         stream = self.stream
         if self.error is None and stream is not None and not stream.closed:
-            self.size = os.fstat(stream.fileno()).st_size
+            with suppress(OSError):  # unknown: the next write goes through emit again
+                self.size = os.fstat(stream.fileno()).st_size
 
     def handleError(self, record: logging.LogRecord) -> None:
         # logging's default prints a traceback and forgets the batch; the writer
