@@ -72,6 +72,10 @@ class AuditPipeline:
         self._agg = aggregator
         self._clock = wall_clock
         self._wake: asyncio.Event | None = None
+        # The deadline the window timer sleeps until (None: until woken). Only a window that
+        # closes sooner wakes it: not every packet-in, whose wake-up would cost the loop time
+        # the writer thread then waits for (the GIL) before it writes the record.
+        self._timer_until: float | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0, "coarsened": 0}
         self._drops = RateLimitedLog(log, 10.0)
@@ -99,10 +103,9 @@ class AuditPipeline:
         key = (pin.rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
         aggregate = disposition != _ALLOW
         emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, aggregate)
-        if emissions:
+        if emissions:  # nothing else opens or closes a window: no need to look at the timer otherwise
             self._emit(emissions)
-        if aggregate and self._wake is not None:
-            self._wake.set()
+            self._poke_timer()
 
     def _coarse(self, pin: PacketIn) -> None:
         """Account one packet-in under the coarser key of the current overload level."""
@@ -126,13 +129,12 @@ class AuditPipeline:
         emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
         if emissions:
             self._emit(emissions)
+            self._poke_timer()
         if not any(e.key is key and e.kind == "first" for e in emissions):
             distinct = self._distinct.get(key)
             if distinct is None:
                 distinct = self._distinct[key] = set()
             distinct.add(full)
-        if self._wake is not None:
-            self._wake.set()
 
     def _direction(self, rule_id: int) -> str:
         direction = self._directions.get(rule_id)
@@ -153,8 +155,21 @@ class AuditPipeline:
         emissions = self._agg.add_offloaded(key, packets, bytes_, self._clock(), sample)
         if emissions:
             self._emit(emissions)
-        if self._wake is not None:
-            self._wake.set()
+        self._poke_timer()  # a window may have opened without a record
+
+    def _poke_timer(self) -> None:
+        """Wake the window timer if the soonest window now closes before what it sleeps until."""
+        wake = self._wake
+        if wake is None or wake.is_set():
+            return
+        until = self._timer_until
+        if until is None:
+            if self._agg.next_deadline() is not None:
+                wake.set()
+            return
+        deadline = self._agg.next_deadline()
+        if deadline is not None and deadline < until:
+            wake.set()
 
     def _emit(self, emissions: list[Emission]) -> None:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
@@ -194,6 +209,7 @@ class AuditPipeline:
             return
         while True:
             deadline = self._agg.next_deadline()
+            self._timer_until = deadline
             if deadline is None:
                 await wake.wait()
                 wake.clear()

@@ -6,6 +6,7 @@ import glob
 import logging
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 from concurrent_log_handler import ConcurrentRotatingFileHandler
@@ -26,6 +27,38 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     """
 
     error: BaseException | None = None
+    size: int | None = None  # bytes in the open live file after our last write; None: not known
+
+    def append(self, text: str) -> bool:
+        """Append `text` and a newline to the open live file, without logging's machinery (a
+        LogRecord, formatting, a lock-file round trip: most of a lone record's write time).
+        Only while no rotation is due and the open file is still the live one; False (nothing
+        written) otherwise, and `emit` then rotates or reopens. The lock file guards renames
+        against readers listing the set, and an append renames nothing. Write errors raise."""
+        size = self.size
+        if size is None or (self.maxBytes > 0 and size >= self.maxBytes):
+            return False
+        stream = self.stream
+        try:
+            live = os.stat(self.baseFilename)
+            current = os.fstat(stream.fileno()) if stream is not None and not stream.closed else None
+        except OSError:  # the live file is gone: emit opens a new one
+            current = None
+        if current is None or (live.st_ino, live.st_dev) != (current.st_ino, current.st_dev):
+            self.size = None  # replaced under us (or closed): emit reopens it
+            return False
+        self.size = None  # unknown if the write fails part way
+        self.do_write(text)
+        self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.size = None
+        super().emit(record)
+        stream = self.stream
+        if self.error is None and stream is not None and not stream.closed:
+            with suppress(OSError):  # unknown: the next write goes through emit again
+                self.size = os.fstat(stream.fileno()).st_size
 
     def handleError(self, record: logging.LogRecord) -> None:
         # logging's default prints a traceback and forgets the batch; the writer

@@ -437,9 +437,10 @@ class AuditWriter:
             raise OSError("audit writer is not started")
         rotations = handler.num_rollovers
         handler.error = None
-        # One LogRecord per chunk: the handler rotates before a write, never inside one.
         with self._files_lock:
-            handler.emit(logging.LogRecord("npaudit.audit", logging.INFO, "", 0, text, None, None))
+            # One chunk a write: the handler rotates before a write, never inside one.
+            if not handler.append(text):  # no rotation due: a plain write, no LogRecord
+                handler.emit(logging.LogRecord("npaudit.audit", logging.INFO, "", 0, text, None, None))
         if handler.error is not None:
             raise handler.error
         if self.fsync and handler.stream is not None:
