@@ -14,7 +14,13 @@ DISPOSITION_BITS = 0xF
 # same policy revision.
 REG_RULE_ID = 6
 REG_RULE_ID_FIELD = f"reg{REG_RULE_ID}"
-# reg0..reg5 are unallocated yet; claim them here with a comment before use.
+# reg4 / reg5: the Pod class (address-set id, policy_agent/policy/classes.py) of a new
+# connection's source Pod (by in_port) and destination Pod (by address); 0 = none.
+REG_SRC_CLASS = 4
+REG_SRC_CLASS_FIELD = f"reg{REG_SRC_CLASS}"
+REG_DST_CLASS = 5
+REG_DST_CLASS_FIELD = f"reg{REG_DST_CLASS}"
+# reg0..reg3 are unallocated yet; claim them here with a comment before use.
 
 # OpenFlow 1.5 carries registers in packet-in metadata as 64-bit packet
 # registers: xreg N = (reg 2N << 32) | reg 2N+1, so reg6:reg7 arrive as xreg3.

@@ -2,7 +2,7 @@
 
 Enough of OVS for the compiler's flows: tables, priorities, exact and masked
 matches, ct_state, goto_table, output, controller copies, set_field of
-reg6/reg7, and conjunctive matches (conjunction actions + conj_id flows).
+registers (matched by later tables), and conjunctive matches (conjunction actions + conj_id flows).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class FlowTable:
             for a in flow.actions:
                 if isinstance(a, messages.SetField):
                     verdict.regs[a.name] = a.value
+                    pkt[a.name] = a.value  # later tables match it (the Pod class registers)
                 elif isinstance(a, messages.Controller):
                     verdict.copies.append((verdict.regs.get(REG_DISPOSITION_FIELD, 0), verdict.regs.get(REG_RULE_ID_FIELD, 0),
                                            Userdata.decode(a.userdata)))
