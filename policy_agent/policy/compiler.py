@@ -355,8 +355,11 @@ class Layout:
     cookie: int
 
 
-def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Layout:
-    """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions."""
+def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None,
+           reuse: tuple[dict[str, PlacedRule], dict[int, RuleInfo]] | None = None) -> Layout:
+    """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions.
+    `reuse`: the last layout's rules (by key, by id), kept where nothing of theirs changed."""
+    was_placed, was_rules = reuse or ({}, {})
     cookie = tables.cookie(state.round_, tables.COOKIE_KIND_POLICY)
     antrea = sorted((x for x in state.policies if x.kind != PolicyKind.K8S), key=lambda x: _tier_order(state, x))
     k8s = sorted((x for x in state.policies if x.kind == PolicyKind.K8S), key=lambda x: (x.namespace, x.name))
@@ -401,12 +404,19 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
         else:
             tier = policy.tier or DEFAULT_TIER
             logged = rule.enable_logging
+        prio = priorities[table][key]
+        was = was_placed.get(key)
+        if was is not None and was.policy is policy and was.rule is rule and (was.table, was.priority, was.rule_id) == \
+                (table, prio, rid) and was_rules[rid].logged == logged:
+            placed.append(was)
+            rules[rid] = was_rules[rid]
+            continue
         rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
                               logged=logged)
         actions, goto = _rule_actions(state.meters, rule.action, rid, logged, table)
-        placed.append(PlacedRule(key, policy, rule, table, priorities[table][key], rid, tuple(actions), goto))
+        placed.append(PlacedRule(key, policy, rule, table, prio, rid, tuple(actions), goto))
 
     isolating: list[Isolating] = []
     for direction in (Direction.EGRESS, Direction.INGRESS):

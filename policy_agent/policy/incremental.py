@@ -177,7 +177,7 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     lay, placed, uses, users, class_rules = prev.layout, prev.placed, prev.uses, prev.users, prev.by_class
     dirty: set[str] = set()
     if relayout:
-        lay = layout(state, prev.layout.priorities)
+        lay = layout(state, prev.layout.priorities, (prev.placed, prev.layout.rules))
         placed = {p.key: p for p in lay.placed}
         uses, by_cls = {}, set()
         for key, p in placed.items():  # a rule's groups: kept while its policy and rule are the same objects
