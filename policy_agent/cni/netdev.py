@@ -42,13 +42,13 @@ class Netdevs:
         self._bridge = bridge
         self._ovs_netns = ovs_netns
 
-    def plumb(self, req: CniRequest, lease: IpamLease, host_if: str) -> tuple[str, int]:
-        """veth with the Pod end configured, host end up next to vswitchd, port on the bridge.
+    def attach(self, req: CniRequest, host_if: str) -> tuple[str, int]:
+        """The veth, its host end up next to vswitchd and a port on the bridge: (host MAC, ofport).
+        Needs no address, so it runs while IPAM allocates one; `configure` finishes the Pod end.
 
         The netlink work runs in a thread moved into each namespace (meters.netns): an
         IPRoute(netns=...) costs ~10 ms to start there, a thread ~1 ms. Checksum offload
         goes off by ioctl, not by running ethtool (two processes per ADD)."""
-        ip, prefix = str(lease.address.ip), lease.address.network.prefixlen
 
         def host_side() -> str:
             with IPRoute(flags=0) as hns:
@@ -66,6 +66,21 @@ class Netdevs:
                 hns.link("set", index=hidx, state="up")
                 return str(hns.link("get", index=hidx)[0].get("address"))
 
+        try:
+            host_mac = call_in_netns(self._ovs_netns or None, host_side)
+        except (NetlinkError, OSError, IndexError) as exc:
+            raise CniError(ERR_INTERNAL, f"creating {host_if} / {req.ifname} in {req.netns} failed",
+                           f"{type(exc).__name__}: {exc}") from exc
+        try:
+            ofport = self._ovsdb.add_port(self._bridge, host_if)
+        except OvsError as exc:
+            raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
+        return host_mac, ofport
+
+    def configure(self, req: CniRequest, lease: IpamLease) -> None:
+        """The Pod end (made by `attach`): its MAC, address and routes, up."""
+        ip, prefix = str(lease.address.ip), lease.address.network.prefixlen
+
         def pod_side() -> None:
             with IPRoute(flags=0) as cns:
                 cidx = cns.link_lookup(ifname=req.ifname)[0]
@@ -77,16 +92,10 @@ class Netdevs:
                     cns.route("add", dst=route["dst"], gateway=route.get("gw"), oif=cidx)
 
         try:
-            host_mac = call_in_netns(self._ovs_netns or None, host_side)
             call_in_netns(req.netns, pod_side)
         except (NetlinkError, OSError, IndexError) as exc:
-            raise CniError(ERR_INTERNAL, f"creating {host_if} / {req.ifname} in {req.netns} failed",
+            raise CniError(ERR_INTERNAL, f"configuring {req.ifname} in {req.netns} failed",
                            f"{type(exc).__name__}: {exc}") from exc
-        try:
-            ofport = self._ovsdb.add_port(self._bridge, host_if)
-        except OvsError as exc:
-            raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
-        return host_mac, ofport
 
     def teardown(self, host_if: str) -> list[str]:
         """Port off the bridge, veth gone (deleting the host end removes both); missing is fine."""
