@@ -236,22 +236,21 @@ def merged_match(parts: Iterable[Items]) -> dict[str, Any]:
     return out
 
 
-def _log_actions(meters: bool, disposition: Disposition, rule_id: int, flags: int) -> list[messages.Action]:
+def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[messages.Action]:
     meter = None
-    if meters:
+    if state.meters:
         meter = METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
     return [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id),
             messages.Controller(reason=0, userdata=ud, meter_id=meter)]
 
 
-@functools.lru_cache(maxsize=1 << 16)  # a relayout asks again for every rule (issue 9)
-def _rule_actions(meters: bool, action: Action, rule_id: int, logged: bool, table: int
+def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: bool, table: int
                   ) -> tuple[list[messages.Action], int | None]:
-    """(actions, goto table or None = drop) for a rule in `table` (callers copy the list)."""
+    """(actions, goto table or None = drop) for a rule in `table`."""
     disposition = _DISPOSITION[action]
     flags = (Flags.LOG if logged else 0) | (Flags.REJECT if action == Action.REJECT else 0)
-    actions = _log_actions(meters, disposition, rule_id, int(flags)) if flags else \
+    actions = _log_actions(state, disposition, rule_id, int(flags)) if flags else \
         [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT
@@ -415,7 +414,7 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
                               logged=logged)
-        actions, goto = _rule_actions(state.meters, rule.action, rid, logged, table)
+        actions, goto = _rule_actions(state, rule.action, rid, logged, table)
         placed.append(PlacedRule(key, policy, rule, table, prio, rid, tuple(actions), goto))
 
     isolating: list[Isolating] = []
@@ -429,7 +428,7 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
             rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                                   policy_name=policy.name, rule_name=ISOLATION_RULE, tier="", priority=0.0,
                                   action=Action.DROP, direction=direction, log_label="", logged=logged)
-            actions, _ = _rule_actions(state.meters, Action.DROP, rid, logged, table)
+            actions, _ = _rule_actions(state, Action.DROP, rid, logged, table)
             isolating.append(Isolating(direction, policy, rid, tuple(actions)))
     return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie)
 
