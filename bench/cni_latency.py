@@ -508,10 +508,12 @@ def replay(n_rules: int, n_pods: int, observed_agent_ms: list[float], plumbing_m
             ip += 1
     bench = [Endpoint(Pod(BENCH_NS, f"p{i}", (("app", "bench"),)), f"10.246.0.{ip + i}", "02:00:0a:f6:00:02", ip + i)
              for i in range(n_pods)]
+    known = tuple(ep.pod for ep in eps + bench)
 
     def state(k: int) -> ClusterState:
+        # The agent knows every bench Pod (their manifests come first), running or not.
         return ClusterState(namespaces=namespaces, endpoints=tuple(eps + bench[:k]), policies=tuple(objs.policies),
-                            tiers=dict(STANDARD_TIERS), meters=True, round_=1)
+                            tiers=dict(STANDARD_TIERS), meters=True, round_=1, pods=known)
 
     try:
         from policy_agent.policy import incremental

@@ -22,7 +22,13 @@ REG_TRACEFLOW = 3
 REG_TRACEFLOW_FIELD = f"reg{REG_TRACEFLOW}"
 TRACEFLOW_ACTIVE_BIT = 0x1
 TRACEFLOW_SEEN_SHIFT = 1  # seen bit of observation point n: 1 << (TRACEFLOW_SEEN_SHIFT + n), n < 7
-# reg0..reg2, reg4, reg5 and reg3[8..31] are unallocated yet; claim them here with a comment before use.
+# reg4 / reg5: the Pod class (address-set id, policy_agent/policy/classes.py) of a new
+# connection's source Pod (by in_port) and destination Pod (by address); 0 = none.
+REG_SRC_CLASS = 4
+REG_SRC_CLASS_FIELD = f"reg{REG_SRC_CLASS}"
+REG_DST_CLASS = 5
+REG_DST_CLASS_FIELD = f"reg{REG_DST_CLASS}"
+# reg0..reg2 and reg3[8..31] are unallocated yet; claim them here with a comment before use.
 
 # OpenFlow 1.5 carries registers in packet-in metadata as 64-bit packet
 # registers: xreg N = (reg 2N << 32) | reg 2N+1, so reg6:reg7 arrive as xreg3.

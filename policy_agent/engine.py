@@ -6,11 +6,15 @@ policy/incremental.py), sent to the switch as one atomic bundle of the
 difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
+Rules match Pods by class (policy/classes.py), and the classes of Pods known before
+they run are matched already: a Pod's ADD usually adds just its own flows.
 
 Ordering matters too: a new Pod's policy flows are confirmed before its
 classifier and forwarding flows exist, so no packet of the Pod is forwarded
 without policy. After every committed change the switch's datapath flow cache
-is purged, so that every new connection is translated against the new tables;
+is purged, so that every new connection is translated against the new tables
+(not after a Pod's ADD: its flows concern only its own traffic, which no cached
+flow can forward before its forwarding flows exist);
 connections already established stay up (as in Antrea): conntrack's +est
 shortcut forwards them whatever the new policy says.
 """
@@ -261,7 +265,7 @@ class PolicyEngine:
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
             await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-added")
+                                 why="pod-added", purge=False)
             await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
                                                                ofport=info.ofport))
 
@@ -305,11 +309,12 @@ class PolicyEngine:
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
         return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
                             policies=tuple(objs.policies.values()), tiers=tiers, meters=self._meters(),
-                            round_=self.round_)
+                            round_=self.round_, pods=tuple(objs.pods.values()))
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                        changed: Sequence[Policy] = (), *, why: str) -> None:
-        """validate -> compile (thread) -> one bundle -> persist (thread) -> swap. Call under the lock."""
+                        changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
+        """validate -> compile (thread) -> one bundle -> (purge) -> persist (thread) -> swap. Call under
+        the lock."""
         started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
@@ -336,7 +341,8 @@ class PolicyEngine:
                 self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
-        await self._purge_datapath(plan.add or plan.stale)
+        if purge:
+            await self._purge_datapath(plan.add or plan.stale)
         switched = self._clock()
         if persist is not None:
             try:

@@ -3,7 +3,9 @@
  0 CLASSIFIER   known Pod port -> 10 (per Pod, installed last by the CNI path);
                 ARP by target IP -> that Pod's port; anything else dropped
 10 CONNTRACK    ip -> ct(zone, table=20)
-20 CT_STATE     +trk+inv drop; +trk+est / +trk+rel -> 70; +trk+new -> 30
+20 CT_STATE     +trk+inv drop; +trk+est / +trk+rel -> 70; +trk+new -> 25
+25 SRC_CLASS    in_port of a Pod -> its class into reg4 (per Pod, with its policy); -> 26
+26 DST_CLASS    ip,nw_dst=Pod IP -> its class into reg5 (per Pod, with its policy); -> 30
 30/31/32        egress: Antrea tiers / K8s NetworkPolicy / baseline tier
 40/41/42        ingress: Antrea tiers / K8s NetworkPolicy / baseline tier
 60 COMMIT       ct(commit, zone) -> 70: only new connections that passed both directions
@@ -24,6 +26,8 @@ from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
 T_CLASSIFIER = 0
 T_CONNTRACK = 10
 T_CT_STATE = 20
+T_SRC_CLASS = 25
+T_DST_CLASS = 26
 T_EGRESS = 30
 T_EGRESS_K8S = 31
 T_EGRESS_BASELINE = 32
@@ -77,7 +81,9 @@ def fixed_flows(round_: int) -> list[messages.FlowSpec]:
         flow(T_CT_STATE, 200, {**ip, "ct_state": (CS_TRK | CS_INV, CS_TRK | CS_INV)}),
         flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_EST, CS_TRK | CS_EST)}, goto=T_FORWARD),
         flow(T_CT_STATE, 190, {**ip, "ct_state": (CS_TRK | CS_REL, CS_TRK | CS_REL)}, goto=T_FORWARD),
-        flow(T_CT_STATE, 180, {**ip, "ct_state": (CS_TRK | CS_NEW, CS_TRK | CS_NEW)}, goto=T_EGRESS),
+        flow(T_CT_STATE, 180, {**ip, "ct_state": (CS_TRK | CS_NEW, CS_TRK | CS_NEW)}, goto=T_SRC_CLASS),
+        flow(T_SRC_CLASS, 0, {}, goto=T_DST_CLASS),  # not a Pod's port / address: class 0
+        flow(T_DST_CLASS, 0, {}, goto=T_EGRESS),
         flow(T_COMMIT, 0, {**ip}, [messages.Ct(commit=True, zone=CT_ZONE)], goto=T_FORWARD),
         flow(T_FORWARD, 0, {}),
     ]

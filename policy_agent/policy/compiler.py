@@ -25,22 +25,26 @@ from typing import Any, Callable, Iterable, Sequence
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
 from packetin import messages
 from packetin.model import Category, Disposition, Flags, Userdata
-from packetin.protocol_numbers import ETH_TYPE_IPV4, IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP
-from packetin.registers import REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD
+from packetin.protocol_numbers import ETH_TYPE_IPV4
+from packetin.registers import REG_DISPOSITION_FIELD, REG_DST_CLASS_FIELD, REG_RULE_ID_FIELD, REG_SRC_CLASS_FIELD
 from policy_agent.ovs import tables
-from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, Direction, IcmpSpec, IPBlock, Namespace, Peer,
-    Policy, PolicyKind, PortSpec, Rule,
+from policy_agent.policy.classes import (
+    Items, by_class, class_groups, class_items, known_pods, pod_class_flows, scan_classes,
 )
+from policy_agent.policy.model import (
+    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, Direction, IPBlock, Namespace, Peer, Pod, Policy,
+    PolicyKind, Rule,
+)
+from policy_agent.policy.ports import icmp_match as _icmp_match
+from policy_agent.policy.ports import port_matches as _port_matches
+from policy_agent.policy.ports import port_range_masks
 from policy_agent.policy.priorities import assign as assign_priorities
 from policy_agent.policy.rules import RuleInfo, allocate_ids, rule_key
 from policy_agent.policy.selection import Endpoint, ScanSelection, Selection
 
-__all__ = ["ClusterState", "Compiled", "Endpoint", "Items", "Layout", "Memo", "PlacedRule", "Term", "applied_match",
-           "clause_flow", "compile_policies", "isolation_flows", "layout", "merged_match", "one_term", "peer_dim",
-           "rule_flows", "rule_terms"]
+__all__ = ["ClusterState", "Compiled", "Endpoint", "Layout", "Memo", "PlacedRule", "compile_policies",
+           "isolation_flows", "layout", "port_range_masks", "rule_flows"]
 
-Items = tuple[tuple[str, Any], ...]  # one match dimension's element, e.g. (("eth_type", 0x800), ("ipv4_src", ip))
 
 # Above this many cross-product flows a rule is expressed with conjunction. Kept
 # low on purpose: a rule whose size crosses the threshold is rewritten from one
@@ -48,8 +52,6 @@ Items = tuple[tuple[str, Any], ...]  # one match dimension's element, e.g. (("et
 # and took 4 s), and conjunction is never more flows than the cross product.
 CONJUNCTION_THRESHOLD = 4
 _ISOLATION_PRIORITY = 100
-_PROTO = {"TCP": (IPPROTO_TCP, "tcp_dst"), "UDP": (IPPROTO_UDP, "udp_dst"),
-          "SCTP": (IPPROTO_SCTP, "sctp_dst")}
 _DISPOSITION = {Action.ALLOW: Disposition.ALLOW, Action.DROP: Disposition.DROP,
                 Action.REJECT: Disposition.REJECT, Action.PASS: Disposition.PASS}
 ISOLATION_RULE = "default-isolation"
@@ -63,6 +65,8 @@ class ClusterState:
     tiers: dict[str, int] = field(default_factory=lambda: dict(STANDARD_TIERS))
     meters: bool = True  # False: the datapath has no meters; controller copies go unmetered
     round_: int = 1
+    # Pods known but not (yet) running: rules match their classes before their ADD.
+    pods: tuple[Pod, ...] = ()
 
 
 @dataclass
@@ -76,7 +80,7 @@ class Compiled:
 
 @dataclass(frozen=True)
 class Term:
-    applied: tuple[Endpoint, ...]
+    applied: tuple[Items, ...]  # the applied-to Pods as matches: their classes, or each Pod
     peers: tuple[Items, ...] | None  # None = any peer
     ports: tuple[Items, ...] | None  # None = any port
 
@@ -101,46 +105,30 @@ def _block_cidrs(block: IPBlock) -> tuple[str, ...]:
     return tuple(sorted(str(n) for n in nets if n.version == 4))
 
 
-def _port_matches(spec: PortSpec, dest: Endpoint | None) -> list[dict[str, Any]]:
-    proto, field_name = _PROTO.get(spec.protocol, _PROTO["TCP"])
-    base: dict[str, Any] = {"eth_type": ETH_TYPE_IPV4, "ip_proto": proto}
-    if spec.port is None:
-        return [base]
-    port = spec.port
-    if isinstance(port, str):  # named port: the destination Pod's container port
-        if dest is None:
-            return []
-        numbers = [cp.port for cp in dest.pod.ports if cp.name == port and cp.protocol == spec.protocol]
-        return [{**base, field_name: n} for n in numbers]
-    if spec.end_port is None or spec.end_port == port:
-        return [{**base, field_name: port}]
-    return [{**base, field_name: vm} for vm in port_range_masks(port, spec.end_port)]
-
-
-def _icmp_match(spec: IcmpSpec) -> dict[str, Any]:
-    """An Antrea `protocols: [{icmp: ...}]` entry; the compiler is IPv4-only, so ICMPv4."""
-    match: dict[str, Any] = {"eth_type": ETH_TYPE_IPV4, "ip_proto": IPPROTO_ICMP}
-    if spec.icmp_type is not None:
-        match["icmpv4_type"] = spec.icmp_type
-    if spec.icmp_code is not None:
-        match["icmpv4_code"] = spec.icmp_code
-    return match
-
-
-def port_range_masks(lo: int, hi: int) -> list[tuple[int, int] | int]:
-    """[lo, hi] as the fewest (value, mask) prefixes of a 16-bit port."""
-    out: list[tuple[int, int] | int] = []
-    while lo <= hi:
-        size = lo & -lo if lo else 1 << 16
-        while size > hi - lo + 1:
-            size >>= 1
-        out.append(lo if size == 1 else (lo, 0xFFFF & ~(size - 1)))
-        lo += size
-    return out
+def _class_term(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
+    """A rule matched by Pod class (classes.by_class): one term, Pods as their classes."""
+    egress = rule.direction == Direction.EGRESS
+    own, other = (REG_SRC_CLASS_FIELD, REG_DST_CLASS_FIELD) if egress else (REG_DST_CLASS_FIELD, REG_SRC_CLASS_FIELD)
+    applied = class_items(own, sel.applied_classes(policy, rule.applied_to or policy.applied_to))
+    if not applied:
+        return []
+    peers: list[Items] | None = None
+    if rule.peers:
+        cidrs = sorted({c for peer in rule.peers for c in _cidrs(peer)})
+        peers = [_addr_items("ipv4_dst" if egress else "ipv4_src", c) for c in cidrs]
+        peers += class_items(other, (c for peer in rule.peers if peer.ip_block is None
+                                     for c in sel.peer_classes(policy, peer)))
+        if not peers:
+            return []  # the rule selects no peer at all: it matches nothing
+    ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, None)]
+    ports += [tuple(_icmp_match(spec).items()) for spec in rule.protocols]
+    return [Term(tuple(applied), _tuple(peers), tuple(ports) if ports else None)]
 
 
 def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
     """The (applied-to, peers, ports) products a rule stands for."""
+    if by_class(rule):
+        return _class_term(sel, policy, rule)
     applied = list(sel.applied(policy, rule.applied_to or policy.applied_to))
     if not applied:
         return []
@@ -158,11 +146,12 @@ def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
             continue  # the rule selects no peer at all: it matches nothing
         # Ports and protocols together are their union (Antrea); neither = any traffic.
         icmp = [tuple(_icmp_match(spec).items()) for spec in rule.protocols]
+        applied_items = tuple(applied_match(ep, rule.direction) for ep in group)
         if not rule.ports and not icmp:
-            terms.append(Term(tuple(group), _tuple(peer_addrs), None))
+            terms.append(Term(applied_items, _tuple(peer_addrs), None))
         elif named and egress:
             if icmp:  # ICMP does not depend on the peer's named ports
-                terms.append(Term(tuple(group), _tuple(peer_addrs), tuple(icmp)))
+                terms.append(Term(applied_items, _tuple(peer_addrs), tuple(icmp)))
             # The destination (the peer) names the port: one term per peer Pod; with
             # "any peer", every Pod that has such a port is a candidate.
             candidates = peer_eps if rule.peers else list(sel.endpoints())
@@ -170,12 +159,12 @@ def _terms(sel: Selection, policy: Policy, rule: Rule) -> list[Term]:
                 ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, ep)]
                 if ports:
                     dest_match = _addr_items("ipv4_dst", ep.ip)
-                    terms.append(Term(tuple(group), (dest_match,), tuple(ports)))
+                    terms.append(Term(applied_items, (dest_match,), tuple(ports)))
         else:
             dest = group[0] if not egress else None
             ports = [tuple(pm.items()) for ps in rule.ports for pm in _port_matches(ps, dest)] + icmp
             if ports:
-                terms.append(Term(tuple(group), _tuple(peer_addrs), tuple(ports)))
+                terms.append(Term(applied_items, _tuple(peer_addrs), tuple(ports)))
     return terms
 
 
@@ -194,11 +183,6 @@ def peer_dim(sel: Selection, policy: Policy, rule: Rule, own_ns: str) -> tuple[l
             peer_eps += eps
             addrs.update(ep.ip for ep in eps)
     return [_addr_items(addr_field, a) for a in sorted(addrs)], peer_eps
-
-
-def one_term(rule: Rule) -> bool:
-    """The rule is at most one term over all its applied-to Pods (no per-Pod peers or ports)."""
-    return not any(p.namespace_self for p in rule.peers) and not any(isinstance(ps.port, str) for ps in rule.ports)
 
 
 def _tuple(x: list[Items] | None) -> tuple[Items, ...] | None:
@@ -291,8 +275,8 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     return actions, None  # Drop and Reject
 
 
-def _dims(term: Term, direction: Direction) -> list[Sequence[Items]]:
-    dims: list[Sequence[Items]] = [[applied_match(ep, direction) for ep in term.applied]]
+def _dims(term: Term) -> list[Sequence[Items]]:
+    dims: list[Sequence[Items]] = [term.applied]
     if term.peers is not None:
         dims.append(term.peers)
     if term.ports is not None:
@@ -307,9 +291,9 @@ def _conjunctive(dims: list[Sequence[Items]]) -> bool:
     return product > CONJUNCTION_THRESHOLD and sum(len(d) > 1 for d in dims) >= 2
 
 
-def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: Term, direction: Direction,
-          actions: tuple[messages.Action, ...], goto: int | None, cookie: int, conj_id: int, memo: Memo) -> None:
-    dims = _dims(term, direction)
+def _emit(flows: list[messages.FlowSpec], table: int, priority: int, term: Term, actions: tuple[messages.Action, ...],
+          goto: int | None, cookie: int, conj_id: int, memo: Memo) -> None:
+    dims = _dims(term)
     live = [d for d in dims if len(d) > 1]
     if not _conjunctive(dims):
         for combo in itertools.product(*dims):
@@ -380,8 +364,11 @@ class Layout:
     cookie: int
 
 
-def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None) -> Layout:
-    """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions."""
+def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None,
+           reuse: tuple[dict[str, PlacedRule], dict[int, RuleInfo]] | None = None) -> Layout:
+    """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions.
+    `reuse`: the last layout's rules (by key, by id), kept where nothing of theirs changed."""
+    was_placed, was_rules = reuse or ({}, {})
     cookie = tables.cookie(state.round_, tables.COOKIE_KIND_POLICY)
     antrea = sorted((x for x in state.policies if x.kind != PolicyKind.K8S), key=lambda x: _tier_order(state, x))
     k8s = sorted((x for x in state.policies if x.kind == PolicyKind.K8S), key=lambda x: (x.namespace, x.name))
@@ -426,12 +413,19 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
         else:
             tier = policy.tier or DEFAULT_TIER
             logged = rule.enable_logging
+        prio = priorities[table][key]
+        was = was_placed.get(key)
+        if was is not None and was.policy is policy and was.rule is rule and (was.table, was.priority, was.rule_id) == \
+                (table, prio, rid) and was_rules[rid].logged == logged:
+            placed.append(was)
+            rules[rid] = was_rules[rid]
+            continue
         rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
                               logged=logged)
         actions, goto = _rule_actions(state, rule.action, rid, logged, table)
-        placed.append(PlacedRule(key, policy, rule, table, priorities[table][key], rid, tuple(actions), goto))
+        placed.append(PlacedRule(key, policy, rule, table, prio, rid, tuple(actions), goto))
 
     isolating: list[Isolating] = []
     for direction in (Direction.EGRESS, Direction.INGRESS):
@@ -449,16 +443,11 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
     return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie)
 
 
-def rule_terms(sel: Selection, placed: PlacedRule) -> list[Term]:
-    return _terms(sel, placed.policy, placed.rule)
-
-
-def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None,
-               terms: list[Term] | None = None) -> list[messages.FlowSpec]:
-    """The flows of one placed rule for the Pods `sel` picks (or for its `terms`)."""
+def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None) -> list[messages.FlowSpec]:
+    """The flows of one placed rule for the Pods `sel` picks."""
     flows: list[messages.FlowSpec] = []
-    for n, term in enumerate(_terms(sel, placed.policy, placed.rule) if terms is None else terms):
-        _emit(flows, placed.table, placed.priority, term, placed.rule.direction, placed.actions, placed.goto,
+    for n, term in enumerate(_terms(sel, placed.policy, placed.rule)):
+        _emit(flows, placed.table, placed.priority, term, placed.actions, placed.goto,
               cookie, placed.rule_id + n, memo or Memo())
     return flows
 
@@ -489,9 +478,13 @@ def compile_policies(state: ClusterState, previous: dict[int, dict[str, int]] | 
     `previous` is the last Compiled.priorities: passing it keeps rules where they were.
     """
     lay = layout(state, previous)
-    sel = ScanSelection(state.namespaces, state.endpoints)
+    known = known_pods(state.pods, state.endpoints)
+    classes = scan_classes(state.namespaces, known, class_groups((p.policy, p.rule) for p in lay.placed))
+    sel = ScanSelection(state.namespaces, state.endpoints, classes, known.values())
     flows: list[messages.FlowSpec] = []
     for placed in lay.placed:
         flows += rule_flows(sel, placed, lay.cookie)
     flows += isolation_flows(sel, lay)
+    for ep in state.endpoints:
+        flows += pod_class_flows(ep, classes[ep.pod.key], lay.cookie)
     return Compiled(flows=flows, rules=lay.rules, priorities=lay.priorities)

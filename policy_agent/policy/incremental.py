@@ -2,10 +2,12 @@
 
 A rule's flows depend on its place (layout: table, priority, id, actions) and on
 the Pods its selectors pick. Selectors are shared as groups (Antrea's applied-to
-and address groups): one membership per distinct selector, kept per Pod. A Pod or
-Namespace change re-tests only that Pod (or the Namespace's Pods) against each
-group; the rules of the groups whose members changed are rebuilt, each from a
-memo of its previous flows, so a Pod joining a 20-flow rule makes one new flow.
+and address groups): one membership per distinct selector, kept per Pod. Most rules
+name Pods by class (policy/classes.py: the set of groups a Pod is in), so a Pod
+joining or leaving a group rebuilds such a rule only when the group's classes
+change; a Pod joining an existing class makes just its own two class flows. Rules
+that stay per Pod (namespaces-Self, named ports) and Kubernetes isolation are
+rebuilt when their groups' members change, each from a memo of its previous flows.
 A change of policies, Tiers or Namespaces lays the rules out again (ids and
 priorities, kept where the order allows) and rebuilds the rules whose place
 changed. Pure: each Snapshot is immutable and `update` never touches the old
@@ -19,21 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from packetin import messages
-from policy_agent.policy import compiler
-from policy_agent.policy.compiler import (
-    ClusterState, Items, Layout, Memo, PlacedRule, Term, applied_match, clause_flow, isolation_flows, layout,
-    merged_match, one_term, peer_dim, rule_flows, rule_terms,
-)
-from policy_agent.policy.model import AppliedTo, Direction, Peer, Policy
+from policy_agent.policy import classes
+from policy_agent.policy.classes import ALL as _ALL
+from policy_agent.policy.classes import ClassKey, GroupKey, by_class, group_keys, is_member, rule_groups
+from policy_agent.policy.compiler import ClusterState, Layout, Memo, PlacedRule, isolation_flows, layout, rule_flows
+from policy_agent.policy.model import AppliedTo, Peer, Pod, Policy
 from policy_agent.policy.rules import RuleInfo
-from policy_agent.policy.selection import (
-    Endpoint, NsLabels, in_applied, in_peer, ns_labels_of, scope,
-)
+from policy_agent.policy.selection import Endpoint, ns_labels_of, scope
 
 PodKey = tuple[str, str]
-# ("applied", scope, appliedTo) | ("peer", scope, peer) | ("all",): one selector's Pods.
-GroupKey = tuple[Any, ...]
-_ALL: GroupKey = ("all",)
 _ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flows
 
 
@@ -51,8 +47,21 @@ class _Group:
 class _RuleOut:
     inputs: tuple[Any, ...]
     memo: dict[Any, messages.FlowSpec]  # its flows, by what they were built from
-    term: Term | None = None  # a one-term rule's term: patched in place when only Pods moved
-    groups: tuple[_Group, ...] = ()  # what `term` was built from
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """Pod classes of the known Pods: the groups they are made of, each Pod's key and id, how many
+    Pods of each class each group has, each group's ids, and the running Pods' class flows."""
+
+    groups: frozenset[GroupKey]
+    pods: dict[PodKey, Pod]
+    keys: dict[PodKey, ClassKey]
+    ids: dict[PodKey, int]
+    counts: dict[GroupKey, dict[int, int]]
+    of_group: dict[GroupKey, tuple[int, ...]]
+    flows: dict[PodKey, tuple[messages.FlowSpec, ...]]
+    cache: dict[ClassKey, int]  # class key -> its hash (shared: a pure function's memo)
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,10 @@ class Snapshot:
     placed: dict[str, PlacedRule]
     groups: dict[GroupKey, _Group]
     uses: dict[str, list[GroupKey]]  # rule key (or _ISOLATION) -> the groups it uses
+    by_class: frozenset[str]  # the keys of the rules that name Pods by class
     users: dict[GroupKey, frozenset[str]]  # and back
     outputs: dict[str, _RuleOut]  # rule key (or _ISOLATION) -> its flows
+    classes: _Classes
 
     @property
     def rules(self) -> dict[int, RuleInfo]:
@@ -79,6 +90,8 @@ class Snapshot:
     def flows(self) -> Iterator[messages.FlowSpec]:
         for out in self.outputs.values():
             yield from out.memo.values()
+        for flows in self.classes.flows.values():
+            yield from flows
 
 
 @dataclass(frozen=True)
@@ -89,35 +102,12 @@ class Delta:
     removed: list[messages.FlowSpec]
 
 
-def group_keys(policy: Policy, applied: tuple[AppliedTo, ...], peers: Sequence[Peer], any_pod: bool) -> list[GroupKey]:
-    where = scope(policy)
-    keys: list[GroupKey] = [("applied", where, applied)]
-    keys += [("peer", where, peer) for peer in peers if peer.ip_block is None]
-    if any_pod:
-        keys.append(_ALL)
-    return keys
-
-
-def _rule_groups(placed: PlacedRule) -> list[GroupKey]:
-    rule = placed.rule
-    # An egress rule to a named port with "any peer" looks at every Pod's ports.
-    any_pod = not rule.peers and rule.direction == Direction.EGRESS and any(isinstance(p.port, str) for p in rule.ports)
-    return group_keys(placed.policy, rule.applied_to or placed.policy.applied_to, rule.peers, any_pod)
-
-
-def _is_member(key: GroupKey, ep: Endpoint, labels: NsLabels) -> bool:
-    if key[0] == "applied":
-        return in_applied(labels, key[1], key[2], ep.pod)
-    if key[0] == "peer":
-        return in_peer(labels, key[1], key[2], ep.pod, None)  # namespaces-Self: filtered per applied Pod
-    return True
-
-
 class _IndexedSelection:
     """The compiler's Selection, answered from group memberships."""
 
-    def __init__(self, groups: dict[GroupKey, _Group]) -> None:
+    def __init__(self, groups: dict[GroupKey, _Group], of_group: dict[GroupKey, tuple[int, ...]]) -> None:
         self._groups = groups
+        self._of_group = of_group
 
     def applied(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[Endpoint]:
         return self._groups[("applied", scope(policy), applied)].ordered
@@ -128,6 +118,12 @@ class _IndexedSelection:
 
     def endpoints(self) -> Sequence[Endpoint]:
         return self._groups[_ALL].ordered
+
+    def applied_classes(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[int]:
+        return self._of_group[("applied", scope(policy), applied)]
+
+    def peer_classes(self, policy: Policy, peer: Peer) -> Sequence[int]:
+        return self._of_group[("peer", scope(policy), peer)]
 
 
 def _same_items(old: Iterable[Any], new: Iterable[Any]) -> bool:
@@ -146,7 +142,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     if prev is not None and (prev.state.meters != state.meters or prev.state.round_ != state.round_):
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
-        prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, {}, {})
+        prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
+                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}))
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
@@ -165,7 +162,7 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
         for pkey in moved:
             ep = endpoints.get(pkey)
             was = group.members.get(pkey)
-            if ep is not None and _is_member(gkey, ep, labels):
+            if ep is not None and is_member(gkey, ep, labels):
                 if was is ep or was == ep:
                     continue
                 members = dict(group.members) if members is None else members
@@ -177,181 +174,148 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
             groups[gkey] = _Group.of(members)
             changed_groups.add(gkey)
 
-    lay, placed, uses, users = prev.layout, prev.placed, prev.uses, prev.users
+    lay, placed, uses, users, class_rules = prev.layout, prev.placed, prev.uses, prev.users, prev.by_class
     dirty: set[str] = set()
     if relayout:
-        lay = layout(state, prev.layout.priorities)
+        lay = layout(state, prev.layout.priorities, (prev.placed, prev.layout.rules))
         placed = {p.key: p for p in lay.placed}
-        uses = {key: _rule_groups(p) for key, p in placed.items()}
-        uses[_ISOLATION] = [g for iso in lay.isolating for g in group_keys(iso.policy, iso.policy.applied_to, (), False)]
-        needed = {g for gs in uses.values() for g in gs}
-        for gkey in needed - groups.keys():
-            groups[gkey] = _Group.of({k: ep for k, ep in endpoints.items() if _is_member(gkey, ep, labels)})
-        groups = {g: groups[g] for g in needed}
-        by_group: dict[GroupKey, set[str]] = {}
-        for key, gs in uses.items():
-            for g in gs:
-                by_group.setdefault(g, set()).add(key)
-        users = {g: frozenset(keys) for g, keys in by_group.items()}
+        uses, by_cls = {}, set()
+        for key, p in placed.items():  # a rule's groups: kept while its policy and rule are the same objects
+            was = prev.placed.get(key)
+            if was is not None and was.policy is p.policy and was.rule is p.rule:
+                uses[key] = prev.uses[key]
+                if key in prev.by_class:
+                    by_cls.add(key)
+            else:
+                uses[key] = rule_groups(p.policy, p.rule)
+                if by_class(p.rule):
+                    by_cls.add(key)
+        class_rules = frozenset(by_cls)
+        iso = [g for iso in lay.isolating for g in group_keys(iso.policy, iso.policy.applied_to, (), False)]
+        uses[_ISOLATION] = prev.uses[_ISOLATION] if iso == prev.uses.get(_ISOLATION) else iso
+        users = _users(prev, uses)
+        for gkey in users.keys() - groups.keys():
+            groups[gkey] = _Group.of({k: ep for k, ep in endpoints.items() if is_member(gkey, ep, labels)})
+        if groups.keys() != users.keys():
+            groups = {g: groups[g] for g in users}
         dirty = {key for key, p in placed.items()
                  if key not in prev.outputs or prev.outputs[key].inputs != p.inputs(lay.cookie)}
         dirty.add(_ISOLATION)
-    for gkey in changed_groups:
-        dirty |= users.get(gkey, frozenset())
+    cgroups = prev.classes.groups
+    if relayout and (users is not prev.users or class_rules != prev.by_class):
+        cgroups = frozenset(g for g, keys in users.items() if not keys.isdisjoint(class_rules))
+    cls, class_changed, added, removed = _reclass(prev, state, cgroups, endpoints, moved, changed_ns, lay.cookie)
+    for gkey in changed_groups:  # rules that name each Pod: rebuilt when the members change
+        dirty |= users.get(gkey, frozenset()) - class_rules
+    for gkey in class_changed:  # rules that name classes: when the group's classes change
+        dirty |= users.get(gkey, frozenset()) & class_rules
 
     outputs = dict(prev.outputs)
-    added: list[messages.FlowSpec] = []
-    removed: list[messages.FlowSpec] = []
     for key in [k for k in outputs if k not in placed and k != _ISOLATION]:
         removed += outputs.pop(key).memo.values()
-    sel = _IndexedSelection(groups)
-    moves: Moves = {}
+    sel = _IndexedSelection(groups, cls.of_group)
     for key in dirty:
         old = outputs.get(key)
         if key == _ISOLATION:
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
             memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
             isolation_flows(sel, lay, memo)
-            outputs[key] = _RuleOut(inputs, memo.new)
         else:
-            outputs[key] = _rebuild(sel, placed[key], lay.cookie, old, tuple(groups[g] for g in uses[key]),
-                                    moves, added, removed)
-            continue
+            inputs = placed[key].inputs(lay.cookie)
+            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
+            rule_flows(sel, placed[key], lay.cookie, memo)
+        outputs[key] = _RuleOut(inputs, memo.new)
         before = old.memo.values() if old is not None else ()
         kept_ids = {id(f) for f in before}
         new_ids = {id(f) for f in memo.new.values()}
         added += [f for f in memo.new.values() if id(f) not in kept_ids]
         removed += [f for f in before if id(f) not in new_ids]
-    snap = Snapshot(state, endpoints, lay, placed, groups, uses, users, outputs)
+    snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls)
     return snap, Delta(added, removed)
 
 
-def _rebuild(sel: _IndexedSelection, placed: PlacedRule, cookie: int, old: _RuleOut | None,
-             groups: tuple[_Group, ...], moves: Moves, added: list[messages.FlowSpec],
-             removed: list[messages.FlowSpec]) -> _RuleOut:
-    """A dirty rule's flows: patched clause by clause when only its Pods moved, else rebuilt from
-    its memo. Appends what appeared and disappeared to `added` and `removed`."""
-    inputs = placed.inputs(cookie)
-    same_place = old is not None and old.inputs == inputs
-    simple = one_term(placed.rule)
-    if same_place and simple and old is not None and old.term is not None:
-        term = _moved_term(sel, placed, old, groups)
-        patched = regrow(placed, cookie, old.term, term, old.memo, moves) if term is not None else None
-        if patched is not None:
-            memo_new, more, fewer = patched
-            added += more
-            removed += fewer
-            return _RuleOut(inputs, memo_new, term, groups)
-    terms = rule_terms(sel, placed)
-    memo = Memo(old.memo if same_place and old is not None else None)
-    rule_flows(sel, placed, cookie, memo, terms)
-    before = old.memo.values() if old is not None else ()
-    kept_ids = {id(f) for f in before}
-    new_ids = {id(f) for f in memo.new.values()}
-    added += [f for f in memo.new.values() if id(f) not in kept_ids]
-    removed += [f for f in before if id(f) not in new_ids]
-    return _RuleOut(inputs, memo.new, terms[0] if simple and len(terms) == 1 else None, groups)
+def _users(prev: Snapshot, uses: dict[str, list[GroupKey]]) -> dict[GroupKey, frozenset[str]]:
+    """Group -> the rules using it, from the previous one: only rules whose groups changed move."""
+    moved = [k for k in uses.keys() | prev.uses.keys() if uses.get(k) is not prev.uses.get(k)]
+    if not moved:
+        return prev.users
+    users = dict(prev.users)
+    for key in moved:
+        for g in set(prev.uses.get(key, ())):
+            left = users[g] - {key}
+            if left:
+                users[g] = left
+            else:
+                del users[g]
+        for g in set(uses.get(key, ())):
+            users[g] = users.get(g, frozenset()) | {key}
+    return users
 
 
-# --- patching a one-term rule -------------------------------------------------------------
+def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], endpoints: dict[PodKey, Endpoint],
+             moved: set[PodKey], changed_ns: set[str], cookie: int
+             ) -> tuple[_Classes, set[GroupKey], list[messages.FlowSpec], list[messages.FlowSpec]]:
+    """Pod classes after the change: (classes, the class groups whose class ids changed, class
+    flows added, removed)."""
+    old = prev.classes
+    labels = ns_labels_of(state.namespaces)
+    known = classes.known_pods(state.pods, endpoints.values())
+    changed = _changed_keys(old.pods, known)
+    if changed_ns:
+        changed |= {k for k in old.pods.keys() | known.keys() if k[0] in changed_ns}
+    keys = dict(old.keys)
+    fresh, gone = cgroups - old.groups, old.groups - cgroups
+    if fresh or gone:  # only the new groups are tested against every Pod
+        for pk, pod in known.items():
+            if pk not in changed:
+                key = keys[pk]
+                keys[pk] = (key - gone) | {g for g in fresh if classes.pod_member(g, pod, labels)}
+    for pk in changed:
+        pod = known.get(pk)
+        if pod is None:
+            keys.pop(pk, None)
+        else:
+            keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, pod, labels))
+    by_key = classes.assign_ids(keys.values(), old.cache)
+    ids = {pk: by_key[k] for pk, k in keys.items()}
 
-Moves = dict[tuple[int, int], tuple[list[Endpoint], list[Endpoint]]]
+    counts = {g: c for g, c in old.counts.items() if g in cgroups}
+    counts.update((g, {}) for g in fresh)
+    touched: set[GroupKey] = set(fresh)
+    for pk in keys.keys() | old.keys.keys():
+        before, after = (old.keys.get(pk, frozenset()), old.ids.get(pk)), (keys.get(pk, frozenset()), ids.get(pk))
+        if before == after:
+            continue
+        for sign, (key, cid) in ((-1, before), (1, after)):
+            for g in key:
+                if g not in cgroups:
+                    continue
+                if g not in touched:
+                    counts[g] = dict(counts.get(g, {}))
+                    touched.add(g)
+                n = counts[g].get(cid, 0) + sign  # type: ignore[arg-type]
+                if n:
+                    counts[g][cid] = n  # type: ignore[index]
+                else:
+                    del counts[g][cid]  # type: ignore[arg-type]
+    of_group = {g: c for g, c in old.of_group.items() if g in cgroups}
+    for g in touched:
+        of_group[g] = tuple(sorted(counts.get(g, {})))
+    class_changed = {g for g in touched if of_group[g] != old.of_group.get(g)}
 
-
-def _moved(before: tuple[Endpoint, ...], after: tuple[Endpoint, ...], moves: Moves) -> tuple[list[Endpoint], list[Endpoint]]:
-    """(left, joined) between two applied-to lists, by identity (an unchanged Pod is the same
-    Endpoint); `moves` remembers it for the other rules sharing both lists."""
-    key = (id(before), id(after))
-    if key not in moves:
-        now, then = {id(e) for e in after}, {id(e) for e in before}
-        moves[key] = ([e for e in before if id(e) not in now], [e for e in after if id(e) not in then])
-    return moves[key]
-
-
-def regrow(placed: PlacedRule, cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
-           moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]] | None:
-    """A one-term rule's flows (`flows`: its memo) after its applied-to Pods or peers changed from
-    `old` to `new`, patched clause by clause: (memo, added, removed); None when the change
-    alters the representation (conjunction or not, which dimensions vary): rebuild it then."""
-    direction = placed.rule.direction
-    # Dimensions by length first: the applied-to list is only looked at where it changed.
-    sizes = [[len(t.applied)] + [len(d) for d in (t.peers, t.ports) if d is not None] for t in (old, new)]
-    if any(n <= 0 for n in sizes[0] + sizes[1]):
-        return None
-    if old.peers == new.peers and old.ports == new.ports and all(n == 1 for n in sizes[0][1:]):
-        return _regrow_product(placed, cookie, old, new, flows, moves)
-    if [n > 1 for n in sizes[0]] != [n > 1 for n in sizes[1]]:
-        return None
-    for shape in sizes:
-        product = 1
-        for n in shape:
-            product *= n
-        if product <= compiler.CONJUNCTION_THRESHOLD or sum(n > 1 for n in shape) < 2:
-            return None
-
-    def fixed_of(t: Term) -> tuple[Items, ...]:
-        dims: list[Sequence[Items]] = [[applied_match(t.applied[0], direction)] if len(t.applied) == 1 else []]
-        dims += [d for d in (t.peers, t.ports) if d is not None]
-        return tuple(d[0] for d in dims if len(d) == 1)
-
-    fixed = fixed_of(old)
-    if fixed != fixed_of(new):
-        return None
-    n_live = sum(n > 1 for n in sizes[0])
-    out = dict(flows)
+    flows = dict(old.flows)
     added: list[messages.FlowSpec] = []
     removed: list[messages.FlowSpec] = []
-    clause = 0
-    for b, a, applied in ((old.applied, new.applied, True), (old.peers, new.peers, False),
-                          (old.ports, new.ports, False)):
-        if b is None or a is None or len(b) <= 1:
-            continue
-        if b is not a:
-            if applied:
-                left, joined = _moved(b, a, moves)  # type: ignore[arg-type]
-                gone = [applied_match(e, direction) for e in left]
-                came = [applied_match(e, direction) for e in joined]
-            else:
-                was, will = set(b), set(a)
-                gone, came = [m for m in b if m not in will], [m for m in a if m not in was]  # type: ignore[misc]
-            for match in gone:
-                removed.append(out.pop((placed.rule_id, clause, n_live, fixed, match)))
-            for match in came:
-                flow = clause_flow(placed.table, placed.priority, fixed, match, placed.rule_id, clause, n_live,
-                                    cookie)
-                out[(placed.rule_id, clause, n_live, fixed, match)] = flow
-                added.append(flow)
-        clause += 1
-    return out, added, removed
-
-
-def _regrow_product(placed: PlacedRule, cookie: int, old: Term, new: Term, flows: dict[Any, messages.FlowSpec],
-                    moves: Moves) -> tuple[dict[Any, messages.FlowSpec], list[messages.FlowSpec], list[messages.FlowSpec]]:
-    """regrow for a rule with one peer and one port: one flow per applied-to Pod, never conjunctive."""
-    direction = placed.rule.direction
-    rest = tuple(d[0] for d in (old.peers, old.ports) if d is not None)
-    left, joined = _moved(old.applied, new.applied, moves)
-    out = dict(flows)
-    removed = [out.pop((applied_match(e, direction), *rest)) for e in left]
-    added: list[messages.FlowSpec] = []
-    for e in joined:
-        combo = (applied_match(e, direction), *rest)
-        out[combo] = flow = messages.FlowSpec.make(placed.table, placed.priority, merged_match(combo), placed.actions,
-                                                   goto=placed.goto, cookie=cookie)
-        added.append(flow)
-    return out, added, removed
-
-
-def _moved_term(sel: _IndexedSelection, placed: PlacedRule, old: _RuleOut, groups: tuple[_Group, ...]
-                ) -> Term | None:
-    """A one-term rule's term after only its groups changed: None if it now has no term."""
-    applied = groups[0].ordered
-    if not applied or old.term is None:
-        return None
-    peers = old.term.peers
-    if any(g is not was for g, was in zip(groups[1:], old.groups[1:])):
-        dim, _ = peer_dim(sel, placed.policy, placed.rule, applied[0].pod.namespace)
-        if dim == []:
-            return None
-        peers = None if dim is None else tuple(dim)
-    return Term(applied, peers, old.term.ports)
+    for pk in moved | {pk for pk in endpoints if ids.get(pk) != old.ids.get(pk)} | \
+            {pk for pk in old.flows if ids.get(pk) != old.ids.get(pk)}:
+        before_flows = flows.pop(pk, ())
+        ep = endpoints.get(pk)
+        after_flows = classes.pod_class_flows(ep, ids[pk], cookie) if ep is not None else ()
+        if after_flows == before_flows:
+            after_flows = before_flows  # unchanged flows stay the same objects
+        else:
+            added += after_flows
+            removed += before_flows
+        if after_flows:
+            flows[pk] = after_flows
+    return _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache), class_changed, added, removed

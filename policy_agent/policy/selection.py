@@ -27,6 +27,14 @@ class Selection(Protocol):
 
     def endpoints(self) -> Sequence[Endpoint]: ...
 
+    def applied_classes(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[int]:
+        """The Pod classes (policy/classes.py) of the known Pods `applied` picks, running or not."""
+        ...
+
+    def peer_classes(self, policy: Policy, peer: Peer) -> Sequence[int]:
+        """The Pod classes of a peer's Pods (not namespaces-Self: that stays per Pod)."""
+        ...
+
 
 NsLabels = Callable[[str], dict[str, str]]
 
@@ -73,9 +81,12 @@ def in_peer(ns_labels: NsLabels, where: str | None, peer: Peer, pod: Pod, own_ns
 class ScanSelection:
     """Selection by testing every endpoint: the full compile's reference."""
 
-    def __init__(self, namespaces: dict[str, Namespace], endpoints: Iterable[Endpoint]) -> None:
+    def __init__(self, namespaces: dict[str, Namespace], endpoints: Iterable[Endpoint],
+                 classes: dict[tuple[str, str], int] | None = None, known: Iterable[Pod] = ()) -> None:
         self._eps = sorted(endpoints, key=lambda e: e.pod.key)
         self._labels = ns_labels_of(namespaces)
+        self._classes = classes or {}
+        self._known = list(known)  # the Pods `classes` has (running or not)
 
     def applied(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[Endpoint]:
         return [ep for ep in self._eps if in_applied(self._labels, scope(policy), applied, ep.pod)]
@@ -85,3 +96,11 @@ class ScanSelection:
 
     def endpoints(self) -> Sequence[Endpoint]:
         return self._eps
+
+    def applied_classes(self, policy: Policy, applied: tuple[AppliedTo, ...]) -> Sequence[int]:
+        where = scope(policy)
+        return sorted({self._classes[p.key] for p in self._known if in_applied(self._labels, where, applied, p)})
+
+    def peer_classes(self, policy: Policy, peer: Peer) -> Sequence[int]:
+        where = scope(policy)
+        return sorted({self._classes[p.key] for p in self._known if in_peer(self._labels, where, peer, p, None)})

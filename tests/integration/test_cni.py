@@ -286,3 +286,26 @@ def test_add_whose_hook_fails_leaves_nothing_behind(rig: Rig) -> None:
     assert retry.rc == 0, retry.out
     assert rig.cni("DEL", "ctr-d", netns).rc == 0
     assert rig.allocated() == set()
+
+
+def test_add_whose_ipam_fails_while_the_veth_is_made_leaves_nothing_behind(rig: Rig) -> None:
+    # IPAM and the veth + port run at once: a failing IPAM must still find the veth and port
+    # removed once both are done.
+    netns = rig.make_netns("e")
+    ns = netns.rsplit("/", 1)[1]
+    host_if = host_ifname("ctr-e")
+    blocker = rig.ipam_dir / "npaudit"  # host-local's directory for this network: a file, so it fails
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory\n")
+    add = rig.cni("ADD", "ctr-e", netns)
+    assert add.rc == 1 and add.out is not None and add.out["code"] == 999, add.out
+    assert rig.hooks.kinds() == []
+    assert host_if not in rig.ports()
+    assert not _link_exists(rig.ovs.netns, host_if) and not _link_exists(ns, "eth0")
+    assert rig.state_files() == []
+
+    blocker.unlink()
+    retry = rig.cni("ADD", "ctr-e", netns)
+    assert retry.rc == 0, retry.out
+    assert rig.cni("DEL", "ctr-e", netns).rc == 0
+    assert rig.allocated() == set()

@@ -11,7 +11,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy_agent.policy import manifests
+from policy_agent.policy import documents, manifests
+from policy_agent.sources import applied_store
 from policy_agent.sources.applied_store import AppliedStore
 
 ANTREA = "crd.antrea.io/v1beta1"
@@ -124,3 +125,26 @@ def test_a_store_file_that_does_not_parse_stops_start_up_with_one_line(tmp_path:
     with pytest.raises(manifests.ManifestError) as err:
         AppliedStore(path)
     assert len(err.value.errors) == 1 and err.value.errors[0].startswith(f"{path}: invalid YAML at line 2")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(["apply", "delete"]), manifest_docs()), min_size=1, max_size=6))
+def test_a_change_rewrites_the_file_as_a_full_dump_of_the_set(tmp_path: Path,
+                                                              steps: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    # The store dumps only the documents a change names and keeps the others' YAML:
+    # the file must still be byte for byte what dumping the whole set gives.
+    path = tmp_path / "applied.yaml"
+    path.unlink(missing_ok=True)
+    store = AppliedStore(path)
+    model: dict[Any, Any] = {}  # what the set holds, in the order a full dump writes it
+    for op, docs in steps:
+        text = json_list(*docs)
+        store.record(op, text)
+        for doc in manifests.read_text(text, "in").documents:
+            if op == "apply":
+                model[applied_store._key(doc)] = doc
+            else:
+                model.pop(applied_store._key(doc), None)
+        expected = documents.dump_yaml(model.values())
+        assert path.read_text(encoding="utf-8") == store.text() == expected
+        assert AppliedStore(path).text() == expected

@@ -239,7 +239,9 @@ def test_conjunction_gives_the_same_verdicts_as_the_cross_product(monkeypatch: p
     cross = compile_policies(st).flows
     monkeypatch.setattr(compiler, "CONJUNCTION_THRESHOLD", 0)
     conj = compile_policies(st).flows
-    assert len(conj) < len(cross) / 4
+    # Pods are matched by class (3 applied-to Pods = 1 class, the peers 2): the product is small
+    # already, conjunction still smaller.
+    assert len(conj) < len(cross)
     assert any(k == "conj_id" for f in conj for k, _ in f.match)
     base = tables.fixed_flows(1) + [f for e in st.endpoints
                                      for f in tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)]

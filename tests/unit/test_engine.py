@@ -89,7 +89,10 @@ def test_adding_a_policy_sends_only_its_flows() -> None:
         ch.commits.clear()
         await eng.apply(policies=[drop_web("drop-db", "db")])
         (flows, deleted), = ch.commits
-        assert flows and not deleted and all(("ipv4_dst", "10.0.0.3") in f.match for f in flows)
+        # b's class flows (its class now includes drop-db's group) and the rule matching that class.
+        klass, = {a.value for f in flows for a in f.actions if getattr(a, "name", "") == "reg5"}
+        assert flows and not deleted and all(("ipv4_dst", "10.0.0.3") in f.match or ("in_port", 6) in f.match
+                                             or ("reg5", klass) in f.match for f in flows)
         ch.commits.clear()
         await eng.delete(policies=[drop_web("drop-db", "db")])
         (added, deleted), = ch.commits
