@@ -19,6 +19,7 @@ from policy_agent.traceflow.flows import Phase
 
 TABLE_NAMES = {
     tables.T_CLASSIFIER: "classifier", tables.T_CONNTRACK: "conntrack", tables.T_CT_STATE: "conntrack state",
+    tables.T_SRC_CLASS: "source Pod class", tables.T_DST_CLASS: "destination Pod class",
     tables.T_EGRESS: "egress: Antrea tiers", tables.T_EGRESS_K8S: "egress: K8s NetworkPolicy",
     tables.T_EGRESS_BASELINE: "egress: baseline tier", tables.T_INGRESS: "ingress: Antrea tiers",
     tables.T_INGRESS_K8S: "ingress: K8s NetworkPolicy", tables.T_INGRESS_BASELINE: "ingress: baseline tier",
