@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the record it follows
 _FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
+_READ_AHEAD = 1 << 18  # bytes of lines read in one call (readlines), kept in _Open.ahead until taken
 
 
 class TailRecord(NamedTuple):
@@ -75,6 +76,8 @@ class _Open:
     offset: int = 0
     first_seq: int | None = None
     finished_seen: bool = False
+    ahead: list[bytes] = field(default_factory=list)  # lines read and not taken yet, the next one last
+    one_by_one: bool = False  # after a gzip error: the lines before the damage are read one at a time
 
 
 @dataclass
@@ -120,6 +123,28 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
         return parse_line(block[start:-1])[1]
     except ChainError:
         return None
+
+
+def _read_line(cur: _Open) -> bytes:
+    """The next line of `cur` (b"" at its end for now, no newline if it is torn), reading a block of lines at once
+    and keeping the rest in `cur.ahead` (a line per call cost the forwarder more than the syslog framing).
+
+    A gzip error inside a block would lose the good lines before it: the file is then read again from
+    `cur.offset` one line at a time, so exactly the lines before the damage are read, as they always were."""
+    if cur.one_by_one:
+        return cur.reader.readline()
+    try:
+        lines = cur.reader.readlines(_READ_AHEAD)
+    except GZIP_ERRORS:
+        cur.one_by_one = True
+        cur.reader.seek(cur.offset)
+        return cur.reader.readline()
+    if not lines:
+        return b""
+    lines.reverse()
+    raw = lines.pop()
+    cur.ahead = lines
+    return raw
 
 
 def first_seq(path: Path) -> int | None:
@@ -173,7 +198,7 @@ class Tailer:
             if cur is None:
                 break
             try:
-                raw = cur.reader.readline()
+                raw = cur.ahead.pop() if cur.ahead else _read_line(cur)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
                 log.warning("syslog tailer: %s ends early: %s", self.live, exc)
                 raw = b""
