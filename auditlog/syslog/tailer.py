@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the record it follows
 _FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
-_READ_AHEAD = 1 << 18  # bytes of lines read in one call (readlines), kept in _Open.ahead until taken
+_READ_AHEAD = 1 << 18  # bytes of lines read in one call, kept in _Open.ahead until taken
 
 
 class TailRecord(NamedTuple):
@@ -76,7 +76,8 @@ class _Open:
     offset: int = 0
     first_seq: int | None = None
     finished_seen: bool = False
-    ahead: list[bytes] = field(default_factory=list)  # lines read and not taken yet, the next one last
+    ahead: list[bytes] = field(default_factory=list)  # whole lines read and not taken yet, the next one last
+    tail: bytes = b""  # read after them: the start of a line not ended (yet)
     one_by_one: bool = False  # after a gzip error: the lines before the damage are read one at a time
 
 
@@ -125,26 +126,37 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
         return None
 
 
-def _read_line(cur: _Open) -> bytes:
-    """The next line of `cur` (b"" at its end for now, no newline if it is torn), reading a block of lines at once
-    and keeping the rest in `cur.ahead` (a line per call cost the forwarder more than the syslog framing).
+def _next_line(cur: _Open) -> tuple[bytes, bool]:
+    """(the next line of `cur` without its newline, True), or (a line not ended yet or b"" at the end for now, False).
 
-    A gzip error inside a block would lose the good lines before it: the file is then read again from
-    `cur.offset` one line at a time, so exactly the lines before the damage are read, as they always were."""
+    Lines are read a block at a time (one read, one split: a readline per line cost the forwarder about as
+    much as the syslog framing) and kept in `cur.ahead`. A gzip error inside a block would lose the good
+    lines before it: the file is then read again from `cur.offset` one line at a time, so exactly the lines
+    before the damage are read, as they always were."""
+    if cur.ahead:
+        return cur.ahead.pop(), True
+    if cur.tail:
+        tail, cur.tail = cur.tail, b""
+        return tail, False
     if cur.one_by_one:
-        return cur.reader.readline()
+        raw = cur.reader.readline()
+        return (raw[:-1], True) if raw.endswith(b"\n") else (raw, False)
     try:
-        lines = cur.reader.readlines(_READ_AHEAD)
+        data = cur.reader.read(_READ_AHEAD)
+        if data and not data.endswith(b"\n"):
+            data += cur.reader.readline()  # the rest of the last line, as far as it is written
     except GZIP_ERRORS:
         cur.one_by_one = True
         cur.reader.seek(cur.offset)
-        return cur.reader.readline()
+        return _next_line(cur)
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" after a newline
     if not lines:
-        return b""
+        return tail, False
+    cur.tail = tail
     lines.reverse()
-    raw = lines.pop()
     cur.ahead = lines
-    return raw
+    return lines.pop(), True
 
 
 def first_seq(path: Path) -> int | None:
@@ -198,14 +210,14 @@ class Tailer:
             if cur is None:
                 break
             try:
-                raw = cur.ahead.pop() if cur.ahead else _read_line(cur)
+                raw, whole = _next_line(cur)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
                 log.warning("syslog tailer: %s ends early: %s", self.live, exc)
-                raw = b""
+                raw, whole = b"", False
                 cur.finished_seen = True
-            if raw.endswith(b"\n"):
-                cur.offset += len(raw)
-                self._take(cur, raw[:-1], out)
+            if whole:
+                cur.offset += len(raw) + 1
+                self._take(cur, raw, out)
                 continue
             if raw and (cur.gz or cur.finished_seen):
                 cur.offset += len(raw)  # a torn last line of a finished file: the writer restarted the chain
