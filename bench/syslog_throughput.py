@@ -17,7 +17,11 @@ Then, per transport (TCP, TLS with the ossl driver in rsyslog):
 Target: the forwarder keeps up with the writer's distinct-flow rate, i.e.
 drain records/s >= the writer's records/s (target_met; also shown against the
 whole pipeline's rate). Two more TCP drains show what the batch size does: the
-forwarder's earlier default (500 records / 256 KiB) and a larger one. Run as
+forwarder's earlier default (500 records / 256 KiB) and a larger one. Each drain
+also gives the CPU seconds of the forwarder's process and of rsyslogd: on a small
+machine rsyslog's share decides the rate. So a last pair of drains, "capacity",
+sends to a receiver that only reads the bytes (TLS: decrypts them) in a process
+of its own: the forwarder's own records/s, against the writer's as well. Run as
 root or not; needs rsyslogd and rsyslog-openssl (`make bench` runs it).
 """
 
@@ -26,7 +30,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
+import os
 import shutil
+import socket
+import ssl
 import sys
 import tempfile
 import threading
@@ -101,6 +109,55 @@ def wait_sent(fwd: Forwarder, last_seq: int, timeout: float) -> float:
     return time.perf_counter()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _discard(listener: socket.socket, pki: Pki | None) -> None:
+    """Accept connections one after the other and read (TLS: decrypt) everything sent, keeping nothing."""
+    ctx = None
+    if pki is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(pki.cert), str(pki.key))
+    buf = bytearray(1 << 20)
+    while True:
+        conn, _ = listener.accept()
+        try:
+            if ctx is not None:
+                conn = ctx.wrap_socket(conn, server_side=True)
+            while conn.recv_into(buf):
+                pass
+        except OSError:
+            pass
+        conn.close()
+
+
+def capacity(scheme: str, pki: Pki, live: Path, count: int, work: Path) -> dict[str, Any]:
+    """Records/s the forwarder delivers to a receiver that only reads (a process of its own, stopped by pid)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sink = multiprocessing.get_context("fork").Process(
+        target=_discard, args=(listener, pki if scheme == "tls" else None), daemon=True)
+    sink.start()
+    try:
+        dest = make_destination(f"{scheme}://127.0.0.1:{listener.getsockname()[1]}", node_name="bench",
+                                tls=TlsOptions(ca=pki.ca) if scheme == "tls" else None)
+        fwd = Forwarder(dest, live=live, checkpoint=work / f"ck-capacity-{scheme}.json")
+        c0, t0 = time.process_time(), time.perf_counter()
+        fwd.start()
+        done = wait_sent(fwd, count, 600)
+        cpu = time.process_time() - c0
+        fwd.stop()
+        return {"records_per_s": round(count / (done - t0)), "seconds": round(done - t0, 3),
+                "forwarder_cpu_s": round(cpu, 3), "errors": fwd.stats().errors}
+    finally:
+        listener.close()
+        if sink.pid is not None:
+            os.kill(sink.pid, 9)
+        sink.join(5)
+
+
 def received(server: Rsyslog, scheme: str, count: int) -> int:
     """How many messages rsyslog wrote out, once it has written `count` or stopped making progress for 10 s.
 
@@ -129,13 +186,15 @@ def drain(scheme: str, pki: Pki, live: Path, count: int, work: Path,
     server.start()
     try:
         fwd = forwarder(scheme, server, pki, live, work / f"ck-drain-{name}.json", batch)
-        t0 = time.perf_counter()
+        assert server.proc is not None
+        r0, c0, t0 = cpu_seconds(server.proc.pid), time.process_time(), time.perf_counter()
         fwd.start()
         done = wait_sent(fwd, count, 600)
+        cpu = {"forwarder": round(time.process_time() - c0, 3), "rsyslog": round(cpu_seconds(server.proc.pid) - r0, 3)}
         fwd.stop()
         stats = fwd.stats()
         return {"batch_records": batch[0], "batch_bytes": batch[1],
-                "records_per_s": round(count / (done - t0)), "seconds": round(done - t0, 3),
+                "records_per_s": round(count / (done - t0)), "seconds": round(done - t0, 3), "cpu_s": cpu,
                 "delivered_rsyslog_count": received(server, scheme, count), "errors": stats.errors, "lost": stats.lost}
     finally:
         server.stop()
@@ -183,7 +242,10 @@ def main() -> int:
         small = drain("tcp", pki, live, count, work, SMALL_BATCH)
         large = drain("tcp", pki, live, count, work, LARGE_BATCH)
         lives = {scheme: live_run(scheme, pki, records, work) for scheme in ("tcp", "tls")}
+        capacities = {scheme: capacity(scheme, pki, live, count, work) for scheme in ("tcp", "tls")}
         writer_rate = baseline["records_per_s"]
+        for c in capacities.values():
+            c["vs_writer"] = round(c["records_per_s"] / writer_rate, 3)
         for scheme, d in drains.items():
             d["vs_writer"] = round(d["records_per_s"] / writer_rate, 3)
             d["vs_pipeline"] = round(d["records_per_s"] / pipeline["records_per_s_on_disk"], 3)
@@ -196,6 +258,8 @@ def main() -> int:
             "tcp_drain_records_per_s_large_batch": large["records_per_s"],
             "target": "forwarder drain records/s >= the writer's distinct-record rate (keeps up with the writer)",
             "target_met": {s: d["records_per_s"] >= writer_rate for s, d in drains.items()},
+            "capacity_records_per_s": {s: c["records_per_s"] for s, c in capacities.items()},
+            "capacity_target_met": {s: c["records_per_s"] >= writer_rate for s, c in capacities.items()},
             "target_met_pipeline_rate": {s: d["records_per_s"] >= pipeline["records_per_s_on_disk"]
                                          for s, d in drains.items()},
             "every_record_delivered": all(p["delivered_rsyslog_count"] == count
@@ -207,7 +271,7 @@ def main() -> int:
                                        "receiver": "rsyslogd on 127.0.0.1 (imtcp; TLS: ossl driver)"},
                           "baseline_writer": baseline, "baseline_pipeline": pipeline,
                           "drain": drains, "drain_tcp_small_batch": small, "drain_tcp_large_batch": large,
-                          "live": lives, "summary": summary},
+                          "live": lives, "capacity": capacities, "summary": summary},
                          indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)

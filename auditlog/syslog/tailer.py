@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the record it follows
 _FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
+_READ_AHEAD = 1 << 18  # bytes of lines read in one call, kept in _Open.ahead until taken
 
 
 class TailRecord(NamedTuple):
@@ -75,6 +76,9 @@ class _Open:
     offset: int = 0
     first_seq: int | None = None
     finished_seen: bool = False
+    ahead: list[bytes] = field(default_factory=list)  # whole lines read and not taken yet, the next one last
+    tail: bytes = b""  # read after them: the start of a line not ended (yet)
+    one_by_one: bool = False  # after a gzip error: the lines before the damage are read one at a time
 
 
 @dataclass
@@ -120,6 +124,39 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
         return parse_line(block[start:-1])[1]
     except ChainError:
         return None
+
+
+def _next_line(cur: _Open) -> tuple[bytes, bool]:
+    """(the next line of `cur` without its newline, True), or (a line not ended yet or b"" at the end for now, False).
+
+    Lines are read a block at a time (one read, one split: a readline per line cost the forwarder about as
+    much as the syslog framing) and kept in `cur.ahead`. A gzip error inside a block would lose the good
+    lines before it: the file is then read again from `cur.offset` one line at a time, so exactly the lines
+    before the damage are read, as they always were."""
+    if cur.ahead:
+        return cur.ahead.pop(), True
+    if cur.tail:
+        tail, cur.tail = cur.tail, b""
+        return tail, False
+    if cur.one_by_one:
+        raw = cur.reader.readline()
+        return (raw[:-1], True) if raw.endswith(b"\n") else (raw, False)
+    try:
+        data = cur.reader.read(_READ_AHEAD)
+        if data and not data.endswith(b"\n"):
+            data += cur.reader.readline()  # the rest of the last line, as far as it is written
+    except GZIP_ERRORS:
+        cur.one_by_one = True
+        cur.reader.seek(cur.offset)
+        return _next_line(cur)
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" after a newline
+    if not lines:
+        return tail, False
+    cur.tail = tail
+    lines.reverse()
+    cur.ahead = lines
+    return lines.pop(), True
 
 
 def first_seq(path: Path) -> int | None:
@@ -173,14 +210,14 @@ class Tailer:
             if cur is None:
                 break
             try:
-                raw = cur.reader.readline()
+                raw, whole = _next_line(cur)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
                 log.warning("syslog tailer: %s ends early: %s", self.live, exc)
-                raw = b""
+                raw, whole = b"", False
                 cur.finished_seen = True
-            if raw.endswith(b"\n"):
-                cur.offset += len(raw)
-                self._take(cur, raw[:-1], out)
+            if whole:
+                cur.offset += len(raw) + 1
+                self._take(cur, raw, out)
                 continue
             if raw and (cur.gz or cur.finished_seen):
                 cur.offset += len(raw)  # a torn last line of a finished file: the writer restarted the chain

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from auditlog.chain import GENESIS, ChainError, RecordText, parse_line
 from auditlog.syslog.rfc5424 import record_fields
+from auditlog.syslog import sealed_line
 from auditlog.syslog.sealed_line import read_fields, scan_sealed
 
 HOSTILE = ['a"b', "x]y", "back\\slash", "ends\\", "new\nline", "café ☕", '"seq":5,', '"disposition":"Allow"',
@@ -163,3 +164,16 @@ def test_any_bytes_are_a_record_for_read_fields_exactly_when_they_are_one_for_pa
             read_fields(data, GENESIS)
         return
     assert read_fields(data, GENESIS) == record_fields(record)
+
+
+def test_records_sharing_their_npaudit_text_share_the_cached_reading_but_keep_their_own_seq_and_chain() -> None:
+    same = [copy.deepcopy(TEMPLATE) for _ in range(3)]
+    long_name = copy.deepcopy(TEMPLATE)
+    long_name["npaudit"]["destination"]["pod"]["name"] = "p" * 3000  # past the cached length: read each time
+    lines = sealed_lines([*same, long_name, long_name], 7)
+    sealed_line._members.cache_clear()
+    fields = [scan_sealed(line, prev) for line, prev in lines]
+    assert fields == [record_fields(json.loads(line)) for line, _ in lines]
+    assert [f.seq for f in fields if f is not None] == [7, 8, 9, 10, 11] and len({f.chain for f in fields}) == 5
+    info = sealed_line._members.cache_info()
+    assert (info.misses, info.hits, info.currsize) == (1, 2, 1)

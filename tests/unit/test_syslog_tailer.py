@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -9,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from auditlog.chain import RecordText
-from auditlog.fileset import audit_files
+from auditlog.fileset import GZIP_ERRORS, audit_files
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError
 from auditlog.syslog.rfc5424 import record_fields
@@ -186,3 +187,24 @@ def test_the_checkpoint_round_trips_and_a_damaged_one_is_an_error(tmp_path: Path
         path.write_bytes(bad)
         with pytest.raises(CheckpointError, match="dest.json"):
             load_checkpoint(path)
+
+
+def test_a_damaged_gzip_file_still_gives_every_whole_line_before_the_damage(live: Path, writer: AuditWriter) -> None:
+    # The tailer reads a block of lines at a time; an error inside the block must not cost the lines before it.
+    write(writer, 1, 60)
+    assert writer.wait_compressed()
+    oldest = [path for _, path in audit_files(live) if path.name.endswith(".gz")][0]
+    oldest.write_bytes(oldest.read_bytes()[:-40])  # cut inside the compressed stream
+    before: list[int] = []
+    with gzip.open(oldest) as f:
+        try:
+            for raw in f:  # one line at a time, up to the damage
+                if raw.endswith(b"\n"):
+                    before.append(record_fields(json.loads(raw)).seq)
+        except GZIP_ERRORS:
+            pass
+    assert before and before[0] == 1
+    seqs, batch = drain(Tailer(live))
+    later = seqs[len(before):]
+    assert seqs[:len(before)] == before and later == list(range(later[0], 61)) and later[0] > before[-1] + 1
+    assert batch.lost == later[0] - before[-1] - 1
