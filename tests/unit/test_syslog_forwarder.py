@@ -60,6 +60,11 @@ class FakeSender:
     def drop(self) -> None:
         self.connected = False
 
+    def finish(self, timeout: float) -> bool:
+        """A lazy receiver does not read to the end of the stream in time; an eager one does."""
+        self.connected = False
+        return not self.lazy
+
     def close(self) -> None:
         self.connected = False
 
@@ -90,6 +95,7 @@ def write(live: Path, first: int, count: int, size: int = 0) -> None:
 
 
 def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", **kw: Any) -> Forwarder:
+    kw.setdefault("receive_buffer_bytes", 0)  # the fake receiver reads what its TCP acknowledges
     dest = make_destination(url, node_name="node-a", batch_records=10, **kw)
     return Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                      rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0)
@@ -315,7 +321,7 @@ def test_acknowledged_batches_are_delivered_before_a_later_drop_resends_the_rest
 def test_a_receiver_that_acknowledges_nothing_for_ack_timeout_is_dropped_and_sent_to_again(live: Path) -> None:
     write(live, 1, 30)
     sender = FakeSender(lazy=True)
-    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10)
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     rand=lambda: 1.0, backoff_base=1.0, ack_timeout=5.0)
     assert run(fwd, now=0.0) == ACK_POLL  # all three batches in flight, the window not full
@@ -333,7 +339,8 @@ def test_stop_saves_what_was_acknowledged_and_the_next_start_sends_only_the_rest
     write(live, 1, 30)
     sender = FakeSender(lazy=True)
     ticks = iter(range(1000))
-    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, checkpoint_records=1000)
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, checkpoint_records=1000,
+                            receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     clock=lambda: float(next(ticks)))
     for _ in range(3):
