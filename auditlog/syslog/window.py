@@ -55,7 +55,9 @@ class SendWindow:
         self.acked_to = 0  # of those, how many are known acknowledged (only grows, per connection)
         self._bytes = 0  # bytes of the batches in flight
         self._flight: deque[tuple[Batch, int]] = deque()  # (batch, connection offset just after it)
-        self._risk: deque[tuple[Batch, int]] = deque()  # acknowledged, maybe unread: the same pairs
+        # Acknowledged, maybe unread: (batch without its frames, offset just after it, its frame count).
+        # A drop re-reads them from the files, so they cost no memory for their frames.
+        self._risk: deque[tuple[Batch, int, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._flight)
@@ -68,7 +70,7 @@ class SendWindow:
     @property
     def at_risk_frames(self) -> int:
         """Frames of the acknowledged batches not confirmed yet."""
-        return sum(len(batch.frames) for batch, _ in self._risk)
+        return sum(frames for _, _, frames in self._risk)
 
     @property
     def bytes(self) -> int:
@@ -105,15 +107,15 @@ class SendWindow:
         self.acked_to = max(self.acked_to, self._sent - unacked)
         out = []
         while self._flight and self._flight[0][1] <= self.acked_to:
-            item = self._flight.popleft()
-            self._bytes -= item[0].size
-            self._risk.append(item)
-            out.append(item[0])
+            batch, offset = self._flight.popleft()
+            self._bytes -= batch.size
+            self._risk.append((Batch((), batch.records, batch.end, batch.size), offset, len(batch.frames)))
+            out.append(batch)
         return out
 
     def confirmed(self) -> list[Batch]:
         """Remove and return, oldest first, the batches at risk that at least `unread_bytes` acknowledged bytes
-        follow: the receiver's process has read them."""
+        follow: the receiver's process has read them (returned without their frames)."""
         out = []
         while self._risk and self._risk[0][1] <= self.acked_to - self.unread_bytes:
             out.append(self._risk.popleft()[0])
@@ -122,7 +124,7 @@ class SendWindow:
     def confirm_all(self) -> list[Batch]:
         """The receiver read everything sent (it closed the connection after our end of stream): remove and
         return every batch, oldest first."""
-        out = [batch for batch, _ in (*self._risk, *self._flight)]
+        out = [batch for batch, _, _ in self._risk] + [batch for batch, _ in self._flight]
         self.reset()
         return out
 

@@ -14,9 +14,10 @@ from typing import Any, Callable
 import pytest
 
 from auditlog.chain import RecordText
-from auditlog.syslog.checkpoint import load_checkpoint
+from auditlog.syslog.checkpoint import Position, load_checkpoint
 from auditlog.syslog.forwarder import Forwarder, make_destination
 from auditlog.syslog.transport import TlsOptions
+from auditlog.syslog.window import Batch, SendWindow
 from auditlog.writer import AuditWriter
 from tests.support.certs import Pki, make_pki
 from tests.support.syslog_parse import parse_message, split_octet_counted
@@ -188,3 +189,19 @@ def test_a_receiver_that_reads_to_our_end_of_stream_confirms_everything_at_stop(
         assert conn.seqs == list(range(1, RECORDS + 1))
     finally:
         listener.close()
+
+
+def test_the_window_confirms_an_acknowledged_batch_only_once_the_receive_buffer_bound_follows_it() -> None:
+    def batch(seq: int) -> Batch:
+        return Batch.of([b"x" * 100], 1, Position(1, 2, seq * 100, seq))
+
+    window = SendWindow(max_batches=8, max_bytes=1 << 20, unread_bytes=300)
+    for seq in range(1, 6):
+        window.sent(batch(seq))  # connection offsets 100, 200, ..., 500
+    assert [b.end.seq for b in window.acked(unacked=150)] == [1, 2, 3]  # 350 acknowledged
+    assert window.confirmed() == [] and window.holding and len(window) == 2
+    assert window.at_risk_frames == 3  # kept without their frames: a drop reads them again from the files
+    assert [b.end.seq for b in window.acked(unacked=0)] == [4, 5]
+    confirmed = window.confirmed()  # 500 acknowledged: what ends by 200 was read
+    assert [(b.end.seq, b.frames) for b in confirmed] == [(1, ()), (2, ())] and window.at_risk_frames == 3
+    assert [b.end.seq for b in window.confirm_all()] == [3, 4, 5] and not window.holding
