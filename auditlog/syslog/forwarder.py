@@ -209,7 +209,9 @@ class Forwarder:
         self._window = SendWindow(destination.window_batches, destination.window_bytes, unread)
         self._confirmed: Position | None = None  # the newest confirmed position (at start: the checkpoint)
         self._replay = 0  # frames counted sent that are being sent again after a drop
-        self._queue: deque[Batch] = deque()  # read, not sent yet (after a drop: the batches to send again)
+        self._read_seq: int | None = None  # the newest seq read
+        self._reread_to: int | None = None  # after a drop: records up to this seq are read again
+        self._queue: deque[Batch] = deque()  # read, not sent yet
         self._acked_at = 0.0  # `now` when the window last became non-empty or saw acknowledgements progress
         self._retry_at = 0.0
         self._backlog_at: float | None = None
@@ -319,6 +321,7 @@ class Forwarder:
             if self._tailer is not None:
                 self._tailer.close()
             self._tailer = Tailer(self._live, self._confirmed)
+            self._reread_to = self._read_seq
         self._n.errors += 1
         self._n.last_error = str(exc)
         delay = self._backoff.next_delay()
@@ -347,9 +350,13 @@ class Forwarder:
         if tailer is None:
             return None
         batch = tailer.poll(dest.batch_records, dest.batch_bytes)
-        self._n.lost += batch.lost
-        self._n.skipped += batch.skipped
         end = batch.end
+        again = self._reread_to is not None and (end is None or end.seq <= self._reread_to)
+        if end is not None and not again:
+            self._read_seq, self._reread_to = end.seq, None
+        n = _Counters() if again else self._n  # read again after a drop: counted the first time
+        n.lost += batch.lost
+        n.skipped += batch.skipped
         if end is None:
             return None
         frames: list[bytes] = []
@@ -359,12 +366,12 @@ class Forwarder:
             try:
                 data, shortened = encode(item.fields, item.line)
             except SyslogFormatError as exc:
-                self._n.skipped += 1
+                n.skipped += 1
                 log.warning("syslog %s: record skipped: %s", dest.name, exc)
                 continue
             truncated += shortened
             frames.append(data)
-        self._n.truncated += truncated
+        n.truncated += truncated
         return Batch.of(frames, len(batch.records), end)
 
     # --- the thread ---

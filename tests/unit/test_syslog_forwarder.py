@@ -375,3 +375,28 @@ def test_stream_destinations_default_to_octet_counting_and_name_their_checkpoint
     assert dest.framing is Framing.LF and dest.tls == TlsOptions()
     assert make_destination("tcp://h", node_name="n").framing is Framing.OCTET_COUNTING
     assert checkpoint_name(Endpoint("tls", "::1", 6514)) == "tls___1_6514.json"
+
+
+def test_a_drop_resends_from_the_newest_batch_read_by_the_receiver_and_counts_nothing_twice(live: Path) -> None:
+    with AuditWriter(live, max_bytes=0) as w:  # one file, so a line can be put between records 15 and 16
+        for i in range(1, 61):
+            w.submit(RecordText.of(record(i)))
+        assert w.flush_wait()
+    lines = live.read_bytes().splitlines(keepends=True)
+    live.write_bytes(b"".join(lines[:15] + [b"not a record\n"] + lines[15:]))
+    sender = FakeSender(lazy=True)
+    # Frames are a few hundred bytes: 1500 bytes is more than 2 frames and less than a batch of 10.
+    fwd = forwarder(live, sender, checkpoint_records=1, receive_buffer_bytes=1500)
+    for _ in range(4):
+        fwd.step(0.0)
+    sender.ack(22)  # batches 1 and 2, two frames of batch 3: batch 2 may still be unread
+    fwd.step(0.0)
+    assert (fwd.stats().sent, fwd.stats().last_seq_sent, saved_seq(fwd), fwd.stats().skipped) == (20, 20, 10, 1)
+    sender.drop()
+    assert fwd.step(0.0) == 1.0 and saved_seq(fwd) == 10
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(11, 61))  # batch 2 again, and what was not acknowledged
+    stats = fwd.stats()
+    assert (stats.sent, stats.last_seq_sent, stats.skipped, stats.errors) == (60, 60, 1, 1)
+    assert saved_seq(fwd) == 50  # the last batch: nothing acknowledged after it yet, so it may be unread
