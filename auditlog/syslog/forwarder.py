@@ -6,16 +6,19 @@ window (window.SendWindow: `window_batches` batches, about `window_bytes`
 bytes), so reading and encoding overlap the receiver's reading.
 
 At-least-once: the checkpoint only ever names the end of the newest batch
-whose every byte was acknowledged (older batches are acknowledged first: TCP
-is in order), so it never runs ahead of the receiver. It is not saved after
-every batch, though: at most every `checkpoint_interval` seconds or
-`checkpoint_records` records, whenever the forwarder has nothing to send or
-waits to retry, and at `stop`. A dropped connection, or a receiver that
-acknowledges nothing for `ack_timeout` seconds, re-sends every batch not known
-acknowledged, so at most the window repeats; a crash of the agent re-sends what
-was delivered since the last save as well (duplicates, never loss). UDP has no
-acknowledgement: there the guarantee ends at the local socket. `step` is the
-logic (clock passed in, returns how long to wait); the thread only calls it.
+confirmed read by the receiver (window.py: acknowledged by its TCP, and then
+followed by `receive_buffer_bytes` more acknowledged bytes, or by the
+receiver's orderly close after our end of stream at `stop`), so it never runs
+ahead of the receiver. It is not saved after every batch, though: at most every
+`checkpoint_interval` seconds or `checkpoint_records` records, whenever the
+forwarder has nothing to send or waits to retry, and at `stop`. A dropped
+connection, or a receiver that acknowledges nothing for `ack_timeout` seconds,
+makes the forwarder read the files again from the newest confirmed batch and
+send everything after it again: duplicates at most the window plus about
+`receive_buffer_bytes`, never loss; a crash of the agent re-sends what was
+confirmed since the last save as well. UDP has no acknowledgement: there the
+guarantee ends at the local socket. `step` is the logic (clock passed in,
+returns how long to wait); the thread only calls it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MI
                                      Framing, Header, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
 from auditlog.syslog.transport import (ACK_POLL, Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint,
-                                       wait_acked)
+                                       receive_buffer_bound, wait_acked)
 from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,8 @@ BATCH_BYTES = 1 << 20
 CHECKPOINT_INTERVAL = 1.0
 CHECKPOINT_RECORDS = 50_000
 ACK_TIMEOUT = 10.0  # seconds a receiver may hold batches unacknowledged before the connection is dropped
-_STOP_DRAIN = 1.0  # seconds `stop` waits for batches in flight to be acknowledged, so they need not repeat
+_STOP_DRAIN = 1.0  # seconds `stop` waits for batches in flight to be acknowledged and read, so they need not repeat
+_FINISH_LEAST = 0.2  # seconds `stop` waits for the receiver's close at least, even if the ACKs took the rest
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Destination:
     checkpoint_records: int = CHECKPOINT_RECORDS  # ... unless this many records were delivered since
     window_batches: int = WINDOW_BATCHES          # TCP/TLS: batches sent and not yet acknowledged, at most
     window_bytes: int = WINDOW_BYTES              # ... and about this many bytes of them
+    # TCP/TLS: what the receiver may hold acknowledged and unread (None: transport.receive_buffer_bound)
+    receive_buffer_bytes: int | None = None
 
     @property
     def name(self) -> str:
@@ -83,7 +89,7 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
                      udp_max_bytes: int = DEFAULT_UDP_MAX_BYTES, batch_records: int = BATCH_RECORDS,
                      batch_bytes: int = BATCH_BYTES, checkpoint_interval: float = CHECKPOINT_INTERVAL,
                      checkpoint_records: int = CHECKPOINT_RECORDS, window_batches: int = WINDOW_BATCHES,
-                     window_bytes: int = WINDOW_BYTES) -> Destination:
+                     window_bytes: int = WINDOW_BYTES, receive_buffer_bytes: int | None = None) -> Destination:
     """A Destination from configuration values; SyslogConfigError naming the field that is wrong."""
     endpoint = parse_endpoint(url)
     if endpoint.scheme == "udp":
@@ -106,10 +112,13 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
                                ("window_batches", window_batches, 1), ("window_bytes", window_bytes, 1)):
         if not value >= least:
             raise SyslogConfigError(f"syslog destination {url}: {name} must be >= {least}, got {value}")
+    if receive_buffer_bytes is not None and not receive_buffer_bytes >= 0:
+        raise SyslogConfigError(f"syslog destination {url}: receive_buffer_bytes must be >= 0, "
+                                f"got {receive_buffer_bytes}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
                        tls if endpoint.scheme == "tls" else None,
                        udp_max_bytes if endpoint.scheme == "udp" else None, batch_records, batch_bytes,
-                       checkpoint_interval, checkpoint_records, window_batches, window_bytes)
+                       checkpoint_interval, checkpoint_records, window_batches, window_bytes, receive_buffer_bytes)
 
 
 def send_test_message(destination: Destination, *, now: float, test_id: str, sender: Sender | None = None,
@@ -155,7 +164,7 @@ class ForwarderStats:
 
 @dataclass
 class _Unsaved:
-    """The newest delivered position not saved yet, and how much lies between it and the saved one."""
+    """The newest confirmed position not saved yet, and how much lies between it and the saved one."""
 
     end: Position | None = None
     records: int = 0
@@ -192,8 +201,17 @@ class Forwarder:
         self._encoder = FrameEncoder(destination.header, destination.framing, destination.max_bytes)
         self._unsaved = _Unsaved()
         self._tailer: Tailer | None = None
-        self._window = SendWindow(destination.window_batches, destination.window_bytes)
-        self._queue: deque[Batch] = deque()  # read, not sent yet (after a drop: the batches to send again)
+        unread = destination.receive_buffer_bytes
+        if destination.endpoint.scheme == "udp":
+            unread = 0
+        elif unread is None:
+            unread = receive_buffer_bound()
+        self._window = SendWindow(destination.window_batches, destination.window_bytes, unread)
+        self._confirmed: Position | None = None  # the newest confirmed position (at start: the checkpoint)
+        self._replay = 0  # frames counted sent that are being sent again after a drop
+        self._read_seq: int | None = None  # the newest seq read
+        self._reread_to: int | None = None  # after a drop: records up to this seq are read again
+        self._queue: deque[Batch] = deque()  # read, not sent yet
         self._acked_at = 0.0  # `now` when the window last became non-empty or saw acknowledgements progress
         self._retry_at = 0.0
         self._backlog_at: float | None = None
@@ -213,7 +231,7 @@ class Forwarder:
         """Collect acknowledgements, then read and send or retry once; returns the seconds to wait before the next
         step (0: go on at once; ACK_POLL: only acknowledgements are awaited)."""
         if self._tailer is None:
-            start = load_checkpoint(self.checkpoint)
+            start = self._confirmed = load_checkpoint(self.checkpoint)
             self._tailer = Tailer(self._live, start)
             if start is not None:
                 self._n.last_seq = start.seq
@@ -222,7 +240,7 @@ class Forwarder:
         if self._backlog_at is None or now >= self._backlog_at:
             self._backlog_at = now + _BACKLOG_EVERY
             self._n.backlog_bytes = self._tailer.backlog_bytes()
-        if self._window:
+        if self._window.holding:  # also a look at the peer: a receiver closing an idle connection
             try:
                 self._collect(now)
             except SyslogError as exc:
@@ -245,7 +263,7 @@ class Forwarder:
 
     def _send(self, now: float, batch: Batch) -> float:
         """Hand the oldest queued batch to the connection (connecting first if needed) and put it in flight."""
-        if not batch.frames and not self._window:  # every record skipped: nothing to wait for
+        if not batch.frames and not self._window.holding:  # every record skipped: nothing to wait for
             self._queue.popleft()
             self._delivered(now, [batch])
             return 0.0
@@ -264,39 +282,53 @@ class Forwarder:
         return 0.0
 
     def _collect(self, now: float) -> None:
-        """Deliver the batches in flight that the receiver has acknowledged by now; SyslogError if the
-        connection is gone."""
-        before = self._window.acked_to
-        delivered = self._window.acked(self._sender.unacked())
-        if self._window.acked_to > before:  # any progress, even inside a batch, restarts the ACK timeout
+        """Count the batches in flight the receiver has acknowledged by now, deliver those confirmed;
+        SyslogError if the connection is gone."""
+        window = self._window
+        before = window.acked_to
+        acked = window.acked(self._sender.unacked())
+        if window.acked_to > before:  # any progress, even inside a batch, restarts the ACK timeout
             self._acked_at = now
-        self._delivered(now, delivered)
+        if acked:
+            self._backoff.reset()
+        for batch in acked:
+            replayed = min(len(batch.frames), self._replay)
+            self._replay -= replayed
+            self._n.sent += len(batch.frames) - replayed
+            if not self._replay:
+                self._n.last_seq = batch.end.seq
+        self._delivered(now, window.confirmed())
 
     def _delivered(self, now: float, batches: list[Batch]) -> None:
-        """Count acknowledged batches, move the position to be saved forward, and save it if it is time."""
+        """Move the position to be saved forward past confirmed batches, and save it if it is time."""
         if not batches:
             return
-        self._backoff.reset()
         unsaved = self._unsaved
-        for batch in batches:
-            self._n.sent += len(batch.frames)
-            unsaved.records += batch.records
-        self._n.last_seq = batches[-1].end.seq
-        unsaved.end = batches[-1].end
+        unsaved.records += sum(batch.records for batch in batches)
+        unsaved.end = self._confirmed = batches[-1].end
         since = now - (now if unsaved.saved_at is None else unsaved.saved_at)
         if unsaved.records >= self.destination.checkpoint_records or since >= self.destination.checkpoint_interval:
             self._save(now)
 
     def _failed(self, now: float, exc: SyslogError) -> float:
-        """Drop the connection, queue every batch not known acknowledged to be sent again, and back off."""
+        """Drop the connection, read again from the newest confirmed batch (what follows it is in flight or
+        perhaps unread by the receiver: sent again), and back off."""
         self._sender.close()
-        self._queue.extendleft(reversed(self._window.reset()))
+        if self._window.holding:
+            self._replay += self._window.at_risk_frames
+            self._window.reset()
+            self._queue.clear()
+            if self._tailer is not None:
+                self._tailer.close()
+            self._tailer = Tailer(self._live, self._confirmed)
+            self._reread_to = self._read_seq
         self._n.errors += 1
         self._n.last_error = str(exc)
         delay = self._backoff.next_delay()
         self._retry_at = now + delay
-        log.warning("%s; %d records held, retrying in %.1f s", exc, sum(b.records for b in self._queue), delay)
-        self._save(now)  # what was delivered before the outage
+        log.warning("%s; resending from seq %s, retrying in %.1f s", exc,
+                    "the first" if self._confirmed is None else self._confirmed.seq + 1, delay)
+        self._save(now)  # what was confirmed before the outage
         return delay
 
     def _save(self, now: float) -> None:
@@ -318,9 +350,13 @@ class Forwarder:
         if tailer is None:
             return None
         batch = tailer.poll(dest.batch_records, dest.batch_bytes)
-        self._n.lost += batch.lost
-        self._n.skipped += batch.skipped
         end = batch.end
+        again = self._reread_to is not None and (end is None or end.seq <= self._reread_to)
+        if end is not None and not again:
+            self._read_seq, self._reread_to = end.seq, None
+        n = _Counters() if again else self._n  # read again after a drop: counted the first time
+        n.lost += batch.lost
+        n.skipped += batch.skipped
         if end is None:
             return None
         frames: list[bytes] = []
@@ -330,12 +366,12 @@ class Forwarder:
             try:
                 data, shortened = encode(item.fields, item.line)
             except SyslogFormatError as exc:
-                self._n.skipped += 1
+                n.skipped += 1
                 log.warning("syslog %s: record skipped: %s", dest.name, exc)
                 continue
             truncated += shortened
             frames.append(data)
-        self._n.truncated += truncated
+        n.truncated += truncated
         return Batch.of(frames, len(batch.records), end)
 
     # --- the thread ---
@@ -350,8 +386,8 @@ class Forwarder:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the thread, wait a moment for the batches in flight, save what was delivered and close the
-        connection; what is still unacknowledged is sent again at the next start."""
+        """Stop the thread, wait a moment for the batches in flight and the receiver's orderly close, save what
+        was confirmed and close the connection; what is not confirmed is sent again at the next start."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -370,7 +406,8 @@ class Forwarder:
         return True
 
     def _drain(self, timeout: float) -> None:
-        """Collect acknowledgements for what is in flight until none is left or `timeout` seconds passed."""
+        """Collect acknowledgements for what is in flight until none is left or `timeout` seconds passed, then
+        end the stream: if the receiver closes in order, it has read everything (all confirmed)."""
         deadline = self._clock() + timeout
         while self._window:
             try:
@@ -378,8 +415,10 @@ class Forwarder:
             except SyslogError:
                 return
             if not self._window or self._clock() >= deadline:
-                return
+                break
             time.sleep(ACK_POLL)
+        if self._window.holding and self._sender.finish(max(deadline - self._clock(), _FINISH_LEAST)):
+            self._delivered(self._clock(), self._window.confirm_all())
 
     def _run(self) -> None:
         while not self._stop.is_set():

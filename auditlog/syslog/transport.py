@@ -6,7 +6,10 @@ without waiting, and `unacked` says how many of the bytes sent on the
 connection the receiver's TCP has not acknowledged yet (the caller keeps
 several batches in flight and counts one delivered once all its bytes are
 acknowledged). A connection the receiver has closed is an error, never
-"delivered": bytes written into it would otherwise vanish. TLS verifies the
+"delivered": bytes written into it would otherwise vanish. An acknowledged
+byte may still be unread in the receiver's receive buffer (window.py), so
+`finish` ends a connection by asking the receiver to read to the end, and
+`receive_buffer_bound` says how much it can hold unread. TLS verifies the
 server (CA, host name) and never falls back to plain TCP.
 """
 
@@ -32,6 +35,8 @@ DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}  # RFC 5426, RFC 6587 comm
 ACK_POLL = 0.002  # seconds between looks at the send queue while waiting for the receiver's ACKs
 # RFC 8446 5.1 / RFC 5246 6.2.1: the most plaintext one TLS record carries.
 TLS_MAX_RECORD_PLAINTEXT = 1 << 14
+TCP_RMEM = Path("/proc/sys/net/ipv4/tcp_rmem")
+DEFAULT_TCP_RMEM_MAX = 6 << 20  # Linux's default largest TCP receive buffer (net.ipv4.tcp_rmem)
 
 
 class Sender(Protocol):
@@ -42,6 +47,7 @@ class Sender(Protocol):
     def connect(self) -> None: ...
     def send(self, frames: Sequence[bytes]) -> None: ...
     def unacked(self) -> int: ...  # bytes sent on this connection not known delivered (0: all of them)
+    def finish(self, timeout: float) -> bool: ...  # True: the receiver read everything sent, then closed
     def close(self) -> None: ...
 
 
@@ -142,6 +148,11 @@ class UdpSender:
             raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
         return 0
 
+    def finish(self, timeout: float) -> bool:
+        """UDP: nothing more to learn; closes the socket."""
+        self.close()
+        return True
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -237,6 +248,30 @@ class StreamSender:
             queued += TLS_MAX_RECORD_PLAINTEXT
         return min(self._sent, queued)
 
+    def finish(self, timeout: float) -> bool:
+        """End our side of the stream and wait up to `timeout` seconds for the receiver to close its side; then
+        close. True only if it did so in order (EOF): a receiver sees our end of stream only after reading every
+        byte before it. False if it reset the connection (it dropped unread bytes), or did not answer.
+
+        TLS: the end of stream is TCP's (no close_notify, which would wait for the peer's): a TLS receiver
+        still reads every record before it sees it.
+        """
+        sock = self._sock
+        if sock is None:
+            return False
+        deadline = time.monotonic() + timeout
+        try:
+            sock.shutdown(socket.SHUT_WR)  # an SSLSocket leaves TLS here: recv reads the raw socket
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                if sock.recv(4096) == b"":  # stray bytes (a TLS alert, a session ticket) are skipped
+                    return True
+            return False
+        except OSError:  # reset, or the timeout
+            return False
+        finally:
+            self.close()
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -259,6 +294,15 @@ def _peer_closed(sock: socket.socket) -> bool:
     finally:
         sock.settimeout(timeout)
     return data == b""
+
+
+def receive_buffer_bound(path: Path = TCP_RMEM) -> int:
+    """The most a Linux TCP receiver holds unread with default settings: this host's net.ipv4.tcp_rmem maximum
+    (exact for a receiver on this host, a guess for another), or Linux's default when it cannot be read."""
+    try:
+        return int(path.read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_TCP_RMEM_MAX
 
 
 def wait_acked(sender: Sender, name: str, timeout: float, *, clock: Callable[[], float] = time.monotonic,

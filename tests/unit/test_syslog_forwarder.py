@@ -60,6 +60,11 @@ class FakeSender:
     def drop(self) -> None:
         self.connected = False
 
+    def finish(self, timeout: float) -> bool:
+        """A lazy receiver does not read to the end of the stream in time; an eager one does."""
+        self.connected = False
+        return not self.lazy
+
     def close(self) -> None:
         self.connected = False
 
@@ -90,6 +95,7 @@ def write(live: Path, first: int, count: int, size: int = 0) -> None:
 
 
 def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", **kw: Any) -> Forwarder:
+    kw.setdefault("receive_buffer_bytes", 0)  # the fake receiver reads what its TCP acknowledges
     dest = make_destination(url, node_name="node-a", batch_records=10, **kw)
     return Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                      rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0)
@@ -315,7 +321,7 @@ def test_acknowledged_batches_are_delivered_before_a_later_drop_resends_the_rest
 def test_a_receiver_that_acknowledges_nothing_for_ack_timeout_is_dropped_and_sent_to_again(live: Path) -> None:
     write(live, 1, 30)
     sender = FakeSender(lazy=True)
-    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10)
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     rand=lambda: 1.0, backoff_base=1.0, ack_timeout=5.0)
     assert run(fwd, now=0.0) == ACK_POLL  # all three batches in flight, the window not full
@@ -333,7 +339,8 @@ def test_stop_saves_what_was_acknowledged_and_the_next_start_sends_only_the_rest
     write(live, 1, 30)
     sender = FakeSender(lazy=True)
     ticks = iter(range(1000))
-    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, checkpoint_records=1000)
+    dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, checkpoint_records=1000,
+                            receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     clock=lambda: float(next(ticks)))
     for _ in range(3):
@@ -368,3 +375,28 @@ def test_stream_destinations_default_to_octet_counting_and_name_their_checkpoint
     assert dest.framing is Framing.LF and dest.tls == TlsOptions()
     assert make_destination("tcp://h", node_name="n").framing is Framing.OCTET_COUNTING
     assert checkpoint_name(Endpoint("tls", "::1", 6514)) == "tls___1_6514.json"
+
+
+def test_a_drop_resends_from_the_newest_batch_read_by_the_receiver_and_counts_nothing_twice(live: Path) -> None:
+    with AuditWriter(live, max_bytes=0) as w:  # one file, so a line can be put between records 15 and 16
+        for i in range(1, 61):
+            w.submit(RecordText.of(record(i)))
+        assert w.flush_wait()
+    lines = live.read_bytes().splitlines(keepends=True)
+    live.write_bytes(b"".join(lines[:15] + [b"not a record\n"] + lines[15:]))
+    sender = FakeSender(lazy=True)
+    # Frames are a few hundred bytes: 1500 bytes is more than 2 frames and less than a batch of 10.
+    fwd = forwarder(live, sender, checkpoint_records=1, receive_buffer_bytes=1500)
+    for _ in range(4):
+        fwd.step(0.0)
+    sender.ack(22)  # batches 1 and 2, two frames of batch 3: batch 2 may still be unread
+    fwd.step(0.0)
+    assert (fwd.stats().sent, fwd.stats().last_seq_sent, saved_seq(fwd), fwd.stats().skipped) == (20, 20, 10, 1)
+    sender.drop()
+    assert fwd.step(0.0) == 1.0 and saved_seq(fwd) == 10
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(11, 61))  # batch 2 again, and what was not acknowledged
+    stats = fwd.stats()
+    assert (stats.sent, stats.last_seq_sent, stats.skipped, stats.errors) == (60, 60, 1, 1)
+    assert saved_seq(fwd) == 50  # the last batch: nothing acknowledged after it yet, so it may be unread

@@ -47,6 +47,10 @@ class FakeSender:
     def unacked(self) -> int:
         return 0
 
+    def finish(self, timeout: float) -> bool:
+        self.close()
+        return True
+
     def close(self) -> None:
         self.connected = False
         self.closed += 1
