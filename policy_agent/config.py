@@ -223,7 +223,8 @@ class SyslogDestinationConfig:
     batch_bytes: int = field(default=1 << 20, metadata=_check(_positive))
     # tcp/tls: batches sent ahead while earlier ones are not yet acknowledged by the receiver's
     # TCP, at most this many and about this many bytes (one batch always goes). A dropped
-    # connection sends them again: duplicates at most the window, never loss.
+    # connection resends from the last batch the receiver must have read: duplicates at most
+    # the window plus a receive buffer (auditlog/syslog/window.py), never loss.
     window_batches: int = field(default=4, metadata=_check(_positive))
     window_bytes: int = field(default=8 << 20, metadata=_check(_positive))
     # The checkpoint (what was delivered) is saved once this many seconds or records have passed
