@@ -12,7 +12,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from policy_agent.cni.ipam import Ipam, build_result, parse_ipam_result, versioned
+from policy_agent.cni.ipam import Ipam, IpamLease, build_result, parse_ipam_result, versioned
 from policy_agent.cni.netdev import Netdevs, host_ifname, mac_for_ip
 from policy_agent.cni.state import ATTACHED, READY, ContainerState, ContainerStates, PodInterfaceInfo
 from policy_agent.cni.wire import ERR_INTERNAL, ERR_INVALID_ENV, ERR_UNKNOWN_CONTAINER, CniError, CniRequest
@@ -164,12 +164,24 @@ class PodInterfaces:
         # tolerates "was never done", so there is no bookkeeping of how far we got.
         phases = _Phases()
         try:
-            # The address and the veth + port at once: neither needs the other (~5 ms each).
-            raw, (host_mac, ofport) = await _both(
-                _blocking(self._ipam.run, "ADD", ipam_conf, req.container_id, req.netns, req.ifname),
-                _blocking(self._netdevs.attach, req, host_if))
-            phases.mark("ipam+port")
-            lease = parse_ipam_result(raw, req.netconf)
+            # The address while the veth is made, then the Pod end's address while the port is
+            # added: only `configure` needs both the lease and the veth (~5 ms each step).
+            veth = asyncio.ensure_future(_blocking(self._netdevs.make_veth, req, host_if))
+
+            async def port() -> tuple[str, int]:
+                host_mac = await veth
+                return host_mac, await _blocking(self._netdevs.add_port, host_if)
+
+            async def pod_end() -> IpamLease:
+                raw = await _blocking(self._ipam.run, "ADD", ipam_conf, req.container_id, req.netns, req.ifname)
+                lease = parse_ipam_result(raw, req.netconf)
+                await veth
+                phases.mark("ipam+veth")
+                await _blocking(self._netdevs.configure, req, lease)
+                return lease
+
+            (host_mac, ofport), lease = await _both(port(), pod_end())
+            phases.mark("port+configure")
             info = PodInterfaceInfo(
                 namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
                 ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
@@ -180,10 +192,9 @@ class PodInterfaces:
             # pod_deleted. Not fsynced: it only matters while the flows it stands for exist, and
             # they do not survive a power loss (nor do the netns and veth); the port and the lease
             # that do are removed by the runtime's DEL of the dead sandbox without a record
-            # (_forget_unknown). Written while the Pod side of the veth gets its address.
-            await _both(_blocking(self._netdevs.configure, req, lease),
-                        _blocking(self._states.save, state, False))
-            phases.mark("configure+intent")
+            # (_forget_unknown).
+            await _blocking(self._states.save, state, False)
+            phases.mark("intent")
             hooked = info
             result = build_result(info, host_mac, lease)
             # Policy first, forwarding flows last (inside the hook), answer after both: the Pod's

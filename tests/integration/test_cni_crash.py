@@ -29,7 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
 DYING_AGENT = r"""
 import asyncio, json, sys, time
 from pathlib import Path
-from policy_agent.cni import pod_interfaces
 from policy_agent.cni.pod_interfaces import PodInterfaces
 from policy_agent.cni.wire import CniRequest
 from policy_agent.ovs.bridge import Ovsdb
@@ -55,9 +54,8 @@ class Hooks:
 
 pods = PodInterfaces(Ovsdb(remote), bridge, ovs_netns, Path(state_dir), Hooks())
 states = pods._states
-if step == "port+lease":  # IPAM ADD and the veth + port done, nothing recorded
-    real_parse = pod_interfaces.parse_ipam_result
-    pod_interfaces.parse_ipam_result = lambda *a: stop(step) or real_parse(*a)
+if step == "configure":  # the lease and the veth made, the port maybe, nothing recorded
+    pods._netdevs.configure = lambda *a: stop(step)
 elif step == "intent":  # the unfinished record written, the hook not yet called
     real_save = states.save
     states.save = lambda *a: (real_save(*a), stop(step))
@@ -70,7 +68,7 @@ def _state_dir_entries(rig: Rig) -> list[str]:
     return sorted(os.listdir(d)) if d.exists() else []
 
 
-STEPS = ["port+lease", "intent", "hook", "staged", "committed"]
+STEPS = ["configure", "intent", "hook", "staged", "committed"]
 
 
 def _die_at(rig: Rig, step: str, container_id: str, netns: str) -> None:
@@ -96,15 +94,16 @@ def test_agent_killed_inside_add_leaves_nothing_after_the_runtimes_del(rig: Rig,
     netns = rig.make_netns("k")
     host_if = host_ifname("ctr-k")
     _die_at(rig, step, "ctr-k", netns)
-    # What the dead agent left: a port and a lease at every step.
-    assert host_if in rig.ports() and len(rig.allocated()) == 1
+    # What the dead agent left: a lease and the veth at every step, the port from "intent" on.
+    assert len(rig.allocated()) == 1 and _link_exists(rig.ovs.netns, host_if)
+    assert step == "configure" or host_if in rig.ports()
     assert rig.pods is not None
     # The restarted agent brings back (realises policy for) exactly the Pods whose ADD completed.
     assert [p.container_id for p in rig.pods.pods()] == (["ctr-k"] if step == "committed" else [])
 
     assert rig.cni("DEL", "ctr-k", netns).rc == 0
     # The hook's flows are removed whenever the hook may have run.
-    assert rig.hooks.kinds() == ([] if step == "port+lease" else ["deleted"])
+    assert rig.hooks.kinds() == ([] if step == "configure" else ["deleted"])
     assert host_if not in rig.ports() and not _link_exists(rig.ovs.netns, host_if)
     assert rig.allocated() == set()
     assert _state_dir_entries(rig) == []  # no record, nothing staged
