@@ -65,6 +65,8 @@ SERIALISE_SAMPLE = 300
 FRONT_INSERTIONS = 8
 APPLY_CHUNK = 200  # policies per `npaudit apply` (~450 kB of manifests)
 _ADD_LINE = re.compile(r"CNI ADD container=(\S+) pod=\S+ ok in (\d+) ms")
+# The ADD's own phases (policy_agent/cni/pod_interfaces.py): "ADD <id>: Pod ...; ms ipam+veth 5.1, ...".
+_ADD_PHASES_LINE = re.compile(r"ADD (\S+): Pod .*; ms (.*)$")
 _SYNC_LINE = re.compile(r"policy sync #(\d+) \((\S+)\): .*compile ([\d.]+), switch ([\d.]+), persist ([\d.]+); "
                         r"in ([\d.]+) ms")
 # Issue 9's targets: agent-side ADD p99 by rule count, the plugin's wall p99 above its own
@@ -230,6 +232,7 @@ class AgentLog:
         self.path = path
         self.offset = 0
         self.add_ms: dict[str, float] = {}
+        self.add_phases: dict[str, dict[str, float]] = {}  # container id -> ms by phase (newer agents)
         self.syncs: list[tuple[int, str, dict[str, float]]] = []  # (sync number, why, ms by phase and total)
 
     def poll(self) -> None:
@@ -242,6 +245,10 @@ class AgentLog:
             m = _ADD_LINE.search(line)
             if m:
                 self.add_ms[m.group(1)] = float(m.group(2))
+            m = _ADD_PHASES_LINE.search(line)
+            if m:
+                pairs = (part.rsplit(" ", 1) for part in m.group(2).split(", "))
+                self.add_phases[m.group(1)] = {name: float(ms) for name, ms in pairs}
             m = _SYNC_LINE.search(line)
             if m:
                 phases = dict(zip(("compile", "switch", "persist", "total"), map(float, m.groups()[2:])))
@@ -385,7 +392,11 @@ def add_pods_phase(cluster: Cluster, n_rules: int, n_pods: int, base: Baselines,
             progress(f"  {n_rules} rules: {i + 1}/{n_pods} ADDs, last {ms:.0f} ms wall / {agent_ms} ms agent")
     flows = flow_count(cluster)
     syncs = log.pod_syncs()[-n_pods:]
+    phases = [log.add_phases[p.container_id] for p in cluster.pods.values()
+              if p.namespace == BENCH_NS and p.container_id in log.add_phases]
     out.update({
+        "agent_add_phases_ms": {name: pct([x[name] for x in phases if name in x])
+                                for name in dict.fromkeys(n for x in phases for n in x)},
         "policy_sync_of_add_ms": {p: pct([x[p] for x in syncs]) for p in ("compile", "switch", "total")},
         "plugin_wall_ms": pct(wall),
         "agent_side_ms": pct(agent_side),

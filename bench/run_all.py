@@ -37,6 +37,7 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("packet to record latency p99 ms", "summary.latency.p99_ms")],
     "cni_latency": [("CNI ADD agent-side p99 ms, {1}", "against_targets.agent_side_add_p99_ms_at_*.measured"),
                     ("CNI ADD agent-side p99 target met, {1}", "against_targets.agent_side_add_p99_ms_at_*.met")],
+    "cni_state_fsync": [("CNI state write waited for by ADD, now / before ({1})", "ratio_current_to_baseline.*")],
     "xdp_offload": [("flood: vswitchd CPU without / with the eBPF tier entry",
                      "vswitchd_cpu_ratio_no_entry_over_with_entry"),
                     ("flood: vswitchd CPU % ({1})", "vswitchd_cpu_percent.*")],

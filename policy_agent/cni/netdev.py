@@ -42,9 +42,9 @@ class Netdevs:
         self._bridge = bridge
         self._ovs_netns = ovs_netns
 
-    def attach(self, req: CniRequest, host_if: str) -> tuple[str, int]:
-        """The veth, its host end up next to vswitchd and a port on the bridge: (host MAC, ofport).
-        Needs no address, so it runs while IPAM allocates one; `configure` finishes the Pod end.
+    def make_veth(self, req: CniRequest, host_if: str) -> str:
+        """The veth, its host end up next to vswitchd: the host end's MAC. Needs no address, so
+        it runs while IPAM allocates one; `add_port` and `configure` (the Pod end) then run at once.
 
         The netlink work runs in a thread moved into each namespace (meters.netns): an
         IPRoute(netns=...) costs ~10 ms to start there, a thread ~1 ms. Checksum offload
@@ -67,15 +67,17 @@ class Netdevs:
                 return str(hns.link("get", index=hidx)[0].get("address"))
 
         try:
-            host_mac = call_in_netns(self._ovs_netns or None, host_side)
+            return call_in_netns(self._ovs_netns or None, host_side)
         except (NetlinkError, OSError, IndexError) as exc:
             raise CniError(ERR_INTERNAL, f"creating {host_if} / {req.ifname} in {req.netns} failed",
                            f"{type(exc).__name__}: {exc}") from exc
+
+    def add_port(self, host_if: str) -> int:
+        """The host end (made by `make_veth`) as a port on the bridge: its ofport."""
         try:
-            ofport = self._ovsdb.add_port(self._bridge, host_if)
+            return self._ovsdb.add_port(self._bridge, host_if)
         except OvsError as exc:
             raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
-        return host_mac, ofport
 
     def configure(self, req: CniRequest, lease: IpamLease) -> None:
         """The Pod end (made by `attach`): its MAC, address and routes, up."""

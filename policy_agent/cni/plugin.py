@@ -11,7 +11,7 @@ from policy_agent.cni.wire import (
     send_request,
 )
 
-# Exec'd once per Pod start: load only what VERSION needs; ADD/DEL/CHECK import socket
+# Exec'd once per Pod start: load only what VERSION needs; ADD/DEL/CHECK import _socket
 # (tests/unit/test_rpc.py holds both paths to their module lists).
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -99,14 +99,15 @@ def agent_socket(netconf: Mapping[str, Any]) -> str:
 
 def call_agent(path: str, request: CniRequest) -> dict[str, Any] | None:
     """One request on a fresh connection; the agent's result, or CniError."""
-    import socket
+    # The C module: `socket` would add selectors, array and enum classes (~2 ms per Pod start).
+    import _socket
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         try:
             sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError, socket.timeout) as exc:
+        except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as exc:
             # The agent is (re)starting or not deployed yet: the runtime retries on 11.
             raise CniError(ERR_TRY_AGAIN_LATER, "the npaudit agent is not reachable",
                            f"{path}: {exc}") from exc
@@ -116,7 +117,7 @@ def call_agent(path: str, request: CniRequest) -> dict[str, Any] | None:
         try:
             send_request(sock, request)
             result = recv_response(sock)
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise CniError(ERR_TRY_AGAIN_LATER, f"the npaudit agent did not answer {request.command} "
                            f"within {RESPONSE_TIMEOUT:.0f}s", path) from exc
         except OSError as exc:

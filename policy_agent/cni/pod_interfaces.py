@@ -7,11 +7,12 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from policy_agent.cni.ipam import Ipam, build_result, parse_ipam_result, versioned
+from policy_agent.cni.ipam import Ipam, IpamLease, build_result, parse_ipam_result, versioned
 from policy_agent.cni.netdev import Netdevs, host_ifname, mac_for_ip
 from policy_agent.cni.state import ATTACHED, READY, ContainerState, ContainerStates, PodInterfaceInfo
 from policy_agent.cni.wire import ERR_INTERNAL, ERR_INVALID_ENV, ERR_UNKNOWN_CONTAINER, CniError, CniRequest
@@ -53,6 +54,22 @@ async def _both(a: Awaitable[T], b: Awaitable[U]) -> tuple[T, U]:
         if isinstance(x, BaseException):
             raise x
     return got[0], got[1]  # type: ignore[return-value]
+
+
+class _Phases:
+    """Where one ADD's time went, for its log line: "ipam+port 5.1, configure+intent 2.0, ..."."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._ms: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self._ms.append((name, (now - self._last) * 1000))
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {ms:.1f}" for name, ms in self._ms)
 
 
 class PodInterfaces:
@@ -145,35 +162,60 @@ class PodInterfaces:
         hooked: PodInterfaceInfo | None = None
         # Everything from IPAM ADD on is undone on any failure; each undo step
         # tolerates "was never done", so there is no bookkeeping of how far we got.
+        phases = _Phases()
         try:
-            # The address and the veth + port at once: neither needs the other (~5 ms each).
-            raw, (host_mac, ofport) = await _both(
-                _blocking(self._ipam.run, "ADD", ipam_conf, req.container_id, req.netns, req.ifname),
-                _blocking(self._netdevs.attach, req, host_if))
-            lease = parse_ipam_result(raw, req.netconf)
-            await _blocking(self._netdevs.configure, req, lease)
+            # The address while the veth is made, then the Pod end's address while the port is
+            # added: only `configure` needs both the lease and the veth (~5 ms each step).
+            veth = asyncio.ensure_future(_blocking(self._netdevs.make_veth, req, host_if))
+
+            async def port() -> tuple[str, int]:
+                host_mac = await veth
+                return host_mac, await _blocking(self._netdevs.add_port, host_if)
+
+            async def pod_end() -> IpamLease:
+                raw = await _blocking(self._ipam.run, "ADD", ipam_conf, req.container_id, req.netns, req.ifname)
+                lease = parse_ipam_result(raw, req.netconf)
+                await veth
+                phases.mark("ipam+veth")
+                await _blocking(self._netdevs.configure, req, lease)
+                return lease
+
+            (host_mac, ofport), lease = await _both(port(), pod_end())
+            phases.mark("port+configure")
             info = PodInterfaceInfo(
                 namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
                 ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
                 mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
                 ofport=ofport)
             state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
-            # Recorded before the hook runs, so a DEL after an agent crash here still calls pod_deleted.
-            await _blocking(self._states.save, state)
+            # Recorded before the hook runs, so a DEL after an agent crash in it still calls
+            # pod_deleted. Not fsynced: it only matters while the flows it stands for exist, and
+            # they do not survive a power loss (nor do the netns and veth); the port and the lease
+            # that do are removed by the runtime's DEL of the dead sandbox without a record
+            # (_forget_unknown).
+            await _blocking(self._states.save, state, False)
+            phases.mark("intent")
             hooked = info
-            # Policy first, forwarding flows last (inside the hook), answer after both:
-            # the Pod's first packet already meets its policy (Antrea issue #197).
-            await self._hooks.pod_added(info)
             result = build_result(info, host_mac, lease)
-            await _blocking(self._states.save, dataclasses.replace(state, phase=READY, result=result))
+            # Policy first, forwarding flows last (inside the hook), answer after both: the Pod's
+            # first packet already meets its policy (Antrea issue #197). The final record's bytes
+            # go to the disk meanwhile; it takes effect only once the hook succeeded.
+            _, staged = await _both(
+                self._hooks.pod_added(info),
+                _blocking(self._states.stage, dataclasses.replace(state, phase=READY, result=result)))
+            phases.mark("hook+stage")
+            # The one fsync left waiting for: the directory, so the record survives a power loss
+            # before the runtime hears of the Pod.
+            await _blocking(self._states.commit, req.container_id, staged)
+            phases.mark("commit")
         except BaseException as exc:
             await self._rollback(req, ipam_conf, host_if, hooked)
             if isinstance(exc, CniError) or not isinstance(exc, Exception):
                 raise  # CniError as is; cancellation after cleaning up
             raise CniError(ERR_INTERNAL, f"ADD of container {req.container_id} (Pod {namespace}/{name}) "
                            "failed", f"{type(exc).__name__}: {exc}") from exc
-        log.info("ADD %s: Pod %s/%s at %s on %s (ofport %d)", req.container_id, namespace, name,
-                 info.ip, host_if, ofport)
+        log.info("ADD %s: Pod %s/%s at %s on %s (ofport %d); ms %s", req.container_id, namespace, name,
+                 info.ip, host_if, ofport, phases)
         return versioned(result, req.cni_version)
 
     async def _rollback(self, req: CniRequest, ipam_conf: dict[str, Any], host_if: str,

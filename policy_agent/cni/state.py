@@ -111,26 +111,50 @@ class ContainerStates:
             log.error("state of container %s unreadable (%s); moved to %s", container_id, exc, aside)
             return None
 
-    def save(self, state: ContainerState) -> None:
-        """Write-to-temp, fsync, rename, fsync the directory: a crash leaves the old or the new file."""
+    def save(self, state: ContainerState, durable: bool = True) -> None:
+        """Write-to-temp, rename: a crash leaves the old or the new file. `durable` also fsyncs
+        the file and the directory (survives a power loss); without it, an agent crash only."""
+        self.commit(state.info.container_id, self.stage(state, durable), durable)
+
+    def stage(self, state: ContainerState, durable: bool = True) -> Path:
+        """The first half of save(): the record in a temporary file (fsynced if `durable`), not
+        yet in force. commit() puts it in force; remove() also deletes an uncommitted one."""
         container_id = state.info.container_id
-        path = self.path(container_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(prefix=f".{container_id}.", suffix=".tmp", dir=path.parent)
+        directory = self.path(container_id).parent
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=f".{container_id}.", suffix=".tmp", dir=directory)
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(state.to_json(), f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _fsync_dir(path.parent)
+        return Path(tmp)
+
+    def commit(self, container_id: str, staged: Path, durable: bool = True) -> None:
+        """Put a staged record in force (rename; with `durable`, then fsync the directory)."""
+        path = self.path(container_id)
+        try:
+            os.replace(staged, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+            raise
+        if durable:
+            _fsync_dir(path.parent)
 
     def remove(self, container_id: str) -> None:
+        """The record and any staged one left by a failed or interrupted ADD."""
         path = self.path(container_id)
+        for tmp in path.parent.glob(f".{container_id}.*.tmp"):
+            # ".<id>.<random>.tmp": the random part has no dot, container "a.b"'s is not "a"'s.
+            if "." not in tmp.name[len(container_id) + 2:-len(".tmp")]:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
         if path.exists():
             path.unlink()
             _fsync_dir(path.parent)

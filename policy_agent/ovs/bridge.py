@@ -102,6 +102,9 @@ class Ovsdb:
             if ofport is not None:
                 txn.add(api.db_set("Interface", port, ("ofport_request", ofport)))
         deadline = time.monotonic() + timeout
+        # vswitchd assigns the number a few ms after the commit; CNI ADD waits for it, so the
+        # first polls are short rather than one 20 ms sleep.
+        pause = 0.001
         while True:
             got = self._do(api.db_get("Interface", port, "ofport"), f"read ofport of {port}")
             value = got[0] if isinstance(got, list) and got else got
@@ -110,7 +113,8 @@ class Ovsdb:
             if time.monotonic() > deadline:
                 error = self._do(api.db_get("Interface", port, "error"), f"read error of {port}")
                 raise OvsError(f"port {port} on {bridge} got no OpenFlow port within {timeout}s: {error}")
-            time.sleep(0.02)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     def del_port(self, bridge: str, port: str) -> None:
         self._do(self.api.del_port(port, bridge=bridge, if_exists=True), f"delete port {port}")

@@ -109,6 +109,32 @@ def test_failed_save_keeps_the_old_file_and_removes_its_temporary(
     assert states.load("ctr-a") == ATTACHED_STATE
 
 
+def test_staged_record_is_not_in_force_until_committed_and_fsyncs_only_when_durable(
+        states: ContainerStates, monkeypatch: pytest.MonkeyPatch) -> None:
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    states.save(ATTACHED_STATE, durable=False)  # ADD's unfinished record: no fsync at all
+    assert fsyncs == [] and states.load("ctr-a") == ATTACHED_STATE
+    staged = states.stage(READY_STATE)  # written and fsynced while the hook runs
+    assert len(fsyncs) == 1
+    assert states.load("ctr-a") == ATTACHED_STATE and states.container_ids() == ["ctr-a"]
+    states.commit("ctr-a", staged)  # the one fsync ADD waits for: the directory's
+    assert len(fsyncs) == 2 and states.load("ctr-a") == READY_STATE
+    assert sorted(os.listdir(states.directory)) == ["ctr-a.json"]
+
+
+def test_remove_deletes_a_staged_record_left_behind_but_not_another_containers(states: ContainerStates) -> None:
+    other = dataclasses.replace(ATTACHED_STATE, info=dataclasses.replace(INFO, container_id="ctr-a.b"))
+    states.save(ATTACHED_STATE)
+    left = states.stage(READY_STATE)  # an ADD that failed or died between stage and commit
+    kept = states.stage(other)  # container "ctr-a.b": its temporary also starts with ".ctr-a."
+    states.remove("ctr-a")
+    assert not left.exists() and kept.exists()
+    assert sorted(os.listdir(states.directory)) == [kept.name]
+    states.remove("ctr-a")  # idempotent
+
+
 def test_container_ids_that_are_not_file_names_are_refused(states: ContainerStates) -> None:
     for bad in ("../../etc/passwd", "", "a/b"):
         with pytest.raises(CniError) as exc:
