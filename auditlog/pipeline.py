@@ -25,7 +25,7 @@ from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import Disposition, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
-from packetin.tasks import cancel_and_wait
+from packetin.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
@@ -216,12 +216,9 @@ class AuditPipeline:
                 continue
             delay = deadline - self._clock()
             if delay > 0:
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout=delay)
+                if await wait_event(wake, delay):
                     wake.clear()
                     continue  # a new window may close sooner; recompute
-                except asyncio.TimeoutError:
-                    pass
             try:
                 now = self._clock()
                 if self._overload is not None:

@@ -14,3 +14,19 @@ async def cancel_and_wait(task: "asyncio.Task[object] | None") -> None:
         await task
     except asyncio.CancelledError:
         pass
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for `event` at most `timeout` seconds: True if it is set, False on timeout.
+
+    Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives while the
+    event's waiter is finishing (it returns the waiter's result instead of raising), and a
+    loop around it then never stops (a test caught the audit window timer doing so).
+    asyncio.timeout waits in the calling task itself and tells its own expiry from a cancel.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

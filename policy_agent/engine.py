@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from packetin import messages
 from packetin.errors import PacketInError
+from packetin.tasks import wait_event
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
@@ -278,10 +279,7 @@ class PolicyEngine:
                 raise PodUnknown(f"Pod {key[0]}/{key[1]} is not known to the agent after {timeout:.0f}s: "
                                  "its labels decide its policy, so it gets no network yet (CNI will retry)")
             self._pods_changed.clear()
-            try:
-                await asyncio.wait_for(self._pods_changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._pods_changed, left)
 
     async def pod_deleted(self, info: PodInterfaceInfo) -> None:
         """Stop forwarding first, then drop the Pod from policy."""
