@@ -14,7 +14,10 @@ packet-ins OVS emitted (controller flows' n_packets minus meter band drops), los
 (rconn_overflow, the agent's npaudit_ovs_packetin_lost_total), packet-ins in records (sum
 of npaudit.aggregate.packets) and their fraction of the emitted, lost at the agent (its
 demux queue full) and admission drops, records/s (records over the flood's seconds),
-coarsened records and full-detail records/s.
+coarsened records and full-detail records/s; and, before OVS, the frames the kernel
+dropped at ovs-vswitchd's full packet socket (never packet-ins). Each mode runs on a
+"shared" node (nothing pinned) and a "busy" one (the agent and the sender share CPU 1,
+ovs-vswitchd has CPU 0: the agent cannot build a full record per packet-in).
 
 A synthetic phase also offers packet-ins in-process at --synthetic-rate through the
 agent's demux and pipeline (OVS out of the way), and a last figure feeds the pipeline
@@ -29,6 +32,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
-from _bridge import machine  # noqa: E402
+from _bridge import machine, pin_process  # noqa: E402
 from flood import cpu  # noqa: E402
 from auditlog_throughput import bench_context, count_records, distinct_packet_ins, pipeline_capacity  # noqa: E402
 
@@ -55,6 +59,7 @@ from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
 from policy_agent.config import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
+from tests.e2e.cluster import Cluster  # noqa: E402
 from tests.e2e.test_overload_e2e import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
                                          start_flood_pods)
 from tests.support.udp_flood import send_flood  # noqa: E402
@@ -94,8 +99,17 @@ def outcome(demux: Demux, pipeline: AuditPipeline, writer: AuditWriter, path: Pa
             "overload_entered": snap.overload.entered if snap.overload else 0}
 
 
-def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int) -> dict:
-    """One new-key flood through the real agent on its own OVS (see the module's docstring)."""
+def vswitchd_socket_drops(cluster: Cluster) -> int:
+    """Frames the kernel dropped because ovs-vswitchd's packet sockets were full (`ss` skmem d):
+    lost before OVS saw them, so never packet-ins."""
+    out = subprocess.run(["ip", "netns", "exec", f"npe-{cluster.tag}", "ss", "-0", "-a", "-m", "-p"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(d) for line in out.splitlines() if "ovs-vswitchd" in line for d in re.findall(r",d(\d+)\)", line))
+
+
+def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int, busy: bool) -> dict:
+    """One new-key flood through the real agent on its own OVS (see the module's docstring).
+    `busy`: a busy node, the agent and the sender share CPU 1, ovs-vswitchd has CPU 0."""
     marks = AuditConfig().overload
     cluster = new_key_flood_cluster(meter_rate=meter_rate, overload=overload_on,
                                     queue_size=PacketInConfig().policy.queue_size,
@@ -105,13 +119,18 @@ def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int) -> dict
         netns, ip = start_flood_pods(cluster)
         counts0, records0 = settled(cluster)
         flows0, meter0 = cluster.controller_flow_packets(), cluster.meter_band_drops()
+        socket0 = vswitchd_socket_drops(cluster)
         agent = psutil.Process(cluster.agent.pid)  # type: ignore[union-attr]
         vswitchd = psutil.Process(read_pid(cluster.dir / "ovs" / "ovs-vswitchd.pid"))
+        if busy:
+            pin_process(agent.pid, {1})
+            pin_process(vswitchd.pid, {0})
         a0, v0, t0 = cpu(agent), cpu(vswitchd), time.monotonic()
-        sent = send_flood(netns, ip, seconds, port=FIRST_PORT, ports=PORTS)
+        sent = send_flood(netns, ip, seconds, port=FIRST_PORT, ports=PORTS, cpus="1" if busy else "")
         elapsed, a1, v1 = time.monotonic() - t0, cpu(agent), cpu(vswitchd)
         counts1, records1 = settled(cluster, timeout=180)
-        emitted = (cluster.controller_flow_packets() - flows0) - (cluster.meter_band_drops() - meter0)
+        flows, meter = cluster.controller_flow_packets() - flows0, cluster.meter_band_drops() - meter0
+        emitted, before_ovs = flows - meter, vswitchd_socket_drops(cluster) - socket0
         if cluster.agent.poll() is not None:  # type: ignore[union-attr]
             raise RuntimeError(f"the agent exited during the flood:\n{cluster.log()[-3000:]}")
     finally:
@@ -124,8 +143,11 @@ def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int) -> dict
     in_records, lost_ovs, queue_full = records["packets"], grew("ovs_lost"), grew("dropped_queue_full")
     admission = grew("admission_dropped") - queue_full
     full_detail = records["records"] - records["coarsened_records"]
-    return {"consumer": "agent", "overload": "on" if overload_on else "off", "seconds": round(elapsed, 3),
-            "frames_sent": sent, "frames_sent_per_s": round(sent / elapsed),
+    return {"consumer": "agent", "overload": "on" if overload_on else "off", "node": "busy" if busy else "shared",
+            "seconds": round(elapsed, 3), "frames_sent": sent, "frames_sent_per_s": round(sent / elapsed),
+            # Frames never packet-ins: the kernel dropped them at vswitchd's full socket, or a meter band did.
+            "frames_dropped_at_vswitchd_socket": before_ovs, "meter_band_dropped": meter,
+            "frames_unaccounted_before_ovs": sent - before_ovs - flows,
             "packet_ins_ovs_emitted": emitted, "packet_ins_ovs_emitted_per_s": round(emitted / elapsed),
             "lost_in_ovs_rconn_overflow": lost_ovs, "packet_ins_in_records": in_records,
             "accounted_vs_emitted": round(in_records / emitted, 4) if emitted else None,
@@ -192,8 +214,8 @@ def main() -> int:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="npab-overload-", dir="/tmp"))
-    phases = [real_agent_phase(mode == "on", args.seconds, args.meter_rate)
-              for _ in range(args.rounds) for mode in ("off", "on")]
+    phases = [real_agent_phase(mode == "on", args.seconds, args.meter_rate, busy)
+              for _ in range(args.rounds) for busy in (False, True) for mode in ("off", "on")]
     synthetic = [synthetic_flood(work / f"synthetic-{mode}-{r}" / "audit.jsonl", args.synthetic_rate,
                                  args.seconds, mode == "on", args.pin)
                  for r in range(args.rounds) for mode in ("off", "on")]
@@ -210,14 +232,17 @@ def main() -> int:
     def by_mode(rows: list[dict], field: str, pick: Callable = min) -> dict:
         return {mode: pick(p[field] for p in rows if p["overload"] == mode) for mode in ("off", "on")}
 
+    def real_ovs(rows: list[dict]) -> dict:
+        return {"accounted_vs_emitted_worst": by_mode(rows, "accounted_vs_emitted"),
+                "emitted_per_s_best": by_mode(rows, "packet_ins_ovs_emitted_per_s", max),
+                "rconn_overflow_vs_emitted_worst": {
+                    mode: max(round(p["lost_in_ovs_rconn_overflow"] / p["packet_ins_ovs_emitted"], 4) for p in rows
+                              if p["overload"] == mode and p["packet_ins_ovs_emitted"]) for mode in ("off", "on")},
+                "lost_at_agent_worst": by_mode(rows, "lost_at_agent_queue_full", max),
+                "full_detail_records_per_s_best": by_mode(rows, "full_detail_records_per_s", max)}
+
     summary = {
-        "ovs_accounted_vs_emitted_worst": by_mode(phases, "accounted_vs_emitted"),
-        "ovs_emitted_per_s_best": max(p["packet_ins_ovs_emitted_per_s"] for p in phases),
-        "ovs_lost_rconn_overflow_vs_emitted_worst": {
-            mode: max(round(p["lost_in_ovs_rconn_overflow"] / p["packet_ins_ovs_emitted"], 4) for p in phases
-                      if p["overload"] == mode and p["packet_ins_ovs_emitted"]) for mode in ("off", "on")},
-        "ovs_lost_at_agent_worst": by_mode(phases, "lost_at_agent_queue_full", max),
-        "ovs_full_detail_records_per_s_best": by_mode(phases, "full_detail_records_per_s", max),
+        **{f"ovs_{node}_node": real_ovs([p for p in phases if p["node"] == node]) for node in ("shared", "busy")},
         "synthetic_accounted_vs_offered_worst": by_mode(synthetic, "accounted_vs_offered"),
         "synthetic_lost_in_agent_queue": by_mode(synthetic, "dropped_queue_full", max),
         "full_detail_records_per_s_in_process_best": {name: max(v) for name, v in capacity.items()},
@@ -232,7 +257,9 @@ def main() -> int:
                                                 "policy_deny_meter_pps": args.meter_rate,
                                                 "policy_category_rate_burst": "1e9 (opened wide for the run)",
                                                 "fair_share": "disabled for the run",
-                                                "queues_and_overload_marks": "agent defaults"}},
+                                                "queues_and_overload_marks": "agent defaults",
+                                                "nodes": "shared: no pinning; busy: the agent and the sender "
+                                                         "share CPU 1, ovs-vswitchd on CPU 0"}},
                       "phases": phases + synthetic, "summary": summary}, indent=2))
     subprocess.run(["rm", "-rf", str(work)])
     return 0

@@ -62,8 +62,8 @@ def new_key_flood_cluster(*, meter_rate: int, overload: bool, queue_size: int = 
                                      "fair_share: {enabled: false}\n")
     high, peers, low = marks
     cluster.add_settings("audit", "max_size_mb: 1024\n"
-                                  f"overload: {{enabled: {str(overload).lower()}, high_mark: {high}, "
-                                  f"peers_mark: {peers}, low_mark: {low}}}\n")
+                                  f"overload: {{enabled: {str(overload).lower()}, high_mark: {high:.6f}, "
+                                  f"peers_mark: {peers:.6f}, low_mark: {low:.6f}}}\n")
     return cluster
 
 

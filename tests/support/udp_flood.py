@@ -25,8 +25,11 @@ print(sent, flush=True)
 """
 
 
-def send_flood(netns: str, ip: str, seconds: float, *, port: int, ports: int = 1, keys: int = 1) -> int:
-    """SENDER in `netns` for `seconds` to ports port..port+ports-1 from `keys` source ports: datagrams sent."""
-    return int(subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", SENDER, ip, str(port), str(ports),
-                               str(keys), str(seconds)],
+def send_flood(netns: str, ip: str, seconds: float, *, port: int, ports: int = 1, keys: int = 1,
+               cpus: str = "") -> int:
+    """SENDER in `netns` for `seconds` to ports port..port+ports-1 from `keys` source ports: datagrams sent.
+    `cpus` (taskset's list, e.g. "1"): the CPUs the sender may run on; "" = any."""
+    return int(subprocess.run((["taskset", "-c", cpus] if cpus else []) + [
+                               "ip", "netns", "exec", netns, sys.executable, "-c", SENDER, ip,
+                               str(port), str(ports), str(keys), str(seconds)],
                               capture_output=True, text=True, check=True, timeout=seconds + 120).stdout)
