@@ -1,18 +1,28 @@
 #!/usr/bin/env python3
 """Audit overload mode on a real OVS, in one run: a flood in which every packet-in is a new
-audit key, consumed with overload mode off (the baseline: full detail always) and on. Prints JSON.
+audit key, through the real agent with overload mode off (the baseline: full detail always)
+and on. Prints JSON.
 
-Per phase: packet-ins OVS emitted (flow n_packets x copies), packets accounted in records
-(sum of npaudit.aggregate.packets) and their fraction of the emitted, lost in OVS
-(rconn_overflow) and in the agent's demux queue, records written, coarsened records and
-time in overload. The consumer is the agent's path with the agent's defaults (policy
-queue 65,536, writer queue 100,000, fair shares, overload marks from config):
-channel -> demux -> AuditPipeline -> AuditWriter -> file; only the category's token
-bucket is opened wide (admission is policy, not capacity). A last figure feeds the
-pipeline in-process (OVS out of the way) at full detail, with and without the overload
-check, for the cost of the check itself. OVS here may emit less than the pipeline can take
-at full detail (a shared 2-core machine), so a synthetic phase also offers packet-ins
-in-process at --synthetic-rate through the same demux and pipeline. Run as root.
+Real-OVS phases: the e2e cluster's agent (tests/e2e/cluster.py: the agent process, its
+embedded OVS, Pods through CNI) with the new-key flood of tests/e2e/test_overload_e2e.py: Pod
+x/a sends UDP with the fast sender (tests/support/udp_flood.py, unpaced) to y/a, a new
+destination port per datagram over 1024-65535, into a logged Drop on that range. For the
+run the policy_deny meter is raised (--meter-rate), the policy category's token bucket is
+opened wide and its fair shares are off (admission is policy, not capacity; said in the
+JSON), the debug tap is off; queues and overload marks are the agent's defaults. Per phase:
+packet-ins OVS emitted (controller flows' n_packets minus meter band drops), lost in OVS
+(rconn_overflow, the agent's npaudit_ovs_packetin_lost_total), packet-ins in records (sum
+of npaudit.aggregate.packets) and their fraction of the emitted, lost at the agent (its
+demux queue full) and admission drops, records/s (records over the flood's seconds),
+coarsened records and full-detail records/s; and, before OVS, the frames the kernel
+dropped at ovs-vswitchd's full packet socket (never packet-ins). Each mode runs on a
+"shared" node (nothing pinned) and a "busy" one (the agent and the sender share CPU 1,
+ovs-vswitchd has CPU 0: the agent cannot build a full record per packet-in).
+
+A synthetic phase also offers packet-ins in-process at --synthetic-rate through the
+agent's demux and pipeline (OVS out of the way), and a last figure feeds the pipeline
+in-process at full detail, with and without the overload check, for the cost of the check
+itself. Run as root.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import asyncio
 import itertools
 import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,8 +42,11 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _bridge import bench_bridge, print_report, run_phase, until_sigterm  # noqa: E402
+import psutil  # noqa: E402
+from _bridge import machine, pin_process  # noqa: E402
+from flood import cpu  # noqa: E402
 from auditlog_throughput import bench_context, count_records, distinct_packet_ins, pipeline_capacity  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
@@ -43,6 +58,11 @@ from packetin.fair_key import applied_to_key  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
 from policy_agent.config import AuditConfig, PacketInConfig  # noqa: E402
+from policy_agent.ovs.embedded import read_pid  # noqa: E402
+from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.e2e.test_overload_e2e import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
+                                         start_flood_pods)
+from tests.support.udp_flood import send_flood  # noqa: E402
 
 
 def agent_path(writer: AuditWriter, overload_on: bool) -> tuple[Demux, AuditPipeline]:
@@ -79,31 +99,66 @@ def outcome(demux: Demux, pipeline: AuditPipeline, writer: AuditWriter, path: Pa
             "overload_entered": snap.overload.entered if snap.overload else 0}
 
 
-def consume(target: str, netns: str, audit_path: str, overload_on: bool) -> None:
-    """The OVS phases' consumer: the agent's path from the OpenFlow channel to the file."""
-    from packetin.channel import ChannelSettings, OpenFlowChannel
+def vswitchd_socket_drops(cluster: Cluster) -> int:
+    """Frames the kernel dropped because ovs-vswitchd's packet sockets were full (`ss` skmem d):
+    lost before OVS saw them, so never packet-ins."""
+    out = subprocess.run(["ip", "netns", "exec", f"npe-{cluster.tag}", "ss", "-0", "-a", "-m", "-p"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(d) for line in out.splitlines() if "ovs-vswitchd" in line for d in re.findall(r",d(\d+)\)", line))
 
-    async def main() -> None:
-        writer = AuditWriter(Path(audit_path), backup_count=50)  # the agent's queue and file sizes
-        writer.start()
-        demux, pipeline = agent_path(writer, overload_on)
-        channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,
-                                  on_malformed=demux.count_malformed)
-        demux.start()
-        pipeline.start()
-        channel.start()
-        await channel.wait_ready(10)
-        settle_heap()
-        await until_sigterm(demux)
-        await channel.close()
-        await demux.stop()
-        await asyncio.to_thread(writer.flush_wait, 60)
-        await pipeline.close()
-        await asyncio.to_thread(writer.close)
-        print(json.dumps({**outcome(demux, pipeline, writer, Path(audit_path)), "decoded": channel.packet_ins}),
-              flush=True)
 
-    asyncio.run(main())
+def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int, busy: bool) -> dict:
+    """One new-key flood through the real agent on its own OVS (see the module's docstring).
+    `busy`: a busy node, the agent and the sender share CPU 1, ovs-vswitchd has CPU 0."""
+    marks = AuditConfig().overload
+    cluster = new_key_flood_cluster(meter_rate=meter_rate, overload=overload_on,
+                                    queue_size=PacketInConfig().policy.queue_size,
+                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark))
+    try:
+        cluster.start(timeout=120)
+        netns, ip = start_flood_pods(cluster)
+        counts0, records0 = settled(cluster)
+        flows0, meter0 = cluster.controller_flow_packets(), cluster.meter_band_drops()
+        socket0 = vswitchd_socket_drops(cluster)
+        agent = psutil.Process(cluster.agent.pid)  # type: ignore[union-attr]
+        vswitchd = psutil.Process(read_pid(cluster.dir / "ovs" / "ovs-vswitchd.pid"))
+        if busy:
+            pin_process(agent.pid, {1})
+            pin_process(vswitchd.pid, {0})
+        a0, v0, t0 = cpu(agent), cpu(vswitchd), time.monotonic()
+        sent = send_flood(netns, ip, seconds, port=FIRST_PORT, ports=PORTS, cpus="1" if busy else "")
+        elapsed, a1, v1 = time.monotonic() - t0, cpu(agent), cpu(vswitchd)
+        counts1, records1 = settled(cluster, timeout=180)
+        flows, meter = cluster.controller_flow_packets() - flows0, cluster.meter_band_drops() - meter0
+        emitted, before_ovs = flows - meter, vswitchd_socket_drops(cluster) - socket0
+        if cluster.agent.poll() is not None:  # type: ignore[union-attr]
+            raise RuntimeError(f"the agent exited during the flood:\n{cluster.log()[-3000:]}")
+    finally:
+        cluster.close()
+
+    def grew(name: str) -> int:
+        return int(counts1.get(name, 0) - counts0.get(name, 0))
+
+    records = {k: records1[k] - records0[k] for k in records1}
+    in_records, lost_ovs, queue_full = records["packets"], grew("ovs_lost"), grew("dropped_queue_full")
+    admission = grew("admission_dropped") - queue_full
+    full_detail = records["records"] - records["coarsened_records"]
+    return {"consumer": "agent", "overload": "on" if overload_on else "off", "node": "busy" if busy else "shared",
+            "seconds": round(elapsed, 3), "frames_sent": sent, "frames_sent_per_s": round(sent / elapsed),
+            # Frames never packet-ins: the kernel dropped them at vswitchd's full socket, or a meter band did.
+            "frames_dropped_at_vswitchd_socket": before_ovs, "meter_band_dropped": meter,
+            "frames_unaccounted_before_ovs": sent - before_ovs - flows,
+            "packet_ins_ovs_emitted": emitted, "packet_ins_ovs_emitted_per_s": round(emitted / elapsed),
+            "lost_in_ovs_rconn_overflow": lost_ovs, "packet_ins_in_records": in_records,
+            "accounted_vs_emitted": round(in_records / emitted, 4) if emitted else None,
+            "lost_at_agent_queue_full": queue_full, "admission_dropped": admission,
+            "unaccounted": emitted - in_records - lost_ovs - queue_full - admission,
+            "records": records["records"], "records_per_s": round(records["records"] / elapsed),
+            "coarsened_records": records["coarsened_records"],
+            "packet_ins_in_coarsened_records": records["coarsened_packets"],
+            "full_detail_records_per_s": round(full_detail / elapsed),
+            "agent_cpu_percent": round(100 * (a1 - a0) / elapsed, 1),
+            "vswitchd_cpu_percent": round(100 * (v1 - v0) / elapsed, 1)}
 
 
 def synthetic_flood(path: Path, rate: float, seconds: float, overload_on: bool, pin: bool) -> dict:
@@ -151,36 +206,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--copies", type=int, default=4, help="packet-ins per frame, each another rule id")
-    ap.add_argument("--rate", type=float, default=60000, help="flood frames/s offered")
+    ap.add_argument("--meter-rate", type=int, default=1_000_000,
+                    help="policy_deny meter rate and burst for the real-OVS phases, pps: above OVS's packet-in ceiling")
     ap.add_argument("--synthetic-rate", type=float, default=60000, help="packet-ins/s offered in-process")
     ap.add_argument("--capacity-records", type=int, default=100_000)
-    ap.add_argument("--no-pin", dest="pin", action="store_false")
-    ap.add_argument("--consumer", choices=["audit"], help=argparse.SUPPRESS)
-    ap.add_argument("--target", help=argparse.SUPPRESS)
-    ap.add_argument("--netns", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--audit", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--overload", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="in-process phases not pinned to CPU 1")
     args = ap.parse_args()
-    if args.consumer == "audit":
-        consume(args.target, args.netns, args.audit, args.overload == "on")
-        return 0
 
     work = Path(tempfile.mkdtemp(prefix="npab-overload-", dir="/tmp"))
-    phases = []
-    for copies in (args.copies, 1):
-        with bench_bridge(copies, distinct_rules=copies > 1) as bridge:
-            env = {**bridge, "target": bridge["targets"]["tcp"], "rate": args.rate, "pin": args.pin}
-            for r in range(args.rounds):
-                for mode in ("off", "on"):
-                    phase = run_phase(__file__, "audit", env, args.seconds, distinct=True,
-                                      extra=("--audit", str(work / f"{copies}-{mode}-{r}" / "audit.jsonl"),
-                                             "--overload", mode))
-                    phase.update(overload=mode, packet_ins_per_frame=copies,
-                                 accounted_vs_emitted=round(phase["packets_in_records"] / phase["ovs_emitted"], 4)
-                                 if phase["ovs_emitted"] else None,
-                                 records_per_s=round(phase["records"] / phase["seconds"]))
-                    phases.append(phase)
+    phases = [real_agent_phase(mode == "on", args.seconds, args.meter_rate, busy)
+              for _ in range(args.rounds) for busy in (False, True) for mode in ("off", "on")]
     synthetic = [synthetic_flood(work / f"synthetic-{mode}-{r}" / "audit.jsonl", args.synthetic_rate,
                                  args.seconds, mode == "on", args.pin)
                  for r in range(args.rounds) for mode in ("off", "on")]
@@ -197,20 +232,36 @@ def main() -> int:
     def by_mode(rows: list[dict], field: str, pick: Callable = min) -> dict:
         return {mode: pick(p[field] for p in rows if p["overload"] == mode) for mode in ("off", "on")}
 
+    def real_ovs(rows: list[dict]) -> dict:
+        return {"accounted_vs_emitted_worst": by_mode(rows, "accounted_vs_emitted"),
+                "emitted_per_s_best": by_mode(rows, "packet_ins_ovs_emitted_per_s", max),
+                "rconn_overflow_vs_emitted_worst": {
+                    mode: max(round(p["lost_in_ovs_rconn_overflow"] / p["packet_ins_ovs_emitted"], 4) for p in rows
+                              if p["overload"] == mode and p["packet_ins_ovs_emitted"]) for mode in ("off", "on")},
+                "lost_at_agent_worst": by_mode(rows, "lost_at_agent_queue_full", max),
+                "full_detail_records_per_s_best": by_mode(rows, "full_detail_records_per_s", max)}
+
     summary = {
-        "ovs_accounted_vs_emitted_worst": by_mode(phases, "accounted_vs_emitted"),
-        "ovs_emitted_per_s_best": max(p["ovs_emitted_per_s"] for p in phases),
-        "ovs_lost_rconn_overflow_vs_emitted_worst": {
-            mode: max(round(p["lost_in_ovs_rconn_overflow"] / p["ovs_emitted"], 4) for p in phases
-                      if p["overload"] == mode and p["ovs_emitted"]) for mode in ("off", "on")},
+        **{f"ovs_{node}_node": real_ovs([p for p in phases if p["node"] == node]) for node in ("shared", "busy")},
         "synthetic_accounted_vs_offered_worst": by_mode(synthetic, "accounted_vs_offered"),
-        "lost_in_agent_queue": {mode: by_mode(phases, "dropped_queue_full", max)[mode]
-                                + by_mode(synthetic, "dropped_queue_full", max)[mode] for mode in ("off", "on")},
+        "synthetic_lost_in_agent_queue": by_mode(synthetic, "dropped_queue_full", max),
         "full_detail_records_per_s_in_process_best": {name: max(v) for name, v in capacity.items()},
         "target": ">= 0.99 of emitted packet-ins in records with overload on; 0 lost in the agent; "
                   "rconn_overflow <= 1%; full-detail records/s not below the baseline",
     }
-    print_report("audit_overload", args, phases + synthetic, summary, work)
+    print(json.dumps({"benchmark": "audit_overload", "machine": machine(),
+                      "settings": {"seconds": args.seconds, "rounds": args.rounds, "pinned_in_process": args.pin,
+                                   "synthetic_rate": args.synthetic_rate,
+                                   "real_ovs": {"sender": "tests/support/udp_flood.py, unpaced, a new UDP "
+                                                          f"destination port per datagram ({PORTS} ports)",
+                                                "policy_deny_meter_pps": args.meter_rate,
+                                                "policy_category_rate_burst": "1e9 (opened wide for the run)",
+                                                "fair_share": "disabled for the run",
+                                                "queues_and_overload_marks": "agent defaults",
+                                                "nodes": "shared: no pinning; busy: the agent and the sender "
+                                                         "share CPU 1, ovs-vswitchd on CPU 0"}},
+                      "phases": phases + synthetic, "summary": summary}, indent=2))
+    subprocess.run(["rm", "-rf", str(work)])
     return 0
 
 

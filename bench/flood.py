@@ -90,12 +90,6 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def meter_band_drops(cluster: Cluster) -> int:
-    mgmt = f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}"
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "meter-stats", mgmt], capture_output=True, text=True).stdout
-    return sum(int(n) for n in re.findall(r"\d+: packet_count:(\d+)", out))
-
-
 def flood_packets(cluster: Cluster) -> tuple[int, int, int]:
     """(packets, offloaded packets, records) of the flood rule's records so far."""
     recs = [r for r in cluster.audit_records() if r.get("labels", {}).get("log_label") == "flood"]
@@ -136,7 +130,7 @@ def run(offload: bool, seconds: float, rate: float) -> dict[str, Any]:
         if vswitchd_pid is None or cluster.agent is None:
             raise RuntimeError("ovs-vswitchd or the agent is not running")
         vswitchd, agent = psutil.Process(vswitchd_pid), psutil.Process(cluster.agent.pid)
-        meter0, lost0, metrics0 = meter_band_drops(cluster), tx_dropped(xa.netns), scrape(port)
+        meter0, lost0, metrics0 = cluster.meter_band_drops(), tx_dropped(xa.netns), scrape(port)
         v0, a0, t0 = cpu(vswitchd), cpu(agent), time.monotonic()
         ping = start_ping(cluster, pings)
         # A socket sender, not raw frames: the Pod's own stack makes packets conntrack accepts.
@@ -148,7 +142,7 @@ def run(offload: bool, seconds: float, rate: float) -> dict[str, Any]:
         during = rtts(ping)
         packets, offloaded, records = settled_records(cluster, timeout=30)
         metrics1 = scrape(port)
-        meter = meter_band_drops(cluster) - meter0
+        meter = cluster.meter_band_drops() - meter0
         lost_before_xdp = tx_dropped(xa.netns) - lost0
         admission = int(metrics1.get("admission_dropped", 0) - metrics0.get("admission_dropped", 0))
         overflow = int(metrics1.get("ovs_packetin_lost", 0) - metrics0.get("ovs_packetin_lost", 0))

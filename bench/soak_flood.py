@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -42,30 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 from _bridge import machine  # noqa: E402
-from flood import MANIFESTS, cpu, meter_band_drops  # noqa: E402
+from flood import MANIFESTS, cpu  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.e2e.cluster import Cluster  # noqa: E402
 from tests.e2e.test_offload_e2e import PORT  # noqa: E402
 from tests.support.rsyslog import free_port  # noqa: E402
+from tests.support.udp_flood import send_flood  # noqa: E402
 
 RSS_TARGET_MB = 200.0
-
-# Sends UDP to ip:port from `keys` source ports, round robin and unpaced, for `seconds`; prints the count.
-SENDER = r"""
-import socket, sys, time
-ip, port, keys, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(keys)]
-end, sent, payload = time.monotonic() + seconds, 0, b"soak" * 8
-while time.monotonic() < end:
-    for s in socks:
-        try:
-            s.sendto(payload, (ip, port)); sent += 1
-        except OSError:  # a full socket buffer: the frame never left, it is not counted
-            pass
-print(sent, flush=True)
-"""
-
 
 def meters_section(rate: int) -> str:
     return f"meters:\n  policy_deny:\n    rate: {rate}\n    burst: {rate}\n"
@@ -91,14 +74,8 @@ def counters(port: int) -> dict[str, float]:
     return out
 
 
-def controller_flow_packets(cluster: Cluster) -> int:
-    """n_packets of every flow whose actions send to the controller (before any meter band drop)."""
-    return sum(int(re.search(r"n_packets=(\d+)", line).group(1))  # type: ignore[union-attr]
-               for line in cluster.flows() if "controller" in line.split("actions=", 1)[-1])
-
-
 def ovs_side(cluster: Cluster) -> dict[str, int]:
-    return {"controller_flow_packets": controller_flow_packets(cluster), "meter_band_dropped": meter_band_drops(cluster)}
+    return {"controller_flow_packets": cluster.controller_flow_packets(), "meter_band_dropped": cluster.meter_band_drops()}
 
 
 def settled(port: int, timeout: float = 60.0) -> dict[str, float]:
@@ -185,9 +162,7 @@ def run(minutes: float, keys: int, meter_rate: int) -> dict[str, Any]:
         seconds = minutes * 60
         with RssSampler(agent.pid) as rss:
             rss_start, a0, t0 = agent.memory_info().rss, cpu(agent), time.monotonic()
-            sent = int(subprocess.run(["ip", "netns", "exec", xa.netns, sys.executable, "-c", SENDER, ya.ip,
-                                       str(PORT), str(keys), str(seconds)],
-                                      capture_output=True, text=True, check=True, timeout=seconds + 120).stdout)
+            sent = send_flood(xa.netns, ya.ip, seconds, port=PORT, keys=keys)
             elapsed, a1 = time.monotonic() - t0, cpu(agent)
             after = settled(port)
         ovs1 = ovs_side(cluster)

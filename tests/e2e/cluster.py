@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +146,24 @@ class Cluster:
         out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows",
                               f"unix:{self.dir / 'ovs' / 'br-int.mgmt'}"], capture_output=True, text=True)
         return [line for line in out.stdout.splitlines() if "cookie=" in line]
+
+    def controller_flow_packets(self) -> int:
+        """n_packets of every flow whose actions send to the controller (before any meter band drop)."""
+        return sum(int(re.search(r"n_packets=(\d+)", line).group(1))  # type: ignore[union-attr]
+                   for line in self.flows() if "controller" in line.split("actions=", 1)[-1])
+
+    def meter_band_drops(self) -> int:
+        """Packets every meter's bands dropped, from OVS (ovs-ofctl meter-stats)."""
+        out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "meter-stats", f"unix:{self.dir / 'ovs' / 'br-int.mgmt'}"],
+                             capture_output=True, text=True).stdout
+        return sum(int(n) for n in re.findall(r"\d+: packet_count:(\d+)", out))
+
+    def add_settings(self, section: str, yaml_lines: str) -> None:
+        """Adds `yaml_lines` (unindented) to the config's top-level `section`, which it already has; before start()."""
+        text, head = self.config.read_text(), f"\n{section}:\n"
+        if head not in text:
+            raise AssertionError(f"no {section}: section in {text}")
+        self.config.write_text(text.replace(head, head + textwrap.indent(yaml_lines, "  "), 1))
 
     def log(self) -> str:
         self._log.flush()
