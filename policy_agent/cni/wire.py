@@ -82,7 +82,9 @@ def ifname_problem(value: object) -> str | None:
     # Linux interface names: at most 15 bytes, no '/', ':' or whitespace, not . or ..
     if not isinstance(value, str) or not value:
         return "CNI_IFNAME is required"
-    if (len(value.encode()) > 15 or value in (".", "..")
+    # Printable characters only: that also refuses a lone surrogate (JSON "\ud800"), which no
+    # interface name can hold and which would not even encode.
+    if (not value.isprintable() or len(value.encode("utf-8", "surrogatepass")) > 15 or value in (".", "..")
             or any(c in value for c in "/:") or any(c.isspace() for c in value)):
         return f"CNI_IFNAME {value[:32]!r} is not a valid interface name"
     return None

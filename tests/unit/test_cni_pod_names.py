@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import struct
 
 import pytest
 
@@ -63,3 +65,14 @@ def test_a_request_sent_around_the_plugin_is_checked_by_the_agent_and_logs_one_l
 
 def test_without_kubernetes_args_standalone_calls_still_work(agent: Agent) -> None:
     assert invoke(env("DEL", CNI_ARGS="IgnoreUnknown=1"), netconf(agent.path))[0] == 0
+
+
+@pytest.mark.parametrize("ifname", ["\ud800", "eth\x00", "e\u2028"])
+def test_an_interface_name_no_kernel_can_hold_is_refused_in_one_line(agent: Agent, ifname: str) -> None:
+    # Found by the CNI fuzz target: a lone surrogate raised UnicodeEncodeError in the agent.
+    request = {"command": "ADD", "container_id": "c1", "netns": "/run/netns/x", "ifname": ifname,
+               "netconf": netconf(agent.path)}
+    body = json.dumps(request).encode()  # ASCII JSON: "\ud800" travels as an escape
+    reply = _exchange(agent.path, struct.pack(">I", len(body)) + body)
+    assert reply["ok"] is False and reply["code"] == wire.ERR_INVALID_ENV, reply
+    assert "CNI_IFNAME" in reply["msg"] and agent.handler.requests == []
