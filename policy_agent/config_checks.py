@@ -66,3 +66,18 @@ def listen_address(v: str) -> str | None:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return f"must be HOST:PORT (or \"\" to disable), got {v!r}"
     return None
+
+
+def checked(fn: Callable[[Any], str | None]) -> dict[str, Any]:
+    """Field metadata: the check the loader applies to the field's value."""
+    return {"check": fn}
+
+
+def positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be > 0, got {v}"
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}; got {v!r}"
+    return check

@@ -1,0 +1,52 @@
+"""The `policy:`, `kubernetes:`, `cni:`, `metrics:` and `bundle:` config sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policy_agent.config_checks import absolute_path, bounded, checked, listen_address, positive
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # A directory of manifests the agent loads at start and re-reads when a file
+    # changes ("" = none). `npaudit apply -f` works in either case.
+    manifest_dir: str = field(default="", metadata=checked(lambda v: absolute_path(v, optional=True)))
+    poll_interval: float = field(default=2.0, metadata=checked(positive))
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    # Take Namespaces, this node's Pods, NetworkPolicies, Antrea policies and
+    # Tiers from the Kubernetes API (list + watch) instead of standalone manifests.
+    enabled: bool = False
+    # kubeconfig file; "" = in-cluster service account (KUBERNETES_SERVICE_HOST).
+    kubeconfig: str = ""
+    # Seconds to wait for the first full list before serving CNI.
+    sync_timeout: float = field(default=60.0, metadata=checked(positive))
+    # Seconds CNI ADD waits for its Pod object (labels) to arrive from the API:
+    # policy is never realised for a Pod whose labels are not known yet.
+    pod_wait: float = field(default=10.0, metadata=checked(positive))
+
+
+@dataclass(frozen=True)
+class CniConfig:
+    # Serve CNI ADD/DEL/CHECK for `npaudit cni` on <state_dir>/cni.sock.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    # Prometheus endpoint, HOST:PORT; "" disables it.
+    listen: str = field(default="127.0.0.1:9495", metadata=checked(listen_address))
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    # `npaudit bundle --include-audit` adds audit records only when this is true as well: the
+    # node's owner opts in here, the person collecting asks on the command line.
+    allow_audit_logs: bool = False
+    # Default --max-size: MiB of content (before compression) a bundle may hold.
+    max_size_mb: int = field(default=100, metadata=checked(bounded(1, 1 << 20)))
+    # The bundle is not written when the disk would keep less than this many MiB free.
+    min_free_mb: int = field(default=256, metadata=checked(bounded(0, 1 << 30)))
