@@ -229,7 +229,18 @@ def _tuple_of(kind: Any) -> Any:
     return None
 
 
+def _optional(kind: Any) -> Any:
+    """X of an `X | None` field, else None."""
+    args = typing.get_args(kind)
+    if len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
 def _coerce(kind: Any, value: Any) -> Any:
+    inner = _optional(kind)
+    if inner is not None:  # null (YAML) = the field's own default behaviour, e.g. a value found at run time
+        return None if value is None else _coerce(inner, value)
     if kind is bool:
         return value if isinstance(value, bool) else _INVALID
     if kind is int:
@@ -244,6 +255,9 @@ def _coerce(kind: Any, value: Any) -> Any:
 
 
 def _type_name(kind: Any) -> str:
+    inner = _optional(kind)
+    if inner is not None:
+        return f"{_type_name(inner)} or null"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(kind, str(kind))
 
 

@@ -11,6 +11,9 @@ from policy_agent.config_checks import checked, one_of, positive
 if TYPE_CHECKING:
     from auditlog.syslog.forwarder import Destination
 
+# Linux keeps a socket's receive buffer size in an int.
+RECEIVE_BUFFER_MAX = (1 << 31) - 1
+
 
 @dataclass(frozen=True)
 class SyslogDestinationConfig:
@@ -37,6 +40,13 @@ class SyslogDestinationConfig:
     # the window plus a receive buffer (auditlog/syslog/window.py), never loss.
     window_batches: int = field(default=4, metadata=checked(positive))
     window_bytes: int = field(default=8 << 20, metadata=checked(positive))
+    # tcp/tls: bytes the receiver may hold acknowledged by its TCP and not yet read. A batch is
+    # delivered once this many bytes after it were acknowledged too. null = this host's
+    # net.ipv4.tcp_rmem maximum (exact for a receiver on this host, a guess for another);
+    # 0 = trust the TCP acknowledgement (a receiver that stops may lose what it acknowledged).
+    receive_buffer_bytes: int | None = field(default=None, metadata=checked(
+        lambda v: None if v is None or 0 <= v <= RECEIVE_BUFFER_MAX else
+        f"must be between 0 and {RECEIVE_BUFFER_MAX} (or null for this host's tcp_rmem maximum), got {v}"))
     # The checkpoint (what was delivered) is saved once this many seconds or records have passed
     # since the last save, whenever the forwarder is idle or retrying, and at shutdown; a crash
     # sends at most that much again (duplicates, never loss). It never runs ahead of delivery.
@@ -68,4 +78,4 @@ def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
                             udp_max_bytes=dest.udp_max_bytes, batch_records=dest.batch_records,
                             batch_bytes=dest.batch_bytes, checkpoint_interval=dest.checkpoint_interval,
                             checkpoint_records=dest.checkpoint_records, window_batches=dest.window_batches,
-                            window_bytes=dest.window_bytes)
+                            window_bytes=dest.window_bytes, receive_buffer_bytes=dest.receive_buffer_bytes)
