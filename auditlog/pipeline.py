@@ -71,6 +71,9 @@ class AuditPipeline:
         self._writer = writer
         self._agg = aggregator
         self._clock = wall_clock
+        # The packet-in just decoded: a later subscriber of the same packet-in (the eBPF offload)
+        # reads it with decoded() instead of decoding the frame a second time.
+        self._decoded: tuple[PacketIn, PacketSummary] | None = None
         self._wake: asyncio.Event | None = None
         # The deadline the window timer sleeps until (None: until woken). Only a window that
         # closes sooner wakes it: not every packet-in, whose wake-up would cost the loop time
@@ -93,6 +96,7 @@ class AuditPipeline:
                 self._coarse(pin)
                 return
         summary = decode_frame(pin.packet)
+        self._decoded = (pin, summary)
         stats = self.stats
         if summary.truncated:
             stats["decode_truncated"] += 1
@@ -110,6 +114,7 @@ class AuditPipeline:
     def _coarse(self, pin: PacketIn) -> None:
         """Account one packet-in under the coarser key of the current overload level."""
         summary = decode_frame(pin.packet)
+        self._decoded = (pin, summary)
         stats = self.stats
         if summary.truncated:
             stats["decode_truncated"] += 1
@@ -147,6 +152,13 @@ class AuditPipeline:
                     self._directions.clear()
                 self._directions[rule_id] = direction
         return direction
+
+    def decoded(self, pin: PacketIn) -> PacketSummary:
+        """The frame of `pin` decoded: the pipeline's own decoding when it just took that packet-in."""
+        last = self._decoded
+        if last is not None and last[0] is pin:
+            return last[1]
+        return decode_frame(pin.packet)
 
     def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, sample: tuple[PacketIn, PacketSummary]
                       ) -> None:

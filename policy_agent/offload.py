@@ -49,6 +49,8 @@ class OffloadSink(Protocol):
 
     def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, sample: Sample) -> None: ...
 
+    def decoded(self, pin: PacketIn) -> PacketSummary: ...
+
 
 class PodHooks(Protocol):
     async def pod_added(self, info: PodInterfaceInfo) -> None: ...
@@ -239,7 +241,8 @@ class DropOffload:
         ifindex = self._ifindex.get(pin.in_port) if pin.in_port is not None else None
         if ifindex is None:
             return  # not from a Pod veth we cover
-        summary = decode_frame(pin.packet)
+        # The pipeline took this packet-in just before us: its decoding, not a second one.
+        summary = self._sink.decoded(pin) if self._sink is not None else decode_frame(pin.packet)
         flow = (pin.in_port, aggregate_key(pin, summary))
         key = self._by_flow.get(flow)
         if key is None:  # a cached flow's samples refresh it whatever their rate
