@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY, MeterLimits, MeterSpec
+from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY, METER_TRACEFLOW, MeterLimits, MeterSpec
 
 OFPM_MAX = 0xFFFF0000  # the highest meter id OpenFlow allows
 
@@ -35,7 +35,7 @@ class RuleMeterRange:
     count: int
 
     def __post_init__(self) -> None:
-        if not (METER_POLICY_DENY < self.id_base and self.count >= 1 and self.id_base + self.count - 1 <= OFPM_MAX):
+        if not (METER_TRACEFLOW < self.id_base and self.count >= 1 and self.id_base + self.count - 1 <= OFPM_MAX):
             raise ValueError(f"per-rule meter range {self.id_base}+{self.count} overlaps the class meters "
                              f"or passes {OFPM_MAX}")
 
