@@ -109,6 +109,7 @@ class LossAccounting:
         self._task: asyncio.Task[None] | None = None
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
         self.rule_meters: RuleMeterSource | None = None  # set when meters.per_rule is on
+        self._present: list[int] = []  # the meter ids of the last reading
 
     def _fold(self, meter_id: int) -> int | None:
         """The meter a reading's drops count under: a per-rule meter's class; one of the range that
@@ -145,8 +146,7 @@ class LossAccounting:
                 return
             self.meters.update(readings, self._mono(), self._fold)
             self.meters_read = True
-        if self.rule_meters is not None:
-            await self.rule_meters.sweep([r.meter_id for r in readings])
+            self._present = [r.meter_id for r in readings]
 
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
@@ -161,7 +161,10 @@ class LossAccounting:
 
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""
+        self._present = []
         await self.read_meters()
+        if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
+            await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
         if self.recorder is None:
             return None

@@ -15,7 +15,8 @@ meter_mods in OVS, so meters go outside the bundle:
 A delete that fails (connection lost) leaves the meter in OVS holding no flows; the
 channel replays it after a reconnect, and the next settle deletes it. Meters of the
 range that OVS has and we never made (left by an earlier agent run, whose flows the
-agent deletes at start) are deleted by `sweep`, with each meter-statistics reading.
+agent deletes at start) are deleted by `sweep`, with each periodic meter-statistics reading
+(which starts only once those flows are gone).
 The channel replays the meters it confirmed after an OVS restart, as the class meters.
 """
 
