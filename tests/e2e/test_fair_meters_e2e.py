@@ -6,13 +6,17 @@ class (per_rule off) A's flood has mostly used up the deny meter's tokens when B
 SYN arrives, so OVS drops B's packet-in and no record of B exists: the agent's fair
 shares cannot help with what OVS already dropped. With per_rule on, R2 has a meter
 of its own and B's record is there. Either way the accounting is exact: packets in
-records + packets the meters dropped = packets A and B sent (within IN_FLIGHT_MARGIN
-and LOST_BEFORE_OVS).
+records + packets the meters dropped = packets the logged rules' flows matched in OVS
+(within IN_FLIGHT_MARGIN), and that is what A and B sent but for what the busy netdev
+datapath lost on the veth before reading it (nobody counts those: 0 on a quiet host,
+up to 5% here with other jobs running; the test prints it and only bounds it loosely).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +28,7 @@ import pytest
 
 from tests.e2e.cluster import Cluster, PodHandle
 from tests.e2e.test_meter_accounting_e2e import _free_port
+from tests.e2e.test_ovs_supervision import daemon_pid
 
 # 10x the default deny meter rate (1000/s, burst 200), evenly paced: well within what OVS's netdev
 # datapath reads off the veth here without loss. Faster (unpaced) floods overload vswitchd, which then
@@ -33,9 +38,7 @@ FLOOD_PPS, FLOOD_SECONDS = 10000, 3.0
 ROUNDS = 6
 PROBE_AFTER = 1.0  # seconds after the flood started when B connects
 IN_FLIGHT_MARGIN = 5  # packet-ins not yet in a record or a meter reading at the end
-# Packets the busy netdev datapath lost on the veth before OVS read them (counted by nobody): 0 on a
-# quiet host, up to 1.7% of a 10,000 pps flood seen here with other jobs running.
-LOST_BEFORE_OVS = 0.03
+LOST_BEFORE_OVS = 0.5  # a loose bound: the flood must mostly have reached OVS for the test to mean anything
 
 MANIFESTS = "---\n".join(
     [f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    kubernetes.io/metadata.name: {ns}\n"
@@ -96,6 +99,13 @@ def fair(request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, int, bool]]:
         c.close()
 
 
+def dump_meters(cluster: Cluster) -> dict[int, str]:
+    """meter id -> its band, as OVS holds them (ovs-ofctl dump-meters)."""
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-meters", f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}"],
+                         capture_output=True, text=True).stdout
+    return {int(m): band for m, band in re.findall(r"meter=(\d+) .*?\n(type=drop [^\n]*)", out)}
+
+
 def metric(port: int, name: str, labels: str = "") -> float | None:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     for line in text.splitlines():
@@ -113,17 +123,20 @@ def meter_drops_in_trail(records: list[dict]) -> int:
                for i in r["npaudit"]["loss"]["by_reason"] if (i["reason"], i["source"]) == ("meter", "policy_deny"))
 
 
-def settle(cluster: Cluster, port: int, expected: int) -> tuple[list[dict], float, int]:
-    """Wait until every packet sent is in a record or a meter reading (or 20 s passed):
-    (records, deny-class meter drops by the metric, their sum with the packets in records)."""
+def settle(cluster: Cluster, port: int) -> tuple[list[dict], float, int, int]:
+    """Wait until every packet the logged rules' flows matched (OVS pushes those counts a little
+    late) is in a record or a meter reading, or 20 s passed: (records, deny-class meter drops by
+    the metric, their sum with the packets in records, packets the flows matched)."""
     deadline = time.monotonic() + 20
+    seen = -1
     while True:
         time.sleep(0.5)
+        before, seen = seen, cluster.controller_flow_packets()
         records = cluster.audit_records()
         dropped = metric(port, "npaudit_meter_dropped_packets_total", '{meter="policy_deny"}') or 0
         total = recorded(records, "r1-flood") + recorded(records, "r2-quiet") + int(dropped)
-        if total >= expected - IN_FLIGHT_MARGIN or time.monotonic() > deadline:
-            return records, dropped, total
+        if (seen == before and total >= seen - IN_FLIGHT_MARGIN) or time.monotonic() > deadline:
+            return records, dropped, total, seen
 
 
 def flood_with_one_b_connection(cluster: Cluster, a: PodHandle, b: PodHandle, t: PodHandle) -> tuple[int, float]:
@@ -148,11 +161,9 @@ def test_a_flood_on_one_logged_drop_rule_hides_another_rules_record_unless_each_
     a = cluster.add_pod("flood", "a", server=False)
     b = cluster.add_pod("quiet", "b", server=False)
     t = cluster.add_pod("target", "t")
-    meters = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-meters", f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}"],
-                            capture_output=True, text=True).stdout
-    own = [int(m) for m in re.findall(r"meter=(\d+)", meters) if int(m) >= 4096]
-    assert sorted(own) == ([4096, 4097] if per_rule else []), meters  # one per logged rule, from the range
-    assert meters.count("type=drop rate=1000 burst_size=200") == 2 + len(own), meters
+    meters = dump_meters(cluster)
+    assert sorted(meters) == [1, 2, 3] + ([4096, 4097] if per_rule else []), meters  # one per logged rule
+    assert all(meters[m] == "type=drop rate=1000 burst_size=200" for m in meters if m != 3), meters
 
     # Whether B's SYN finds a token in the shared meter is chance (about meter rate / flood rate when the
     # flood is even; more when the busy host pauses the sender): per_rule off, up to ROUNDS floods, each
@@ -161,10 +172,11 @@ def test_a_flood_on_one_logged_drop_rule_hides_another_rules_record_unless_each_
     for n in range(1 if per_rule else ROUNDS):
         a_sent, took = flood_with_one_b_connection(cluster, a, b, t)
         sent += a_sent + 1  # A's flood and B's SYN
-        records, dropped, total = settle(cluster, port, sent)
+        records, dropped, total, seen = settle(cluster, port)
         b_now = recorded(records, "r2-quiet")
         print(f"per_rule={per_rule} round {n}: A sent {a_sent} in {took:.2f}s; B's SYN in records: "
-              f"{b_now - b_seen}; in records {recorded(records, 'r1-flood')} of A's, meter-dropped {dropped:.0f}")
+              f"{b_now - b_seen}; in records {recorded(records, 'r1-flood')} of A's, meter-dropped {dropped:.0f}; "
+              f"OVS matched {seen} of {sent} sent")
         if b_now == b_seen:
             break
         b_seen = b_now
@@ -177,8 +189,41 @@ def test_a_flood_on_one_logged_drop_rule_hides_another_rules_record_unless_each_
         assert metric(port, "npaudit_meter_per_rule_shared_rules") == 0
     else:
         assert b_now == b_seen, f"B's record got through the shared deny meter in each of {ROUNDS} floods"
-    # Exact: records + meter drops = what A and B sent (never more), but for what OVS never read.
-    assert sent * (1 - LOST_BEFORE_OVS) - IN_FLIGHT_MARGIN <= total <= sent, (total, sent)
+    # Exact: records + meter drops = what the logged rules matched in OVS; that is what A and B sent
+    # (never more) but for what OVS never read.
+    assert seen - IN_FLIGHT_MARGIN <= total <= seen, (total, seen)
+    assert sent * (1 - LOST_BEFORE_OVS) <= seen <= sent, (seen, sent)
     cluster.stop_agent()  # the last loss window is written at shutdown
     final = cluster.audit_records()
     assert meter_drops_in_trail(final) == dropped, "the loss records in the trail and the metric disagree"
+
+
+def test_per_rule_meters_go_with_their_rules_come_back_after_an_ovs_restart_and_leftovers_are_swept() -> None:
+    c = Cluster(extra_config="meters:\n  stats_interval: 0.5\n  per_rule: {enabled: true, id_base: 100, max: 8}\n")
+    try:
+        c.start()
+        c.apply(MANIFESTS)
+        c.add_pod("target", "t")
+        assert sorted(dump_meters(c)) == [1, 2, 3, 100, 101]
+        policy = MANIFESTS.split("---\napiVersion: crd.antrea.io/v1beta1", 1)[1]
+        c.apply("apiVersion: crd.antrea.io/v1beta1" + policy, op="delete")
+        assert sorted(dump_meters(c)) == [1, 2, 3]  # deleted once their flows were gone
+        c.apply(MANIFESTS)
+        assert sorted(dump_meters(c)) == [1, 2, 3, 100, 101]  # the freed ids, reused
+
+        os.kill(daemon_pid(c, "ovs-vswitchd"), signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while sorted(dump_meters(c)) != [1, 2, 3, 100, 101] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        meters = dump_meters(c)
+        assert sorted(meters) == [1, 2, 3, 100, 101] and meters[100] == "type=drop rate=1000 burst_size=200", meters
+
+        # A meter of the range that this run did not make (as an earlier run would leave): swept.
+        subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "add-meter", f"unix:{c.dir / 'ovs' / 'br-int.mgmt'}",
+                        "meter=107,pktps,band=type=drop,rate=5"], check=True)
+        deadline = time.monotonic() + 10
+        while 107 in dump_meters(c) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(dump_meters(c)) == [1, 2, 3, 100, 101]
+    finally:
+        c.close()
