@@ -104,6 +104,7 @@ class RuleMeters:
             if back:
                 await self._channel.install_meters(back)
                 self._ours.update((s.meter_id, s) for s in back)
+                self._classes.update(plan.classes())
             if gone:
                 await self._delete(gone)
             self._dirty = False

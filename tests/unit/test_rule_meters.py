@@ -285,3 +285,19 @@ def test_per_rule_meter_drops_count_under_their_class_and_a_reused_id_counts_fro
     classes[4096] = METER_POLICY_ALLOW
     totals.update([MeterReading(4096, 2, 200, 0.5)], 120.0, fold)
     assert {m: d.packets for m, d in totals.totals().items()} == {METER_POLICY_ALLOW: 5, METER_POLICY_DENY: 14}
+
+
+def test_a_refused_change_of_a_rules_class_puts_its_meters_rate_back() -> None:
+    async def main() -> None:
+        sw = Switch()
+        eng, rm = engine(sw)
+        await eng.apply(namespaces=[Namespace("x")], pods=[WEB], policies=[policy("p1")])
+        assert sw.meters[4096] == MeterSpec(4096, 50, 20)
+        sw.refuse_commit = True
+        with pytest.raises(ApplyFailed):  # the same rule (same id and meter) turned Allow: the allow rate first
+            await eng.apply(policies=[policy("p1", Action.ALLOW)])
+        assert sw.meters[4096] == MeterSpec(4096, 50, 20) and rm.class_of(4096) == METER_POLICY_DENY
+        sw.refuse_commit = False
+        await eng.apply(policies=[policy("p1", Action.ALLOW)])
+        assert sw.meters[4096] == MeterSpec(4096, 1000, 200) and rm.class_of(4096) == METER_POLICY_ALLOW
+    asyncio.run(main())
