@@ -11,6 +11,7 @@ not counted. Pure logic: the caller passes each reading and its time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY, METER_TRACEFLOW
 
@@ -56,16 +57,27 @@ class MeterTotals:
     A meter first seen that OVS created before `started` (a restarted agent on a
     running OVS) is taken as the baseline: its earlier drops are not this
     agent's to count. One created after `started` counts from zero.
+
+    `fold` (per reading) names the meter a reading's drops count under: per-rule fair
+    meters (meters/rule_meters.py) fold into their class meter, so the totals keep one
+    entry per class however many rules there are; None ignores the reading (a meter
+    that is not the agent's). Resets are still told apart per meter id.
     """
 
     def __init__(self, started: float) -> None:
         self._started = started
         self._meters: dict[int, _Counter] = {}
+        self._totals: dict[int, list[int]] = {}  # folded meter id -> [packets, bytes]
         self.resets = 0
 
-    def update(self, readings: list[MeterReading], now: float) -> None:
+    def update(self, readings: list[MeterReading], now: float,
+               fold: Callable[[int], int | None] = lambda meter_id: meter_id) -> None:
         """Fold in the readings of one reply taken at monotonic time `now`."""
         for r in readings:
+            into = fold(r.meter_id)
+            if into is None:
+                continue
+            total = self._totals.setdefault(into, [0, 0])
             created = now - r.age
             c = self._meters.get(r.meter_id)
             if c is None:
@@ -80,8 +92,10 @@ class MeterTotals:
                 self.resets += 1
             c.packets += r.dropped_packets - c.raw_packets
             c.bytes += r.dropped_bytes - c.raw_bytes
+            total[0] += r.dropped_packets - c.raw_packets
+            total[1] += r.dropped_bytes - c.raw_bytes
             c.raw_packets, c.raw_bytes, c.created = r.dropped_packets, r.dropped_bytes, created
 
     def totals(self) -> dict[int, Dropped]:
-        """Per meter id: dropped packets and bytes counted so far."""
-        return {meter_id: Dropped(c.packets, c.bytes) for meter_id, c in sorted(self._meters.items())}
+        """Per (folded) meter id: dropped packets and bytes counted so far."""
+        return {meter_id: Dropped(*t) for meter_id, t in sorted(self._totals.items())}

@@ -34,6 +34,7 @@ from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.loss_accounting import LossAccounting
+from policy_agent.rule_meters import build_rule_meters
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry, build_versions, category_name)
 from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks
@@ -229,8 +230,11 @@ class Agent:
         limits = MeterLimits(policy_allow=(mc.policy_allow.rate, mc.policy_allow.burst),
                              policy_deny=(mc.policy_deny.rate, mc.policy_deny.burst),
                              traceflow=(mc.traceflow.rate, mc.traceflow.burst))
+        per_rule = build_rule_meters(mc.per_rule.enabled, mc.per_rule.id_base, mc.per_rule.max, channel=self.channel,
+                                     limits=limits, support=self.channel.meter_support, losses=self.losses,
+                                     registry=self.registry)
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
-                                   meter_specs=desired_meters(limits, meters_ok),
+                                   meter_specs=desired_meters(limits, meters_ok), rule_meters=per_rule,
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
                                    datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()

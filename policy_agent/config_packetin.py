@@ -37,6 +37,18 @@ class MeterLimit:
 
 
 @dataclass(frozen=True)
+class PerRuleMeters:
+    # OVN's fair=true: every rule that sends to the agent (logged, or Reject) gets an OVS meter
+    # of its own, with its class's rate and burst (policy_allow or policy_deny), from the ids
+    # id_base .. id_base + max - 1, so a flood on one rule cannot use up another rule's
+    # budget. When every id is in use, further rules share their class meter (warned;
+    # npaudit_meter_per_rule_shared_rules). Off by default.
+    enabled: bool = False
+    id_base: int = field(default=4096, metadata=checked(bounded(4, 0x7FFFFFFF)))  # above the class meters 1..3
+    max: int = field(default=1024, metadata=checked(bounded(1, 262144)))
+
+
+@dataclass(frozen=True)
 class MetersConfig:
     # One meter per category and disposition class: a drop flood starves
     # neither allow records nor traceflow (DESIGN.md §3).
@@ -46,3 +58,4 @@ class MetersConfig:
     # Seconds between reads of the meters' drop counts (npaudit_meter_dropped_*); each read
     # ends a window whose losses (meter, OVS queue, admission, writer) go into a loss record.
     stats_interval: float = field(default=5.0, metadata=checked(bounded(0.1, 3600)))
+    per_rule: PerRuleMeters = PerRuleMeters()

@@ -37,6 +37,7 @@ from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
+from policy_agent.rule_meters import RuleMeters
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,10 @@ class PolicyEngine:
     def __init__(self, channel: FlowProgrammer, registry: RuleRegistry, *, round_: int,
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
                  pod_wait: float | None = None, datapath: DatapathCache | None = None,
-                 clock: Callable[[], float] = time.monotonic, verdicts: VerdictCache | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, verdicts: VerdictCache | None = None,
+                 rule_meters: RuleMeters | None = None) -> None:
         self._channel = channel
+        self._rule_meters = rule_meters  # per-rule fair meters (meters.per_rule), None: off
         self._verdicts = verdicts
         self._datapath = datapath
         self.purge_failures = 0
@@ -307,10 +310,19 @@ class PolicyEngine:
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
         return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
                             policies=tuple(objs.policies.values()), tiers=tiers, meters=self._meters(),
-                            round_=self.round_, pods=tuple(objs.pods.values()))
+                            round_=self.round_, pods=tuple(objs.pods.values()),
+                            rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
                         changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
+        try:
+            await self._transact_flows(nxt, persist, problems, changed, why=why, purge=purge)
+        finally:  # per-rule meters the plan in force does not name go, whichever way the change ended
+            if self._rule_meters is not None:
+                await self._rule_meters.settle(self._compiled.layout.meters if self._compiled else None)
+
+    async def _transact_flows(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+                              changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
         """validate -> compile (thread) -> one bundle -> (purge) -> persist (thread) -> swap. Call under
         the lock."""
         started = self._clock()
@@ -333,6 +345,8 @@ class PolicyEngine:
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
         try:
+            if self._rule_meters is not None:  # outside the bundle (OVS), before the flows that name them
+                await self._rule_meters.prepare(plan.compiled.layout.meters)
             await self._channel.commit_flows(plan.add, plan.stale)
         except (PacketInError, asyncio.TimeoutError) as exc:
             if not same_rules:

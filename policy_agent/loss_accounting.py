@@ -5,6 +5,10 @@ they feed npaudit_meter_dropped_*_total and, with ovs-vswitchd's packet-in
 overflow counters, the demux's admission drops and the records a full writer
 refused, the loss records written into the audit trail (auditlog/loss_records.py).
 Nothing here runs on the packet-in path: it only reads counters.
+
+With per-rule fair meters (policy_agent/rule_meters.py) each rule's meter counts
+under its class (policy_allow, policy_deny): the `meter` label stays bounded. Their
+meters are read once more just before they are deleted, so their drops stay exact.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from auditlog.chain import RecordText
 from auditlog.loss_records import (ADMISSION, METER, OVS_QUEUE, RECORDS, WRITER_FULL, LossKey,
                                    LossRecorder)
 from meters.ovs import MeterSupport
+from meters.rule_meters import RuleMeterRange
 from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
 from packetin import messages
 from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
@@ -62,6 +67,16 @@ class Restartable:
             self._raw[name] = raw
 
 
+class RuleMeterSource(Protocol):
+    """The per-rule meters as the statistics reader sees them (policy_agent.rule_meters.RuleMeters)."""
+
+    range: RuleMeterRange
+
+    def class_of(self, meter_id: int) -> int | None: ...
+
+    async def sweep(self, present: list[int]) -> None: ...
+
+
 class LossAccounting:
     """Reads meter statistics and writes loss records, once per `interval` (a task, until `close`).
 
@@ -92,6 +107,17 @@ class LossAccounting:
         self.recorder = None if submit is None else LossRecorder(submit, now=wall_clock(), context=context)
         self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
         self._task: asyncio.Task[None] | None = None
+        self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
+        self.rule_meters: RuleMeterSource | None = None  # set when meters.per_rule is on
+        self._present: list[int] = []  # the meter ids of the last reading
+
+    def _fold(self, meter_id: int) -> int | None:
+        """The meter a reading's drops count under: a per-rule meter's class; one of the range that
+        is not ours (left by an earlier run, holding no flows) is not counted."""
+        rm = self.rule_meters
+        if rm is None or meter_id not in rm.range:
+            return meter_id
+        return rm.class_of(meter_id)
 
     def dropped(self) -> dict[str, Dropped] | None:
         """Meter drops by meter name, None until the first statistics reply (or without meters)."""
@@ -109,16 +135,18 @@ class LossAccounting:
         support = self._channel.meter_support
         if not self._channel.ready or support is None or not support.supported:
             return
-        try:
-            parts = await self._channel.multipart(messages.meter_stats_request())
-            readings = messages.parse_meter_stats(parts)
-        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
-            self.read_errors += 1
-            self._errors.log(logging.WARNING, "meter-stats", "OVS meter statistics not read: %s",
-                             str(exc) or type(exc).__name__)
-            return
-        self.meters.update(readings, self._mono())
-        self.meters_read = True
+        async with self._reading:
+            try:
+                parts = await self._channel.multipart(messages.meter_stats_request())
+                readings = messages.parse_meter_stats(parts)
+            except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+                self.read_errors += 1
+                self._errors.log(logging.WARNING, "meter-stats", "OVS meter statistics not read: %s",
+                                 str(exc) or type(exc).__name__)
+                return
+            self.meters.update(readings, self._mono(), self._fold)
+            self.meters_read = True
+            self._present = [r.meter_id for r in readings]
 
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
@@ -133,7 +161,10 @@ class LossAccounting:
 
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""
+        self._present = []
         await self.read_meters()
+        if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
+            await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
         if self.recorder is None:
             return None

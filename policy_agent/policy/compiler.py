@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY
+from meters.rule_meters import EMPTY_PLAN, MeterAllocator, RuleMeterPlan, RuleMeterRange
 from packetin import messages
 from packetin.model import Category, Disposition, Flags, Userdata
 from packetin.protocol_numbers import ETH_TYPE_IPV4
@@ -67,6 +68,7 @@ class ClusterState:
     round_: int = 1
     # Pods known but not (yet) running: rules match their classes before their ADD.
     pods: tuple[Pod, ...] = ()
+    rule_meters: RuleMeterRange | None = None  # per-rule fair meters from this range (None: class meters)
 
 
 @dataclass
@@ -236,10 +238,11 @@ def merged_match(parts: Iterable[Items]) -> dict[str, Any]:
     return out
 
 
-def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int) -> list[messages.Action]:
+def _log_actions(state: ClusterState, disposition: Disposition, rule_id: int, flags: int,
+                 own_meter: int | None = None) -> list[messages.Action]:
     meter = None
     if state.meters:
-        meter = METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY
+        meter = own_meter or (METER_POLICY_ALLOW if disposition == Disposition.ALLOW else METER_POLICY_DENY)
     ud = Userdata(category=Category.POLICY, flags=flags, rule_id=rule_id).encode()
     return [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id),
             messages.Controller(reason=0, userdata=ud, meter_id=meter)]
@@ -255,12 +258,12 @@ def rule_flags(action: Action, logged: bool) -> int:
     return int(flags)
 
 
-def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: bool, table: int
-                  ) -> tuple[list[messages.Action], int | None]:
+def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: bool, table: int,
+                  own_meter: int | None = None) -> tuple[list[messages.Action], int | None]:
     """(actions, goto table or None = drop) for a rule in `table`."""
     disposition = _DISPOSITION[action]
     flags = rule_flags(action, logged)
-    actions = _log_actions(state, disposition, rule_id, flags) if flags else \
+    actions = _log_actions(state, disposition, rule_id, flags, own_meter) if flags else \
         [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT
@@ -362,10 +365,12 @@ class Layout:
     rules: dict[int, RuleInfo]
     priorities: dict[int, dict[str, int]]
     cookie: int
+    meters: RuleMeterPlan = EMPTY_PLAN  # per-rule meters (meters/rule_meters.py)
 
 
 def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = None,
-           reuse: tuple[dict[str, PlacedRule], dict[int, RuleInfo]] | None = None) -> Layout:
+           reuse: tuple[dict[str, PlacedRule], dict[int, RuleInfo]] | None = None,
+           meters: RuleMeterPlan | None = None) -> Layout:
     """Rule ids, tables, priorities (kept from `previous` where the order allows) and actions.
     `reuse`: the last layout's rules (by key, by id), kept where nothing of theirs changed."""
     was_placed, was_rules = reuse or ({}, {})
@@ -387,6 +392,7 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
     ids = allocate_ids(keys)
 
     rules: dict[int, RuleInfo] = {}
+    alloc = MeterAllocator(state.rule_meters if state.meters else None, meters)
     ns_logging = {name: ns.logging_enabled for name, ns in state.namespaces.items()}
 
     # Which table each rule lands in, in evaluation order, then stable priorities.
@@ -414,9 +420,10 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
             tier = policy.tier or DEFAULT_TIER
             logged = rule.enable_logging
         prio = priorities[table][key]
+        own = alloc.take(rid, rule.action == Action.ALLOW, bool(rule_flags(rule.action, logged)))
         was = was_placed.get(key)
         if was is not None and was.policy is policy and was.rule is rule and (was.table, was.priority, was.rule_id) == \
-                (table, prio, rid) and was_rules[rid].logged == logged:
+                (table, prio, rid) and was_rules[rid].logged == logged and alloc.same(rid):
             placed.append(was)
             rules[rid] = was_rules[rid]
             continue
@@ -424,7 +431,7 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
                               policy_name=policy.name, rule_name=name, tier=tier, priority=policy.priority,
                               action=rule.action, direction=rule.direction, log_label=rule.log_label,
                               logged=logged)
-        actions, goto = _rule_actions(state, rule.action, rid, logged, table)
+        actions, goto = _rule_actions(state, rule.action, rid, logged, table, own)
         placed.append(PlacedRule(key, policy, rule, table, prio, rid, tuple(actions), goto))
 
     isolating: list[Isolating] = []
@@ -438,9 +445,9 @@ def layout(state: ClusterState, previous: dict[int, dict[str, int]] | None = Non
             rules[rid] = RuleInfo(rule_id=rid, policy_kind=policy.kind.short, namespace=policy.namespace,
                                   policy_name=policy.name, rule_name=ISOLATION_RULE, tier="", priority=0.0,
                                   action=Action.DROP, direction=direction, log_label="", logged=logged)
-            actions, _ = _rule_actions(state, Action.DROP, rid, logged, table)
+            actions, _ = _rule_actions(state, Action.DROP, rid, logged, table, alloc.take(rid, False, logged))
             isolating.append(Isolating(direction, policy, rid, tuple(actions)))
-    return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie)
+    return Layout(tuple(placed), tuple(isolating), rules, priorities, cookie, alloc.plan())
 
 
 def rule_flows(sel: Selection, placed: PlacedRule, cookie: int, memo: Memo | None = None) -> list[messages.FlowSpec]:

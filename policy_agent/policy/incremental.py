@@ -139,7 +139,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     """Compile `state`, rebuilding from `prev` only what the change between them can affect."""
     endpoints = {ep.pod.key: ep for ep in state.endpoints}
     labels = ns_labels_of(state.namespaces)
-    if prev is not None and (prev.state.meters != state.meters or prev.state.round_ != state.round_):
+    if prev is not None and (prev.state.meters, prev.state.round_, prev.state.rule_meters) != \
+            (state.meters, state.round_, state.rule_meters):
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
         prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
@@ -177,7 +178,7 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     lay, placed, uses, users, class_rules = prev.layout, prev.placed, prev.uses, prev.users, prev.by_class
     dirty: set[str] = set()
     if relayout:
-        lay = layout(state, prev.layout.priorities, (prev.placed, prev.layout.rules))
+        lay = layout(state, prev.layout.priorities, (prev.placed, prev.layout.rules), prev.layout.meters)
         placed = {p.key: p for p in lay.placed}
         uses, by_cls = {}, set()
         for key, p in placed.items():  # a rule's groups: kept while its policy and rule are the same objects

@@ -3,7 +3,7 @@ Pods open a few connections hit by logged rules; every quiet connection is in th
 
 The OVS meters are set far above what OVS can emit here, so the agent's admission (the
 policy category's token bucket, tier 2) is the limit the flood meets: this test is about
-that tier. Fair OVS meters per rule are not built (tier 1 stays one meter per class).
+that tier. Per-rule fair OVS meters (meters.per_rule, off here) are tested in test_fair_meters_e2e.py.
 """
 
 from __future__ import annotations

@@ -175,3 +175,38 @@ def test_restartable_counters_take_the_first_reading_as_the_baseline_and_skip_un
     r.update({"rconn_overflow": 45, "packet_in_overflow": 3})
     r.update({"rconn_overflow": 2, "packet_in_overflow": None})
     assert r.totals == {"rconn_overflow": 7, "packet_in_overflow": 0}
+
+
+class _RuleMeters:
+    """Per-rule meters 100 (deny class) and 101 (allow class) of the range 100..109; 105 is not ours."""
+
+    def __init__(self) -> None:
+        from meters.rule_meters import RuleMeterRange
+        self.range = RuleMeterRange(100, 10)
+        self.swept: list[list[int]] = []
+
+    def class_of(self, meter_id: int) -> int | None:
+        return {100: METER_POLICY_DENY, 101: METER_POLICY_ALLOW}.get(meter_id)
+
+    async def sweep(self, present: list[int]) -> None:
+        self.swept.append(sorted(present))
+
+
+def test_per_rule_meters_count_under_their_class_and_strays_are_swept_only_by_the_periodic_tick() -> None:
+    async def main() -> None:
+        channel, world, mono, wall = FakeChannel(), World(), Clock(1000.0), Clock(1_700_000_000.0)
+        acc = accounting(channel, world, mono, wall)
+        rm = acc.rule_meters = _RuleMeters()
+        mono.t = 1001.0
+        # 105: left by an earlier run (made before this agent started): neither counted nor labelled.
+        channel.replies.append(reply((2, 4, 400, 0.5), (100, 30, 3000, 0.5), (101, 7, 700, 0.5), (105, 9, 900, 99.0)))
+        await acc.read_meters()  # as before a per-rule meter is deleted: no sweep from here
+        assert rm.swept == []
+        assert acc.dropped() == {"policy_allow": Dropped(7, 700), "policy_deny": Dropped(34, 3400)}
+        channel.replies.append(reply((2, 4, 400, 1.5), (101, 8, 800, 1.5), (105, 9, 900, 100.0)))
+        await acc.tick()
+        assert rm.swept == [[2, 101, 105]]
+        assert acc.dropped() == {"policy_allow": Dropped(8, 800), "policy_deny": Dropped(34, 3400)}
+        record = world.records[-1]
+        assert by_reason(record)[("meter", "policy_deny")] == 34 and by_reason(record)[("meter", "policy_allow")] == 8
+    asyncio.run(main())

@@ -18,6 +18,8 @@ from auditlog.writer import AuditWriter
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category
+from meters.ovs import MeterLimits
+from meters.rule_meters import RuleMeterRange
 from meters.stats import Dropped
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry)
@@ -25,6 +27,7 @@ from policy_agent.offload import DropOffload, OffloadCollector
 from policy_agent.offload_config import OffloadConfig
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
+from policy_agent.rule_meters import RuleMeters, RuleMetersCollector
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceStats
 
@@ -72,6 +75,9 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
+    # Only with meters.per_rule on (policy_agent/rule_meters.py).
+    registry.register(RuleMetersCollector(RuleMeters(None, RuleMeterRange(4096, 8),  # type: ignore[arg-type]
+                                                     MeterLimits((1, 1), (1, 1), (1, 1)))))
     families = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {key for sample in family.samples for key in sample.labels}
