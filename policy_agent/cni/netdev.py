@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import socket
 import struct
+from typing import Callable, ContextManager
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -44,7 +45,8 @@ class Netdevs:
 
     def make_veth(self, req: CniRequest, host_if: str) -> str:
         """The veth, its host end up next to vswitchd: the host end's MAC. Needs no address, so
-        it runs while IPAM allocates one; `add_port` and `configure` (the Pod end) then run at once.
+        it runs while IPAM allocates one (and `attach_port` after it); `configure` (the Pod end)
+        then runs with the policy hook.
 
         The netlink work runs in a thread moved into each namespace (meters.netns): an
         IPRoute(netns=...) costs ~10 ms to start there, a thread ~1 ms. Checksum offload
@@ -56,6 +58,8 @@ class Netdevs:
                 if stale:  # left by an ADD of this container that died before recording state
                     log.warning("ADD %s: removing stale %s", req.container_id, host_if)
                     hns.link("del", index=stale[0])
+                    # Its port too: the new one must get the number asked for, not keep the old.
+                    self._ovsdb.del_port(self._bridge, host_if)
                 # Created from the OVS namespace with the peer straight in the Pod's, so neither
                 # name ever appears in (or collides with) the host namespace.
                 hns.link("add", ifname=host_if, kind="veth", peer={"ifname": req.ifname, "net_ns_fd": req.netns})
@@ -68,16 +72,44 @@ class Netdevs:
 
         try:
             return call_in_netns(self._ovs_netns or None, host_side)
-        except (NetlinkError, OSError, IndexError) as exc:
+        except (NetlinkError, OSError, IndexError, OvsError) as exc:
             raise CniError(ERR_INTERNAL, f"creating {host_if} / {req.ifname} in {req.netns} failed",
                            f"{type(exc).__name__}: {exc}") from exc
 
-    def add_port(self, host_if: str) -> int:
-        """The host end (made by `make_veth`) as a port on the bridge: its ofport."""
+    def attach_port(self, host_if: str, ofport: int) -> None:
+        """The host end (made by `make_veth`) as a port on the bridge, asking for OpenFlow port
+        `ofport`; returns before vswitchd numbered it (watch_ofport tells)."""
         try:
-            return self._ovsdb.add_port(self._bridge, host_if)
+            self._ovsdb.attach_port(self._bridge, host_if, ofport)
         except OvsError as exc:
             raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
+
+    def watch_ofport(self, host_if: str, callback: Callable[[int], None]) -> ContextManager[None]:
+        return self._ovsdb.watch_ofport(host_if, callback)
+
+    def ofport(self, host_if: str) -> int | None:
+        """The port's number in OVSDB now, None while vswitchd has given none."""
+        try:
+            return self._ovsdb.ofport(host_if)
+        except OvsError as exc:
+            raise CniError(ERR_INTERNAL, f"reading the OpenFlow port of {host_if} failed", str(exc)) from exc
+
+    def no_ofport(self, host_if: str, timeout: float) -> CniError:
+        try:
+            why = str(self._ovsdb.no_ofport(self._bridge, host_if, timeout))
+        except OvsError as exc:
+            why = str(exc)
+        return CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", why)
+
+    def keep_ofport(self, host_if: str) -> None:
+        """The port keeps the number vswitchd gave it (its request dropped; see Ovsdb.forget_ofport_request)."""
+        try:
+            self._ovsdb.forget_ofport_request(host_if)
+        except OvsError as exc:
+            raise CniError(ERR_INTERNAL, f"renumbering {host_if} failed", str(exc)) from exc
+
+    def ofports_in_use(self) -> set[int]:
+        return self._ovsdb.ofports_in_use()
 
     def configure(self, req: CniRequest, lease: IpamLease) -> None:
         """The Pod end (made by `attach`): its MAC, address and routes, up."""
