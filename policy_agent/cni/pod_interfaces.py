@@ -63,7 +63,8 @@ async def _all(*steps: Awaitable[Any]) -> tuple[Any, ...]:
 
 
 class _Phases:
-    """Where one ADD's time went, for its log line: "ipam+port 5.1, configure+intent 2.0, ..."."""
+    """Where one ADD's time went, for its log line: "veth 5.1, ipam 4.2, ipam|veth 5.2, ...": steps
+    running at once each with their own time, then the time until all of them were done ("a|b")."""
 
     def __init__(self) -> None:
         self._last = time.monotonic()
@@ -73,6 +74,14 @@ class _Phases:
         now = time.monotonic()
         self._ms.append((name, (now - self._last) * 1000))
         self._last = now
+
+    async def timed(self, name: str, step: Awaitable[T]) -> T:
+        """`step`'s own time, among others running at once."""
+        start = time.monotonic()
+        try:
+            return await step
+        finally:
+            self._ms.append((name, (time.monotonic() - start) * 1000))
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {ms:.1f}" for name, ms in self._ms)
@@ -185,50 +194,55 @@ class PodInterfaces:
         phases = _Phases()
         try:
             with self._netdevs.watch_ofport(host_if, lambda n: loop.call_soon_threadsafe(_settle, numbered, n)):
-                def plumb() -> str:
+                def veth() -> str:
                     # The port number is ours to choose, so the Pod's flows need not wait for vswitchd.
                     owned.append(self._ofports.take())
-                    host_mac = self._netdevs.make_veth(req, host_if)
-                    self._netdevs.attach_port(host_if, owned[0])
-                    return host_mac
+                    return self._netdevs.make_veth(req, host_if)
 
                 def address() -> IpamLease:
                     return parse_ipam_result(
                         self._ipam.run("ADD", ipam_conf, req.container_id, req.netns, req.ifname), req.netconf)
 
-                # The address while the veth is made and put on the bridge (~5 ms each).
-                host_mac, lease = await _all(_blocking(plumb), _blocking(address))
-                phases.mark("ipam+veth+port")
+                # The address while the veth is made (~5 ms each).
+                host_mac, lease = await _all(phases.timed("veth", _blocking(veth)),
+                                             phases.timed("ipam", _blocking(address)))
+                phases.mark("ipam|veth")
                 info = PodInterfaceInfo(
                     namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
                     ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
                     mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
                     ofport=owned[0])
                 state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
-                # Recorded before the hook runs, so a DEL after an agent crash in it still calls
-                # pod_deleted. Not fsynced: it only matters while the flows it stands for exist, and
-                # they do not survive a power loss (nor do the netns and veth); the port and the lease
-                # that do are removed by the runtime's DEL of the dead sandbox without a record
-                # (_forget_unknown).
-                await _blocking(self._states.save, state, False)
-                phases.mark("intent")
-                hooked.append(info)
                 result = build_result(info, host_mac, lease)
                 ready = dataclasses.replace(state, phase=READY, result=result)
 
+                async def hook() -> None:
+                    # Recorded before the hook runs, so a DEL after an agent crash in it still calls
+                    # pod_deleted. Not fsynced: it only matters while the flows it stands for exist,
+                    # and they do not survive a power loss (nor do the netns and veth); the port and
+                    # the lease that do are removed by the runtime's DEL of the dead sandbox without
+                    # a record (_forget_unknown).
+                    await _blocking(self._states.save, state, False)
+                    hooked.append(info)
+                    await self._hooks.pod_added(info)
+
+                async def port() -> int:
+                    await _blocking(self._netdevs.attach_port, host_if, info.ofport)
+                    return await self._assigned(numbered, host_if)
+
                 def pod_end() -> Path:
-                    # The Pod end's address while the hook runs; the final record's bytes go to the
-                    # disk meanwhile: it takes effect only once the hook succeeded.
+                    # The Pod end's address; the final record's bytes go to the disk meanwhile:
+                    # it takes effect only once the hook succeeded.
                     self._netdevs.configure(req, lease)
                     return self._states.stage(ready)
 
                 # Policy first, forwarding flows last (inside the hook), answer after both and after
-                # vswitchd confirmed the port number: the Pod's first packet already meets its policy
-                # (Antrea issue #197). Flows naming a port that does not exist yet are fine; a port
-                # without its flows meets table 0's drop.
-                _, staged, got = await _all(self._hooks.pod_added(info), _blocking(pod_end),
-                                             self._assigned(numbered, host_if))
-                phases.mark("hook+configure+port")
+                # vswitchd numbered the port as asked: the Pod's first packet already meets its
+                # policy (Antrea issue #197). Flows naming a port that does not exist yet are fine;
+                # a port without its flows meets table 0's drop.
+                _, got, staged = await _all(phases.timed("intent+hook", hook()), phases.timed("port", port()),
+                                            phases.timed("configure+stage", _blocking(pod_end)))
+                phases.mark("hook|port|configure")
             if got != info.ofport:
                 info, staged = await self._renumbered(ready, got, owned, hooked)
             # The one fsync left waiting for: the directory, so the record survives a power loss

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ovsdbapp.backend.ovs_idl import connection, idlutils
+from ovsdbapp.backend.ovs_idl import connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
 from policy_agent.errors import OvsError
@@ -63,6 +63,13 @@ class _WatchingIdl(connection.OvsdbIdl):
                     except Exception:  # a watcher's bug must not stop the IDL thread
                         log.exception("ofport watcher of %s failed", row.name)
         super().notify(event, row, updates)
+
+
+class _NoWaitTransaction(transaction.Transaction):
+    """Done once ovsdb-server committed it, whatever vswitchd has made of it yet."""
+
+    def pre_commit(self, txn: Any) -> None:
+        txn.expected_ifaces = set()  # AddPortCommand records its interface there (for ovs-vsctl's wait)
 
 
 class Ovsdb:
@@ -176,8 +183,11 @@ class Ovsdb:
         """Add the port (and interface) to the bridge, asking for OpenFlow port `ofport`; returns
         once OVSDB committed it, before vswitchd gave it a number (see watch_ofport)."""
         api = self.api
+        # Not api.transaction(): like ovs-vsctl, that one waits until vswitchd has applied the
+        # change (next_cfg), holding ovsdbapp's only thread meanwhile.
+        txn = _NoWaitTransaction(api, api.ovsdb_connection, api.ovsdb_connection.timeout, check_error=True)
         try:
-            with api.transaction(check_error=True) as txn:
+            with txn:
                 txn.add(api.add_port(bridge, port, may_exist=True))
                 if ofport is not None:
                     txn.add(api.db_set("Interface", port, ("ofport_request", ofport)))
