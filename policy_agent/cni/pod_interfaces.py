@@ -194,7 +194,7 @@ class PodInterfaces:
         phases = _Phases()
         try:
             with self._netdevs.watch_ofport(host_if, lambda n: loop.call_soon_threadsafe(_settle, numbered, n)):
-                def veth() -> str:
+                def veth() -> tuple[str, int]:
                     # The port number is ours to choose, so the Pod's flows need not wait for vswitchd.
                     owned.append(self._ofports.take())
                     return self._netdevs.make_veth(req, host_if)
@@ -204,7 +204,7 @@ class PodInterfaces:
                         self._ipam.run("ADD", ipam_conf, req.container_id, req.netns, req.ifname), req.netconf)
 
                 # The address while the veth is made (~5 ms each).
-                host_mac, lease = await _all(phases.timed("veth", _blocking(veth)),
+                (host_mac, pod_index), lease = await _all(phases.timed("veth", _blocking(veth)),
                                              phases.timed("ipam", _blocking(address)))
                 phases.mark("ipam|veth")
                 info = PodInterfaceInfo(
@@ -233,7 +233,7 @@ class PodInterfaces:
                 def pod_end() -> Path:
                     # The Pod end's address; the final record's bytes go to the disk meanwhile:
                     # it takes effect only once the hook succeeded.
-                    self._netdevs.configure(req, lease)
+                    self._netdevs.configure(req, lease, pod_index)
                     return self._states.stage(ready)
 
                 # Policy first, forwarding flows last (inside the hook), answer after both and after
