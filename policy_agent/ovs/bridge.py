@@ -52,7 +52,10 @@ class _WatchingIdl(connection.OvsdbIdl):
         return cancel
 
     def notify(self, event: str, row: Any, updates: Any = None) -> None:
-        if self._watches and event != "delete" and row._table.name == "Interface":
+        # A create, or an update that changed ofport: not some other column of a row that had its
+        # number already (a stale row of the same name, about to be deleted).
+        if (self._watches and row._table.name == "Interface"
+                and (event == "create" or (event == "update" and "ofport" in getattr(updates, "_data", ())))):
             with self._watch_lock:
                 callbacks = list(self._watches.get(row.name, ()))
             ofport = _scalar(row.ofport) if callbacks else None

@@ -4,12 +4,13 @@ vswitchd; when another port has taken it, the Pod is realised again with the num
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from policy_agent.cni.netdev import host_ifname
 from tests.integration.conftest import BRIDGE
-from tests.integration.test_cni import Rig, rig  # noqa: F401  (the fixture)
+from tests.integration.test_cni import Rig, _link_exists, rig  # noqa: F401  (rig: the fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
 
@@ -85,4 +86,24 @@ def test_a_number_taken_by_another_port_moves_the_pods_flows_to_the_number_it_go
         rig.ovs.db.del_port(BRIDGE, foreign)
     for ctr, ns in (("ctr-pa", a), ("ctr-pb", b), ("ctr-pc", c)):
         assert rig.cni("DEL", ctr, ns).rc == 0
+    assert rig.ports() == set()
+
+
+def test_add_over_a_stale_veth_and_port_replaces_both_and_gets_its_number(rig: Rig) -> None:  # noqa: F811
+    # An ADD that died before recording anything, retried by the runtime without a DEL: its veth
+    # and its port (with a number of its own) are still there.
+    netns = rig.make_netns("s")
+    host_if = host_ifname("ctr-s")
+    subprocess.run(["ip", "-n", rig.ovs.netns, "link", "add", host_if, "type", "veth", "peer", "name",
+                    f"nps{rig.tag}"], check=True)
+    stale = rig.ovs.db.add_port(BRIDGE, host_if, 9000)
+    assert stale == 9000
+    add = rig.cni("ADD", "ctr-s", netns, pod="s")
+    assert add.rc == 0, (add.out, add.stderr)
+    (kind, info, _, _), = rig.hooks.events
+    assert info.ofport != 9000 and rig.ofport(host_if) == info.ofport
+    assert not _link_exists(rig.ovs.netns, f"nps{rig.tag}")  # the stale veth is gone, ours in place
+    assert _link_exists(netns.rsplit("/", 1)[1], "eth0")
+    assert rig.cni("CHECK", "ctr-s", netns).rc == 0
+    assert rig.cni("DEL", "ctr-s", netns).rc == 0
     assert rig.ports() == set()
