@@ -23,7 +23,6 @@ __all__ = ["PodHooks", "PodInterfaceInfo", "PodInterfaces"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-U = TypeVar("U")
 
 
 class PodHooks(Protocol):
@@ -205,7 +204,7 @@ class PodInterfaces:
 
                 # The address while the veth is made (~5 ms each).
                 (host_mac, pod_index), lease = await _all(phases.timed("veth", _blocking(veth)),
-                                             phases.timed("ipam", _blocking(address)))
+                                                          phases.timed("ipam", _blocking(address)))
                 phases.mark("ipam|veth")
                 info = PodInterfaceInfo(
                     namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
@@ -244,7 +243,7 @@ class PodInterfaces:
                                             phases.timed("configure+stage", _blocking(pod_end)))
                 phases.mark("hook|port|configure")
             if got != info.ofport:
-                info, staged = await self._renumbered(ready, got, owned, hooked)
+                info, staged = await self._renumbered(ready, staged, got, owned, hooked)
             # The one fsync left waiting for: the directory, so the record survives a power loss
             # before the runtime hears of the Pod.
             await _blocking(self._states.commit, req.container_id, staged)
@@ -275,7 +274,7 @@ class PodInterfaces:
             if loop.time() > deadline:
                 raise await _blocking(self._netdevs.no_ofport, host_if, timeout)
 
-    async def _renumbered(self, ready: ContainerState, got: int, owned: list[int],
+    async def _renumbered(self, ready: ContainerState, staged: Path, got: int, owned: list[int],
                           hooked: list[PodInterfaceInfo]) -> tuple[PodInterfaceInfo, Path]:
         """vswitchd gave the port `got`, not the number asked for (someone else's port has that):
         the Pod's flows move to `got` before the runtime hears of it. Returns the info and the
@@ -290,7 +289,12 @@ class PodInterfaces:
         # The flows naming the other port go before the Pod's flows come for its own.
         await self._hooks.pod_deleted(old)
         state = dataclasses.replace(ready, phase=ATTACHED, info=info, result=None)
-        await _blocking(self._states.save, state, False)
+
+        def record() -> None:
+            staged.unlink(missing_ok=True)  # the final record with `old`, never to be in force
+            self._states.save(state, False)
+
+        await _blocking(record)
         hooked.append(info)
         await self._hooks.pod_added(info)
         return info, await _blocking(self._states.stage, dataclasses.replace(ready, info=info))

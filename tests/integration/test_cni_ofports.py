@@ -75,6 +75,7 @@ def test_a_number_taken_by_another_port_moves_the_pods_flows_to_the_number_it_go
         assert events == [("added", taken), ("deleted", taken), ("added", got)]
         # The request is gone, so vswitchd will not renumber the port once `taken` is free.
         assert _requested(rig, host_b) == [] and _recorded_ofport(rig, "ctr-pb") == got
+        assert list((rig.state_dir / "containers").glob(".ctr-pb.*")) == []  # nothing staged left
         assert rig.cni("CHECK", "ctr-pb", b).rc == 0
 
         # Neither number is asked for again.
