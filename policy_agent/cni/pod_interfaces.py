@@ -51,6 +51,15 @@ def _settle(fut: asyncio.Future[T], value: T) -> None:
         fut.set_result(value)
 
 
+async def _settled(task: asyncio.Future[Any]) -> None:
+    """Once `task` has finished, however."""
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(task)
+    while not task.done():  # a second cancellation of ours interrupted the wait
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(task)
+
+
 async def _all(*steps: Awaitable[Any]) -> tuple[Any, ...]:
     """Every step's result; on a failure, only once all have finished (the rollback must not race
     any), then the first failure."""
@@ -202,46 +211,51 @@ class PodInterfaces:
                     return parse_ipam_result(
                         self._ipam.run("ADD", ipam_conf, req.container_id, req.netns, req.ifname), req.netconf)
 
-                # The address while the veth is made (~5 ms each).
-                (host_mac, pod_index), lease = await _all(phases.timed("veth", _blocking(veth)),
-                                                          phases.timed("ipam", _blocking(address)))
-                phases.mark("ipam|veth")
-                info = PodInterfaceInfo(
-                    namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
-                    ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
-                    mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
-                    ofport=owned[0])
-                state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
-                result = build_result(info, host_mac, lease)
-                ready = dataclasses.replace(state, phase=READY, result=result)
-
-                async def hook() -> None:
-                    # Recorded before the hook runs, so a DEL after an agent crash in it still calls
-                    # pod_deleted. Not fsynced: it only matters while the flows it stands for exist,
-                    # and they do not survive a power loss (nor do the netns and veth); the port and
-                    # the lease that do are removed by the runtime's DEL of the dead sandbox without
-                    # a record (_forget_unknown).
-                    await _blocking(self._states.save, state, False)
-                    hooked.append(info)
-                    await self._hooks.pod_added(info)
+                made = asyncio.ensure_future(phases.timed("veth", _blocking(veth)))
 
                 async def port() -> int:
-                    await _blocking(self._netdevs.attach_port, host_if, info.ofport)
+                    await made
+                    await _blocking(self._netdevs.attach_port, host_if, owned[0])
                     return await self._assigned(numbered, host_if)
 
-                def pod_end() -> Path:
-                    # The Pod end's address; the final record's bytes go to the disk meanwhile:
-                    # it takes effect only once the hook succeeded.
-                    self._netdevs.configure(req, lease, pod_index)
-                    return self._states.stage(ready)
+                # The address while the veth is made and put on the bridge (IPAM ~5 ms, veth ~3 ms,
+                # port ~5 ms): a port before its flows meets table 0's drop.
+                attached = asyncio.ensure_future(phases.timed("port", port()))
+                try:
+                    (host_mac, pod_index), lease = await _all(made, phases.timed("ipam", _blocking(address)))
+                    phases.mark("ipam|veth")
+                    info = PodInterfaceInfo(
+                        namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
+                        ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
+                        mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
+                        ofport=owned[0])
+                    state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
+                    result = build_result(info, host_mac, lease)
+                    ready = dataclasses.replace(state, phase=READY, result=result)
 
-                # Policy first, forwarding flows last (inside the hook), answer after both and after
-                # vswitchd numbered the port as asked: the Pod's first packet already meets its
-                # policy (Antrea issue #197). Flows naming a port that does not exist yet are fine;
-                # a port without its flows meets table 0's drop.
-                _, got, staged = await _all(phases.timed("intent+hook", hook()), phases.timed("port", port()),
-                                            phases.timed("configure+stage", _blocking(pod_end)))
-                phases.mark("hook|port|configure")
+                    async def hook() -> None:
+                        # Recorded before the hook runs, so a DEL after an agent crash in it still
+                        # calls pod_deleted. Not fsynced: it only matters while the flows it stands
+                        # for exist, and they do not survive a power loss (nor do the netns and veth);
+                        # the port and the lease that do are removed by the runtime's DEL of the dead
+                        # sandbox without a record (_forget_unknown).
+                        await _blocking(self._states.save, state, False)
+                        hooked.append(info)
+                        await self._hooks.pod_added(info)
+
+                    # Policy first, forwarding flows last (inside the hook), answer after both and
+                    # after vswitchd numbered the port as asked: the Pod's first packet already meets
+                    # its policy (Antrea issue #197). Flows naming a port that does not exist yet
+                    # are fine. Meanwhile the Pod end gets its address, and the final record's bytes
+                    # go to the disk (an fsync): it takes effect only once the hook succeeded.
+                    _, _, staged, got = await _all(
+                        phases.timed("intent+hook", hook()),
+                        phases.timed("configure", _blocking(self._netdevs.configure, req, lease, pod_index)),
+                        phases.timed("stage", _blocking(self._states.stage, ready)), attached)
+                    phases.mark("hook|configure|stage|port")
+                except BaseException:
+                    await _settled(attached)  # the rollback must not race the port's attach
+                    raise
             if got != info.ofport:
                 info, staged = await self._renumbered(ready, staged, got, owned, hooked)
             # The one fsync left waiting for: the directory, so the record survives a power loss
