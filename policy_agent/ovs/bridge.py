@@ -163,14 +163,15 @@ class Ovsdb:
         with self.watch_ofport(port, seen):
             self.attach_port(bridge, port, ofport)
             deadline = time.monotonic() + timeout
-            # OVSDB is read as well every 0.5 s, in case the number came before the watch.
-            while not got.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
-                now = self.ofport(port)
+            while True:
+                # OVSDB is read as well (at once: a port that was there already; then every
+                # 0.5 s), in case the number came before the watch.
+                now = number[-1] if number else self.ofport(port)
                 if now is not None:
                     return now
                 if time.monotonic() > deadline:
                     raise self.no_ofport(bridge, port, timeout)
-            return number[-1]
+                got.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
     @contextlib.contextmanager
     def watch_ofport(self, port: str, callback: Callable[[int], None]) -> Iterator[None]:
