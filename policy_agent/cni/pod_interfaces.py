@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from policy_agent.cni.ipam import Ipam, IpamLease, build_result, parse_ipam_result, versioned
 from policy_agent.cni.netdev import Netdevs, host_ifname, mac_for_ip
+from policy_agent.cni.ofports import OfportPool
 from policy_agent.cni.state import ATTACHED, READY, ContainerState, ContainerStates, PodInterfaceInfo
 from policy_agent.cni.wire import ERR_INTERNAL, ERR_INVALID_ENV, ERR_UNKNOWN_CONTAINER, CniError, CniRequest
 from policy_agent.ovs.bridge import Ovsdb
@@ -22,7 +23,6 @@ __all__ = ["PodHooks", "PodInterfaceInfo", "PodInterfaces"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-U = TypeVar("U")
 
 
 class PodHooks(Protocol):
@@ -46,18 +46,33 @@ async def _blocking(fn: Callable[..., T], *args: Any) -> T:
         raise
 
 
-async def _both(a: Awaitable[T], b: Awaitable[U]) -> tuple[T, U]:
-    """Both results; on a failure, only once both have finished (the rollback must not race
-    either), then the first failure."""
-    got = await asyncio.gather(a, b, return_exceptions=True)
+def _settle(fut: asyncio.Future[T], value: T) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+async def _settled(task: asyncio.Future[Any]) -> None:
+    """Once `task` has finished, however."""
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(task)
+    while not task.done():  # a second cancellation of ours interrupted the wait
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(task)
+
+
+async def _all(*steps: Awaitable[Any]) -> tuple[Any, ...]:
+    """Every step's result; on a failure, only once all have finished (the rollback must not race
+    any), then the first failure."""
+    got = await asyncio.gather(*steps, return_exceptions=True)
     for x in got:
         if isinstance(x, BaseException):
             raise x
-    return got[0], got[1]  # type: ignore[return-value]
+    return tuple(got)
 
 
 class _Phases:
-    """Where one ADD's time went, for its log line: "ipam+port 5.1, configure+intent 2.0, ..."."""
+    """Where one ADD's time went, for its log line: "veth 5.1, ipam 4.2, ipam|veth 5.2, ...": steps
+    running at once each with their own time, then the time until all of them were done ("a|b")."""
 
     def __init__(self) -> None:
         self._last = time.monotonic()
@@ -67,6 +82,14 @@ class _Phases:
         now = time.monotonic()
         self._ms.append((name, (now - self._last) * 1000))
         self._last = now
+
+    async def timed(self, name: str, step: Awaitable[T]) -> T:
+        """`step`'s own time, among others running at once."""
+        start = time.monotonic()
+        try:
+            return await step
+        finally:
+            self._ms.append((name, (time.monotonic() - start) * 1000))
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {ms:.1f}" for name, ms in self._ms)
@@ -82,6 +105,8 @@ class PodInterfaces:
         # host-local's dataDir unless the network configuration names one.
         self._ipam = Ipam(ipam_bin_dir, state_dir / "ipam")
         self._states = ContainerStates(state_dir / "containers")
+        # Numbers held: every recorded Pod's (READY or ATTACHED) and whatever OVSDB shows.
+        self._ofports = OfportPool(lambda: self._recorded_ofports() | self._netdevs.ofports_in_use())
         self._hooks = hooks
         # One lock per container serialises its ADD/DEL/CHECK; weak values let a lock
         # vanish once no call holds or waits for it, so the map never grows with churn.
@@ -152,79 +177,149 @@ class PodInterfaces:
                 out.append(state.info)
         return out
 
+    def _recorded_ofports(self) -> set[int]:
+        out = set()
+        for container_id in self._states.container_ids():
+            state = self._states.load(container_id)
+            if state is not None:
+                out.add(state.info.ofport)
+        return out
+
     # ---- ADD / DEL steps ----
 
     async def _add_new(self, req: CniRequest, namespace: str, name: str) -> dict[str, Any]:
         ipam_conf = self._ipam.netconf(req.netconf)
-        if not await _blocking(os.path.exists, req.netns):
+        # One stat of a /run path: cheaper on the loop than a hop to a thread.
+        if not os.path.exists(req.netns):
             raise CniError(ERR_INVALID_ENV, f"CNI_NETNS {req.netns} does not exist")
         host_if = host_ifname(req.container_id)
-        hooked: PodInterfaceInfo | None = None
+        hooked: list[PodInterfaceInfo] = []  # the info pod_added last ran with
+        owned: list[int] = []  # OpenFlow port numbers this ADD holds in the pool
+        loop = asyncio.get_running_loop()
+        numbered: asyncio.Future[int] = loop.create_future()
         # Everything from IPAM ADD on is undone on any failure; each undo step
         # tolerates "was never done", so there is no bookkeeping of how far we got.
         phases = _Phases()
         try:
-            # The address while the veth is made, then the Pod end's address while the port is
-            # added: only `configure` needs both the lease and the veth (~5 ms each step).
-            veth = asyncio.ensure_future(_blocking(self._netdevs.make_veth, req, host_if))
+            with self._netdevs.watch_ofport(host_if, lambda n: loop.call_soon_threadsafe(_settle, numbered, n)):
+                def veth() -> tuple[str, int]:
+                    # The port number is ours to choose, so the Pod's flows need not wait for vswitchd.
+                    owned.append(self._ofports.take())
+                    return self._netdevs.make_veth(req, host_if)
 
-            async def port() -> tuple[str, int]:
-                host_mac = await veth
-                return host_mac, await _blocking(self._netdevs.add_port, host_if)
+                def address() -> IpamLease:
+                    return parse_ipam_result(
+                        self._ipam.run("ADD", ipam_conf, req.container_id, req.netns, req.ifname), req.netconf)
 
-            async def pod_end() -> IpamLease:
-                raw = await _blocking(self._ipam.run, "ADD", ipam_conf, req.container_id, req.netns, req.ifname)
-                lease = parse_ipam_result(raw, req.netconf)
-                await veth
-                phases.mark("ipam+veth")
-                await _blocking(self._netdevs.configure, req, lease)
-                return lease
+                made = asyncio.ensure_future(phases.timed("veth", _blocking(veth)))
 
-            (host_mac, ofport), lease = await _both(port(), pod_end())
-            phases.mark("port+configure")
-            info = PodInterfaceInfo(
-                namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
-                ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
-                mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
-                ofport=ofport)
-            state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
-            # Recorded before the hook runs, so a DEL after an agent crash in it still calls
-            # pod_deleted. Not fsynced: it only matters while the flows it stands for exist, and
-            # they do not survive a power loss (nor do the netns and veth); the port and the lease
-            # that do are removed by the runtime's DEL of the dead sandbox without a record
-            # (_forget_unknown).
-            await _blocking(self._states.save, state, False)
-            phases.mark("intent")
-            hooked = info
-            result = build_result(info, host_mac, lease)
-            # Policy first, forwarding flows last (inside the hook), answer after both: the Pod's
-            # first packet already meets its policy (Antrea issue #197). The final record's bytes
-            # go to the disk meanwhile; it takes effect only once the hook succeeded.
-            _, staged = await _both(
-                self._hooks.pod_added(info),
-                _blocking(self._states.stage, dataclasses.replace(state, phase=READY, result=result)))
-            phases.mark("hook+stage")
+                async def port() -> int:
+                    await made
+                    await _blocking(self._netdevs.attach_port, host_if, owned[0])
+                    return await self._assigned(numbered, host_if)
+
+                # The address while the veth is made and put on the bridge (IPAM ~5 ms, veth ~3 ms,
+                # port ~5 ms): a port before its flows meets table 0's drop.
+                attached = asyncio.ensure_future(phases.timed("port", port()))
+                try:
+                    (host_mac, pod_index), lease = await _all(made, phases.timed("ipam", _blocking(address)))
+                    phases.mark("ipam|veth")
+                    info = PodInterfaceInfo(
+                        namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
+                        ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,
+                        mac=mac_for_ip(str(lease.address.ip)), gateway=lease.gateway, host_ifname=host_if,
+                        ofport=owned[0])
+                    state = ContainerState(phase=ATTACHED, info=info, host_mac=host_mac, ipam_netconf=ipam_conf)
+                    result = build_result(info, host_mac, lease)
+                    ready = dataclasses.replace(state, phase=READY, result=result)
+
+                    async def hook() -> None:
+                        # Recorded before the hook runs, so a DEL after an agent crash in it still
+                        # calls pod_deleted. Not fsynced: it only matters while the flows it stands
+                        # for exist, and they do not survive a power loss (nor do the netns and veth);
+                        # the port and the lease that do are removed by the runtime's DEL of the dead
+                        # sandbox without a record (_forget_unknown).
+                        await _blocking(self._states.save, state, False)
+                        hooked.append(info)
+                        await self._hooks.pod_added(info)
+
+                    # Policy first, forwarding flows last (inside the hook), answer after both and
+                    # after vswitchd numbered the port as asked: the Pod's first packet already meets
+                    # its policy (Antrea issue #197). Flows naming a port that does not exist yet
+                    # are fine. Meanwhile the Pod end gets its address, and the final record's bytes
+                    # go to the disk (an fsync): it takes effect only once the hook succeeded.
+                    _, _, staged, got = await _all(
+                        phases.timed("intent+hook", hook()),
+                        phases.timed("configure", _blocking(self._netdevs.configure, req, lease, pod_index)),
+                        phases.timed("stage", _blocking(self._states.stage, ready)), attached)
+                    phases.mark("hook|configure|stage|port")
+                except BaseException:
+                    await _settled(attached)  # the rollback must not race the port's attach
+                    raise
+            if got != info.ofport:
+                info, staged = await self._renumbered(ready, staged, got, owned, hooked)
             # The one fsync left waiting for: the directory, so the record survives a power loss
             # before the runtime hears of the Pod.
             await _blocking(self._states.commit, req.container_id, staged)
             phases.mark("commit")
         except BaseException as exc:
-            await self._rollback(req, ipam_conf, host_if, hooked)
+            await self._rollback(req, ipam_conf, host_if, hooked, owned)
             if isinstance(exc, CniError) or not isinstance(exc, Exception):
                 raise  # CniError as is; cancellation after cleaning up
             raise CniError(ERR_INTERNAL, f"ADD of container {req.container_id} (Pod {namespace}/{name}) "
                            "failed", f"{type(exc).__name__}: {exc}") from exc
         log.info("ADD %s: Pod %s/%s at %s on %s (ofport %d); ms %s", req.container_id, namespace, name,
-                 info.ip, host_if, ofport, phases)
+                 info.ip, host_if, info.ofport, phases)
         return versioned(result, req.cni_version)
 
+    async def _assigned(self, numbered: asyncio.Future[int], host_if: str, timeout: float = 10.0) -> int:
+        """The number vswitchd gave the port, from the OVSDB update (watch_ofport) that says so.
+        OVSDB is read as well every 0.5 s, in case that update came before the watch."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(numbered), min(0.5, max(0.0, deadline - loop.time())))
+            except asyncio.TimeoutError:
+                pass
+            now = await _blocking(self._netdevs.ofport, host_if)
+            if now is not None:
+                return now
+            if loop.time() > deadline:
+                raise await _blocking(self._netdevs.no_ofport, host_if, timeout)
+
+    async def _renumbered(self, ready: ContainerState, staged: Path, got: int, owned: list[int],
+                          hooked: list[PodInterfaceInfo]) -> tuple[PodInterfaceInfo, Path]:
+        """vswitchd gave the port `got`, not the number asked for (someone else's port has that):
+        the Pod's flows move to `got` before the runtime hears of it. Returns the info and the
+        staged record with the new number."""
+        old = ready.info
+        log.warning("ADD %s: OpenFlow port %d was taken, vswitchd gave %s port %d: realising the Pod again",
+                    old.container_id, old.ofport, old.host_ifname, got)
+        self._ofports.hold(got)
+        owned[:] = [got]  # the one asked for stays held: it belongs to another port
+        info = dataclasses.replace(old, ofport=got)
+        await _blocking(self._netdevs.keep_ofport, old.host_ifname)
+        # The flows naming the other port go before the Pod's flows come for its own.
+        await self._hooks.pod_deleted(old)
+        state = dataclasses.replace(ready, phase=ATTACHED, info=info, result=None)
+
+        def record() -> None:
+            staged.unlink(missing_ok=True)  # the final record with `old`, never to be in force
+            self._states.save(state, False)
+
+        await _blocking(record)
+        hooked.append(info)
+        await self._hooks.pod_added(info)
+        return info, await _blocking(self._states.stage, dataclasses.replace(ready, info=info))
+
     async def _rollback(self, req: CniRequest, ipam_conf: dict[str, Any], host_if: str,
-                        hooked: PodInterfaceInfo | None) -> None:
+                        hooked: list[PodInterfaceInfo], owned: list[int]) -> None:
         """Undo a failed ADD: flows, port, veth, address, state; log what could not be undone."""
         problems: list[str] = []
-        if hooked is not None:
+        if hooked:
             try:
-                await self._hooks.pod_deleted(hooked)
+                await self._hooks.pod_deleted(hooked[-1])
             except Exception as exc:
                 problems.append(f"pod_deleted hook: {type(exc).__name__}: {exc}")
         problems += await _blocking(self._netdevs.teardown, host_if)
@@ -233,6 +328,9 @@ class PodInterfaces:
         except CniError as exc:
             problems.append(str(exc))
         await _blocking(self._states.remove, req.container_id)
+        if not problems:  # else the port may still be there with its number
+            for n in owned:
+                self._ofports.release(n)
         if problems:
             log.error("rollback of ADD %s left work undone: %s", req.container_id, "; ".join(problems))
 
@@ -253,6 +351,7 @@ class PodInterfaces:
             # The state stays, so the runtime's retried DEL runs the hook and teardown again.
             raise CniError(ERR_INTERNAL, f"DEL of container {info.container_id} incomplete", "; ".join(problems))
         await _blocking(self._states.remove, info.container_id)
+        self._ofports.release(info.ofport)
         log.info("DEL %s: Pod %s/%s released %s", info.container_id, info.namespace, info.name, info.ip)
 
     async def _forget_unknown(self, req: CniRequest) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from ovsdbapp.backend.ovs_idl import connection, idlutils
+from ovsdbapp.backend.ovs_idl import connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
 from policy_agent.errors import OvsError
@@ -20,6 +22,59 @@ def kernel_datapath_available() -> bool:
     return Path("/sys/module/openvswitch").exists()
 
 
+def _scalar(value: Any) -> Any:
+    """An optional column's value: the IDL gives [] or [x]."""
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+class _WatchingIdl(connection.OvsdbIdl):
+    """The IDL, also telling watchers when vswitchd gave an Interface its OpenFlow port number.
+    notify() runs in ovsdbapp's connection thread as each update arrives: no polling."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch_lock = threading.Lock()
+        self._watches: dict[str, list[Callable[[int], None]]] = {}
+
+    def watch(self, name: str, callback: Callable[[int], None]) -> Callable[[], None]:
+        with self._watch_lock:
+            self._watches.setdefault(name, []).append(callback)
+
+        def cancel() -> None:
+            with self._watch_lock:
+                left = [cb for cb in self._watches.get(name, []) if cb is not callback]
+                if left:
+                    self._watches[name] = left
+                else:
+                    self._watches.pop(name, None)
+        return cancel
+
+    def notify(self, event: str, row: Any, updates: Any = None) -> None:
+        # A create, or an update that changed ofport: not some other column of a row that had its
+        # number already (a stale row of the same name, about to be deleted).
+        if (self._watches and row._table.name == "Interface"
+                and (event == "create" or (event == "update" and "ofport" in getattr(updates, "_data", ())))):
+            with self._watch_lock:
+                callbacks = list(self._watches.get(row.name, ()))
+            ofport = _scalar(row.ofport) if callbacks else None
+            if isinstance(ofport, int) and ofport > 0:
+                for callback in callbacks:
+                    try:
+                        callback(ofport)
+                    except Exception:  # a watcher's bug must not stop the IDL thread
+                        log.exception("ofport watcher of %s failed", row.name)
+        super().notify(event, row, updates)
+
+
+class _NoWaitTransaction(transaction.Transaction):
+    """Done once ovsdb-server committed it, whatever vswitchd has made of it yet."""
+
+    def pre_commit(self, txn: Any) -> None:
+        txn.expected_ifaces = set()  # AddPortCommand records its interface there (for ovs-vsctl's wait)
+
+
 class Ovsdb:
     """A connection to one ovsdb-server and the few operations the agent needs."""
 
@@ -28,7 +83,8 @@ class Ovsdb:
         try:
             helper = idlutils.get_schema_helper(remote, "Open_vSwitch")
             helper.register_all()
-            self._conn = connection.Connection(idl=connection.OvsdbIdl(remote, helper), timeout=timeout)
+            self._idl = _WatchingIdl(remote, helper)
+            self._conn = connection.Connection(idl=self._idl, timeout=timeout)
             # ovsdbapp keeps the connection in a class attribute (a process-wide
             # singleton); a subclass per instance lets two Ovsdb objects coexist.
             api_cls = type("OvsdbApi", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
@@ -95,26 +151,78 @@ class Ovsdb:
             time.sleep(0.02)
 
     def add_port(self, bridge: str, port: str, ofport: int | None = None, timeout: float = 10.0) -> int:
-        """Attach an interface; return its OpenFlow port number once vswitchd assigned it."""
+        """Attach an interface; return its OpenFlow port number once vswitchd assigned it (not
+        necessarily `ofport`, when that number is taken)."""
+        got = threading.Event()
+        number: list[int] = []
+
+        def seen(value: int) -> None:
+            number.append(value)
+            got.set()
+
+        with self.watch_ofport(port, seen):
+            self.attach_port(bridge, port, ofport)
+            deadline = time.monotonic() + timeout
+            while True:
+                # OVSDB is read as well (at once: a port that was there already; then every
+                # 0.5 s), in case the number came before the watch.
+                now = number[-1] if number else self.ofport(port)
+                if now is not None:
+                    return now
+                if time.monotonic() > deadline:
+                    raise self.no_ofport(bridge, port, timeout)
+                got.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    @contextlib.contextmanager
+    def watch_ofport(self, port: str, callback: Callable[[int], None]) -> Iterator[None]:
+        """While inside, `callback(ofport)` runs (in ovsdbapp's thread) whenever an OVSDB update
+        shows interface `port` with an OpenFlow port number. Enter it before attach_port."""
+        cancel = self._idl.watch(port, callback)
+        try:
+            yield
+        finally:
+            cancel()
+
+    def attach_port(self, bridge: str, port: str, ofport: int | None = None) -> None:
+        """Add the port (and interface) to the bridge, asking for OpenFlow port `ofport`; returns
+        once OVSDB committed it, before vswitchd gave it a number (see watch_ofport)."""
         api = self.api
-        with api.transaction(check_error=True) as txn:
-            txn.add(api.add_port(bridge, port, may_exist=True))
-            if ofport is not None:
-                txn.add(api.db_set("Interface", port, ("ofport_request", ofport)))
-        deadline = time.monotonic() + timeout
-        # vswitchd assigns the number a few ms after the commit; CNI ADD waits for it, so the
-        # first polls are short rather than one 20 ms sleep.
-        pause = 0.001
-        while True:
-            got = self._do(api.db_get("Interface", port, "ofport"), f"read ofport of {port}")
-            value = got[0] if isinstance(got, list) and got else got
-            if isinstance(value, int) and value > 0:
-                return value
-            if time.monotonic() > deadline:
-                error = self._do(api.db_get("Interface", port, "error"), f"read error of {port}")
-                raise OvsError(f"port {port} on {bridge} got no OpenFlow port within {timeout}s: {error}")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+        # Not api.transaction(): like ovs-vsctl, that one waits until vswitchd has applied the
+        # change (next_cfg), holding ovsdbapp's only thread meanwhile.
+        txn = _NoWaitTransaction(api, api.ovsdb_connection, api.ovsdb_connection.timeout, check_error=True)
+        try:
+            with txn:
+                txn.add(api.add_port(bridge, port, may_exist=True))
+                if ofport is not None:
+                    txn.add(api.db_set("Interface", port, ("ofport_request", ofport)))
+        except Exception as exc:
+            raise OvsError(f"OVSDB {self.remote}: add port {port} to {bridge} failed: {exc}") from exc
+
+    def ofport(self, port: str) -> int | None:
+        """The interface's OpenFlow port number as OVSDB has it now (None: not assigned yet)."""
+        value = _scalar(self._do(self.api.db_get("Interface", port, "ofport"), f"read ofport of {port}"))
+        return value if isinstance(value, int) and value > 0 else None
+
+    def no_ofport(self, bridge: str, port: str, timeout: float) -> OvsError:
+        """The error for a port vswitchd gave no number within `timeout`, with its reason."""
+        error = self._do(self.api.db_get("Interface", port, "error"), f"read error of {port}")
+        return OvsError(f"port {port} on {bridge} got no OpenFlow port within {timeout}s: {error}")
+
+    def forget_ofport_request(self, port: str) -> None:
+        """Drop the port's ofport_request: once vswitchd gave it another number, the request would
+        make vswitchd renumber it as soon as the requested one is free."""
+        self._do(self.api.db_clear("Interface", port, "ofport_request"), f"clear ofport_request of {port}")
+
+    def ofports_in_use(self) -> set[int]:
+        """Every OpenFlow port number an interface has or requests, on any bridge."""
+        rows = self._do(self.api.db_list("Interface", columns=["ofport", "ofport_request"]), "list interfaces")
+        out: set[int] = set()
+        for row in rows:
+            for column in ("ofport", "ofport_request"):
+                value = _scalar(row.get(column))
+                if isinstance(value, int) and value > 0:
+                    out.add(value)
+        return out
 
     def del_port(self, bridge: str, port: str) -> None:
         self._do(self.api.del_port(port, bridge=bridge, if_exists=True), f"delete port {port}")

@@ -54,8 +54,8 @@ class Hooks:
 
 pods = PodInterfaces(Ovsdb(remote), bridge, ovs_netns, Path(state_dir), Hooks())
 states = pods._states
-if step == "configure":  # the lease and the veth made, the port maybe, nothing recorded
-    pods._netdevs.configure = lambda *a: stop(step)
+if step == "unrecorded":  # the lease and the veth made, the port and the Pod end maybe, nothing recorded
+    states.save = lambda *a: stop(step)
 elif step == "intent":  # the unfinished record written, the hook not yet called
     real_save = states.save
     states.save = lambda *a: (real_save(*a), stop(step))
@@ -68,7 +68,7 @@ def _state_dir_entries(rig: Rig) -> list[str]:
     return sorted(os.listdir(d)) if d.exists() else []
 
 
-STEPS = ["configure", "intent", "hook", "staged", "committed"]
+STEPS = ["unrecorded", "intent", "hook", "staged", "committed"]
 
 
 def _die_at(rig: Rig, step: str, container_id: str, netns: str) -> None:
@@ -94,16 +94,17 @@ def test_agent_killed_inside_add_leaves_nothing_after_the_runtimes_del(rig: Rig,
     netns = rig.make_netns("k")
     host_if = host_ifname("ctr-k")
     _die_at(rig, step, "ctr-k", netns)
-    # What the dead agent left: a lease and the veth at every step, the port from "intent" on.
+    # What the dead agent left: a lease and the veth at every step; the port is attached while
+    # the record is written and the hook runs, so it is there for sure only once the hook is done.
     assert len(rig.allocated()) == 1 and _link_exists(rig.ovs.netns, host_if)
-    assert step == "configure" or host_if in rig.ports()
+    assert step not in ("staged", "committed") or host_if in rig.ports()
     assert rig.pods is not None
     # The restarted agent brings back (realises policy for) exactly the Pods whose ADD completed.
     assert [p.container_id for p in rig.pods.pods()] == (["ctr-k"] if step == "committed" else [])
 
     assert rig.cni("DEL", "ctr-k", netns).rc == 0
     # The hook's flows are removed whenever the hook may have run.
-    assert rig.hooks.kinds() == ([] if step == "configure" else ["deleted"])
+    assert rig.hooks.kinds() == ([] if step == "unrecorded" else ["deleted"])
     assert host_if not in rig.ports() and not _link_exists(rig.ovs.netns, host_if)
     assert rig.allocated() == set()
     assert _state_dir_entries(rig) == []  # no record, nothing staged
