@@ -35,6 +35,9 @@ from packetin.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 PacketInSink = Callable[[list[PacketIn], float], None]
+# Bundles of at most this many flows are encoded on the event loop (well under a millisecond:
+# bench/flow_encoder.py); bigger ones in a thread.
+LOOP_ENCODE_FLOWS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,18 +262,25 @@ class OpenFlowChannel:
     async def _bundle(self, install: Sequence[messages.FlowSpec],
                       delete: Sequence[messages.FlowSpec]) -> dict[int, OpenFlowError]:
         """Send one bundle and commit it (call holding _bundle_lock). Returns {} once the commit
-        is confirmed, else the switch's refusals by index (install first): nothing changed then."""
+        is confirmed, else the switch's refusals by index (install first): nothing changed then.
+        Two round trips: open + adds + barrier in one write (the switch answers in order, so the
+        barrier's reply follows the open's and every add's error), then commit + barrier."""
         specs = [*install, *delete]
         self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
         bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
-        # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
-        wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
+        if len(specs) > LOOP_ENCODE_FLOWS:
+            # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
+            wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
+        else:  # a few flows encode faster than a thread hop
+            wire_bytes = bundles.encode_flows(bundle_id, install, delete, xids)
         what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
-        await self.request(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
+        open_xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
+        opened = self._expect(open_xid)
         self._errors.update(dict.fromkeys(xids))
         try:
             self._send_raw(wire_bytes)
             await self._barrier()  # every add was checked; a refused one means no commit at all
+            await self._settled(opened)  # answered before the barrier: raises if the open was refused
             refused = self._refusals(xids, what)
             if refused:
                 with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
@@ -278,28 +288,36 @@ class OpenFlowChannel:
                 return refused
             return await self._commit(bundle_id, specs, xids, what)
         finally:
+            self._forget(open_xid, opened)
             for xid in xids:
                 self._errors.pop(xid, None)
 
     async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int],
                       what: list[str]) -> dict[int, OpenFlowError]:
-        xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
+        commit_xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
+        committed = self._expect(commit_xid)
+        barrier_xid = self._send(messages.barrier())  # in the commit's round trip
+        barrier = self._expect(barrier_xid)
         try:
-            await self._reply(xid)
-        except OpenFlowError:
-            # The switch names the failing message with an error of its own, sent before the commit's.
-            refused = self._refusals(xids, what)
-            if refused:
-                return refused
-            raise
-        except (ChannelClosed, asyncio.TimeoutError) as exc:
-            self._desired.in_doubt.update((f.key, f) for f in specs)
-            if self._proto is not None and self._proto.transport is not None:
-                self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
-            raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
-                                f"({len(specs)} flows): outcome unknown until the reconnect") from exc
-        await self._barrier()
-        return {}
+            try:
+                await self._settled(committed)
+            except OpenFlowError:
+                # The switch names the failing message with an error of its own, sent before the commit's.
+                refused = self._refusals(xids, what)
+                if refused:
+                    return refused
+                raise
+            except (ChannelClosed, asyncio.TimeoutError) as exc:
+                self._desired.in_doubt.update((f.key, f) for f in specs)
+                if self._proto is not None and self._proto.transport is not None:
+                    self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
+                raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
+                                    f"({len(specs)} flows): outcome unknown until the reconnect") from exc
+            await self._settled(barrier)
+            return {}
+        finally:
+            self._forget(commit_xid, committed)
+            self._forget(barrier_xid, barrier)
 
     def _refusals(self, xids: list[int], what: list[str]) -> dict[int, OpenFlowError]:
         return {i: refusal(err, None, what[i], xid) for i, xid in enumerate(xids)
@@ -343,12 +361,27 @@ class OpenFlowChannel:
         return await self._reply(self._send(msg))
 
     async def _reply(self, xid: int) -> Any:
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[xid] = fut
+        fut = self._expect(xid)
         try:
-            return await asyncio.wait_for(fut, self.settings.request_timeout)
+            return await self._settled(fut)
         finally:
-            self._pending.pop(xid, None)
+            self._forget(xid, fut)
+
+    def _expect(self, xid: int) -> asyncio.Future[Any]:
+        """The future of the reply to `xid`, registered at once: requests can be pipelined."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[xid] = fut
+        return fut
+
+    async def _settled(self, fut: asyncio.Future[Any]) -> Any:
+        return await asyncio.wait_for(fut, self.settings.request_timeout)
+
+    def _forget(self, xid: int, fut: asyncio.Future[Any]) -> None:
+        """Stop waiting for the reply to `xid`; one that failed unread (after an earlier step of
+        the same exchange failed) is not reported as never retrieved."""
+        self._pending.pop(xid, None)
+        if fut.done() and not fut.cancelled():
+            fut.exception()
 
     async def multipart(self, msg: Any) -> list[bytes]:
         """Send a multipart request; return every reply part as raw bytes.

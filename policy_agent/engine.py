@@ -1,17 +1,18 @@
 """Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
 A change (apply, delete, a Pod coming or going) is validated, compiled off the
-event loop (incrementally: only the rules the change can affect are rebuilt,
-policy/incremental.py), sent to the switch as one atomic bundle of the
+event loop (a small Pod change on it: the thread hop would cost more), incrementally
+(only the rules the change can affect are rebuilt, policy/incremental.py), sent to the switch as one atomic bundle of the
 difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
 Rules match Pods by class (policy/classes.py), and the classes of Pods known before
 they run are matched already: a Pod's ADD usually adds just its own flows.
 
-Ordering matters too: a new Pod's policy flows are confirmed before its
-classifier and forwarding flows exist, so no packet of the Pod is forwarded
-without policy. After every committed change the switch's datapath flow cache
+Ordering matters too: a new Pod's classifier and forwarding flows go in the
+same atomic bundle as its policy flows, after them, so no packet of the Pod is
+forwarded without policy (and its ADD costs one round trip to the switch).
+After every committed change the switch's datapath flow cache
 is purged, so that every new connection is translated against the new tables
 (not after a Pod's ADD: its flows concern only its own traffic, which no cached
 flow can forward before its forwarding flows exist);
@@ -42,6 +43,13 @@ log = logging.getLogger(__name__)
 
 FlowKey = tuple[Any, ...]
 Persist = Callable[[], None]
+PodFlows = tuple[Sequence[messages.FlowSpec], Sequence[messages.FlowSpec]]  # (to install, to delete)
+
+# A Pod change is compiled on the event loop when its estimated work, in Pods walked (a rule
+# naming each Pod counts once per Pod; LOOP_RULES_PER_ITEM rules walked count as one), is at most
+# LOOP_COMPILE_ITEMS: about 2 ms of CPU (bench/cni_latency.py, agent_work_replay).
+LOOP_COMPILE_ITEMS = 1_000
+LOOP_RULES_PER_ITEM = 10
 
 
 class PodUnknown(AgentError):
@@ -257,7 +265,9 @@ class PolicyEngine:
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
     async def pod_added(self, info: PodInterfaceInfo) -> None:
-        """Realise every policy that selects the Pod or names it, then let it forward."""
+        """Realise every policy that selects the Pod or names it, and let it forward: one bundle,
+        its forwarding flows after the policy flows, committed atomically (one round trip to the
+        switch, and no moment where the Pod forwards without its policy)."""
         key = (info.namespace, info.name)
         if self._pod_wait is not None and key not in self.pods:
             await self._wait_for_pod(key, self._pod_wait)
@@ -265,10 +275,10 @@ class PolicyEngine:
             cur = self._objects
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
+            forwarding = tables.pod_flows(self.round_, ip=info.ip, mac=info.mac, ofport=info.ofport)
             await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-added", purge=False)
-            await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
-                                                               ofport=info.ofport))
+                                 why="pod-added", purge=False, pod=(forwarding, ()),
+                                 on_loop=self._small_pod_change(key))
 
     async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -282,16 +292,29 @@ class PolicyEngine:
             await wait_event(self._pods_changed, left)
 
     async def pod_deleted(self, info: PodInterfaceInfo) -> None:
-        """Stop forwarding first, then drop the Pod from policy."""
+        """Stop forwarding and drop the Pod from policy, in one bundle (atomic: the Pod never
+        forwards without its policy either way)."""
         key = (info.namespace, info.name)
         async with self._lock:
             cur = self._objects
             ep = cur.endpoints.get(key)
-            if ep is not None:
-                await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
+            forwarding = [] if ep is None else tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport)
             endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
             await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-deleted")
+                                 why="pod-deleted", pod=((), forwarding), on_loop=self._small_pod_change(key))
+
+    def _small_pod_change(self, key: tuple[str, str]) -> bool:
+        """Whether a change of this Pod's interface compiles in well under a millisecond or so, so
+        cheaply that the thread hop would cost more (several ms on a loaded node): a Pod whose
+        object is known (its class exists already, so no rule naming classes is rebuilt), and a
+        state small enough that walking its Pods and the rules naming each Pod stays cheap.
+        Anything else compiles off the loop, which keeps answering echo and packet-ins."""
+        snap = self._compiled
+        if snap is None or key not in self._objects.pods:
+            return False
+        per_pod_rules = len(snap.placed) - len(snap.by_class)
+        items = len(self._objects.endpoints) * (1 + per_pod_rules) + len(snap.placed) // LOOP_RULES_PER_ITEM
+        return items <= LOOP_COMPILE_ITEMS
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
@@ -310,15 +333,19 @@ class PolicyEngine:
                             round_=self.round_, pods=tuple(objs.pods.values()))
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                        changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
+                        changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
+                        pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         """validate -> compile (thread) -> one bundle -> (purge) -> persist (thread) -> swap. Call under
-        the lock."""
+        the lock. `pod`: a Pod's forwarding flows installed after the policy flows / deleted in the
+        same bundle (not with `persist`: an undo puts back policy flows only). `on_loop`: the
+        change is small enough to compile without a thread hop."""
         started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            # Off the loop: the OpenFlow channel keeps answering echo and packet-ins.
-            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._compiled, self._policy_flows)
+            args = (self._cluster_state(nxt), self._compiled, self._policy_flows)
+            # Off the loop unless small: the OpenFlow channel keeps answering echo and packet-ins.
+            plan = _plan(*args) if on_loop else await asyncio.to_thread(_plan, *args)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
@@ -333,7 +360,7 @@ class PolicyEngine:
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
         try:
-            await self._channel.commit_flows(plan.add, plan.stale)
+            await self._channel.commit_flows([*plan.add, *pod[0]], [*pod[1], *plan.stale])
         except (PacketInError, asyncio.TimeoutError) as exc:
             if not same_rules:
                 self.registry.replace(old_rules)
@@ -354,9 +381,9 @@ class PolicyEngine:
         done = self._clock()
         # bench/cni_latency.py reads this line: the agent side of a policy change.
         log.info("policy sync #%d (%s): +%d -%d flows, %d in force; compile %.1f, switch %.1f, persist %.1f; "
-                 "in %.1f ms", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
+                 "in %.1f ms%s", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
                  (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
-                 (done - started) * 1000)
+                 (done - started) * 1000, " (compiled on the loop)" if on_loop else "")
 
     async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
         """Put the switch back as it was before `plan` went in (after a failed persist)."""
