@@ -4,7 +4,7 @@ The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
 on the event-loop thread. Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
-OpenFlowError naming the failing message; `commit_flows` sends a change as one
+OpenFlowError naming the failing message; `commit_flows` (bundle_exchange.py) sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
 the desired state and replayed (meters, groups, then all flows as one bundle)
 after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
@@ -13,7 +13,6 @@ after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -23,7 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from meters.ovs import MeterSpec, MeterSupport
-from packetin import bundles, messages
+from packetin import messages
+from packetin.bundle_exchange import BundleExchange
 from packetin import wire
 from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
@@ -35,9 +35,6 @@ from packetin.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 PacketInSink = Callable[[list[PacketIn], float], None]
-# Bundles of at most this many flows are encoded on the event loop (well under a millisecond:
-# bench/flow_encoder.py); bigger ones in a thread.
-LOOP_ENCODE_FLOWS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +51,7 @@ class ChannelSettings:
     request_timeout: float = 10.0
 
 
-class OpenFlowChannel:
+class OpenFlowChannel(BundleExchange):
     """One OpenFlow connection to one bridge, kept up until `close`.
 
     `mono_clock` is the only clock the keepalive reads (and the `now` handed to
@@ -244,85 +241,6 @@ class OpenFlowChannel:
         refused = await self._batch([(messages.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
         settle(self._desired.flows, [f.key for f in flows], None, refused)
 
-    async def commit_flows(self, install: Sequence[messages.FlowSpec], delete: Sequence[messages.FlowSpec]) -> None:
-        """Install and delete flows as one atomic, ordered bundle: the switch applies all of it or
-        none. Returns once the commit and a barrier are confirmed. A refusal (OpenFlowError naming
-        the flow) leaves the switch and the desired state as they were; so does a connection lost
-        before the commit. Lost after it (ChannelClosed), the outcome is unknown until the
-        reconnect, whose replay brings the switch back to the desired state, which stays the old one.
-        """
-        if not install and not delete:
-            return
-        async with self._bundle_lock:
-            raise_first(await self._bundle(install, delete))
-        self._desired.flows.update((f.key, f) for f in install)
-        for f in delete:
-            self._desired.flows.pop(f.key, None)
-
-    async def _bundle(self, install: Sequence[messages.FlowSpec],
-                      delete: Sequence[messages.FlowSpec]) -> dict[int, OpenFlowError]:
-        """Send one bundle and commit it (call holding _bundle_lock). Returns {} once the commit
-        is confirmed, else the switch's refusals by index (install first): nothing changed then.
-        Two round trips: open + adds + barrier in one write (the switch answers in order, so the
-        barrier's reply follows the open's and every add's error), then commit + barrier."""
-        specs = [*install, *delete]
-        self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
-        bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
-        if len(specs) > LOOP_ENCODE_FLOWS:
-            # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
-            wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
-        else:  # a few flows encode faster than a thread hop
-            wire_bytes = bundles.encode_flows(bundle_id, install, delete, xids)
-        what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
-        open_xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
-        opened = self._expect(open_xid)
-        self._errors.update(dict.fromkeys(xids))
-        try:
-            self._send_raw(wire_bytes)
-            await self._barrier()  # every add was checked; a refused one means no commit at all
-            await self._settled(opened)  # answered before the barrier: raises if the open was refused
-            refused = self._refusals(xids, what)
-            if refused:
-                with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
-                    await self.request(bundles.control(bundle_id, ofp.OFPBCT_DISCARD_REQUEST))
-                return refused
-            return await self._commit(bundle_id, specs, xids, what)
-        finally:
-            self._forget(open_xid, opened)
-            for xid in xids:
-                self._errors.pop(xid, None)
-
-    async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int],
-                      what: list[str]) -> dict[int, OpenFlowError]:
-        commit_xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
-        committed = self._expect(commit_xid)
-        barrier_xid = self._send(messages.barrier())  # in the commit's round trip
-        barrier = self._expect(barrier_xid)
-        try:
-            try:
-                await self._settled(committed)
-            except OpenFlowError:
-                # The switch names the failing message with an error of its own, sent before the commit's.
-                refused = self._refusals(xids, what)
-                if refused:
-                    return refused
-                raise
-            except (ChannelClosed, asyncio.TimeoutError) as exc:
-                self._desired.in_doubt.update((f.key, f) for f in specs)
-                if self._proto is not None and self._proto.transport is not None:
-                    self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
-                raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
-                                    f"({len(specs)} flows): outcome unknown until the reconnect") from exc
-            await self._settled(barrier)
-            return {}
-        finally:
-            self._forget(commit_xid, committed)
-            self._forget(barrier_xid, barrier)
-
-    def _refusals(self, xids: list[int], what: list[str]) -> dict[int, OpenFlowError]:
-        return {i: refusal(err, None, what[i], xid) for i, xid in enumerate(xids)
-                if (err := self._errors.get(xid)) is not None}
-
     async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""
         refused = await add_or_modify(
@@ -361,27 +279,12 @@ class OpenFlowChannel:
         return await self._reply(self._send(msg))
 
     async def _reply(self, xid: int) -> Any:
-        fut = self._expect(xid)
-        try:
-            return await self._settled(fut)
-        finally:
-            self._forget(xid, fut)
-
-    def _expect(self, xid: int) -> asyncio.Future[Any]:
-        """The future of the reply to `xid`, registered at once: requests can be pipelined."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut = asyncio.get_running_loop().create_future()
         self._pending[xid] = fut
-        return fut
-
-    async def _settled(self, fut: asyncio.Future[Any]) -> Any:
-        return await asyncio.wait_for(fut, self.settings.request_timeout)
-
-    def _forget(self, xid: int, fut: asyncio.Future[Any]) -> None:
-        """Stop waiting for the reply to `xid`; one that failed unread (after an earlier step of
-        the same exchange failed) is not reported as never retrieved."""
-        self._pending.pop(xid, None)
-        if fut.done() and not fut.cancelled():
-            fut.exception()
+        try:
+            return await asyncio.wait_for(fut, self.settings.request_timeout)
+        finally:
+            self._pending.pop(xid, None)
 
     async def multipart(self, msg: Any) -> list[bytes]:
         """Send a multipart request; return every reply part as raw bytes.

@@ -1,8 +1,9 @@
 """Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
 A change (apply, delete, a Pod coming or going) is validated, compiled off the
-event loop (a small Pod change on it: the thread hop would cost more), incrementally
-(only the rules the change can affect are rebuilt, policy/incremental.py), sent to the switch as one atomic bundle of the
+event loop (a small Pod change on it: the thread hop would cost more),
+incrementally (only the rules the change can affect are rebuilt,
+policy/incremental.py), sent to the switch as one atomic bundle of the
 difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
 one bad change can neither wedge the engine nor be enforced after being refused.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from packetin import messages
@@ -111,7 +112,8 @@ class _Objects:
 @dataclass(frozen=True)
 class _Plan:
     compiled: incremental.Snapshot
-    desired: dict[FlowKey, messages.FlowSpec]
+    put: dict[FlowKey, messages.FlowSpec]  # the desired flows: the current ones without `gone`, with `put`
+    gone: list[FlowKey]
     add: list[messages.FlowSpec]  # new or changed flows
     stale: list[messages.FlowSpec]  # flows of the current state that are no longer desired
 
@@ -119,17 +121,14 @@ class _Plan:
 def _plan(state: ClusterState, previous: incremental.Snapshot | None,
           current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
     """Compile what the change affects and diff it against the current flows (pure: runs in
-    a worker thread). `current` is what `previous` installed."""
+    a worker thread). `current` is what `previous` installed; it is only looked up, never
+    copied (a Pod's ADD touches a few of thousands)."""
     compiled, delta = incremental.update(previous, state)
-    desired = dict(current)
-    for f in delta.removed:
-        if desired.get(f.key) == f:
-            del desired[f.key]
-    for f in delta.added:
-        desired[f.key] = f
-    add = [f for f in delta.added if current.get(f.key) != f and desired[f.key] is f]
-    stale = [f for f in delta.removed if f.key not in desired]
-    return _Plan(compiled, desired, add, stale)
+    put = {f.key: f for f in delta.added}
+    gone_keys = {f.key for f in delta.removed if f.key not in put and current.get(f.key) == f}
+    add = [f for f in delta.added if current.get(f.key) != f and put[f.key] is f]
+    stale = [f for f in delta.removed if f.key not in put and (f.key in gone_keys or f.key not in current)]
+    return _Plan(compiled, put, list(gone_keys), add, stale)
 
 
 def _policy_name(policy: Policy) -> str:
@@ -326,6 +325,13 @@ class PolicyEngine:
         return self._cluster_state(self._objects)
 
     def _cluster_state(self, objs: _Objects) -> ClusterState:
+        """The compiler's input for `objs`. When only the running Pods differ from the engine's
+        state (a Pod's ADD or DEL), the rest is the last compiled state's, unchanged: no copy of
+        every policy, and the compiler sees at once that none changed."""
+        cur, last = self._objects, self._compiled.state if self._compiled is not None else None
+        if last is not None and objs.namespaces is cur.namespaces and objs.policies is cur.policies \
+                and objs.pods is cur.pods and objs.tiers is cur.tiers:
+            return replace(last, endpoints=tuple(objs.endpoints.values()), meters=self._meters())
         tiers = dict(STANDARD_TIERS)
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
         return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
@@ -381,7 +387,7 @@ class PolicyEngine:
         done = self._clock()
         # bench/cni_latency.py reads this line: the agent side of a policy change.
         log.info("policy sync #%d (%s): +%d -%d flows, %d in force; compile %.1f, switch %.1f, persist %.1f; "
-                 "in %.1f ms%s", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
+                 "in %.1f ms%s", self.syncs, why, len(plan.add), len(plan.stale), len(self._policy_flows),
                  (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
                  (done - started) * 1000, " (compiled on the loop)" if on_loop else "")
 
@@ -414,7 +420,9 @@ class PolicyEngine:
     def _swap(self, nxt: _Objects, plan: _Plan) -> None:
         self._objects = nxt
         self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
-        self._policy_flows = plan.desired
+        for key in plan.gone:  # in place: nothing else holds the dict (a plan only looks it up)
+            del self._policy_flows[key]
+        self._policy_flows.update(plan.put)
         if self._compiled is None or plan.compiled.rules is not self._compiled.rules:
             self.registry.replace(plan.compiled.rules)
         self._compiled = plan.compiled

@@ -211,8 +211,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
         dirty |= users.get(gkey, frozenset()) & class_rules
 
     outputs = dict(prev.outputs)
-    for key in [k for k in outputs if k not in placed and k != _ISOLATION]:
-        removed += outputs.pop(key).memo.values()
+    for key in [k for k in outputs if k not in placed and k != _ISOLATION] if relayout else ():
+        removed += outputs.pop(key).memo.values()  # rules gone (only a relayout changes `placed`)
     sel = _IndexedSelection(groups, cls.of_group)
     for key in dirty:
         old = outputs.get(key)
