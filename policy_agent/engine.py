@@ -48,7 +48,7 @@ PodFlows = tuple[Sequence[messages.FlowSpec], Sequence[messages.FlowSpec]]  # (t
 
 # A Pod change is compiled on the event loop when its estimated work, in Pods walked (a rule
 # naming each Pod counts once per Pod; LOOP_RULES_PER_ITEM rules walked count as one), is at most
-# LOOP_COMPILE_ITEMS: about 2 ms of CPU (bench/cni_latency.py, agent_work_replay).
+# LOOP_COMPILE_ITEMS: a few ms of CPU at most (agent_work_replay in bench/cni_latency.py measures it).
 LOOP_COMPILE_ITEMS = 1_000
 LOOP_RULES_PER_ITEM = 10
 
@@ -89,8 +89,6 @@ class FlowProgrammer(Protocol):
     switch has confirmed it, which is what makes the engine's ordering hold."""
 
     async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
-
-    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
 
     async def commit_flows(self, install: Sequence[messages.FlowSpec],
                            delete: Sequence[messages.FlowSpec]) -> None: ...
