@@ -90,6 +90,8 @@ class FlowProgrammer(Protocol):
 
     async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
 
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
     async def commit_flows(self, install: Sequence[messages.FlowSpec],
                            delete: Sequence[messages.FlowSpec]) -> None: ...
 
@@ -364,7 +366,12 @@ class PolicyEngine:
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
         try:
-            await self._channel.commit_flows([*plan.add, *pod[0]], [*pod[1], *plan.stale])
+            if plan.add or plan.stale:
+                await self._channel.commit_flows([*plan.add, *pod[0]], [*pod[1], *plan.stale])
+            else:  # no policy flow changes, nothing to order a Pod's flows against: one round trip, not two
+                for flows, send in ((pod[0], self._channel.install_flows), (pod[1], self._channel.delete_flows)):
+                    if flows:
+                        await send(flows)
         except (PacketInError, asyncio.TimeoutError) as exc:
             if not same_rules:
                 self.registry.replace(old_rules)

@@ -95,6 +95,20 @@ def test_pod_deleted_removes_forwarding_and_policy_flows_in_one_bundle() -> None
     asyncio.run(main())
 
 
+def test_without_policy_flow_changes_a_pods_flows_go_in_one_plain_confirmed_batch() -> None:
+    async def main() -> None:
+        eng, ch = engine()
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))])
+        ch.calls.clear()
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        forwarding = tables.pod_flows(3, ip="10.0.0.2", mac="02:00:0a:00:00:02", ofport=5)
+        assert ch.calls == [("install", forwarding)]  # no bundle: one round trip instead of two
+        ch.calls.clear()
+        await eng.pod_deleted(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        assert ch.calls == [("delete", forwarding)]
+    asyncio.run(main())
+
+
 def test_adding_a_policy_sends_only_its_flows() -> None:
     async def main() -> None:
         eng, ch = engine()
