@@ -12,7 +12,8 @@ they run are matched already: a Pod's ADD usually adds just its own flows.
 
 Ordering matters too: a new Pod's classifier and forwarding flows go in the
 same atomic bundle as its policy flows, after them, so no packet of the Pod is
-forwarded without policy (and its ADD costs one round trip to the switch).
+forwarded without policy (one bundle: two round trips to the switch, where
+policy then forwarding took five).
 After every committed change the switch's datapath flow cache
 is purged, so that every new connection is translated against the new tables
 (not after a Pod's ADD: its flows concern only its own traffic, which no cached
@@ -265,8 +266,8 @@ class PolicyEngine:
 
     async def pod_added(self, info: PodInterfaceInfo) -> None:
         """Realise every policy that selects the Pod or names it, and let it forward: one bundle,
-        its forwarding flows after the policy flows, committed atomically (one round trip to the
-        switch, and no moment where the Pod forwards without its policy)."""
+        its forwarding flows after the policy flows, committed atomically (no moment where the Pod
+        forwards without its policy). With no policy flow to change, a plain confirmed batch."""
         key = (info.namespace, info.name)
         if self._pod_wait is not None and key not in self.pods:
             await self._wait_for_pod(key, self._pod_wait)
