@@ -4,7 +4,7 @@ The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
 on the event-loop thread. Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
-OpenFlowError naming the failing message; `commit_flows` sends a change as one
+OpenFlowError naming the failing message; `commit_flows` (bundle_exchange.py) sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
 the desired state and replayed (meters, groups, then all flows as one bundle)
 after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
@@ -13,7 +13,6 @@ after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -23,7 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from meters.ovs import MeterSpec, MeterSupport
-from packetin import bundles, messages
+from packetin import messages
+from packetin.bundle_exchange import BundleExchange
 from packetin import wire
 from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
@@ -51,7 +51,7 @@ class ChannelSettings:
     request_timeout: float = 10.0
 
 
-class OpenFlowChannel:
+class OpenFlowChannel(BundleExchange):
     """One OpenFlow connection to one bridge, kept up until `close`.
 
     `mono_clock` is the only clock the keepalive reads (and the `now` handed to
@@ -240,70 +240,6 @@ class OpenFlowChannel:
     async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         refused = await self._batch([(messages.flow_delete_strict(f), "delete " + f.describe()) for f in flows])
         settle(self._desired.flows, [f.key for f in flows], None, refused)
-
-    async def commit_flows(self, install: Sequence[messages.FlowSpec], delete: Sequence[messages.FlowSpec]) -> None:
-        """Install and delete flows as one atomic, ordered bundle: the switch applies all of it or
-        none. Returns once the commit and a barrier are confirmed. A refusal (OpenFlowError naming
-        the flow) leaves the switch and the desired state as they were; so does a connection lost
-        before the commit. Lost after it (ChannelClosed), the outcome is unknown until the
-        reconnect, whose replay brings the switch back to the desired state, which stays the old one.
-        """
-        if not install and not delete:
-            return
-        async with self._bundle_lock:
-            raise_first(await self._bundle(install, delete))
-        self._desired.flows.update((f.key, f) for f in install)
-        for f in delete:
-            self._desired.flows.pop(f.key, None)
-
-    async def _bundle(self, install: Sequence[messages.FlowSpec],
-                      delete: Sequence[messages.FlowSpec]) -> dict[int, OpenFlowError]:
-        """Send one bundle and commit it (call holding _bundle_lock). Returns {} once the commit
-        is confirmed, else the switch's refusals by index (install first): nothing changed then."""
-        specs = [*install, *delete]
-        self._bundle_id = self._bundle_id % 0xFFFFFFFF + 1
-        bundle_id, xids = self._bundle_id, [self._next_xid() for _ in specs]
-        # Encoding thousands of flow_mods takes a while: off the loop, which keeps answering echo.
-        wire_bytes = await asyncio.to_thread(bundles.encode_flows, bundle_id, install, delete, xids)
-        what = [f.describe() for f in install] + ["delete " + f.describe() for f in delete]
-        await self.request(bundles.control(bundle_id, ofp.OFPBCT_OPEN_REQUEST))
-        self._errors.update(dict.fromkeys(xids))
-        try:
-            self._send_raw(wire_bytes)
-            await self._barrier()  # every add was checked; a refused one means no commit at all
-            refused = self._refusals(xids, what)
-            if refused:
-                with contextlib.suppress(OpenFlowError, ChannelClosed, asyncio.TimeoutError):
-                    await self.request(bundles.control(bundle_id, ofp.OFPBCT_DISCARD_REQUEST))
-                return refused
-            return await self._commit(bundle_id, specs, xids, what)
-        finally:
-            for xid in xids:
-                self._errors.pop(xid, None)
-
-    async def _commit(self, bundle_id: int, specs: list[messages.FlowSpec], xids: list[int],
-                      what: list[str]) -> dict[int, OpenFlowError]:
-        xid = self._send(bundles.control(bundle_id, ofp.OFPBCT_COMMIT_REQUEST))
-        try:
-            await self._reply(xid)
-        except OpenFlowError:
-            # The switch names the failing message with an error of its own, sent before the commit's.
-            refused = self._refusals(xids, what)
-            if refused:
-                return refused
-            raise
-        except (ChannelClosed, asyncio.TimeoutError) as exc:
-            self._desired.in_doubt.update((f.key, f) for f in specs)
-            if self._proto is not None and self._proto.transport is not None:
-                self._proto.transport.abort()  # a silent switch: reconnect, and the replay settles it
-            raise ChannelClosed(f"no answer from {self.settings.target} to the commit of bundle {bundle_id} "
-                                f"({len(specs)} flows): outcome unknown until the reconnect") from exc
-        await self._barrier()
-        return {}
-
-    def _refusals(self, xids: list[int], what: list[str]) -> dict[int, OpenFlowError]:
-        return {i: refusal(err, None, what[i], xid) for i, xid in enumerate(xids)
-                if (err := self._errors.get(xid)) is not None}
 
     async def install_meters(self, meters: Sequence[MeterSpec]) -> None:
         """Add meters, or modify the ones that already exist."""

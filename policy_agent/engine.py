@@ -1,7 +1,8 @@
 """Keeps OVS in line with the policy state: every change is a transaction, sent as one difference.
 
 A change (apply, delete, a Pod coming or going) is validated, compiled off the
-event loop (incrementally: only the rules the change can affect are rebuilt,
+event loop (a small Pod change on it: the thread hop would cost more),
+incrementally (only the rules the change can affect are rebuilt,
 policy/incremental.py), sent to the switch as one atomic bundle of the
 difference, persisted by the caller's hook, and only then becomes the engine's
 state. Any failure leaves the engine, the switch and the store as they were, so
@@ -9,9 +10,11 @@ one bad change can neither wedge the engine nor be enforced after being refused.
 Rules match Pods by class (policy/classes.py), and the classes of Pods known before
 they run are matched already: a Pod's ADD usually adds just its own flows.
 
-Ordering matters too: a new Pod's policy flows are confirmed before its
-classifier and forwarding flows exist, so no packet of the Pod is forwarded
-without policy. After every committed change the switch's datapath flow cache
+Ordering matters too: a new Pod's classifier and forwarding flows go in the
+same atomic bundle as its policy flows, after them, so no packet of the Pod is
+forwarded without policy (one bundle: two round trips to the switch, where
+policy then forwarding took five).
+After every committed change the switch's datapath flow cache
 is purged, so that every new connection is translated against the new tables
 (not after a Pod's ADD: its flows concern only its own traffic, which no cached
 flow can forward before its forwarding flows exist);
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from packetin import messages
@@ -43,6 +46,13 @@ log = logging.getLogger(__name__)
 
 FlowKey = tuple[Any, ...]
 Persist = Callable[[], None]
+PodFlows = tuple[Sequence[messages.FlowSpec], Sequence[messages.FlowSpec]]  # (to install, to delete)
+
+# A Pod change is compiled on the event loop when its estimated work, in Pods walked (a rule
+# naming each Pod counts once per Pod; LOOP_RULES_PER_ITEM rules walked count as one), is at most
+# LOOP_COMPILE_ITEMS: a few ms of CPU at most (agent_work_replay in bench/cni_latency.py measures it).
+LOOP_COMPILE_ITEMS = 1_000
+LOOP_RULES_PER_ITEM = 10
 
 
 class PodUnknown(AgentError):
@@ -104,7 +114,8 @@ class _Objects:
 @dataclass(frozen=True)
 class _Plan:
     compiled: incremental.Snapshot
-    desired: dict[FlowKey, messages.FlowSpec]
+    put: dict[FlowKey, messages.FlowSpec]  # the desired flows: the current ones without `gone`, with `put`
+    gone: list[FlowKey]
     add: list[messages.FlowSpec]  # new or changed flows
     stale: list[messages.FlowSpec]  # flows of the current state that are no longer desired
 
@@ -112,17 +123,14 @@ class _Plan:
 def _plan(state: ClusterState, previous: incremental.Snapshot | None,
           current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
     """Compile what the change affects and diff it against the current flows (pure: runs in
-    a worker thread). `current` is what `previous` installed."""
+    a worker thread). `current` is what `previous` installed; it is only looked up, never
+    copied (a Pod's ADD touches a few of thousands)."""
     compiled, delta = incremental.update(previous, state)
-    desired = dict(current)
-    for f in delta.removed:
-        if desired.get(f.key) == f:
-            del desired[f.key]
-    for f in delta.added:
-        desired[f.key] = f
-    add = [f for f in delta.added if current.get(f.key) != f and desired[f.key] is f]
-    stale = [f for f in delta.removed if f.key not in desired]
-    return _Plan(compiled, desired, add, stale)
+    put = {f.key: f for f in delta.added}
+    gone_keys = {f.key for f in delta.removed if f.key not in put and current.get(f.key) == f}
+    add = [f for f in delta.added if current.get(f.key) != f and put[f.key] is f]
+    stale = [f for f in delta.removed if f.key not in put and (f.key in gone_keys or f.key not in current)]
+    return _Plan(compiled, put, list(gone_keys), add, stale)
 
 
 def _policy_name(policy: Policy) -> str:
@@ -260,7 +268,9 @@ class PolicyEngine:
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
     async def pod_added(self, info: PodInterfaceInfo) -> None:
-        """Realise every policy that selects the Pod or names it, then let it forward."""
+        """Realise every policy that selects the Pod or names it, and let it forward: one bundle,
+        its forwarding flows after the policy flows, committed atomically (no moment where the Pod
+        forwards without its policy). With no policy flow to change, a plain confirmed batch."""
         key = (info.namespace, info.name)
         if self._pod_wait is not None and key not in self.pods:
             await self._wait_for_pod(key, self._pod_wait)
@@ -268,10 +278,10 @@ class PolicyEngine:
             cur = self._objects
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
+            forwarding = tables.pod_flows(self.round_, ip=info.ip, mac=info.mac, ofport=info.ofport)
             await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-added", purge=False)
-            await self._channel.install_flows(tables.pod_flows(self.round_, ip=info.ip, mac=info.mac,
-                                                               ofport=info.ofport))
+                                 why="pod-added", purge=False, pod=(forwarding, ()),
+                                 on_loop=self._small_pod_change(key))
 
     async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -285,16 +295,29 @@ class PolicyEngine:
             await wait_event(self._pods_changed, left)
 
     async def pod_deleted(self, info: PodInterfaceInfo) -> None:
-        """Stop forwarding first, then drop the Pod from policy."""
+        """Stop forwarding and drop the Pod from policy, in one bundle (atomic: the Pod never
+        forwards without its policy either way)."""
         key = (info.namespace, info.name)
         async with self._lock:
             cur = self._objects
             ep = cur.endpoints.get(key)
-            if ep is not None:
-                await self._channel.delete_flows(tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport))
+            forwarding = [] if ep is None else tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport)
             endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
             await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-deleted")
+                                 why="pod-deleted", pod=((), forwarding), on_loop=self._small_pod_change(key))
+
+    def _small_pod_change(self, key: tuple[str, str]) -> bool:
+        """Whether a change of this Pod's interface compiles in well under a millisecond or so, so
+        cheaply that the thread hop would cost more (several ms on a loaded node): a Pod whose
+        object is known (its class exists already, so no rule naming classes is rebuilt), and a
+        state small enough that walking its Pods and the rules naming each Pod stays cheap.
+        Anything else compiles off the loop, which keeps answering echo and packet-ins."""
+        snap = self._compiled
+        if snap is None or key not in self._objects.pods:
+            return False
+        per_pod_rules = len(snap.placed) - len(snap.by_class)
+        items = len(self._objects.endpoints) * (1 + per_pod_rules) + len(snap.placed) // LOOP_RULES_PER_ITEM
+        return items <= LOOP_COMPILE_ITEMS
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
@@ -306,6 +329,13 @@ class PolicyEngine:
         return self._cluster_state(self._objects)
 
     def _cluster_state(self, objs: _Objects) -> ClusterState:
+        """The compiler's input for `objs`. When only the running Pods differ from the engine's
+        state (a Pod's ADD or DEL), the rest is the last compiled state's, unchanged: no copy of
+        every policy, and the compiler sees at once that none changed."""
+        cur, last = self._objects, self._compiled.state if self._compiled is not None else None
+        if last is not None and objs.namespaces is cur.namespaces and objs.policies is cur.policies \
+                and objs.pods is cur.pods and objs.tiers is cur.tiers:
+            return replace(last, endpoints=tuple(objs.endpoints.values()), meters=self._meters())
         tiers = dict(STANDARD_TIERS)
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
         return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
@@ -314,23 +344,29 @@ class PolicyEngine:
                             rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
 
     async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                        changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
+                        changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
+                        pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         try:
-            await self._transact_flows(nxt, persist, problems, changed, why=why, purge=purge)
+            await self._transact_flows(nxt, persist, problems, changed, why=why, purge=purge, pod=pod,
+                                       on_loop=on_loop)
         finally:  # per-rule meters the plan in force does not name go, whichever way the change ended
             if self._rule_meters is not None:
                 await self._rule_meters.settle(self._compiled.layout.meters if self._compiled else None)
 
     async def _transact_flows(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
-                              changed: Sequence[Policy] = (), *, why: str, purge: bool = True) -> None:
+                              changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
+                              pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         """validate -> compile (thread) -> one bundle -> (purge) -> persist (thread) -> swap. Call under
-        the lock."""
+        the lock. `pod`: a Pod's forwarding flows installed after the policy flows / deleted in the
+        same bundle (not with `persist`: an undo puts back policy flows only). `on_loop`: the
+        change is small enough to compile without a thread hop."""
         started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            # Off the loop: the OpenFlow channel keeps answering echo and packet-ins.
-            plan = await asyncio.to_thread(_plan, self._cluster_state(nxt), self._compiled, self._policy_flows)
+            args = (self._cluster_state(nxt), self._compiled, self._policy_flows)
+            # Off the loop unless small: the OpenFlow channel keeps answering echo and packet-ins.
+            plan = _plan(*args) if on_loop else await asyncio.to_thread(_plan, *args)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
             names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
@@ -347,7 +383,12 @@ class PolicyEngine:
         try:
             if self._rule_meters is not None:  # outside the bundle (OVS), before the flows that name them
                 await self._rule_meters.prepare(plan.compiled.layout.meters)
-            await self._channel.commit_flows(plan.add, plan.stale)
+            if plan.add or plan.stale:
+                await self._channel.commit_flows([*plan.add, *pod[0]], [*pod[1], *plan.stale])
+            else:  # no policy flow changes, nothing to order a Pod's flows against: one round trip, not two
+                for flows, send in ((pod[0], self._channel.install_flows), (pod[1], self._channel.delete_flows)):
+                    if flows:
+                        await send(flows)
         except (PacketInError, asyncio.TimeoutError) as exc:
             if not same_rules:
                 self.registry.replace(old_rules)
@@ -368,9 +409,9 @@ class PolicyEngine:
         done = self._clock()
         # bench/cni_latency.py reads this line: the agent side of a policy change.
         log.info("policy sync #%d (%s): +%d -%d flows, %d in force; compile %.1f, switch %.1f, persist %.1f; "
-                 "in %.1f ms", self.syncs, why, len(plan.add), len(plan.stale), len(plan.desired),
+                 "in %.1f ms%s", self.syncs, why, len(plan.add), len(plan.stale), len(self._policy_flows),
                  (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
-                 (done - started) * 1000)
+                 (done - started) * 1000, " (compiled on the loop)" if on_loop else "")
 
     async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
         """Put the switch back as it was before `plan` went in (after a failed persist)."""
@@ -401,7 +442,9 @@ class PolicyEngine:
     def _swap(self, nxt: _Objects, plan: _Plan) -> None:
         self._objects = nxt
         self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
-        self._policy_flows = plan.desired
+        for key in plan.gone:  # in place: nothing else holds the dict (a plan only looks it up)
+            del self._policy_flows[key]
+        self._policy_flows.update(plan.put)
         if self._compiled is None or plan.compiled.rules is not self._compiled.rules:
             self.registry.replace(plan.compiled.rules)
         self._compiled = plan.compiled

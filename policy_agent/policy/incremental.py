@@ -62,6 +62,7 @@ class _Classes:
     of_group: dict[GroupKey, tuple[int, ...]]
     flows: dict[PodKey, tuple[messages.FlowSpec, ...]]
     cache: dict[ClassKey, int]  # class key -> its hash (shared: a pure function's memo)
+    by_key: dict[ClassKey, int]  # class key -> its id
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
         prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
-                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}))
+                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}))
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
@@ -212,8 +213,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
         dirty |= users.get(gkey, frozenset()) & class_rules
 
     outputs = dict(prev.outputs)
-    for key in [k for k in outputs if k not in placed and k != _ISOLATION]:
-        removed += outputs.pop(key).memo.values()
+    for key in [k for k in outputs if k not in placed and k != _ISOLATION] if relayout else ():
+        removed += outputs.pop(key).memo.values()  # rules gone (only a relayout changes `placed`)
     sel = _IndexedSelection(groups, cls.of_group)
     for key in dirty:
         old = outputs.get(key)
@@ -279,11 +280,17 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, pod, labels))
     by_key = classes.assign_ids(keys.values(), old.cache)
     ids = {pk: by_key[k] for pk, k in keys.items()}
+    # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
+    # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
+    if fresh or gone or any(old.by_key.get(k, cid) != cid for k, cid in by_key.items()):
+        suspects: set[PodKey] = keys.keys() | old.keys.keys()
+    else:
+        suspects = changed
 
     counts = {g: c for g, c in old.counts.items() if g in cgroups}
     counts.update((g, {}) for g in fresh)
     touched: set[GroupKey] = set(fresh)
-    for pk in keys.keys() | old.keys.keys():
+    for pk in suspects:
         before, after = (old.keys.get(pk, frozenset()), old.ids.get(pk)), (keys.get(pk, frozenset()), ids.get(pk))
         if before == after:
             continue
@@ -307,8 +314,8 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
     flows = dict(old.flows)
     added: list[messages.FlowSpec] = []
     removed: list[messages.FlowSpec] = []
-    for pk in moved | {pk for pk in endpoints if ids.get(pk) != old.ids.get(pk)} | \
-            {pk for pk in old.flows if ids.get(pk) != old.ids.get(pk)}:
+    renumbered = {pk for pk in suspects if ids.get(pk) != old.ids.get(pk) and (pk in endpoints or pk in old.flows)}
+    for pk in moved | renumbered:
         before_flows = flows.pop(pk, ())
         ep = endpoints.get(pk)
         after_flows = classes.pod_class_flows(ep, ids[pk], cookie) if ep is not None else ()
@@ -319,4 +326,5 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             removed += before_flows
         if after_flows:
             flows[pk] = after_flows
-    return _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache), class_changed, added, removed
+    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key)
+    return cls, class_changed, added, removed

@@ -76,6 +76,32 @@ def test_commit_flows_changes_the_table_in_one_committed_bundle(sock_path: str) 
     run(main())
 
 
+def test_a_bundle_costs_two_round_trips_to_the_switch(sock_path: str) -> None:
+    """Open + adds + barrier go out together (the switch answers in order), then commit + barrier:
+    a Pod's ADD waits for two answers, not four."""
+    async def main() -> None:
+        async with rig(sock_path) as r:
+            await with_old(r)
+            events: list[str] = []
+            transport = r.chan._proto.transport
+            write, on_control = transport.write, r.chan._on_control
+
+            def spy_write(data: bytes) -> None:
+                events.append("send")
+                write(data)
+
+            def spy_control(raw: bytes) -> None:
+                events.append("answer")
+                on_control(raw)
+
+            transport.write, r.chan._on_control = spy_write, spy_control
+            await r.chan.commit_flows([NEW, CHANGED], [OLD[2]])
+            turns = [e for i, e in enumerate(events) if i == 0 or events[i - 1] != e]
+            assert turns == ["send", "answer", "send", "answer"]
+            assert r.fake.commits == 1 and set(r.fake.flows) == {OLD[0].key, OLD[1].key, NEW.key}
+    run(main())
+
+
 @pytest.mark.parametrize("on_add", [False, True], ids=["refused-at-commit", "refused-when-added"])
 def test_a_refused_flow_leaves_the_switch_and_the_desired_state_unchanged(sock_path: str, on_add: bool) -> None:
     bad = flow(5, 10, 1, in_port=7)

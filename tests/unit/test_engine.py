@@ -66,16 +66,46 @@ def is_pod_flow(f: messages.FlowSpec) -> bool:
     return f.cookie == tables.cookie(3, tables.COOKIE_KIND_POD)
 
 
-def test_pod_policy_is_installed_before_its_forwarding_flows() -> None:
+def test_pod_policy_and_forwarding_flows_go_in_one_bundle_policy_first() -> None:
     async def main() -> None:
         eng, ch = engine()
         await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))], policies=[drop_web()])
         ch.calls.clear()
         await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
-        kinds = [("pod" if any(is_pod_flow(f) for f in flows) else "policy", op) for op, flows in ch.calls]
-        assert kinds == [("policy", "commit"), ("pod", "install")]
-        policy_flows = ch.calls[0][1]
-        assert any(("ipv4_dst", "10.0.0.2") in f.match for f in policy_flows)
+        assert [op for op, _ in ch.calls] == ["commit"]  # one round trip: one atomic bundle
+        (installed, deleted), = ch.commits[-1:]
+        kinds = ["pod" if is_pod_flow(f) else "policy" for f in installed]
+        assert not deleted and kinds.count("pod") == 3 and kinds.index("pod") > 0
+        assert kinds == sorted(kinds, key=lambda k: k == "pod")  # every policy flow before any pod flow
+        assert any(("ipv4_dst", "10.0.0.2") in f.match for f in installed if not is_pod_flow(f))
+    asyncio.run(main())
+
+
+def test_pod_deleted_removes_forwarding_and_policy_flows_in_one_bundle() -> None:
+    async def main() -> None:
+        eng, ch = engine()
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))], policies=[drop_web()])
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        (added, _), = ch.commits[-1:]
+        ch.calls.clear()
+        await eng.pod_deleted(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        assert [op for op, _ in ch.calls] == ["commit"]
+        (installed, deleted), = ch.commits[-1:]
+        assert not installed and {f.key for f in deleted} == {f.key for f in added}
+    asyncio.run(main())
+
+
+def test_without_policy_flow_changes_a_pods_flows_go_in_one_plain_confirmed_batch() -> None:
+    async def main() -> None:
+        eng, ch = engine()
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))])
+        ch.calls.clear()
+        await eng.pod_added(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        forwarding = tables.pod_flows(3, ip="10.0.0.2", mac="02:00:0a:00:00:02", ofport=5)
+        assert ch.calls == [("install", forwarding)]  # no bundle: one round trip instead of two
+        ch.calls.clear()
+        await eng.pod_deleted(Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5))
+        assert ch.calls == [("delete", forwarding)]
     asyncio.run(main())
 
 
