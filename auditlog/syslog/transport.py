@@ -170,6 +170,7 @@ class StreamSender:
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._sent = 0  # bytes handed to the current connection (plaintext under TLS)
+        self._peer_seen_open = False  # `unacked` found the receiver there since the last send
 
     @property
     def connected(self) -> bool:
@@ -178,6 +179,7 @@ class StreamSender:
     def connect(self) -> None:
         self.close()
         self._sent = 0
+        self._peer_seen_open = False
         try:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self._timeout)
         except OSError as exc:
@@ -195,13 +197,17 @@ class StreamSender:
         self._sock = sock
 
     def send(self, frames: Sequence[bytes]) -> None:
-        """Write `frames` back to back; blocks only while the kernel's send buffer is full (up to the timeout)."""
+        """Write `frames` back to back; blocks only while the kernel's send buffer is full (up to the timeout).
+
+        The receiver is looked at first (one system call) unless `unacked` did so since the last send: a
+        forwarder asks `unacked` right before it sends, and every system call costs it the GIL."""
         sock = self._sock
         if sock is None:
             raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
         data = b"".join(frames)
+        seen_open, self._peer_seen_open = self._peer_seen_open, False
         try:
-            if _peer_closed(sock):
+            if not seen_open and _peer_closed(sock):
                 raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
             sock.sendall(data)
         except SyslogTransportError:
@@ -242,6 +248,7 @@ class StreamSender:
         except OSError as exc:
             self.close()
             raise SyslogTransportError(f"syslog {self.endpoint}: send queue unreadable: {exc}") from exc
+        self._peer_seen_open = True
         if queued == 0:
             return 0
         if self._tls is not None:

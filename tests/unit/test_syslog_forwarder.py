@@ -11,7 +11,7 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
-from auditlog.syslog.forwarder import Forwarder, checkpoint_name, make_destination
+from auditlog.syslog.forwarder import ACK_IDLE, Forwarder, checkpoint_name, make_destination
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import ACK_POLL, Endpoint, TlsOptions
 from auditlog.chain import RecordText
@@ -94,11 +94,14 @@ def write(live: Path, first: int, count: int, size: int = 0) -> None:
         assert w.flush_wait()
 
 
-def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", **kw: Any) -> Forwarder:
+def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", burst: bool = False,
+              **kw: Any) -> Forwarder:
+    """A forwarder sending one batch per step (burst=False), so a test can walk the window batch by batch
+    (the burst the agent uses, several batches in one send when behind, has tests of its own)."""
     kw.setdefault("receive_buffer_bytes", 0)  # the fake receiver reads what its TCP acknowledges
     dest = make_destination(url, node_name="node-a", batch_records=10, **kw)
     return Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
-                     rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0)
+                     rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0, burst=burst)
 
 
 def run(fwd: Forwarder, now: float = 0.0, steps: int = 100) -> float:
@@ -324,10 +327,10 @@ def test_a_receiver_that_acknowledges_nothing_for_ack_timeout_is_dropped_and_sen
     dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     rand=lambda: 1.0, backoff_base=1.0, ack_timeout=5.0)
-    assert run(fwd, now=0.0) == ACK_POLL  # all three batches in flight, the window not full
+    assert run(fwd, now=0.0) == ACK_IDLE  # all three batches in flight, the window not full, nothing new
     sender.ack(5)
-    assert fwd.step(4.0) == ACK_POLL  # some progress: the timeout starts again
-    assert fwd.step(8.9) == ACK_POLL
+    assert fwd.step(4.0) == ACK_IDLE  # some progress: the timeout starts again
+    assert fwd.step(8.9) == ACK_IDLE
     assert fwd.step(9.0) == 1.0
     assert fwd.stats().errors == 1 and "acknowledged nothing for 5 s" in (fwd.stats().last_error or "")
     sender.lazy = False
