@@ -15,7 +15,10 @@ the ossl driver. Records: distinct-flow records made by the real audit pipeline
   span (first packet-in fed .. every record fed is on disk), the backlog (written,
   not yet delivered) sampled over the span and at its end, the seconds to drain
   once the writer stopped, CPU per 100k records of each thread and of rsyslogd,
-  and how many records rsyslog wrote out at the end. The rule is in
+  and how many records rsyslog had written out by the end of the span (its
+  verbatim file's size over the mean line: an ACK means "in rsyslog's queue",
+  and with the shipped config rsyslogd's parsing and writing, not the
+  forwarder, is what falls behind on this 2-core machine). The rule is in
   summary.keeps_up_rule; summary.keeps_up says per transport whether it held.
 - sealing ceiling (not the target): records/s the AuditWriter seals and writes
   when fed pre-built records as fast as it takes them, beside the whole
@@ -64,9 +67,10 @@ from tests.support.rsyslog import Receiver  # noqa: E402
 FILE_BYTES = 16 << 20  # drains: rotate every 16 MiB, so the drain reads gzipped files too
 KEEP_UP_RATIO = 0.95
 SAMPLE_EVERY = 0.25  # seconds between backlog samples in the sustained phase
-KEEPS_UP_RULE = (f"keeps_up: delivered records/s >= {KEEP_UP_RATIO} x written records/s over the same span, "
-                 "and the backlog does not grow: its largest sample in the last quarter of the span is at most "
-                 "its largest in the first quarter plus one send window (window_batches x batch_records records)")
+KEEPS_UP_RULE = (f"keeps_up: over the steady part of the span (its last three quarters: the first is the "
+                 f"start-up) records/s delivered >= {KEEP_UP_RATIO} x records/s written, and the backlog does not "
+                 "grow: its mean over the last quarter of the span is at most its mean over the second quarter "
+                 "plus one send window (window_batches x batch_records records)")
 
 
 def load_records(live: Path) -> list[RecordText]:
@@ -215,13 +219,24 @@ class Sampler(threading.Thread):
             self.take()
 
 
-def backlog_grows(samples: list[tuple[float, int, int]], span: float, allowance: int) -> dict[str, Any]:
-    """KEEPS_UP_RULE's backlog half over the samples taken within the span."""
-    def largest(lo: float, hi: float) -> int:
-        return max((w - d for t, w, d in samples if lo <= t <= hi), default=0)
-    first, last = largest(0, span / 4), largest(span * 3 / 4, span)
-    return {"backlog_max_first_quarter": first, "backlog_max_last_quarter": last, "allowance": allowance,
-            "grows": last > first + allowance}
+def steady(samples: list[tuple[float, int, int]], span: float, allowance: int) -> dict[str, Any]:
+    """KEEPS_UP_RULE over the samples taken within the span: the steady rates and the backlog's growth."""
+    inside = [s for s in samples if s[0] <= span]
+    start = min(inside, key=lambda s: abs(s[0] - span / 4))
+    end = inside[-1]
+    seconds = end[0] - start[0]
+    written, delivered = (end[1] - start[1]) / seconds, (end[2] - start[2]) / seconds
+
+    def mean_backlog(lo: float, hi: float) -> float:
+        backlog = [w - d for t, w, d in inside if lo <= t <= hi]
+        return sum(backlog) / len(backlog) if backlog else 0.0
+    second, last = mean_backlog(span / 4, span / 2), mean_backlog(span * 3 / 4, span)
+    return {"steady_seconds": round(seconds, 3), "steady_records_per_s_written": round(written),
+            "steady_records_per_s_delivered": round(delivered),
+            "steady_delivered_vs_written": round(delivered / written, 3) if written else None,
+            "backlog_mean_second_quarter": round(second), "backlog_mean_last_quarter": round(last),
+            "backlog_allowance": allowance, "backlog_grows": last > second + allowance,
+            "keeps_up": delivered >= KEEP_UP_RATIO * written and not last > second + allowance}
 
 
 def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, Any]:
@@ -253,6 +268,9 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
                 break
         writer.flush_wait(120)
         span, written, delivered = sampler.take()
+        line_bytes = writer.stats["bytes"] / written  # the verbatim copy is the record lines, as the node wrote them
+        rsyslog_out = rx.out / "audit-verbatim.jsonl"
+        wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out.exists() else 0
         cpu = {name: cpu_seconds(pid, tid) - cpu0[name] for name, tid in tids.items()}
         cpu["process"], cpu["rsyslog"] = time.process_time() - c0, cpu_seconds(rx_pid) - r0
         last_seq = writer.head[0]
@@ -263,7 +281,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
         writer.close()
         stats = fwd.stats()
         dest = fwd.destination
-        growth = backlog_grows(sampler.samples, span, dest.window_batches * dest.batch_records)
+        rule = steady(sampler.samples, span, dest.window_batches * dest.batch_records)
         written_rate, delivered_rate = written / span, delivered / span
         every = max(1, round(0.5 / SAMPLE_EVERY))  # the JSON shows a sample every 0.5 s
         return {
@@ -271,13 +289,15 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
             "writer_dropped": writer.stats["dropped_queue_full"],
             "records_per_s_written": round(written_rate), "records_per_s_delivered": round(delivered_rate),
             "delivered_vs_written": round(delivered_rate / written_rate, 3),
-            "backlog_at_end": written - delivered, **growth,
+            "backlog_at_end": written - delivered, **rule,
             "backlog_samples": [[round(t, 2), w - d] for t, w, d in sampler.samples[::every] if t <= span],
             "drain_after_writer_stopped_s": round(drained, 3),
             "cpu_s_per_100k_written": {k: round(v * 1e5 / written, 3) for k, v in cpu.items()},
+            "rsyslog_wrote_out_by_end_of_span": wrote_out,
+            "rsyslog_records_per_s_written_out": round(wrote_out / span),
             "delivered_rsyslog_count": received(rx, last_seq), "records_on_disk": last_seq,
-            "errors": stats.errors, "lost": stats.lost,
-            "keeps_up": delivered_rate >= KEEP_UP_RATIO * written_rate and not growth["grows"]}
+            "rsyslog_done_after_writer_stopped_s": round(time.perf_counter() - t0 - span, 3),
+            "errors": stats.errors, "lost": stats.lost}
     finally:
         fwd.stop()
         writer.close()
@@ -288,7 +308,7 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000, help="records of the drain and ceiling phases")
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each sustained phase")
+    ap.add_argument("--seconds", type=float, default=8.0, help="length of each sustained phase")
     ap.add_argument("--only", choices=["sustained"], help="only the sustained phases")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-syslog-", dir="/tmp"))
@@ -298,8 +318,10 @@ def main() -> int:
         summary: dict[str, Any] = {
             "keeps_up_rule": KEEPS_UP_RULE,
             "keeps_up": {s: p["keeps_up"] for s, p in sustain.items()},
-            "written_records_per_s": {s: p["records_per_s_written"] for s, p in sustain.items()},
-            "delivered_records_per_s": {s: p["records_per_s_delivered"] for s, p in sustain.items()},
+            "steady_written_records_per_s": {s: p["steady_records_per_s_written"] for s, p in sustain.items()},
+            "steady_delivered_records_per_s": {s: p["steady_records_per_s_delivered"] for s, p in sustain.items()},
+            "rsyslog_records_per_s_written_out": {s: p["rsyslog_records_per_s_written_out"]
+                                                  for s, p in sustain.items()},
             "every_record_delivered": all(p["delivered_rsyslog_count"] == p["records_on_disk"]
                                           for p in sustain.values())}
         report: dict[str, Any] = {"benchmark": "syslog_throughput",

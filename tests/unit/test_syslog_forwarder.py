@@ -31,6 +31,7 @@ class FakeSender:
         self.down = False
         self.lazy = lazy
         self.connects = 0
+        self.sends: list[int] = []  # frames per send call
 
     def connect(self) -> None:
         self.connects += 1
@@ -45,6 +46,7 @@ class FakeSender:
             raise SyslogTransportError("tcp://fake:1: send failed")
         self.frames += frames
         self.on_connection += frames
+        self.sends.append(len(frames))
 
     def unacked(self) -> int:
         if self.down or not self.connected:
@@ -403,3 +405,42 @@ def test_a_drop_resends_from_the_newest_batch_read_by_the_receiver_and_counts_no
     stats = fwd.stats()
     assert (stats.sent, stats.last_seq_sent, stats.skipped, stats.errors) == (60, 60, 1, 1)
     assert saved_seq(fwd) == 50  # the last batch: nothing acknowledged after it yet, so it may be unread
+
+
+def test_behind_a_send_takes_every_batch_the_window_has_room_for_in_one_call(live: Path) -> None:
+    write(live, 1, 95)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, burst=True, checkpoint_records=1)  # batches of 10, a window of 4
+    assert fwd.step(0.0) == 0.0
+    assert sender.sends == [40] and sender.seqs() == list(range(1, 41))
+    assert fwd.step(0.0) == ACK_POLL  # the window is full
+    sender.ack(25)  # batches 1 and 2, half of batch 3
+    assert fwd.step(0.1) == 0.0
+    assert sender.sends == [40, 20] and saved_seq(fwd) == 20  # room for two more, sent together
+    sender.lazy = False
+    run(fwd, now=0.2)
+    assert sender.seqs() == list(range(1, 96)) and saved_seq(fwd) == 95 and fwd.stats().sent == 95
+    assert sender.sends == [40, 20, 35]  # a batch short of full: caught up, the burst ends there
+
+
+def test_caught_up_each_step_sends_what_is_new_without_reading_ahead(live: Path) -> None:
+    write(live, 1, 5)
+    sender = FakeSender()
+    fwd = forwarder(live, sender, burst=True)
+    assert run(fwd) > 0 and sender.sends == [5]
+    write(live, 6, 3)
+    assert run(fwd) > 0 and sender.sends == [5, 3] and sender.seqs() == list(range(1, 9))
+
+
+def test_a_burst_the_connection_drops_under_is_sent_again_whole_and_counted_once(live: Path) -> None:
+    write(live, 1, 95)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, burst=True, checkpoint_records=1)
+    fwd.step(0.0)
+    sender.ack(15)  # batch 1, half of batch 2
+    sender.drop()
+    assert fwd.step(0.0) == 1.0 and saved_seq(fwd) is None  # the drop is seen first
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(1, 96))
+    assert saved_seq(fwd) == 95 and fwd.stats().sent == 95 and fwd.stats().errors == 1
