@@ -3,7 +3,11 @@
 Pipelined: over TCP/TLS the forwarder keeps sending the next batches while
 earlier ones are not yet acknowledged by the receiver's TCP, within a bounded
 window (window.SendWindow: `window_batches` batches, about `window_bytes`
-bytes), so reading and encoding overlap the receiver's reading.
+bytes), so reading and encoding overlap the receiver's reading. When behind (a
+read filled a batch), one step reads and sends every batch the window has room
+for in one system call each: the thread shares the GIL with the audit pipeline,
+and each system call costs it a switch interval or more to get the GIL back
+(bench/syslog_throughput.py, the sustained phase, measures it as the agent runs).
 
 At-least-once: the checkpoint only ever names the end of the newest batch
 confirmed read by the receiver (window.py: acknowledged by its TCP, and then
