@@ -15,6 +15,8 @@ the ossl driver. Records: distinct-flow records made by the real audit pipeline
   span (first packet-in fed .. every record fed is on disk), the backlog (written,
   not yet delivered) sampled over the span and at its end, the seconds to drain
   once the writer stopped, CPU per 100k records of each thread and of rsyslogd,
+  the share of the span it waited with a full window (held back by the
+  receiver's ACKs, not by its own pace),
   and how many records rsyslog had written out by the end of the span (its
   verbatim file's size over the mean line: an ACK means "in rsyslog's queue",
   and with the shipped config rsyslogd's parsing and writing, not the
@@ -58,7 +60,7 @@ from auditlog.chain import RecordText  # noqa: E402
 from auditlog.fileset import audit_files, iter_lines  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.syslog.forwarder import Forwarder, make_destination  # noqa: E402
-from auditlog.syslog.transport import TlsOptions  # noqa: E402
+from auditlog.syslog.transport import ACK_POLL, TlsOptions  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from tests.support.certs import Pki, make_pki  # noqa: E402
@@ -98,10 +100,25 @@ def write_all(live: Path, records: list[RecordText]) -> dict[str, Any]:
             "files": len(audit_files(live))}
 
 
-def forwarder(scheme: str, url: str, pki: Pki, live: Path, checkpoint: Path) -> Forwarder:
+class TimedForwarder(Forwarder):
+    """The agent's Forwarder, timing the waits for a full window: the receiver's ACKs holding it back."""
+
+    full_window_wait_s = 0.0
+    _full_since: float | None = None
+
+    def step(self, now: float) -> float:
+        t = time.perf_counter()
+        if self._full_since is not None:
+            self.full_window_wait_s += t - self._full_since
+        delay = super().step(now)
+        self._full_since = time.perf_counter() if delay == ACK_POLL else None
+        return delay
+
+
+def forwarder(scheme: str, url: str, pki: Pki, live: Path, checkpoint: Path) -> TimedForwarder:
     """A forwarder as the agent builds it (default batch, window and checkpoint settings)."""
     dest = make_destination(url, node_name="bench", tls=TlsOptions(ca=pki.ca) if scheme == "tls" else None)
-    return Forwarder(dest, live=live, checkpoint=checkpoint)
+    return TimedForwarder(dest, live=live, checkpoint=checkpoint)
 
 
 def wait_sent(fwd: Forwarder, last_seq: int, timeout: float) -> float:
@@ -268,6 +285,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
                 break
         writer.flush_wait(120)
         span, written, delivered = sampler.take()
+        full_wait = fwd.full_window_wait_s
         line_bytes = writer.stats["bytes"] / written  # the verbatim copy is the record lines, as the node wrote them
         rsyslog_out = rx.out / "audit-verbatim.jsonl"
         wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out.exists() else 0
@@ -292,6 +310,8 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
             "backlog_at_end": written - delivered, **rule,
             "backlog_samples": [[round(t, 2), w - d] for t, w, d in sampler.samples[::every] if t <= span],
             "drain_after_writer_stopped_s": round(drained, 3),
+            # The share of the span the forwarder waited for rsyslog's ACKs with a full window (not its own pace).
+            "full_window_wait_share": round(full_wait / span, 3),
             "cpu_s_per_100k_written": {k: round(v * 1e5 / written, 3) for k, v in cpu.items()},
             "rsyslog_wrote_out_by_end_of_span": wrote_out,
             "rsyslog_records_per_s_written_out": round(wrote_out / span),
