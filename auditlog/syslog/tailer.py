@@ -39,6 +39,9 @@ _READ_AHEAD = 4 << 20
 _GZ_BUFFER = 1 << 20  # GzipFile reads its file 8 KiB at a time: served from a buffer this large
 
 
+_new_record = tuple.__new__  # TailRecord(...) would run a Python-level __new__, once per record
+
+
 class TailRecord(NamedTuple):
     """One sealed record read from the set: its line (no newline), its header fields, the file and offset after it.
 
@@ -213,6 +216,11 @@ class Tailer:
             cur = self._cur
             if cur is None:
                 break
+            if cur.ahead:  # _next_line's first case, without the call: most lines are taken here
+                raw = cur.ahead.pop()
+                cur.offset += len(raw) + 1
+                self._take(cur, raw, out)
+                continue
             try:
                 raw, whole = _next_line(cur)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
@@ -262,7 +270,7 @@ class Tailer:
                         self.live, want, seq - 1)
         self._resuming = False
         self._want = seq + 1
-        out.records.append(TailRecord(line, fields, cur.identity, cur.offset))
+        out.records.append(_new_record(TailRecord, (line, fields, cur.identity, cur.offset)))
         out.bytes += len(line)
 
     # --- choosing a file ---
