@@ -3,7 +3,11 @@
 Pipelined: over TCP/TLS the forwarder keeps sending the next batches while
 earlier ones are not yet acknowledged by the receiver's TCP, within a bounded
 window (window.SendWindow: `window_batches` batches, about `window_bytes`
-bytes), so reading and encoding overlap the receiver's reading.
+bytes), so reading and encoding overlap the receiver's reading. When behind (a
+read filled a batch), one step reads and sends every batch the window has room
+for in one system call each: the thread shares the GIL with the audit pipeline,
+and each system call costs it a switch interval or more to get the GIL back
+(bench/syslog_throughput.py, the sustained phase, measures it as the agent runs).
 
 At-least-once: the checkpoint only ever names the end of the newest batch
 confirmed read by the receiver (window.py: acknowledged by its TCP, and then
@@ -58,6 +62,10 @@ CHECKPOINT_INTERVAL = 1.0
 CHECKPOINT_RECORDS = 50_000
 ACK_TIMEOUT = 10.0  # seconds a receiver may hold batches unacknowledged before the connection is dropped
 _STOP_DRAIN = 1.0  # seconds `stop` waits for batches in flight to be acknowledged and read, so they need not repeat
+# Seconds between looks at the ACKs while batches are in flight, the window has room and nothing new was
+# on disk. Every wake-up costs the pipeline the GIL (and the forwarder a switch interval to get it back):
+# 2 ms (ACK_POLL, kept for a full window) made this thread wake 500 times a second for nothing.
+ACK_IDLE = 0.02
 _FINISH_LEAST = 0.2  # seconds `stop` waits for the receiver's close at least, even if the ACKs took the rest
 
 
@@ -189,7 +197,7 @@ class Forwarder:
     def __init__(self, destination: Destination, *, live: Path, checkpoint: Path, sender: Sender | None = None,
                  clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random,
                  poll_interval: float = 0.25, backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 ack_timeout: float = ACK_TIMEOUT) -> None:
+                 ack_timeout: float = ACK_TIMEOUT, burst: bool = True) -> None:
         self.destination = destination
         self.checkpoint = Path(checkpoint)
         self._live = Path(live)
@@ -214,6 +222,13 @@ class Forwarder:
         self._queue: deque[Batch] = deque()  # read, not sent yet
         self._acked_at = 0.0  # `now` when the window last became non-empty or saw acknowledgements progress
         self._retry_at = 0.0
+        # The last step sent a batch and looked at the ACKs right after: the next one (at once) goes straight
+        # on to read and send if the window has room. A look is two system calls, and each costs this thread
+        # the GIL for up to a switch interval when the pipeline is busy (bench/syslog_throughput.py).
+        self._just_sent = False
+        # When behind, a send takes every batch the window has room for (`burst`; False: one batch per step).
+        self._burst = burst
+        self._more = False  # the last read filled a batch: more is likely on disk (the forwarder is behind)
         self._backlog_at: float | None = None
         self._n = _Counters()
         self._stop = threading.Event()
@@ -229,7 +244,8 @@ class Forwarder:
 
     def step(self, now: float) -> float:
         """Collect acknowledgements, then read and send or retry once; returns the seconds to wait before the next
-        step (0: go on at once; ACK_POLL: only acknowledgements are awaited)."""
+        step (0: go on at once; ACK_POLL: a full window awaits acknowledgements; ACK_IDLE: batches in flight,
+        nothing new to send)."""
         if self._tailer is None:
             start = self._confirmed = load_checkpoint(self.checkpoint)
             self._tailer = Tailer(self._live, start)
@@ -240,7 +256,10 @@ class Forwarder:
         if self._backlog_at is None or now >= self._backlog_at:
             self._backlog_at = now + _BACKLOG_EVERY
             self._n.backlog_bytes = self._tailer.backlog_bytes()
-        if self._window.holding:  # also a look at the peer: a receiver closing an idle connection
+        just_sent, self._just_sent = self._just_sent, False
+        # Also a look at the peer (a receiver closing an idle connection); skipped right after a send that
+        # looked, while the window has room for the next batch.
+        if self._window.holding and not (just_sent and not self._window.full()):
             try:
                 self._collect(now)
             except SyslogError as exc:
@@ -256,27 +275,45 @@ class Forwarder:
                 self._queue.append(batch)
         if self._queue and self._window.has_room(self._queue[0].size):
             return self._send(now, self._queue[0])
+        if self._queue or self._window.full():
+            return ACK_POLL  # the window is full: room comes with the receiver's ACKs
         if self._window:
-            return ACK_POLL
+            return ACK_IDLE  # nothing new on disk: new records wait this long at most, as when idle
         self._save(now)  # caught up: nothing to lose by saving now
         return self._poll_interval
 
     def _send(self, now: float, batch: Batch) -> float:
-        """Hand the oldest queued batch to the connection (connecting first if needed) and put it in flight."""
+        """Hand the oldest queued batch to the connection (connecting first if needed) and put it in flight; when
+        behind (that batch was full), with it the batches after it that the window has room for, in one send."""
         if not batch.frames and not self._window.holding:  # every record skipped: nothing to wait for
             self._queue.popleft()
             self._delivered(now, [batch])
             return 0.0
+        window = self._window
         try:
             if not self._sender.connected:
+                if window.holding:  # batches of a connection gone: the error path sends them again
+                    raise SyslogTransportError(f"syslog {self.destination.name}: the connection was lost")
                 self._sender.connect()
                 log.info("syslog %s: connected", self.destination.name)
-            self._sender.send(batch.frames)
-            self._queue.popleft()
-            if not self._window:
+            if not window:
                 self._acked_at = now
-            self._window.sent(batch)
+            self._queue.popleft()
+            window.sent(batch)  # in the window before the send: a failed send resets it and reads again
+            frames = list(batch.frames)
+            while self._burst and self._more and not window.full():
+                more = self._read()
+                if more is None:
+                    break
+                if not window.has_room(more.size):
+                    self._queue.append(more)
+                    break
+                window.sent(more)
+                frames += more.frames
+            # One system call for them all: each call costs this thread the GIL while the pipeline is busy.
+            self._sender.send(frames)
             self._collect(now)  # UDP, or a quick receiver: delivered at once
+            self._just_sent = True  # ... and looked at: the next step need not look again to send more
         except SyslogError as exc:
             return self._failed(now, exc)
         return 0.0
@@ -357,6 +394,7 @@ class Forwarder:
         n = _Counters() if again else self._n  # read again after a drop: counted the first time
         n.lost += batch.lost
         n.skipped += batch.skipped
+        self._more = len(batch.records) >= dest.batch_records or batch.bytes >= dest.batch_bytes
         if end is None:
             return None
         frames: list[bytes] = []

@@ -257,17 +257,20 @@ class FrameEncoder:
             for disposition, msgid in (*MSGID.items(), (None, _STATE_MSGID))}
         self._pri = {disposition: f"<{header.facility * 8 + severity}>1 "
                      for disposition, severity in (*SEVERITY.items(), (None, _STATE_SEVERITY))}
+        # (PRI part, the part after TIMESTAMP) per disposition in MSGID; anything else is a STATE message.
+        self._parts = {d: (self._pri[d], self._after_stamp[d]) for d in MSGID}
+        self._state_parts = (self._pri[None], self._after_stamp[None])
+        self._lf = framing is Framing.LF
 
     def encode(self, fields: RecordFields, line: bytes) -> tuple[bytes, bool]:
         """(the framed message, whether MSG was replaced by a stub); SyslogFormatError as encode_record."""
-        chain = fields.chain
+        seq, chain, disposition, stamp = fields
         if not self._fast or chain is None or not chain.isalnum() or line.endswith(b"\n"):
             encoded = encode_record(fields, line, self.header, self.max_bytes)
             return frame(encoded.message, self.framing), encoded.truncated
-        key = fields.disposition if fields.disposition in MSGID else None
-        head = (f'{self._pri[key]}{fields.timestamp}{self._after_stamp[key]}{fields.seq}" chain="{chain}"] '
-                .encode("ascii"))
-        if self.framing is Framing.LF:
+        pri, after_stamp = self._parts.get(disposition, self._state_parts)
+        head = f'{pri}{stamp}{after_stamp}{seq}" chain="{chain}"] '.encode("ascii")
+        if self._lf:
             return b"%b%b\n" % (head, line), False  # neither part holds a LF: the tailer split lines on it
         return b"%d %b%b" % (len(head) + len(line), head, line), False
 

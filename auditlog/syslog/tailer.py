@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import io
 import logging
 import os
 from dataclasses import dataclass, field
@@ -30,7 +31,15 @@ log = logging.getLogger(__name__)
 
 _BACK_WINDOW = 1 << 20  # bytes read back from a checkpoint's offset to find the record it follows
 _FIRST_SEQ_LINES = 64  # lines looked at for a file's first record (garbage at the start of a file)
-_READ_AHEAD = 1 << 18  # bytes of lines read in one call, kept in _Open.ahead until taken
+# Bytes read in one call (a plain file: one system call; a .gz: one per MiB stored), whole lines kept in
+# _Open.ahead until taken. Each system call lets go of the GIL, and while the pipeline is busy a thread
+# that did waits a switch interval (5 ms) or more to get it back: so one read serves several batches
+# when the forwarder is behind, instead of one read (and a readline) per 256 KiB (bench/syslog_throughput.py).
+_READ_AHEAD = 4 << 20
+_GZ_BUFFER = 1 << 20  # GzipFile reads its file 8 KiB at a time: served from a buffer this large
+
+
+_new_record = tuple.__new__  # TailRecord(...) would run a Python-level __new__, once per record
 
 
 class TailRecord(NamedTuple):
@@ -77,7 +86,7 @@ class _Open:
     first_seq: int | None = None
     finished_seen: bool = False
     ahead: list[bytes] = field(default_factory=list)  # whole lines read and not taken yet, the next one last
-    tail: bytes = b""  # read after them: the start of a line not ended (yet)
+    tail: bytes = b""  # read after them: the start of a line not ended (yet), completed by the next read
     one_by_one: bool = False  # after a gzip error: the lines before the damage are read one at a time
 
 
@@ -98,12 +107,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _open_file(path: Path) -> _Open:
-    raw = open(path, "rb")
+    raw = open(path, "rb", buffering=0)  # a read is one system call
     try:
         st = os.fstat(raw.fileno())
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
-        reader: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        reader: IO[bytes] = gzip.GzipFile(fileobj=io.BufferedReader(raw, _GZ_BUFFER), mode="rb") if gz else raw
     except BaseException:
         raw.close()
         raise
@@ -126,33 +135,31 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
         return None
 
 
-def _next_line(cur: _Open) -> tuple[bytes, bool]:
+def _next_line(cur: _Open, size: int = _READ_AHEAD) -> tuple[bytes, bool]:
     """(the next line of `cur` without its newline, True), or (a line not ended yet or b"" at the end for now, False).
 
-    Lines are read a block at a time (one read, one split: a readline per line cost the forwarder about as
-    much as the syslog framing) and kept in `cur.ahead`. A gzip error inside a block would lose the good
-    lines before it: the file is then read again from `cur.offset` one line at a time, so exactly the lines
-    before the damage are read, as they always were."""
+    Lines are read a block of _READ_AHEAD bytes at a time (one read, one split: a readline per line cost the
+    forwarder about as much as the syslog framing) and kept in `cur.ahead`; the unended line at the end of
+    a block is completed by the next read. A gzip error inside a block would lose the good lines before it:
+    the file is then read again from `cur.offset` one line at a time, so exactly the lines before the damage
+    are read, as they always were."""
     if cur.ahead:
         return cur.ahead.pop(), True
-    if cur.tail:
-        tail, cur.tail = cur.tail, b""
-        return tail, False
     if cur.one_by_one:
         raw = cur.reader.readline()
         return (raw[:-1], True) if raw.endswith(b"\n") else (raw, False)
     try:
-        data = cur.reader.read(_READ_AHEAD)
-        if data and not data.endswith(b"\n"):
-            data += cur.reader.readline()  # the rest of the last line, as far as it is written
+        data = cur.reader.read(max(size, _READ_AHEAD))
     except GZIP_ERRORS:
-        cur.one_by_one = True
+        cur.one_by_one, cur.tail = True, b""
         cur.reader.seek(cur.offset)
-        return _next_line(cur)
+        return _next_line(cur, size)
+    if cur.tail:
+        data, cur.tail = cur.tail + data, b""
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" after a newline
     if not lines:
-        return tail, False
+        return tail, False  # the reader is past it: the caller seeks back to cur.offset, or skips a torn end
     cur.tail = tail
     lines.reverse()
     cur.ahead = lines
@@ -209,6 +216,11 @@ class Tailer:
             cur = self._cur
             if cur is None:
                 break
+            if cur.ahead:  # _next_line's first case, without the call: most lines are taken here
+                raw = cur.ahead.pop()
+                cur.offset += len(raw) + 1
+                self._take(cur, raw, out)
+                continue
             try:
                 raw, whole = _next_line(cur)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
@@ -258,7 +270,7 @@ class Tailer:
                         self.live, want, seq - 1)
         self._resuming = False
         self._want = seq + 1
-        out.records.append(TailRecord(line, fields, cur.identity, cur.offset))
+        out.records.append(_new_record(TailRecord, (line, fields, cur.identity, cur.offset)))
         out.bytes += len(line)
 
     # --- choosing a file ---

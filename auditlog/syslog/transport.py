@@ -170,6 +170,8 @@ class StreamSender:
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._sent = 0  # bytes handed to the current connection (plaintext under TLS)
+        self._peer_seen_open = False  # `unacked` found the receiver there since the last send
+        self._peer_gone = False  # the receiver closed after acknowledging everything: the next call fails
 
     @property
     def connected(self) -> bool:
@@ -178,6 +180,7 @@ class StreamSender:
     def connect(self) -> None:
         self.close()
         self._sent = 0
+        self._peer_seen_open = self._peer_gone = False
         try:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self._timeout)
         except OSError as exc:
@@ -195,13 +198,17 @@ class StreamSender:
         self._sock = sock
 
     def send(self, frames: Sequence[bytes]) -> None:
-        """Write `frames` back to back; blocks only while the kernel's send buffer is full (up to the timeout)."""
+        """Write `frames` back to back; blocks only while the kernel's send buffer is full (up to the timeout).
+
+        The receiver is looked at first (one system call) unless `unacked` did so since the last send: a
+        forwarder asks `unacked` right before it sends, and every system call costs it the GIL."""
         sock = self._sock
         if sock is None:
             raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
         data = b"".join(frames)
+        seen_open, self._peer_seen_open = self._peer_seen_open, False
         try:
-            if _peer_closed(sock):
+            if self._peer_gone or (not seen_open and _peer_closed(sock)):
                 raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
             sock.sendall(data)
         except SyslogTransportError:
@@ -225,16 +232,23 @@ class StreamSender:
         queue (a receiver can use a record only once all of it arrived). The
         queue also holds TLS's own messages; they only make the bound larger.
         The peer is checked after reading the queue: a reset empties the queue,
-        which must not read as "all acknowledged".
+        which must not read as "all acknowledged". A receiver that closed in
+        order with nothing left in our queue did acknowledge every byte: that is
+        answered (0) once, so the caller counts those bytes, and the next call fails.
         """
         sock = self._sock
         if sock is None:
             raise SyslogTransportError(f"syslog {self.endpoint}: not connected")
         try:
+            if self._peer_gone:
+                raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
             buf = bytearray(4)
             fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)  # SIOCOUTQ
             queued = struct.unpack("i", buf)[0]
             if _peer_closed(sock):
+                if queued == 0 and _orderly_close(sock):
+                    self._peer_gone = True
+                    return 0
                 raise SyslogTransportError(f"syslog {self.endpoint}: the receiver closed the connection")
         except SyslogTransportError:
             self.close()
@@ -242,6 +256,7 @@ class StreamSender:
         except OSError as exc:
             self.close()
             raise SyslogTransportError(f"syslog {self.endpoint}: send queue unreadable: {exc}") from exc
+        self._peer_seen_open = True
         if queued == 0:
             return 0
         if self._tls is not None:
@@ -294,6 +309,18 @@ def _peer_closed(sock: socket.socket) -> bool:
     finally:
         sock.settimeout(timeout)
     return data == b""
+
+
+_TCP_CLOSE_WAIT = 8  # linux/include/net/tcp_states.h
+
+
+def _orderly_close(sock: socket.socket) -> bool:
+    """True if the receiver's end of stream came in order (our TCP state is CLOSE_WAIT): no reset followed it,
+    so an empty send queue means acknowledged, not purged by a reset."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == _TCP_CLOSE_WAIT
+    except OSError:
+        return False
 
 
 def receive_buffer_bound(path: Path = TCP_RMEM) -> int:

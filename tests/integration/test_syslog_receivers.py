@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,52 +22,10 @@ from auditlog.verify import verify
 from policy_agent.cli import main
 from tests.integration.test_syslog_rsyslog import HOSTILE, file_lines, forwarders, wait_for, write_records  # noqa: F401
 from tests.support.certs import Pki, make_pki
-from tests.support.rsyslog import RsyslogDaemon, free_port
+from tests.support.rsyslog import Receiver, RsyslogDaemon, templated
 from tests.support.syslog_parse import parse_message
 
-SHIPPED = Path(__file__).resolve().parents[2] / "config" / "syslog"
 NODE = "node-a.example"
-
-
-def templated(name: str, target: Path, swaps: dict[str, str]) -> Path:
-    """The shipped file `name` with each key replaced by its value, written to `target`."""
-    text = (SHIPPED / name).read_text()
-    for old, new in swaps.items():
-        if old not in text:
-            raise AssertionError(f"{name} no longer contains {old!r}: update this test with the file")
-        text = text.replace(old, new)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
-
-
-class Receiver:
-    """config/syslog/rsyslog-receiver.conf in a private rsyslogd on loopback ports."""
-
-    def __init__(self, workdir: Path, pki: Pki) -> None:
-        self.out = workdir / "out"
-        tls_dir = workdir / "tls"
-        tls_dir.mkdir(parents=True)
-        for src, dst in ((pki.ca, "ca.pem"), (pki.cert, "server.pem"), (pki.key, "server.key")):
-            shutil.copy(src, tls_dir / dst)
-        self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
-        conf = templated("rsyslog-receiver.conf", workdir / "rsyslog.conf", {
-            "/var/log/npaudit-siem/": f"{self.out}/",
-            "/etc/rsyslog.d/npaudit-tls/": f"{tls_dir}/",
-            'input(type="imudp" port="514"': f'input(type="imudp" address="127.0.0.1" port="{self.ports["udp"]}"',
-            'input(type="imtcp" port="514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}"',
-            'input(type="imtcp" port="6514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}"',
-        })
-        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"]))
-
-    def url(self, scheme: str) -> str:
-        return f"{scheme}://127.0.0.1:{self.ports[scheme]}"
-
-    def lines(self, name: str) -> list[bytes]:
-        try:
-            return (self.out / name).read_bytes().split(b"\n")[:-1]
-        except FileNotFoundError:
-            return []
 
 
 @pytest.fixture

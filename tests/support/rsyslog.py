@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ _TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
   property(outname="msg" name="msg" format="jsonf")
 }
 """
+SHIPPED = Path(__file__).resolve().parents[2] / "config" / "syslog"
 INPUTS = ("udp", "tcp", "tls")  # "tls": imtcp with the ossl stream driver (rsyslog-openssl)
 
 
@@ -107,3 +109,56 @@ class Rsyslog(RsyslogDaemon):
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def templated(name: str, target: Path, swaps: dict[str, str]) -> Path:
+    """The shipped file `name` (config/syslog/) with each key replaced by its value, written to `target`."""
+    text = (SHIPPED / name).read_text()
+    for old, new in swaps.items():
+        if old not in text:
+            raise AssertionError(f"{name} no longer contains {old!r}: update this test with the file")
+        text = text.replace(old, new)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+class Receiver:
+    """config/syslog/rsyslog-receiver.conf, as shipped, in a private rsyslogd on loopback ports (only its
+    paths and ports swapped)."""
+
+    def __init__(self, workdir: Path, pki: Pki) -> None:
+        self.out = workdir / "out"
+        tls_dir = workdir / "tls"
+        tls_dir.mkdir(parents=True)
+        for src, dst in ((pki.ca, "ca.pem"), (pki.cert, "server.pem"), (pki.key, "server.key")):
+            shutil.copy(src, tls_dir / dst)
+        self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
+        conf = templated("rsyslog-receiver.conf", workdir / "rsyslog.conf", {
+            "/var/log/npaudit-siem/": f"{self.out}/",
+            "/etc/rsyslog.d/npaudit-tls/": f"{tls_dir}/",
+            'input(type="imudp" port="514"': f'input(type="imudp" address="127.0.0.1" port="{self.ports["udp"]}"',
+            'input(type="imtcp" port="514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}"',
+            'input(type="imtcp" port="6514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}"',
+        })
+        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"]))
+
+    def url(self, scheme: str) -> str:
+        return f"{scheme}://127.0.0.1:{self.ports[scheme]}"
+
+    def lines(self, name: str) -> list[bytes]:
+        try:
+            return (self.out / name).read_bytes().split(b"\n")[:-1]
+        except FileNotFoundError:
+            return []
+
+    def count(self, name: str) -> int:
+        """Complete lines in the output file `name`, read a block at a time (it may be large)."""
+        n = 0
+        try:
+            with open(self.out / name, "rb") as f:
+                while block := f.read(1 << 20):
+                    n += block.count(b"\n")
+        except FileNotFoundError:
+            pass
+        return n

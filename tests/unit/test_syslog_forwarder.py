@@ -11,7 +11,7 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
-from auditlog.syslog.forwarder import Forwarder, checkpoint_name, make_destination
+from auditlog.syslog.forwarder import ACK_IDLE, Forwarder, checkpoint_name, make_destination
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import ACK_POLL, Endpoint, TlsOptions
 from auditlog.chain import RecordText
@@ -31,6 +31,7 @@ class FakeSender:
         self.down = False
         self.lazy = lazy
         self.connects = 0
+        self.sends: list[int] = []  # frames per send call
 
     def connect(self) -> None:
         self.connects += 1
@@ -45,6 +46,7 @@ class FakeSender:
             raise SyslogTransportError("tcp://fake:1: send failed")
         self.frames += frames
         self.on_connection += frames
+        self.sends.append(len(frames))
 
     def unacked(self) -> int:
         if self.down or not self.connected:
@@ -94,11 +96,14 @@ def write(live: Path, first: int, count: int, size: int = 0) -> None:
         assert w.flush_wait()
 
 
-def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", **kw: Any) -> Forwarder:
+def forwarder(live: Path, sender: FakeSender, url: str = "tcp://fake:1", burst: bool = False,
+              **kw: Any) -> Forwarder:
+    """A forwarder sending one batch per step (burst=False), so a test can walk the window batch by batch
+    (the burst the agent uses, several batches in one send when behind, has tests of its own)."""
     kw.setdefault("receive_buffer_bytes", 0)  # the fake receiver reads what its TCP acknowledges
     dest = make_destination(url, node_name="node-a", batch_records=10, **kw)
     return Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
-                     rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0)
+                     rand=lambda: 1.0, backoff_base=1.0, backoff_cap=8.0, burst=burst)
 
 
 def run(fwd: Forwarder, now: float = 0.0, steps: int = 100) -> float:
@@ -324,10 +329,10 @@ def test_a_receiver_that_acknowledges_nothing_for_ack_timeout_is_dropped_and_sen
     dest = make_destination("tcp://fake:1", node_name="node-a", batch_records=10, receive_buffer_bytes=0)
     fwd = Forwarder(dest, live=live, checkpoint=live.parent.parent / "state" / "ckpt.json", sender=sender,
                     rand=lambda: 1.0, backoff_base=1.0, ack_timeout=5.0)
-    assert run(fwd, now=0.0) == ACK_POLL  # all three batches in flight, the window not full
+    assert run(fwd, now=0.0) == ACK_IDLE  # all three batches in flight, the window not full, nothing new
     sender.ack(5)
-    assert fwd.step(4.0) == ACK_POLL  # some progress: the timeout starts again
-    assert fwd.step(8.9) == ACK_POLL
+    assert fwd.step(4.0) == ACK_IDLE  # some progress: the timeout starts again
+    assert fwd.step(8.9) == ACK_IDLE
     assert fwd.step(9.0) == 1.0
     assert fwd.stats().errors == 1 and "acknowledged nothing for 5 s" in (fwd.stats().last_error or "")
     sender.lazy = False
@@ -400,3 +405,42 @@ def test_a_drop_resends_from_the_newest_batch_read_by_the_receiver_and_counts_no
     stats = fwd.stats()
     assert (stats.sent, stats.last_seq_sent, stats.skipped, stats.errors) == (60, 60, 1, 1)
     assert saved_seq(fwd) == 50  # the last batch: nothing acknowledged after it yet, so it may be unread
+
+
+def test_behind_a_send_takes_every_batch_the_window_has_room_for_in_one_call(live: Path) -> None:
+    write(live, 1, 95)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, burst=True, checkpoint_records=1)  # batches of 10, a window of 4
+    assert fwd.step(0.0) == 0.0
+    assert sender.sends == [40] and sender.seqs() == list(range(1, 41))
+    assert fwd.step(0.0) == ACK_POLL  # the window is full
+    sender.ack(25)  # batches 1 and 2, half of batch 3
+    assert fwd.step(0.1) == 0.0
+    assert sender.sends == [40, 20] and saved_seq(fwd) == 20  # room for two more, sent together
+    sender.lazy = False
+    run(fwd, now=0.2)
+    assert sender.seqs() == list(range(1, 96)) and saved_seq(fwd) == 95 and fwd.stats().sent == 95
+    assert sender.sends == [40, 20, 35]  # a batch short of full: caught up, the burst ends there
+
+
+def test_caught_up_each_step_sends_what_is_new_without_reading_ahead(live: Path) -> None:
+    write(live, 1, 5)
+    sender = FakeSender()
+    fwd = forwarder(live, sender, burst=True)
+    assert run(fwd) > 0 and sender.sends == [5]
+    write(live, 6, 3)
+    assert run(fwd) > 0 and sender.sends == [5, 3] and sender.seqs() == list(range(1, 9))
+
+
+def test_a_burst_the_connection_drops_under_is_sent_again_whole_and_counted_once(live: Path) -> None:
+    write(live, 1, 95)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, burst=True, checkpoint_records=1)
+    fwd.step(0.0)
+    sender.ack(15)  # batch 1, half of batch 2
+    sender.drop()
+    assert fwd.step(0.0) == 1.0 and saved_seq(fwd) is None  # the drop is seen first
+    sender.lazy = False
+    run(fwd, now=1.0)
+    assert sender.seqs(sender.on_connection) == list(range(1, 96))
+    assert saved_seq(fwd) == 95 and fwd.stats().sent == 95 and fwd.stats().errors == 1

@@ -174,7 +174,7 @@ def test_the_status_op_answers_over_a_real_local_api_from_the_agents_forwarders(
         tcp = agent.syslog[0]
         fake = FakeSender()
         agent.syslog[0] = Forwarder(make_destination("tcp://127.0.0.1:9", node_name="node-a", batch_records=5),
-                                    live=live, checkpoint=tcp.checkpoint, sender=fake)
+                                    live=live, checkpoint=tcp.checkpoint, sender=fake, burst=False)
         agent.syslog[0].step(0.0)  # one batch of 5 delivered
         out = io.StringIO()
 

@@ -277,3 +277,26 @@ def test_a_receiver_that_resets_with_bytes_unread_is_an_error_not_an_empty_queue
         assert not sender.connected
     finally:
         receiver.close()
+
+
+def test_bytes_acknowledged_before_the_receiver_closed_count_once_then_the_connection_fails(
+        receiver: Receiver) -> None:
+    """A receiver that acknowledged everything and closed in order: `unacked` says 0 once (the forwarder
+    counts those records sent, instead of calling them unsent and repeating them later), then fails."""
+    sender = open_sender(Endpoint("tcp", "127.0.0.1", receiver.port))
+    sender.connect()
+    sender.send([b"3 abc"])
+    for _ in range(200):
+        if sender.unacked() == 0:
+            break
+        threading.Event().wait(0.01)
+    receiver.drop_connections()
+    for _ in range(200):
+        if receiver.received:  # it saw its end of stream and closed
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.1)  # its FIN arrives on loopback
+    assert sender.unacked() == 0
+    with pytest.raises(SyslogTransportError, match="closed"):
+        sender.unacked()
+    assert not sender.connected
