@@ -32,6 +32,9 @@ _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writ
 # the thread idle, is written by the submitting thread itself: a lone record then waits for
 # no thread wake-up. Closer records go through the queue and the thread, which batches them.
 INLINE_GAP = 0.001
+# An inline write that took longer than this (s; the disk throttling dirty pages, say) leaves
+# the writing to the thread for INLINE_BACKOFF seconds: the submitting thread is the event loop.
+INLINE_SLOW, INLINE_BACKOFF = 0.002, 1.0
 
 
 class _WriteFailed(Exception):
@@ -81,6 +84,7 @@ class AuditWriter:
         self._inline_gap = inline_gap
         self._monotonic = monotonic
         self._last_submit = float("-inf")  # monotonic() of the previous submit
+        self._inline_from = float("-inf")  # no inline write before (monotonic): after a slow one
         # Held while records are taken off the queue, sealed and written: by the thread, or by
         # a submit writing inline (which never waits for it: a busy writer means the queue).
         self._io_lock = threading.Lock()
@@ -126,7 +130,8 @@ class AuditWriter:
         if gap is not None:
             now = self._monotonic()
             last, self._last_submit = self._last_submit, now
-            if now - last >= gap and not self._queue and self._write_inline(record):
+            idle = now - last >= gap and now >= self._inline_from and not self._queue
+            if idle and self._write_inline(record):
                 return True
         self._queue.append(record)
         # Append before looking at the flag: the thread clears it before it drains.
@@ -149,8 +154,13 @@ class AuditWriter:
             # Checked under the lock: the thread takes records and exits only while holding it.
             if self._queue or self._closing or self._thread is None or not self._thread.is_alive():
                 return False
+            start = self._monotonic()
             try:
                 self._emit_records([record])
+                if (took := self._monotonic() - start) > INLINE_SLOW:
+                    self._inline_from = start + took + INLINE_BACKOFF
+                    self._errors.log(logging.INFO, "inline-slow", "audit log %s: a write took %.1f ms; records "
+                                     "go through the writer thread for %.0f s", self.path, took * 1000, INLINE_BACKOFF)
             except _WriteFailed as failed:
                 self._held = failed.unwritten
                 self._held_cause = failed.__cause__

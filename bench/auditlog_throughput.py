@@ -161,7 +161,8 @@ LATENCY_KINDS = ("floor", "thread_only", "inline")  # bare reader; writer thread
 def latency_round(bridge: dict, kind: str, audit_path: Path, n: int, rate: float) -> Round:
     """One consumer of `kind`, n packets at `rate`, each to its own port (each a new audit key):
     (sent, the destination ports of the records in the file, the consumer's stamps)."""
-    extra = [] if kind == "floor" else ["--audit", str(audit_path)] + (["--thread-only"] if kind == "thread_only" else [])
+    extra = [] if kind == "floor" else ["--audit", str(audit_path)]
+    extra += ["--thread-only"] if kind == "thread_only" else []
     proc = subprocess.Popen([sys.executable, __file__, "--consumer", "floor" if kind == "floor" else "latency",
                              "--target", bridge["targets"]["tcp"], "--netns", bridge["ovs"].netns, *extra],
                             stdout=subprocess.PIPE, text=True)

@@ -26,6 +26,11 @@ from tests.unit.test_audit_writer import lines_of, live, make_writer, record  # 
 HANG_GUARD = 5.0  # seconds: only reached when the behaviour is broken
 
 
+def frozen() -> float:
+    """The writer's monotonic clock, stopped: no write ever looks slow (see the back-off test)."""
+    return 0.0
+
+
 class WriteThreads:
     """Which thread ran each `_emit_records` (the sealing and writing), in order, by record id."""
 
@@ -57,7 +62,7 @@ THREAD = "npaudit-audit-writer"
 
 
 def test_a_lone_record_is_written_by_submit_itself_and_the_thread_is_not_woken(live, make_writer):
-    w = make_writer(live, inline_gap=0.0)
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen)
     seen = WriteThreads(w)
     assert w.submit(record(0)) and w.flush_wait(HANG_GUARD)  # the first write learns the file's size: thread
     woken = []
@@ -106,7 +111,7 @@ class GatedWake(threading.Event):
 
 
 def test_mixed_inline_and_thread_writes_keep_submission_order_and_one_chain(live, make_writer):
-    w = make_writer(live, inline_gap=0.0)
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen)
     seen = WriteThreads(w)
     assert w.submit(record(0)) and w.flush_wait(HANG_GUARD)
     assert w.submit(record(1))  # inline
@@ -152,7 +157,7 @@ def test_rotation_is_left_to_the_thread_and_happens_at_the_size(live, make_write
 
     monkeypatch.setattr(rotation_mod.JsonlHandler, "doRollover", rollover)
     big = {"event": {"id": "x" * 200}, "npaudit": {"aggregate": {}}}
-    w = make_writer(live, inline_gap=0.0, max_bytes=4096, compress=False)
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen, max_bytes=4096, compress=False)
     seen = WriteThreads(w)
     for _ in range(60):  # ~15 KiB, one record at a time: rotations at 4 KiB
         assert w.submit(RecordText.of(big)) and w.flush_wait(HANG_GUARD)
@@ -190,7 +195,7 @@ def _fail_write(monkeypatch: pytest.MonkeyPatch, when: Callable[[], bool], parti
 
 def test_a_failed_inline_write_is_retried_by_the_thread_and_the_chain_stays_verifiable(live, make_writer,
                                                                                        monkeypatch):
-    w = make_writer(live, inline_gap=0.0)
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen)
     seen = WriteThreads(w)
     for i in range(3):
         assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
@@ -218,7 +223,7 @@ def test_a_failed_inline_write_is_retried_by_the_thread_and_the_chain_stays_veri
 
 
 def test_while_the_disk_stays_full_submit_never_blocks_and_the_records_are_counted_at_close(live, monkeypatch):
-    w = AuditWriter(live, inline_gap=0.0)
+    w = AuditWriter(live, inline_gap=0.0, monotonic=frozen)
     w.start()
     for i in range(2):
         assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
@@ -234,7 +239,7 @@ def test_while_the_disk_stays_full_submit_never_blocks_and_the_records_are_count
 
 def test_inline_writes_continue_one_chain_across_a_restart(live, make_writer):
     for run in range(2):
-        w = make_writer(live, inline_gap=0.0)
+        w = make_writer(live, inline_gap=0.0, monotonic=frozen)
         for i in range(run * 5, run * 5 + 5):
             assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
         w.close()
@@ -244,10 +249,31 @@ def test_inline_writes_continue_one_chain_across_a_restart(live, make_writer):
 
 
 def test_fsync_and_a_closing_writer_never_write_inline(live, make_writer):
-    w = make_writer(live, inline_gap=0.0, fsync=True)
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen, fsync=True)
     seen = WriteThreads(w)
     for i in range(3):
         assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
     assert seen.by(MAIN) == []
     w.close()
     assert not w.submit(record(9)) and w.stats["dropped_closed"] == 1
+
+
+def test_after_a_slow_inline_write_records_go_through_the_thread_for_a_while(live, make_writer, monkeypatch):
+    clock = [100.0]
+    w = make_writer(live, inline_gap=0.0, monotonic=lambda: clock[0])
+    seen = WriteThreads(w)
+    assert w.submit(record(0)) and w.flush_wait(HANG_GUARD)
+    real_write = rotation_mod.JsonlHandler.do_write
+
+    def slow_write(self: Any, msg: str) -> None:
+        if threading.current_thread().name == MAIN and '"id":"e2"' in msg:
+            clock[0] += 0.05  # the page cache made this write wait (dirty pages throttled)
+        real_write(self, msg)
+
+    monkeypatch.setattr(rotation_mod.JsonlHandler, "do_write", slow_write)
+    for i, step in ((1, 0.01), (2, 0.01), (3, 0.01), (4, 0.5), (5, 0.6)):
+        clock[0] += step
+        assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
+    assert seen.by(MAIN) == ["e1", "e2", "e5"]  # e3, e4 within a second of the slow write
+    assert seen.by(THREAD) == ["e0", "e3", "e4"]
+    assert ids(live) == [f"e{i}" for i in range(6)]
