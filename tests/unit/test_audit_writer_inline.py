@@ -18,10 +18,10 @@ import pytest
 
 from auditlog import rotation as rotation_mod
 from auditlog.chain import RecordText
-from auditlog.fileset import audit_files, iter_lines
+from auditlog.fileset import audit_files
 from auditlog.verify import verify
 from auditlog.writer import AuditWriter
-from tests.unit.test_audit_writer import lines_of, live, make_writer, record  # noqa: F401 (fixtures)
+from tests.unit.test_audit_writer import lines_of, live, make_writer, record, whole_records  # noqa: F401 (fixtures)
 
 HANG_GUARD = 5.0  # seconds: only reached when the behaviour is broken
 
@@ -210,12 +210,7 @@ def test_a_failed_inline_write_is_retried_by_the_thread_and_the_chain_stays_veri
     w.close()
     assert w.stats["write_errors"] == 1 and w.stats["chain_restarts"] == 1 and w.stats["lost_write_error"] == 0
     assert "e3" in seen.by(THREAD)  # the retry (resealed after the chain-restart record)
-    got = []
-    for _, _, raw in iter_lines(live):
-        try:
-            got.append(json.loads(raw))
-        except ValueError:
-            continue  # the half line
+    got = whole_records(live)
     assert got[3]["event"]["action"] == "chain-restart"
     assert [r["event"]["id"] for r in got if r["event"]["action"] != "chain-restart"] == [f"e{i}" for i in range(7)]
     result = verify([live])
