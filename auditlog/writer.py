@@ -250,7 +250,7 @@ class AuditWriter:
         if not self._compressor.stop(deadline - time.monotonic()):
             log.info("audit log %s: compression stopped at close; rotated files left plain are "
                      "compressed at the next start", self.path)
-        left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
+        left = sum(1 for item in self._queue if not isinstance(item, threading.Event)) + len(self._held)
         if left:
             self._count("dropped_closed", left)
         stuck = [t.name for t in (self._thread, self._compressor.thread) if t is not None and t.is_alive()]
