@@ -126,6 +126,7 @@ def consume_floor(target: str, netns: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     s.settimeout(0.2)
     framer = wire.Framer()
+    cpu = time.process_time()
     print("ready", flush=True)
     while not stop:
         try:
@@ -142,7 +143,7 @@ def consume_floor(target: str, netns: str) -> None:
                 port = udp_dst_port(wire.decode_packet_in2(msg, now).packet)
                 if port is not None:
                     stamps[port] = {"read": now}
-    print(json.dumps({"stamps": stamps}), flush=True)
+    print(json.dumps({"stamps": stamps, "cpu_s": time.process_time() - cpu}), flush=True)
 
 
 def consume_latency(target: str, netns: str, audit_path: str, context: RecordContext, inline: bool = True) -> None:
@@ -174,38 +175,46 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
         async with consumer_path(target, netns, handler, queue_size=65536) as (channel, demux):
             demux_fill.append(demux)
             pipeline.start()
+            cpu = time.process_time()
             stats = await until_sigterm(demux)
+            cpu = time.process_time() - cpu
         await asyncio.to_thread(writer.flush_wait, 30)
         await pipeline.close()
         await asyncio.to_thread(writer.close)
         print(json.dumps({"delivered": stats["delivered"], "decoded": channel.packet_ins,
-                          "stamps": stamps}), flush=True)
+                          "stamps": stamps, "cpu_s": cpu}), flush=True)
 
     asyncio.run(main())
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
     values = sorted(values)
-    q = statistics.quantiles(values, n=100) if len(values) >= 2 else [values[0]] * 99
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) >= 2 else [values[0]] * 99
     return {"p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3), "max_ms": round(values[-1], 3)}
 
 
-Round = tuple[dict[int, float], set[int], dict[str, dict[str, float]]]  # sent, ports in the file, stamps
+# sent, ports in the file, stamps, the consumer's CPU seconds from "ready" to SIGTERM
+Round = tuple[dict[int, float], set[int], dict[str, dict[str, float]], float]
+
+
+def cpu_us_per_packet(rounds: list[Round]) -> float:
+    return round(sum(r[3] for r in rounds) * 1e6 / max(1, sum(len(r[0]) for r in rounds)), 1)
 
 
 def floor(rounds: list[Round]) -> dict:
     """The bare reader's sender -> read, over every round."""
-    lat = [(s["read"] - t) * 1000 for sent, _, stamps in rounds for port, t in sent.items()
+    lat = [(s["read"] - t) * 1000 for sent, _, stamps, _ in rounds for port, t in sent.items()
            if (s := stamps.get(str(port))) is not None]
     sent = sum(len(r[0]) for r in rounds)
-    return {"packets": sent, "read": len(lat), **({"sent_to_read": _quantiles(lat)} if lat else {})}
+    return {"packets": sent, "read": len(lat), "cpu_us_per_packet": cpu_us_per_packet(rounds),
+            **({"sent_to_read": _quantiles(lat)} if lat else {})}
 
 
 def breakdown(rounds: list[Round]) -> dict:
     """Over the packets of every round that have every stamp and a record in the file: end to end
     (sender -> written), the agent's part (read -> written) and each hand-off, p50/p99/max in ms."""
     rows = []
-    for sent, in_file, stamps in rounds:
+    for sent, in_file, stamps, _ in rounds:
         for port, t in sent.items():
             s = stamps.get(str(port))
             if s is None or port not in in_file:
@@ -213,7 +222,8 @@ def breakdown(rounds: list[Round]) -> dict:
             row = {**s, "sent": t}
             if all(k in row for _, a, b in HANDOFFS for k in (a, b)):
                 rows.append(row)
-    out: dict[str, Any] = {"packets": sum(len(r[0]) for r in rounds), "complete_packets": len(rows)}
+    out: dict[str, Any] = {"packets": sum(len(r[0]) for r in rounds), "complete_packets": len(rows),
+                           "cpu_us_per_packet": cpu_us_per_packet(rounds)}
     if not rows:
         return out
     out["written_inline"] = sum(1 for r in rows if r.get("inline"))

@@ -160,7 +160,7 @@ LATENCY_KINDS = ("floor", "thread_only", "inline")  # bare reader; writer thread
 
 def latency_round(bridge: dict, kind: str, audit_path: Path, n: int, rate: float) -> Round:
     """One consumer of `kind`, n packets at `rate`, each to its own port (each a new audit key):
-    (sent, the destination ports of the records in the file, the consumer's stamps)."""
+    (sent, the destination ports of the records in the file, the consumer's stamps and CPU)."""
     extra = [] if kind == "floor" else ["--audit", str(audit_path)]
     extra += ["--thread-only"] if kind == "thread_only" else []
     proc = subprocess.Popen([sys.executable, __file__, "--consumer", "floor" if kind == "floor" else "latency",
@@ -180,7 +180,8 @@ def latency_round(bridge: dict, kind: str, audit_path: Path, n: int, rate: float
     if kind != "floor":  # read after the round: no reader polls the file while packets are timed
         with open(audit_path, "rb") as f:
             in_file = {json.loads(line).get("destination", {}).get("port") for line in f if line.strip()}
-    return sent, in_file, json.loads(consumer_out.strip().splitlines()[-1])["stamps"]
+    got = json.loads(consumer_out.strip().splitlines()[-1])
+    return sent, in_file, got["stamps"], got["cpu_s"]
 
 
 def latency(bridge: dict, work: Path, n: int, rate: float, rounds: int) -> dict:
