@@ -272,14 +272,17 @@ def capacity_ab(work: Path, n: int, pin: bool, rounds: int) -> dict:
             runs[kind].append(pipeline_capacity(work / f"capacity-{kind}-{r}" / "audit.jsonl", n, pin,
                                                 inline=kind == "inline"))
 
-    def med(kind: str, field: str) -> float:
-        return statistics.median(run[field] for run in runs[kind])
+    def best(kind: str, field: str, pick: Callable = max) -> float:
+        return pick(run[field] for run in runs[kind])
 
-    ratio = med("inline", "records_per_s_on_disk") / med("thread_only", "records_per_s_on_disk")
-    cpu = med("inline", "cpu_seconds_both_threads") / med("thread_only", "cpu_seconds_both_threads")
-    return {**runs, "inline_vs_thread_only_records_per_s_median": round(ratio, 3),
-            "inline_vs_thread_only_cpu_median": round(cpu, 3),
-            "throughput_kept": ratio >= 0.95, "target": "inline records/s >= 0.95 x thread only, same run"}
+    # Best of the rounds: on a shared machine other processes only ever make a round slower.
+    rate = best("inline", "records_per_s_on_disk") / best("thread_only", "records_per_s_on_disk")
+    cpu = best("inline", "cpu_seconds_both_threads", min) / best("thread_only", "cpu_seconds_both_threads", min)
+    return {**runs, "inline_vs_thread_only_records_per_s_best": round(rate, 3),
+            "inline_vs_thread_only_cpu_seconds_best": round(cpu, 3),
+            "records_per_s_kept": rate >= 0.95, "cpu_per_record_kept": cpu <= 1.05,
+            "target": "inline records/s >= 0.95 x thread only and CPU <= 1.05 x, same run (CPU is the "
+                      "steadier figure on a shared machine)"}
 
 
 def main() -> int:
