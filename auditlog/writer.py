@@ -32,9 +32,10 @@ _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writ
 # the thread idle, is written by the submitting thread itself: a lone record then waits for
 # no thread wake-up. Closer records go through the queue and the thread, which batches them.
 INLINE_GAP = 0.001
-# An inline write that took longer than this (s; the disk throttling dirty pages, say) leaves
+# An inline write that took longer than this (s; the disk throttling dirty pages, say: longer
+# than a preemption on a busy node, which is not the disk's doing) leaves
 # the writing to the thread for INLINE_BACKOFF seconds: the submitting thread is the event loop.
-INLINE_SLOW, INLINE_BACKOFF = 0.002, 1.0
+INLINE_SLOW, INLINE_BACKOFF = 0.01, 1.0
 
 
 class _WriteFailed(Exception):
