@@ -6,70 +6,36 @@ import collections
 import fcntl
 import logging
 import os
-import stat
 import threading
 import time
 from contextlib import suppress
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from auditlog.chain import GENESIS, RecordText, chain_restart_record, records_lost_record
 from auditlog.compressor import FILE_MODE, Compressor
-from auditlog.errors import AuditLogError
 from auditlog.fileset import audit_files, scan_tail, set_lock
 from auditlog.loss_note import LossNote
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
+from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
+from auditlog.writer_stats import LOSS_KEYS, STAT_KEYS, WriterEvents, WriterStats  # noqa: F401 (re-exported)
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 DEFAULT_PATH = Path("/var/log/npaudit/audit.jsonl")
-DIR_MODE = 0o750
 _DRAIN_MAX = 8192            # records per batch: bounds memory and time between queue checks
 _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writes
-
-
-@dataclass(frozen=True)
-class WriterEvents:
-    """The writer's counters, in the order they are exported."""
-
-    written: int
-    batches: int
-    bytes: int
-    dropped_queue_full: int
-    dropped_closed: int
-    rotations: int
-    pruned: int
-    unencodable: int
-    write_errors: int
-    lost_write_error: int
-    chain_restarts: int
-    compressed: int  # these two: the compressor's
-    compress_errors: int
-
-
-@dataclass(frozen=True)
-class WriterStats:
-    """A snapshot of the writer: its counters, its queue depth and the seq of the newest sealed record."""
-
-    events: WriterEvents
-    queued: int
-    seq: int
-
-    def lost(self) -> dict[str, int]:
-        """Records given to the writer that never reached the file, by reason (reasons with a count only)."""
-        return {key: n for key in LOSS_KEYS if (n := getattr(self.events, key))}
-
-
-STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
-# The counters of records that were submitted (or offered) and are not in the file.
-LOSS_KEYS = ("dropped_queue_full", "dropped_closed", "lost_write_error", "unencodable")
-
-
-class AuditWriterError(AuditLogError):
-    """The audit file cannot be set up (directory, permissions, unreadable existing files)."""
+# A record submitted at least this long (s) after the previous one, with nothing queued and
+# the thread idle, is written by the submitting thread itself: a lone record then waits for
+# no thread wake-up. Closer records go through the queue and the thread, which batches them.
+INLINE_GAP = 0.001
+# An inline write that took longer than this (s; the disk throttling dirty pages, say: longer
+# than a preemption on a busy node, which is not the disk's doing) leaves
+# the writing to the thread for INLINE_BACKOFF seconds: the submitting thread is the event loop.
+INLINE_SLOW, INLINE_BACKOFF = 0.01, 1.0
 
 
 class _WriteFailed(Exception):
@@ -87,6 +53,13 @@ class AuditWriter:
     and a flood is written in large batches. Call `start` before records can be
     written; `close` drains the queue. Only one writer may own a file set.
 
+    At a low rate (`inline_gap`: the previous record came at least that long ago), an idle
+    writer with an empty queue seals and appends the record in `submit` itself, on the
+    caller's thread (~20-40 us), and never wakes the thread for it; anything that can take
+    long (a rotation due, fsync, a failed write's retries, a busy writer) stays with the
+    thread. Either way records are sealed and written in submission order under one lock.
+    `inline_gap=None`: every record goes through the thread.
+
     Defaults: rotate at 100 MiB, keep 10 gzip files and nothing older than 28
     days (Antrea keeps 500 MB x 3 for 28 days); a 100k-record queue.
     """
@@ -94,7 +67,8 @@ class AuditWriter:
     def __init__(self, path: Path = DEFAULT_PATH, *, max_bytes: int = 100 * MiB, backup_count: int = 10,
                  max_age_days: float = 28, queue_size: int = 100_000, compress: bool = True,
                  fsync: bool = False, clock: Callable[[], float] = time.time,
-                 state_fields: Mapping[str, Any] | None = None) -> None:
+                 state_fields: Mapping[str, Any] | None = None, inline_gap: float | None = INLINE_GAP,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         for name, value, low in (("max_bytes", max_bytes, 0), ("backup_count", backup_count, 1),
                                  ("max_age_days", max_age_days, 0), ("queue_size", queue_size, 1)):
             if value < low:
@@ -108,6 +82,15 @@ class AuditWriter:
         self.fsync = fsync
         self.state_fields = state_fields  # e.g. observer, orchestrator: put into the writer's own records
         self._clock = clock
+        self._inline_gap = inline_gap
+        self._monotonic = monotonic
+        self._last_submit = float("-inf")  # monotonic() of the previous submit
+        self._inline_from = float("-inf")  # no inline write before (monotonic): after a slow one
+        # Held while records are taken off the queue, sealed and written: by the thread, or by
+        # a submit writing inline (which never waits for it: a busy writer means the queue).
+        self._io_lock = threading.Lock()
+        self._held: list[RecordText] = []  # sealed by an inline write that failed: the thread retries them
+        self._held_cause: BaseException | None = None
         self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
         self._counts: dict[str, int] = dict.fromkeys(STAT_KEYS[:-2], 0)  # the compressor counts the last two
         self._queue: collections.deque[RecordText | threading.Event] = collections.deque()
@@ -144,11 +127,50 @@ class AuditWriter:
         if len(self._queue) >= self.queue_size:
             self._count("dropped_queue_full")
             return False
+        gap = self._inline_gap
+        if gap is not None:
+            now = self._monotonic()
+            last, self._last_submit = self._last_submit, now
+            idle = now - last >= gap and now >= self._inline_from and not self._queue
+            if idle and self._write_inline(record):
+                return True
         self._queue.append(record)
         # Append before looking at the flag: the thread clears it before it drains.
         if not self._wake.is_set():
             self._wake.set()
         return True
+
+    def _write_inline(self, record: RecordText) -> bool:
+        """Seal and append `record` now, on the caller's thread; False (nothing done) unless the
+        writer is running and idle, nothing is queued or held, and the write is a plain append
+        (no rotation due, no fsync). A failed write goes to the thread, which resynchronises
+        with the disk and retries it as it does its own."""
+        handler = self._handler
+        if (handler is None or self.fsync or self._held or handler.size is None
+                or 0 < self.max_bytes <= handler.size or self._files_lock.locked()):
+            return False
+        if not self._io_lock.acquire(blocking=False):
+            return False  # the thread is writing: the record queues behind what it holds
+        try:
+            # Checked under the lock: the thread takes records and exits only while holding it.
+            if self._queue or self._closing or self._thread is None or not self._thread.is_alive():
+                return False
+            start = self._monotonic()
+            try:
+                self._emit_records([record])
+                if (took := self._monotonic() - start) > INLINE_SLOW:
+                    self._inline_from = start + took + INLINE_BACKOFF
+                    self._errors.log(logging.INFO, "inline-slow", "audit log %s: a write took %.1f ms; records "
+                                     "go through the writer thread for %.0f s", self.path, took * 1000, INLINE_BACKOFF)
+            except _WriteFailed as failed:
+                self._held = failed.unwritten
+                self._held_cause = failed.__cause__
+                self._wake.set()
+                return True
+            self._settle_loss_note()
+            return True
+        finally:
+            self._io_lock.release()
 
     def flush_wait(self, timeout: float = 5.0) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
@@ -191,8 +213,8 @@ class AuditWriter:
         if self._thread is not None:
             return
         try:
-            self._prepare_directory()
-            self._take_ownership()
+            prepare_directory(self.path)
+            self._owner_fd = take_ownership(self.path)
             finish_interrupted_rotation(self.path)
             self._prune()
             restart = self._resync()
@@ -229,7 +251,7 @@ class AuditWriter:
         if not self._compressor.stop(deadline - time.monotonic()):
             log.info("audit log %s: compression stopped at close; rotated files left plain are "
                      "compressed at the next start", self.path)
-        left = sum(1 for item in self._queue if not isinstance(item, threading.Event))
+        left = sum(1 for item in self._queue if not isinstance(item, threading.Event)) + len(self._held)
         if left:
             self._count("dropped_closed", left)
         stuck = [t.name for t in (self._thread, self._compressor.thread) if t is not None and t.is_alive()]
@@ -250,27 +272,6 @@ class AuditWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _prepare_directory(self) -> None:
-        missing = []
-        parent = self.path.parent
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
-        for directory in reversed(missing):
-            with suppress(FileExistsError):
-                os.mkdir(directory, DIR_MODE)
-                os.chmod(directory, DIR_MODE)  # the umask may have narrowed it
-        # Whoever can write the directory can delete or rename audit files, whatever their mode.
-        directory = self.path.parent
-        mode = stat.S_IMODE(os.stat(directory).st_mode)
-        if mode & 0o022:
-            if mode & stat.S_ISVTX:  # /tmp and the like: shared on purpose, not ours to narrow
-                raise AuditWriterError(f"audit directory {directory}: mode {mode:04o} lets others create "
-                                       "files in it; give the audit log a directory of its own")
-            os.chmod(directory, DIR_MODE)
-            log.warning("audit directory %s was mode %04o (group or others could delete or rename audit "
-                        "files): now %04o", directory, mode, DIR_MODE)
 
     def _take_loss_note(self) -> None:
         """Queue the record of what the previous writer noted it could not write (kept until written)."""
@@ -309,20 +310,6 @@ class AuditWriter:
                 log.error("audit log %s: the loss note %s failed: %s", self.path, self._loss_note.path, exc)
         self._loss_note.close()
 
-    def _take_ownership(self) -> None:
-        # Two writers on one file set would interleave two chains: refuse the second.
-        fd = os.open(self.path.with_name(f".{self.path.name}.owner"), os.O_RDWR | os.O_CREAT, FILE_MODE)
-        try:
-            os.fchmod(fd, FILE_MODE)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
-            raise AuditWriterError(f"audit log {self.path} is in use by another writer") from exc
-        except OSError:
-            os.close(fd)
-            raise
-        self._owner_fd = fd
-
     def _release_ownership(self) -> None:
         if self._owner_fd >= 0:
             os.close(self._owner_fd)  # closing releases the lock
@@ -346,14 +333,18 @@ class AuditWriter:
             while not self._abandon.is_set():
                 self._wake.wait()
                 self._wake.clear()  # before draining: a record queued from now on sets it again
-                while self._queue and not self._abandon.is_set():
-                    records, done = self._take()
-                    if records:
-                        self._write(records)
-                    for event in done:
-                        event.set()
-                if self._closing and not self._queue:
-                    return
+                with self._io_lock:
+                    if self._held:  # an inline write failed: those come first
+                        held, self._held = self._held, []
+                        self._write(held, failed=self._held_cause)
+                    while self._queue and not self._abandon.is_set():
+                        records, done = self._take()
+                        if records:
+                            self._write(records)
+                        for event in done:
+                            event.set()
+                    if self._closing and not self._queue:
+                        return  # under the lock: no inline write starts after this (it sees _closing)
         except Exception:
             log.critical("audit writer thread failed; records now queue up and are dropped", exc_info=True)
 
@@ -369,30 +360,13 @@ class AuditWriter:
                 records.append(item)
         return records, done
 
-    def _write(self, records: list[RecordText]) -> None:
-        """Write `records`; on a failed write resynchronise with the disk and retry until closed."""
-        delay = 0.05
-        resync = False
-        while records:
-            try:
-                if resync:
-                    self._close_handler()
-                    stale = self._restart  # superseded: a new one names the damage as it is now
-                    restart = self._resync()
-                    # Records up to the seq on disk made it in full; the rest are sealed again.
-                    records = [r for r in records if r is not stale and r.seq > self._seq]
-                    if restart is not None:
-                        records.insert(0, restart)
-                    self._handler = self._new_handler()
-                    resync = False
-                self._emit_records(records)
-                self._settle_loss_note()
-                return
-            except _WriteFailed as failed:
-                records, cause = failed.unwritten, failed.__cause__
-            except OSError as exc:  # the resynchronisation itself failed
-                cause = exc
-            resync = True
+    def _write(self, records: list[RecordText], failed: BaseException | None = None) -> None:
+        """Write `records`; on a failed write resynchronise with the disk and retry until closed.
+        `failed`: why their first write (an inline one) failed, so retry at once."""
+        delay, cause = 0.05, failed
+        if cause is None:
+            records, cause = self._attempt(records, resync=False)
+        while records:  # the last attempt failed with `cause`
             self._counts["write_errors"] += 1
             self._errors.log(logging.ERROR, "write", "audit log %s: write failed, %d records held, retrying: %s",
                              self.path, len(records), cause)
@@ -400,6 +374,28 @@ class AuditWriter:
                 self._counts["lost_write_error"] += len(records)
                 return
             delay = min(delay * 2, 5.0)
+            records, cause = self._attempt(records, resync=True)
+
+    def _attempt(self, records: list[RecordText], resync: bool) -> tuple[list[RecordText], BaseException | None]:
+        """One try at writing `records`, first resynchronising with the disk if `resync`:
+        ([], None) once written, else the records still to write and why."""
+        try:
+            if resync:
+                self._close_handler()
+                stale = self._restart  # superseded: a new one names the damage as it is now
+                restart = self._resync()
+                # Records up to the seq on disk made it in full; the rest are sealed again.
+                records = [r for r in records if r is not stale and r.seq > self._seq]
+                if restart is not None:
+                    records.insert(0, restart)
+                self._handler = self._new_handler()
+            self._emit_records(records)
+        except _WriteFailed as failed:
+            return failed.unwritten, failed.__cause__
+        except OSError as exc:  # the resynchronisation itself failed
+            return records, exc
+        self._settle_loss_note()
+        return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
         sealed: list[tuple[RecordText, str]] = []

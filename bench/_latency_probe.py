@@ -7,9 +7,17 @@ clock, time.time(), so that the sender's and the file reader's stamps compare):
   read     the channel decoded it off the socket (PacketIn.received_at)
   handler  the demux consumer handed it to the pipeline
   submit   the pipeline gave its record to the writer (decode, aggregate, encode done)
-  take     the writer thread took the record off its queue
+  take     the writer thread took the record off its queue (written inline by `submit`,
+           the record is taken at once: this hand-off is then ~0)
   emit     its sealed line went to the file handler (lock, rotation check, write(2))
   written  the write of the batch holding it returned (readable in the file from then)
+
+End to end is sender -> `written`: the writer's own stamp when the write(2) returned, so
+no reader's wake-up is in it (and no polling reader takes CPU from the sender, OVS and
+the agent during a round: the file is read once the round is over, to check that each
+stamped record is really there). The floor is a bare reader in the same run (`consume_floor`: a blocking
+socket, a hand-made handshake, a stamp at each recv), i.e. what the sender, the kernel
+and OVS cost before any agent code.
 
 Stamps are keyed by UDP destination port (the latency sender gives every packet its own
 port). `breakdown` turns them, with the sender's and the file reader's times, into
@@ -20,12 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from _bridge import consumer_path, until_sigterm
+
+from packetin import messages as m, wire
 
 from auditlog.aggregate import Aggregator
 from auditlog.chain import RecordText
@@ -41,8 +52,7 @@ HANDOFFS = (("socket_read", "sent", "read"),          # sender -> kernel -> OVS 
             ("aggregation", "handler", "submit"),     # decode, aggregate, encode
             ("writer_thread", "submit", "take"),      # writer thread wake-up
             ("seal", "take", "emit"),                 # hash chain
-            ("write", "emit", "written"),             # the file handler: flock, rotation check, write(2)
-            ("file_reader", "written", "seen"))       # the bench's reader noticing (polling)
+            ("write", "emit", "written"))             # the file handler: lock, rotation check, write(2)
 
 
 class StampingWriter(AuditWriter):
@@ -80,6 +90,13 @@ class StampingWriter(AuditWriter):
         super()._emit(text)
 
     def _emit_records(self, records: list[RecordText]) -> None:
+        if self._ports:  # written inline by submit: never on the queue, taken now
+            now = time.time()
+            for record in records:
+                port = self._ports.pop(id(record), None)
+                if port is not None:
+                    self.stamps[port].update(take=now, inline=1)
+                    self._taken.append(port)
         super()._emit_records(records)
         now = time.time()
         for port in self._taken:
@@ -94,12 +111,49 @@ def udp_dst_port(frame: bytes) -> int | None:
     return None
 
 
-def consume_latency(target: str, netns: str, audit_path: str, context: RecordContext) -> None:
-    """The agent's audit path with stamps; prints {"stamps": {port: {stage: time}}, ...} at SIGTERM."""
+def consume_floor(target: str, netns: str) -> None:
+    """The floor: a bare OpenFlow reader (no agent code) stamping each packet-in as recv returns;
+    prints {"stamps": {port: {"read": time}}} at SIGTERM."""
+    from packetin.netns_socket import socket_in_netns
+
+    host, _, port_text = target[4:].rpartition(":")
+    s = socket_in_netns(netns)
+    s.connect((host, int(port_text)))
+    for msg in (m.hello(), m.set_config(), m.set_packet_in_format_nxt2()):
+        s.sendall(m.serialize(msg, 1))
+    stamps: dict[int, dict[str, float]] = {}
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    s.settimeout(0.2)
+    framer = wire.Framer()
+    cpu = time.process_time()
+    print("ready", flush=True)
+    while not stop:
+        try:
+            data = s.recv(1 << 16)
+        except TimeoutError:
+            continue
+        now = time.time()
+        if not data:
+            break
+        for msg in framer.feed(data):
+            if msg[1] == 2:  # echo request: answer, or OVS drops us
+                s.sendall(bytes([msg[0], 3]) + msg[2:])
+            elif wire.is_packet_in2(msg):
+                port = udp_dst_port(wire.decode_packet_in2(msg, now).packet)
+                if port is not None:
+                    stamps[port] = {"read": now}
+    print(json.dumps({"stamps": stamps, "cpu_s": time.process_time() - cpu}), flush=True)
+
+
+def consume_latency(target: str, netns: str, audit_path: str, context: RecordContext, inline: bool = True) -> None:
+    """The agent's audit path with stamps; prints {"stamps": {port: {stage: time}}, ...} at SIGTERM.
+    `inline`: the writer's default (lone records written by submit); False: always its thread."""
     stamps: dict[int, dict[str, float]] = {}
 
     async def main() -> None:
-        writer = StampingWriter(Path(audit_path), backup_count=50, stamps=stamps)
+        gap = {} if inline else {"inline_gap": None}
+        writer = StampingWriter(Path(audit_path), backup_count=50, stamps=stamps, **gap)
         writer.start()
         demux_fill: list[Any] = []
         overload = Overload(lambda: max(demux_fill[0].queue_fill(Category.POLICY) if demux_fill else 0.0,
@@ -121,37 +175,59 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
         async with consumer_path(target, netns, handler, queue_size=65536) as (channel, demux):
             demux_fill.append(demux)
             pipeline.start()
+            cpu = time.process_time()
             stats = await until_sigterm(demux)
+            cpu = time.process_time() - cpu
         await asyncio.to_thread(writer.flush_wait, 30)
         await pipeline.close()
         await asyncio.to_thread(writer.close)
         print(json.dumps({"delivered": stats["delivered"], "decoded": channel.packet_ins,
-                          "stamps": stamps}), flush=True)
+                          "stamps": stamps, "cpu_s": cpu}), flush=True)
 
     asyncio.run(main())
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
     values = sorted(values)
-    q = statistics.quantiles(values, n=100) if len(values) >= 2 else [values[0]] * 99
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) >= 2 else [values[0]] * 99
     return {"p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3), "max_ms": round(values[-1], 3)}
 
 
-def breakdown(sent: dict[int, float], seen: dict[int, float], stamps: dict[str, dict[str, float]]) -> dict:
-    """Per hand-off p50/p99/max (ms) over the packets that have every stamp, plus end to end."""
+# sent, ports in the file, stamps, the consumer's CPU seconds from "ready" to SIGTERM
+Round = tuple[dict[int, float], set[int], dict[str, dict[str, float]], float]
+
+
+def cpu_us_per_packet(rounds: list[Round]) -> float:
+    return round(sum(r[3] for r in rounds) * 1e6 / max(1, sum(len(r[0]) for r in rounds)), 1)
+
+
+def floor(rounds: list[Round]) -> dict:
+    """The bare reader's sender -> read, over every round."""
+    lat = [(s["read"] - t) * 1000 for sent, _, stamps, _ in rounds for port, t in sent.items()
+           if (s := stamps.get(str(port))) is not None]
+    sent = sum(len(r[0]) for r in rounds)
+    return {"packets": sent, "read": len(lat), "cpu_us_per_packet": cpu_us_per_packet(rounds),
+            **({"sent_to_read": _quantiles(lat)} if lat else {})}
+
+
+def breakdown(rounds: list[Round]) -> dict:
+    """Over the packets of every round that have every stamp and a record in the file: end to end
+    (sender -> written), the agent's part (read -> written) and each hand-off, p50/p99/max in ms."""
     rows = []
-    for port, t in sent.items():
-        s = stamps.get(str(port))
-        if s is None or port not in seen:
-            continue
-        row = {**s, "sent": t, "seen": seen[port]}
-        if all(k in row for _, a, b in HANDOFFS for k in (a, b)):
-            rows.append(row)
+    for sent, in_file, stamps, _ in rounds:
+        for port, t in sent.items():
+            s = stamps.get(str(port))
+            if s is None or port not in in_file:
+                continue
+            row = {**s, "sent": t}
+            if all(k in row for _, a, b in HANDOFFS for k in (a, b)):
+                rows.append(row)
+    out: dict[str, Any] = {"packets": sum(len(r[0]) for r in rounds), "complete_packets": len(rows),
+                           "cpu_us_per_packet": cpu_us_per_packet(rounds)}
     if not rows:
-        return {"complete_packets": 0}
-    out: dict[str, Any] = {"complete_packets": len(rows)}
-    for name, a, b in HANDOFFS:
-        out[name] = _quantiles([(r[b] - r[a]) * 1000 for r in rows])
+        return out
+    out["written_inline"] = sum(1 for r in rows if r.get("inline"))
+    out["end_to_end"] = _quantiles([(r["written"] - r["sent"]) * 1000 for r in rows])
     out["agent_read_to_written"] = _quantiles([(r["written"] - r["read"]) * 1000 for r in rows])
-    out["sent_to_written"] = _quantiles([(r["written"] - r["sent"]) * 1000 for r in rows])
+    out["handoffs"] = {name: _quantiles([(r[b] - r[a]) * 1000 for r in rows]) for name, a, b in HANDOFFS}
     return out

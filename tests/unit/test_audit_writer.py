@@ -43,6 +43,17 @@ def lines_of(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def whole_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one file, skipping lines a failed write cut short."""
+    got = []
+    for _, _, raw in iter_lines(path):
+        try:
+            got.append(json.loads(raw))
+        except ValueError:
+            continue  # a half line
+    return got
+
+
 @pytest.fixture
 def live(tmp_path: Path) -> Path:
     return tmp_path / "var" / "log" / "npaudit" / "audit.jsonl"
@@ -389,12 +400,7 @@ def test_failed_write_is_retried_and_the_chain_stays_verifiable(live, make_write
         assert w.flush_wait(5)
     assert w.stats["write_errors"] == 1 and w.stats["chain_restarts"] == 1
     assert w.stats["written"] == 9  # 8 records and the chain-restart record
-    got = []
-    for _, _, raw in iter_lines(live):
-        try:
-            got.append(json.loads(raw))
-        except ValueError:
-            continue  # the half line
+    got = whole_records(live)
     assert got[3]["event"]["action"] == "chain-restart"
     del got[3]
     assert [r["event"]["id"] for r in got] == [f"e{i}" for i in range(8)]  # each once, in order
