@@ -5,7 +5,10 @@ The reader calls `dispatch` on the event-loop thread for each batch it decoded;
 category's channel or is counted as dropped (rate limit, full channel, no
 subscriber, unknown category). One consumer task per subscriber drains its
 channel and calls the handler; a handler exception is counted, logged at a
-limited rate, and the loop goes on.
+limited rate, and the loop goes on. Grouped packet-ins (packetin/groups.py, read in
+overload) go through `dispatch_groups`: a group takes one place in its channel and
+goes to the handler's `handle_group`, or one by one to a handler without it; every
+count stays per packet-in.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Callable, Iterable
 
 from meters.fair_share import ADMITTED, DROPPED_FAIR_SHARE, FairShare
 from meters.token_bucket import TokenBucket
+from packetin.groups import PacketInGroup
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
@@ -46,6 +50,7 @@ _KNOWN = frozenset(int(c) for c in Category)
 _CONSUMER_SLICE = 512
 
 log = logging.getLogger(__name__)
+_GROUP = PacketInGroup
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,14 @@ class _Subscription:
     task: asyncio.Task[None] | None = None
     fair: FairShare | None = None
     fair_key: Callable[[PacketIn], Hashable] | None = None
+    group_handler: Callable[[PacketInGroup], None] | None = None
+
+
+def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
+    def handle_group(group: PacketInGroup) -> None:
+        for pin in group.packet_ins():
+            handler(pin)
+    return handle_group
 
 
 class Demux:
@@ -109,6 +122,7 @@ class Demux:
             bucket=TokenBucket(rate, burst, now),
             queue_size=queue_size,
         )
+        sub.group_handler = getattr(handler, "handle_group", None) or _one_by_one(handler)
         if fair is not None:
             sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
                                  max_keys=fair.max_keys, now=now)
@@ -160,6 +174,52 @@ class Demux:
             if admitted:
                 sub.queue.extend(group if admitted == n else group[:admitted])
                 sub.wake.set()
+
+    def dispatch_groups(self, groups: Iterable[PacketInGroup], now: float) -> None:
+        """Admit groups of packet-ins with the outcome `dispatch` would give their packet-ins:
+        a group needs one free place in its channel (else all of it is dropped_queue_full),
+        then each of its packet-ins a token (and its key's share); only the admitted part
+        is queued, as one item."""
+        subs = self._subs
+        for group in groups:
+            n = len(group.raws)
+            category = group.sample.category
+            sub = subs.get(category) if category is not None else None  # type: ignore[arg-type]
+            if sub is None:
+                self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += n
+                continue
+            counts = sub.counts
+            counts[RECEIVED] += n
+            if len(sub.queue) >= sub.queue_size:
+                counts[DROPPED_QUEUE] += n
+                continue
+            if sub.fair is not None and sub.fair_key is not None:
+                admitted = self._admit_group_fairly(sub, group, now)
+            else:
+                k = sub.bucket.take_up_to(now, n)
+                counts[DROPPED_RATE] += n - k
+                admitted = group.head(k) if k else None
+            if admitted is not None:
+                sub.queue.append(admitted)  # type: ignore[arg-type]
+                sub.wake.set()
+
+    def _admit_group_fairly(self, sub: _Subscription, group: PacketInGroup, now: float) -> PacketInGroup | None:
+        """Each packet-in of the group through its key's share (one key: the packet-ins share
+        rule id, in_port and destination address) and the category's bucket."""
+        admit, key, counts = sub.fair.admit, sub.fair_key(group.sample), sub.counts  # type: ignore[union-attr, misc]
+        kept: list[int] = []
+        rate_drops = fair_drops = 0
+        for i in range(len(group.raws)):
+            outcome = admit(key, now)
+            if outcome == ADMITTED:
+                kept.append(i)
+            elif outcome == DROPPED_FAIR_SHARE:
+                fair_drops += 1
+            else:
+                rate_drops += 1
+        counts[DROPPED_RATE] += rate_drops
+        counts[DROPPED_FAIR] += fair_drops
+        return group.pick(kept)
 
     def _admit_fairly(self, sub: _Subscription, group: list[PacketIn], now: float) -> None:
         """Per packet-in: the channel's room first, then its key's share and the category's bucket."""
@@ -229,18 +289,30 @@ class Demux:
         handler = sub.handler
         counts = sub.counts
         n = min(limit, len(queue))
-        errors = 0
+        errors = extra = 0
         for _ in range(n):
             pin = queue.popleft()
+            if type(pin) is _GROUP:  # read in overload: its packet-ins count one by one
+                weight = len(pin.raws)  # type: ignore[attr-defined]
+                extra += weight - 1
+                try:
+                    sub.group_handler(pin)  # type: ignore[misc, arg-type]
+                except Exception:
+                    errors += weight
+                    self._handler_failed(sub)
+                continue
             try:
                 handler(pin)
             except Exception:  # one bad packet must not stop the loop
                 errors += 1
-                self._errors.log(logging.WARNING, f"handler-{sub.category}",
-                                 "subscriber %s failed on a packet-in (category %d)",
-                                 sub.name, sub.category, exc_info=True)
-        counts[DELIVERED] += n - errors
+                self._handler_failed(sub)
+        counts[DELIVERED] += n + extra - errors
         counts[HANDLER_ERROR] += errors
+
+    def _handler_failed(self, sub: _Subscription) -> None:
+        self._errors.log(logging.WARNING, f"handler-{sub.category}",
+                         "subscriber %s failed on a packet-in (category %d)",
+                         sub.name, sub.category, exc_info=True)
 
     async def _consume(self, sub: _Subscription) -> None:
         while True:
