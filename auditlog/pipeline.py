@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
 # Packet-ins between two looks at the backlog while at full detail (in overload: every one).
 _CHECK_EVERY = 64
+# Seconds between looks at the backlog while coarse and idle (no window open).
+_RECHECK = 0.5
 
 
 class RecordSink(Protocol):
@@ -281,6 +283,10 @@ class AuditPipeline:
             return
         while True:
             deadline = self._agg.next_deadline()
+            if deadline is None and self._level and self._overload is not None:
+                # Coarse with nothing open: look again later, so that full detail (and the
+                # overload metrics) come back when the input stops, not at the next packet-in.
+                deadline = self._clock() + _RECHECK
             self._timer_until = deadline
             if deadline is None:
                 await wake.wait()

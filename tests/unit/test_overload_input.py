@@ -9,12 +9,19 @@ the test; nothing sleeps.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+from auditlog.aggregate import Aggregator
 from auditlog.overload import FULL, PEERS, PORTS, Overload
+from auditlog.pipeline import AuditPipeline
 from packetin import wire
 from packetin.groups import PacketInGroup
 from packetin.model import Flags, PacketIn
 from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
+from tests.unit.test_audit_overload import context, pin
+from tests.unit.test_audit_pipeline import Writer
 from tests.unit.test_packetin_groups import AT, frame, message
 
 FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + 300)]
@@ -112,3 +119,24 @@ def test_while_a_trace_may_be_running_grouped_packet_ins_meet_the_trace_check_on
     ppi = PolicyPacketIns(lambda msg: 0, audit=audit, suppress=suppress, may_suppress=lambda: True)
     ppi.handle_group(PacketInGroup(wire.decode_packet_in2(FLOOD[0], AT), FLOOD[:6]))
     assert len(seen) == 6 and len(audit.pins) == 5 and not audit.groups
+
+
+def test_coarse_and_idle_the_pipeline_comes_back_to_full_detail_without_a_packet_in() -> None:
+    """Input pressure ends with the flood: no packet-in comes to look at the backlog again,
+    so the window timer does (every half second while coarse with no window open)."""
+    backlog = [0.9]
+
+    async def main() -> tuple[bool, bool]:
+        pipe = AuditPipeline(context(), Writer(), Aggregator(window=0.05),
+                             overload=Overload(lambda: backlog[0], high_mark=0.5, peers_mark=0.8, low_mark=0.1))
+        pipe.start()
+        pipe(pin("10.0.0.1", 40000, 53, time.time()))
+        await asyncio.sleep(0.2)  # its window closed; the backlog still high
+        coarse_then = pipe.coarse
+        backlog[0] = 0.0
+        await asyncio.sleep(0.8)
+        coarse_after = pipe.coarse
+        await pipe.close()
+        return coarse_then, coarse_after
+
+    assert asyncio.run(main()) == (True, False)
