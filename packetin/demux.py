@@ -6,9 +6,9 @@ category's channel or is counted as dropped (rate limit, full channel, no
 subscriber, unknown category). One consumer task per subscriber drains its
 channel and calls the handler; a handler exception is counted, logged at a
 limited rate, and the loop goes on. Grouped packet-ins (packetin/groups.py, read in
-overload) go through `dispatch_groups`: a group takes one place in its channel and
-goes to the handler's `handle_group`, or one by one to a handler without it; every
-count stays per packet-in.
+overload) go through `dispatch_groups`: a group is one item of its channel but takes
+as much of its room as it holds packet-ins, and goes to the handler's `handle_group`,
+or one by one to a handler without it; every count stays per packet-in.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ class _Subscription:
     fair: FairShare | None = None
     fair_key: Callable[[PacketIn], Hashable] | None = None
     group_handler: Callable[[PacketInGroup], None] | None = None
+    in_groups: int = 0  # packet-ins queued in groups beyond one per group: the room they take
 
 
 def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
@@ -165,7 +166,7 @@ class Demux:
             if sub.fair is not None:
                 self._admit_fairly(sub, group, now)
                 continue
-            room = sub.queue_size - len(sub.queue)
+            room = sub.queue_size - len(sub.queue) - sub.in_groups
             admitted = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
             if admitted < n:
                 # Whichever limit ran out first decided the rest.
@@ -176,10 +177,9 @@ class Demux:
                 sub.wake.set()
 
     def dispatch_groups(self, groups: Iterable[PacketInGroup], now: float) -> None:
-        """Admit groups of packet-ins with the outcome `dispatch` would give their packet-ins:
-        a group needs one free place in its channel (else all of it is dropped_queue_full),
-        then each of its packet-ins a token (and its key's share); only the admitted part
-        is queued, as one item."""
+        """Admit groups of packet-ins as `dispatch` admits their packet-ins, in order: each
+        while the channel has room (a group takes as much as it holds) and a token (and its
+        key's share); only the admitted part of a group is queued, as one item."""
         subs = self._subs
         for group in groups:
             n = len(group.raws)
@@ -190,29 +190,35 @@ class Demux:
                 continue
             counts = sub.counts
             counts[RECEIVED] += n
-            if len(sub.queue) >= sub.queue_size:
-                counts[DROPPED_QUEUE] += n
-                continue
+            room = sub.queue_size - len(sub.queue) - sub.in_groups
             if sub.fair is not None and sub.fair_key is not None:
-                admitted = self._admit_group_fairly(sub, group, now)
+                admitted = self._admit_group_fairly(sub, group, room, now)
             else:
-                k = sub.bucket.take_up_to(now, n)
-                counts[DROPPED_RATE] += n - k
+                k = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
+                if k < n:
+                    counts[DROPPED_QUEUE if k == room or room <= 0 else DROPPED_RATE] += n - k
                 admitted = group.head(k) if k else None
             if admitted is not None:
                 sub.queue.append(admitted)  # type: ignore[arg-type]
+                sub.in_groups += len(admitted.raws) - 1
                 sub.wake.set()
 
-    def _admit_group_fairly(self, sub: _Subscription, group: PacketInGroup, now: float) -> PacketInGroup | None:
-        """Each packet-in of the group through its key's share (one key: the packet-ins share
-        rule id, in_port and destination address) and the category's bucket."""
+    def _admit_group_fairly(self, sub: _Subscription, group: PacketInGroup, room: int, now: float
+                            ) -> PacketInGroup | None:
+        """Each packet-in of the group: the channel's room, then its key's share (one key: the
+        packet-ins share rule id, in_port and destination address) and the category's bucket."""
         admit, key, counts = sub.fair.admit, sub.fair_key(group.sample), sub.counts  # type: ignore[union-attr, misc]
         kept: list[int] = []
         rate_drops = fair_drops = 0
-        for i in range(len(group.raws)):
+        n = len(group.raws)
+        for i in range(n):
+            if room <= 0:
+                counts[DROPPED_QUEUE] += n - i
+                break
             outcome = admit(key, now)
             if outcome == ADMITTED:
                 kept.append(i)
+                room -= 1
             elif outcome == DROPPED_FAIR_SHARE:
                 fair_drops += 1
             else:
@@ -227,7 +233,7 @@ class Demux:
         if fair is None or key is None:
             return
         admit = fair.admit
-        room = sub.queue_size - len(queue)
+        room = sub.queue_size - len(queue) - sub.in_groups
         before = len(queue)
         rate_drops = fair_drops = 0
         for i, pin in enumerate(group):
@@ -273,12 +279,13 @@ class Demux:
         return {cat: dict(sub.counts) for cat, sub in self._subs.items()}
 
     def queue_depths(self) -> dict[int, int]:
-        return {cat: len(sub.queue) for cat, sub in self._subs.items()}
+        """Packet-ins waiting per category (those in groups included)."""
+        return {cat: len(sub.queue) + sub.in_groups for cat, sub in self._subs.items()}
 
     def queue_fill(self, category: int) -> float:
         """How full the category's channel is, 0.0 .. 1.0 (0.0 without a subscriber)."""
         sub = self._subs.get(category)
-        return len(sub.queue) / sub.queue_size if sub is not None else 0.0
+        return (len(sub.queue) + sub.in_groups) / sub.queue_size if sub is not None else 0.0
 
     def fair_share_stats(self) -> dict[int, FairShareStats]:
         return {cat: FairShareStats(len(sub.fair), sub.fair.evicted, sub.fair.borrowed)
@@ -295,6 +302,7 @@ class Demux:
             if type(pin) is _GROUP:  # read in overload: its packet-ins count one by one
                 weight = len(pin.raws)  # type: ignore[attr-defined]
                 extra += weight - 1
+                sub.in_groups -= weight - 1
                 try:
                     sub.group_handler(pin)  # type: ignore[misc, arg-type]
                 except Exception:

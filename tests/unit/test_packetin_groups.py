@@ -28,7 +28,7 @@ from auditlog.aggregate import Aggregator  # noqa: E402
 from auditlog.overload import Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from packetin import wire  # noqa: E402
-from packetin.demux import Demux  # noqa: E402
+from packetin.demux import Demux, FairShareSettings  # noqa: E402
 from packetin.errors import DecodeError  # noqa: E402
 from packetin.groups import PacketInGroup, group_key, split_read  # noqa: E402
 from packetin.model import Category, Flags, PacketIn, Userdata  # noqa: E402
@@ -179,41 +179,48 @@ def test_the_pipeline_writes_the_same_records_from_groups_as_one_by_one(reads: l
     assert grouped.stats == single.stats
 
 
-def test_the_demux_counts_a_group_as_its_packet_ins() -> None:
-    flood = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1124)]
-    groups, _ = split_read(flood, AT, lambda n, e: None)
-    got: dict[str, list] = {"pins": [], "groups": []}
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 120), st.integers(1, 120), st.integers(1, 3), st.booleans())
+def test_the_demux_counts_a_group_as_its_packet_ins(queue_size: int, burst: int, reads: int, fair: bool) -> None:
+    """The same outcomes, packet-in by packet-in, as `dispatch` gives the decoded packet-ins:
+    the channel's room (a group takes as many places as it holds), tokens, fair shares."""
+    flood = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1064)]
+    results, delivered = [], []
+    for grouped in (False, True):
+        got: list[PacketIn] = []
 
-    class Takes:
-        def __call__(self, pin: PacketIn) -> None:
-            got["pins"].append(pin)
+        class Takes:
+            def __call__(self, pin: PacketIn) -> None:
+                got.append(pin)
 
-        def handle_group(self, group: PacketInGroup) -> None:
-            got["groups"].append(group)
+            def handle_group(self, group: PacketInGroup) -> None:
+                got.extend(group.packet_ins())
 
-    one_by_one: list[PacketIn] = []
-    results = []
-    for handler, grouped in ((one_by_one.append, False), (Takes(), True), (one_by_one.append, True)):
         demux = Demux()
-        demux.subscribe(Category.POLICY, handler, rate=1.0, burst=30.0, queue_size=1000, now=0.0)
-        if grouped:
-            demux.dispatch_groups(groups, 0.0)
-        else:
-            demux.dispatch([wire.decode_packet_in2(m, AT) for m in flood], 0.0)
+        share = FairShareSettings(lambda pin: pin.rule_id, key_rate=1.0, key_burst=max(1, burst // 2),
+                                  max_keys=16) if fair else None
+        demux.subscribe(Category.POLICY, Takes(), rate=1.0, burst=float(burst), queue_size=queue_size, now=0.0,
+                        fair=share)
+        for r in range(reads):
+            if grouped:
+                demux.dispatch_groups(split_read(flood, AT, lambda n, e: None)[0], float(r))
+            else:
+                demux.dispatch([wire.decode_packet_in2(m, AT) for m in flood], float(r))
+            assert demux.queue_depths()[Category.POLICY] <= queue_size
         asyncio.run(demux.stop())
         results.append(demux.stats()[Category.POLICY])
-    assert results[0] == results[1] == results[2]
-    assert results[0]["delivered"] == 30 and results[0]["dropped_rate_limit"] == 70
-    assert [g.count for g in got["groups"]] == [30]
-    assert one_by_one[:30] == one_by_one[30:] == [wire.decode_packet_in2(m, AT) for m in flood[:30]]
+        delivered.append(got)
+    assert results[0] == results[1]
+    assert delivered[0] == delivered[1]
 
 
-def test_a_full_channel_drops_a_whole_group_as_queue_full() -> None:
-    flood = [message(frame("10.0.0.1", "10.0.0.2", "udp", port)) for port in range(1024, 1034)]
-    groups, _ = split_read(flood, AT, lambda n, e: None)
+def test_a_handler_without_handle_group_gets_every_packet_in() -> None:
+    flood = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1034)]
+    got: list[PacketIn] = []
     demux = Demux()
-    demux.subscribe(Category.POLICY, lambda pin: None, rate=1e9, burst=1e9, queue_size=1, now=0.0)
-    demux.dispatch_groups(groups, 0.0)
-    demux.dispatch_groups(groups, 0.0)
-    assert demux.stats()[Category.POLICY]["dropped_queue_full"] == 10
-    assert demux.queue_fill(Category.POLICY) == 1.0
+    demux.subscribe(Category.POLICY, got.append, rate=1e9, burst=1e9, queue_size=100, now=0.0)
+    demux.dispatch_groups(split_read(flood, AT, lambda n, e: None)[0], 0.0)
+    assert demux.queue_fill(Category.POLICY) == 0.1
+    asyncio.run(demux.stop())
+    assert got == [wire.decode_packet_in2(m, AT) for m in flood]
+    assert demux.stats()[Category.POLICY]["delivered"] == 10 and demux.queue_fill(Category.POLICY) == 0.0
