@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from itertools import repeat
 from dataclasses import dataclass, field
 from collections.abc import Hashable
 from typing import Callable, Iterable
@@ -205,13 +206,27 @@ class Demux:
 
     def _admit_group_fairly(self, sub: _Subscription, group: PacketInGroup, room: int, now: float
                             ) -> PacketInGroup | None:
-        """Each packet-in of the group: the channel's room, then its key's share (one key: the
-        packet-ins share rule id, in_port and destination address) and the category's bucket."""
-        admit, key, counts = sub.fair.admit, sub.fair_key(group.sample), sub.counts  # type: ignore[union-attr, misc]
+        """The group's packet-ins share one key (rule id, in_port and destination address)."""
+        n = len(group.raws)
+        return group.pick(self._fair_indexes(sub, repeat(sub.fair_key(group.sample), n), n, room, now))  # type: ignore[misc]
+
+    def _admit_fairly(self, sub: _Subscription, group: list[PacketIn], now: float) -> None:
+        key, queue = sub.fair_key, sub.queue
+        if sub.fair is None or key is None:
+            return
+        kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
+        if kept:
+            queue.extend([group[i] for i in kept])
+            sub.wake.set()
+
+    @staticmethod
+    def _fair_indexes(sub: _Subscription, keys: Iterable[Hashable], n: int, room: int, now: float) -> list[int]:
+        """Per packet-in, in order: the channel's room first, then its key's share and the
+        category's bucket. The indexes admitted; the drops are counted."""
+        admit, counts = sub.fair.admit, sub.counts  # type: ignore[union-attr]
         kept: list[int] = []
         rate_drops = fair_drops = 0
-        n = len(group.raws)
-        for i in range(n):
+        for i, key in enumerate(keys):
             if room <= 0:
                 counts[DROPPED_QUEUE] += n - i
                 break
@@ -225,33 +240,7 @@ class Demux:
                 rate_drops += 1
         counts[DROPPED_RATE] += rate_drops
         counts[DROPPED_FAIR] += fair_drops
-        return group.pick(kept)
-
-    def _admit_fairly(self, sub: _Subscription, group: list[PacketIn], now: float) -> None:
-        """Per packet-in: the channel's room first, then its key's share and the category's bucket."""
-        fair, key, counts, queue = sub.fair, sub.fair_key, sub.counts, sub.queue
-        if fair is None or key is None:
-            return
-        admit = fair.admit
-        room = sub.queue_size - len(queue) - sub.in_groups
-        before = len(queue)
-        rate_drops = fair_drops = 0
-        for i, pin in enumerate(group):
-            if room <= 0:
-                counts[DROPPED_QUEUE] += len(group) - i
-                break
-            outcome = admit(key(pin), now)
-            if outcome == ADMITTED:
-                queue.append(pin)
-                room -= 1
-            elif outcome == DROPPED_FAIR_SHARE:
-                fair_drops += 1
-            else:
-                rate_drops += 1
-        counts[DROPPED_RATE] += rate_drops
-        counts[DROPPED_FAIR] += fair_drops
-        if len(queue) > before:
-            sub.wake.set()
+        return kept
 
     def start(self) -> None:
         """Start one consumer task per subscriber (call from inside the event loop)."""
