@@ -19,8 +19,8 @@ dropped at ovs-vswitchd's full packet socket (never packet-ins). Each mode runs 
 "shared" node (nothing pinned) and a "busy" one (the agent and the sender share CPU 1,
 ovs-vswitchd has CPU 0: the agent cannot build a full record per packet-in).
 
-A synthetic phase also offers packet-ins in-process at --synthetic-rate through the
-agent's demux and pipeline (OVS out of the way), and a figure feeds the pipeline
+A synthetic phase also offers NXT_PACKET_IN2 bytes in-process at --synthetic-rate through
+the agent's reader, demux and pipeline (OVS out of the way), and a figure feeds the pipeline
 in-process at full detail, with and without the overload check, for the cost of the check
 itself. A last figure is the read path's own CPU per packet-in (main thread, thread_time,
 same run, best of three alternating): new-key NXT_PACKET_IN2 bytes shaped like OVS 3.1's
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import re
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 from _bridge import RULE_ID, machine, pin_process  # noqa: E402
 from flood import cpu  # noqa: E402
-from auditlog_throughput import bench_context, count_records, distinct_packet_ins, pipeline_capacity  # noqa: E402
+from auditlog_throughput import bench_context, count_records, pipeline_capacity  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
 from auditlog.overload import Overload  # noqa: E402
@@ -168,22 +167,26 @@ def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int, busy: b
 
 
 def synthetic_flood(path: Path, rate: float, seconds: float, overload_on: bool, pin: bool) -> dict:
-    """OVS out of the way: packet-ins of distinct keys offered to the demux at `rate` per second
-    on the event loop, as the reader would hand them over, the consumer sharing the loop."""
+    """OVS out of the way: NXT_PACKET_IN2 messages of distinct keys (flood_messages) offered to
+    the agent's reader at `rate` per second on the event loop, as the socket would hand them
+    over, the consumer sharing the loop."""
+    msgs = flood_messages(int(rate * seconds))
+
     async def main() -> dict:
         writer = AuditWriter(path, backup_count=50)
         writer.start()
         demux, pipeline = agent_path(writer, overload_on)
+        reader = PacketInReader(demux.dispatch, lambda raw: None, on_groups=demux.dispatch_groups,
+                                coarse=lambda: pipeline.coarse)
         demux.start()
         pipeline.start()
-        source = distinct_packet_ins(int(rate * seconds))
         settle_heap()
         t0 = time.monotonic()
         offered = 0
         while offered < rate * seconds:
             due = min(int((time.monotonic() - t0) * rate), int(rate * seconds)) - offered
             if due > 0:
-                demux.dispatch(list(itertools.islice(source, due)), time.monotonic())
+                reader.on_messages(msgs[offered:offered + due])
                 offered += due
             await asyncio.sleep(0)  # the consumer's turn (a slice), as between two socket reads
         elapsed = time.monotonic() - t0
@@ -219,7 +222,7 @@ def flood_messages(n: int) -> list[bytes]:
     from tests.unit.test_packetin_groups import frame, message
 
     return [message(frame("10.246.0.2", "10.246.0.3", "udp", 1024 + i % 64000, ident=i & 0xFFFF),
-                    reg6=RULE_ID, ct_tp_dst=1024 + i % 64000) for i in range(n)]
+                    reg6=RULE_ID + (i // 64000) % 8, ct_tp_dst=1024 + i % 64000) for i in range(n)]
 
 
 def read_path_cpu(msgs: list[bytes], per_read: int, overload: bool, grouping: bool) -> float:
