@@ -24,12 +24,12 @@ from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
 from packetin.groups import FRAME_OFFSET, PacketInGroup
-from packetin.wire import decode_packet_in2
 from packetin.model import Disposition, PacketIn
 from packetin.protocol_numbers import IPPROTO_TCP
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait, wait_event
+from packetin.wire import decode_packet_in2
 
 log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
@@ -201,7 +201,10 @@ class AuditPipeline:
             distinct = self._distinct.get(key)
             if distinct is None:
                 distinct = self._distinct[key] = set()
-            distinct.update(zip(*(repeat(v) for v in prefix), lasts))
+            if len(lasts) == 1:
+                distinct.add((*prefix, lasts[0]))
+            else:
+                distinct.update(zip(*(repeat(v) for v in prefix), lasts))
 
     def _direction(self, rule_id: int) -> str:
         direction = self._directions.get(rule_id)

@@ -2,7 +2,7 @@
 
 The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
-on the event-loop thread. Flow, group and meter changes go out in batches that
+on the event-loop thread (the read path: packetin/reader.py; in audit overload, groups). Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
 OpenFlowError naming the failing message; `commit_flows` sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
@@ -32,7 +32,6 @@ from packetin.refusals import add_or_modify, group_exists, meter_exists, raise_f
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True, slots=True)
