@@ -183,6 +183,38 @@ class Aggregator:
         out.append(_new(Emission, (key, sample, 1, size, now, now, 0, 0, "first")))
         return out
 
+    def add_many(self, key: AggregateKey, sample: object, count: int, size: int, now: float,
+                 second: Callable[[], object] | None = None) -> list[Emission]:
+        """Account `count` packet-ins of `size` bytes each, all at `now`, aggregated: what `count`
+        calls add(key, sample_i, size, now, True) give, `sample` standing for the first and for
+        the others but when the first opens the key's window: then `second()` (the second
+        packet-in's sample) is the window's sample, as it would be one by one."""
+        out = self.add(key, sample, size, now, True)
+        rest = count - 1
+        if rest <= 0:
+            return out
+        if not self._window:
+            for _ in range(rest):
+                out += self.add(key, sample, size, now, True)
+            return out
+        # add() left the key's window open and announced, at the time it used (now, clamped).
+        at = self._latest
+        w = self._open[key]
+        if w.packets:
+            w.packets += rest
+            w.bytes += size * rest
+        else:
+            if not w.off_packets:
+                w.first = at
+            w.sample = second() if second is not None and out and out[-1].key is key and out[-1].kind == "first" \
+                else sample
+            w.packets = rest
+            w.bytes = size * rest
+        w.last = at
+        self._packets_in += rest
+        self._held += rest
+        return out
+
     def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, now: float,
                       sample: object = None) -> list[Emission]:
         """Fold drops the eBPF offload counted (never seen by OVS) into the key's window.

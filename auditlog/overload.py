@@ -4,7 +4,9 @@ Above `high_mark` (how full the pipeline's input or output queue is, 0..1) the p
 aggregates with a key without ports; above `peers_mark` also without the peer (the
 end the rule does not protect); at or below `low_mark` it returns to full detail. In
 between it keeps its level (hysteresis), except that PEERS steps back to PORTS once
-below `high_mark`. The clock is passed in.
+below `high_mark`. `pressed()` (optional) is input pressure that the queues do not show yet
+(the OpenFlow reader's reads coming back full, packetin/reader.py): while it is True the
+level is at least PORTS, as if the backlog were at `high_mark` (so PEERS holds while it lasts). The clock is passed in.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ class Overload:
     """The level of detail, from `backlog()` (0..1) each time `update(now)` is called."""
 
     def __init__(self, backlog: Callable[[], float], *, high_mark: float, peers_mark: float,
-                 low_mark: float) -> None:
+                 low_mark: float, pressed: Callable[[], bool] | None = None) -> None:
         if not 0 <= low_mark < high_mark <= peers_mark:
             raise ValueError(f"overload marks need 0 <= low < high <= peers, got {low_mark}, {high_mark}, {peers_mark}")
         self._backlog = backlog
+        self._pressed = pressed
+        self.pressed_updates = 0  # updates at which input pressure held the level up
         self.high_mark, self.peers_mark, self.low_mark = high_mark, peers_mark, low_mark
         self.level = FULL
         self.entered = 0
@@ -39,6 +43,9 @@ class Overload:
 
     def update(self, now: float) -> int:
         fill = self._backlog()
+        if fill < self.high_mark and self._pressed is not None and self._pressed():
+            fill = self.high_mark
+            self.pressed_updates += 1
         level = self.level
         if fill >= self.peers_mark:
             new = PEERS

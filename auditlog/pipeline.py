@@ -15,22 +15,28 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from itertools import repeat
+from typing import Callable, Protocol, Sequence
 
 from auditlog.aggregate import AggregateKey, Aggregator, AggregatorStats, Emission
 from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
+from packetin.groups import FRAME_OFFSET, PacketInGroup
 from packetin.model import Disposition, PacketIn
+from packetin.protocol_numbers import IPPROTO_TCP
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait, wait_event
+from packetin.wire import decode_packet_in2
 
 log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
 # Packet-ins between two looks at the backlog while at full detail (in overload: every one).
 _CHECK_EVERY = 64
+# Seconds between looks at the backlog while coarse and idle (no window open).
+_RECHECK = 0.5
 
 
 class RecordSink(Protocol):
@@ -55,6 +61,28 @@ class PipelineStats:
 def aggregate_key(pin: PacketIn, summary: PacketSummary) -> AggregateKey:
     """The aggregation key of a packet-in: (rule id, disposition, src, dst, protocol, dst port or ICMP type)."""
     return (pin.rule_id, pin.reg7 & DISPOSITION_BITS, *flow_key(summary))
+
+
+def group_lasts(raws: list[bytes], summary: PacketSummary) -> tuple[list[int | None], int]:
+    """For grouped packet-ins (packetin/groups.py: untagged IPv4, not fragments, one length,
+    header length and protocol) whose first frame decodes to `summary`: each one's last flow-key
+    field (destination port, else ICMP type, else None) and how many decode as truncated."""
+    at = FRAME_OFFSET + 14 + (raws[0][FRAME_OFFSET + 14] & 15) * 4  # the transport header
+    if summary.dst_port is not None:
+        lasts: list[int | None] = [(r[at + 2] << 8) | r[at + 3] for r in raws]
+    elif summary.icmp_type is not None:
+        lasts = [r[at] for r in raws]
+    else:
+        lasts = [None] * len(raws)
+    avail = summary.length - (at - FRAME_OFFSET)
+    if summary.protocol == IPPROTO_TCP and avail >= 20:  # whole unless its options are cut
+        return lasts, sum(1 for r in raws if avail < (r[at + 12] >> 4) * 4)
+    return lasts, len(raws) if summary.truncated else 0
+
+
+def _second(group: PacketInGroup) -> tuple[PacketIn, PacketSummary]:
+    pin = decode_packet_in2(group.raws[1], group.sample.received_at)
+    return pin, decode_frame(pin.packet)
 
 
 class AuditPipeline:
@@ -119,27 +147,64 @@ class AuditPipeline:
         if summary.truncated:
             stats["decode_truncated"] += 1
         stats["packet_ins"] += 1
+        key, prefix = self._coarse_key(pin, summary)
+        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
+        last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
+        self._coarse_counted(key, emissions, prefix, (last,))
+
+    def handle_group(self, group: PacketInGroup) -> None:
+        """Packet-ins the reader grouped in overload (packetin/groups.py): the same records and
+        counts as one call per packet-in under the current coarse key, for one decoded frame.
+        Back at full detail (or without windows) they are taken one by one."""
+        sample = group.sample
+        if self._overload is not None:
+            self._countdown = _CHECK_EVERY
+            self._level = self._overload.update(sample.received_at)
+        if not self._level or not self._agg.window:
+            for pin in group.packet_ins():
+                self(pin)
+            return
+        summary = decode_frame(sample.packet)
+        self._decoded = (sample, summary)
+        lasts, truncated = group_lasts(group.raws, summary)
+        stats = self.stats
+        stats["decode_truncated"] += truncated
+        stats["packet_ins"] += len(lasts)
+        key, prefix = self._coarse_key(sample, summary)
+        emissions = self._agg.add_many(key, (sample, summary), len(lasts), sample.total_len, sample.received_at,
+                                       lambda: _second(group))
+        self._coarse_counted(key, emissions, prefix, lasts)
+
+    def _coarse_key(self, pin: PacketIn, summary: PacketSummary) -> tuple[tuple, tuple]:
+        """(the aggregation key at the current level, the full-detail key without its last field)."""
         rule_id = pin.rule_id
         disposition = pin.reg7 & DISPOSITION_BITS
         src, dst, protocol = summary.src_ip, summary.dst_ip, summary.protocol
-        last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
-        full = (rule_id, disposition, src, dst, protocol, last)
+        prefix = (rule_id, disposition, src, dst, protocol)
         level = self._level
         if level == PEERS:
             # Keep the end the rule protects (the applied-to Pod), drop the other.
             direction = self._direction(rule_id)
             src = src if direction == "egress" else None
             dst = dst if direction == "ingress" else None
-        key = (LEVEL_NAMES[level], rule_id, disposition, src, dst, protocol)
-        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
+        return (LEVEL_NAMES[level], rule_id, disposition, src, dst, protocol), prefix
+
+    def _coarse_counted(self, key: tuple, emissions: list[Emission], prefix: tuple, lasts: Sequence) -> None:
+        """Write what the packet-ins' add closed; note their full-detail keys (but the "first"
+        packet's, which has a record of its own) among those the key's open window covers."""
         if emissions:
             self._emit(emissions)
             self._poke_timer()
-        if not any(e.key is key and e.kind == "first" for e in emissions):
+            if any(e.key is key and e.kind == "first" for e in emissions):
+                lasts = lasts[1:]
+        if lasts:
             distinct = self._distinct.get(key)
             if distinct is None:
                 distinct = self._distinct[key] = set()
-            distinct.add(full)
+            if len(lasts) == 1:
+                distinct.add((*prefix, lasts[0]))
+            else:
+                distinct.update(zip(*(repeat(v) for v in prefix), lasts))
 
     def _direction(self, rule_id: int) -> str:
         direction = self._directions.get(rule_id)
@@ -221,6 +286,10 @@ class AuditPipeline:
             return
         while True:
             deadline = self._agg.next_deadline()
+            if deadline is None and self._level and self._overload is not None:
+                # Coarse with nothing open: look again later, so that full detail (and the
+                # overload metrics) come back when the input stops, not at the next packet-in.
+                deadline = self._clock() + _RECHECK
             self._timer_until = deadline
             if deadline is None:
                 await wake.wait()
@@ -238,6 +307,11 @@ class AuditPipeline:
                 self._emit(self._agg.tick(now))
             except Exception:  # keep closing windows whatever one record did
                 log.exception("closing aggregation windows failed")
+
+    @property
+    def coarse(self) -> bool:
+        """True while in overload (the reader may hand packet-ins over in groups)."""
+        return self._level != FULL
 
     @property
     def aggregator(self) -> Aggregator:

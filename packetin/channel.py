@@ -2,7 +2,7 @@
 
 The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
-on the event-loop thread. Flow, group and meter changes go out in batches that
+on the event-loop thread (the read path: packetin/reader.py; in audit overload, groups). Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
 OpenFlowError naming the failing message; `commit_flows` (bundle_exchange.py) sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
@@ -24,17 +24,14 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from meters.ovs import MeterSpec, MeterSupport
 from packetin import messages
 from packetin.bundle_exchange import BundleExchange
-from packetin import wire
 from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
-from packetin.model import PacketIn
+from packetin.reader import GroupSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, group_exists, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-PacketInSink = Callable[[list[PacketIn], float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +58,15 @@ class OpenFlowChannel(BundleExchange):
     def __init__(self, settings: ChannelSettings, on_packet_ins: PacketInSink, *,
                  on_malformed: Callable[[int], None] = lambda n: None,
                  mono_clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False) -> None:
+        """`on_groups` and `coarse`: while coarse() is True, the packet-ins of a read that a
+        coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py)."""
         self.settings = settings
-        self._sink = on_packet_ins
-        self._on_malformed = on_malformed
+        self._reader = PacketInReader(on_packet_ins, self._on_control, on_malformed=on_malformed,
+                                      mono_clock=mono_clock, wall_clock=wall_clock, on_groups=on_groups,
+                                      coarse=coarse)
         self._mono = mono_clock
-        self._wall = wall_clock
         self._proto: OpenFlowStream | None = None
         self._xid = random.randrange(1 << 16, 1 << 24)
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -76,15 +76,12 @@ class OpenFlowChannel(BundleExchange):
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._last_rx = 0.0
         self._desired = DesiredState()  # what the switch confirmed, replayed after reconnects
         self._bundle_id = 0
         self._bundle_lock = asyncio.Lock()
         self.datapath_id: int | None = None
         self.meter_support: MeterSupport | None = None
         self.connects = 0
-        self.packet_ins = 0
-        self.malformed = 0
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -138,7 +135,7 @@ class OpenFlowChannel(BundleExchange):
             self._hello.cancel()  # nobody will wait for it
             raise
         self._proto = proto
-        self._last_rx = self._mono()
+        self._reader.last_rx = self._mono()
         self._send(messages.hello())
         version = await asyncio.wait_for(self._hello, self.settings.request_timeout)
         if version < ofp.OFP_VERSION:
@@ -170,7 +167,7 @@ class OpenFlowChannel(BundleExchange):
             echo.cancel()
 
     def _new_stream(self) -> OpenFlowStream:
-        return OpenFlowStream(self.settings.target, self._on_messages, self._stream_lost)
+        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
         # Fail waiting requests now: a handshake or replay must not sit out its timeout.
@@ -182,7 +179,7 @@ class OpenFlowChannel(BundleExchange):
         interval = self.settings.echo_interval
         while True:
             await asyncio.sleep(interval)
-            if self._mono() - self._last_rx > self.settings.echo_timeout:
+            if self._mono() - self._reader.last_rx > self.settings.echo_timeout:
                 log.warning("no message from %s for %.1fs; reconnecting",
                             self.settings.target, self.settings.echo_timeout)
                 if proto.transport is not None:
@@ -357,33 +354,25 @@ class OpenFlowChannel(BundleExchange):
         if self._hello is not None and not self._hello.done():
             self._hello.set_exception(exc)
 
-    def _on_messages(self, msgs: list[bytes]) -> None:
-        now = self._mono()
-        self._last_rx = now
-        batch: list[PacketIn] = []
-        wall = None
-        is_packet_in2 = wire.is_packet_in2
-        decode = wire.decode_packet_in2
-        for raw in msgs:
-            if is_packet_in2(raw):
-                if wall is None:
-                    wall = self._wall()
-                try:
-                    batch.append(decode(raw, wall))
-                except DecodeError as exc:
-                    self.malformed += 1
-                    self._on_malformed(1)
-                    log.debug("malformed NXT_PACKET_IN2 skipped: %s", exc)
-                continue
-            try:
-                self._on_control(raw)
-            except Exception:  # a message we cannot parse must not kill the reader
-                self.malformed += 1
-                self._on_malformed(1)
-                log.warning("could not handle OpenFlow message type %d", raw[1], exc_info=True)
-        if batch:
-            self.packet_ins += len(batch)
-            self._sink(batch, now)
+    def input_pressed(self) -> bool:
+        """True while reads come back with PRESSURE_MESSAGES or more (packetin/reader.py)."""
+        return self._reader.input_pressed()
+
+    @property
+    def packet_ins(self) -> int:
+        return self._reader.packet_ins
+
+    @property
+    def malformed(self) -> int:
+        return self._reader.malformed
+
+    @property
+    def grouped(self) -> int:
+        return self._reader.grouped
+
+    @property
+    def pressed_reads(self) -> int:
+        return self._reader.pressed_reads
 
     def _on_control(self, raw: bytes) -> None:
         msg_type = raw[1]

@@ -5,7 +5,10 @@ The reader calls `dispatch` on the event-loop thread for each batch it decoded;
 category's channel or is counted as dropped (rate limit, full channel, no
 subscriber, unknown category). One consumer task per subscriber drains its
 channel and calls the handler; a handler exception is counted, logged at a
-limited rate, and the loop goes on.
+limited rate, and the loop goes on. Grouped packet-ins (packetin/groups.py, read in
+overload) go through `dispatch_groups`: a group is one item of its channel but takes
+as much of its room as it holds packet-ins, and goes to the handler's `handle_group`,
+or one by one to a handler without it; every count stays per packet-in.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from itertools import repeat
 from dataclasses import dataclass, field
 from collections.abc import Hashable
 from typing import Callable, Iterable
 
 from meters.fair_share import ADMITTED, DROPPED_FAIR_SHARE, FairShare
 from meters.token_bucket import TokenBucket
+from packetin.groups import PacketInGroup
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
@@ -46,6 +51,7 @@ _KNOWN = frozenset(int(c) for c in Category)
 _CONSUMER_SLICE = 512
 
 log = logging.getLogger(__name__)
+_GROUP = PacketInGroup
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,15 @@ class _Subscription:
     task: asyncio.Task[None] | None = None
     fair: FairShare | None = None
     fair_key: Callable[[PacketIn], Hashable] | None = None
+    group_handler: Callable[[PacketInGroup], None] | None = None
+    in_groups: int = 0  # packet-ins queued in groups beyond one per group: the room they take
+
+
+def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
+    def handle_group(group: PacketInGroup) -> None:
+        for pin in group.packet_ins():
+            handler(pin)
+    return handle_group
 
 
 class Demux:
@@ -109,6 +124,7 @@ class Demux:
             bucket=TokenBucket(rate, burst, now),
             queue_size=queue_size,
         )
+        sub.group_handler = getattr(handler, "handle_group", None) or _one_by_one(handler)
         if fair is not None:
             sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
                                  max_keys=fair.max_keys, now=now)
@@ -151,7 +167,7 @@ class Demux:
             if sub.fair is not None:
                 self._admit_fairly(sub, group, now)
                 continue
-            room = sub.queue_size - len(sub.queue)
+            room = sub.queue_size - len(sub.queue) - sub.in_groups
             admitted = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
             if admitted < n:
                 # Whichever limit ran out first decided the rest.
@@ -161,22 +177,62 @@ class Demux:
                 sub.queue.extend(group if admitted == n else group[:admitted])
                 sub.wake.set()
 
+    def dispatch_groups(self, groups: Iterable[PacketInGroup], now: float) -> None:
+        """Admit groups of packet-ins as `dispatch` admits their packet-ins, in order: each
+        while the channel has room (a group takes as much as it holds) and a token (and its
+        key's share); only the admitted part of a group is queued, as one item."""
+        subs = self._subs
+        for group in groups:
+            n = len(group.raws)
+            category = group.sample.category
+            sub = subs.get(category) if category is not None else None  # type: ignore[arg-type]
+            if sub is None:
+                self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += n
+                continue
+            counts = sub.counts
+            counts[RECEIVED] += n
+            room = sub.queue_size - len(sub.queue) - sub.in_groups
+            if sub.fair is not None and sub.fair_key is not None:
+                admitted = self._admit_group_fairly(sub, group, room, now)
+            else:
+                k = sub.bucket.take_up_to(now, min(n, room)) if room > 0 else 0
+                if k < n:
+                    counts[DROPPED_QUEUE if k == room or room <= 0 else DROPPED_RATE] += n - k
+                admitted = group.head(k) if k else None
+            if admitted is not None:
+                sub.queue.append(admitted)  # type: ignore[arg-type]
+                sub.in_groups += len(admitted.raws) - 1
+                sub.wake.set()
+
+    def _admit_group_fairly(self, sub: _Subscription, group: PacketInGroup, room: int, now: float
+                            ) -> PacketInGroup | None:
+        """The group's packet-ins share one key (rule id, in_port and destination address)."""
+        n = len(group.raws)
+        return group.pick(self._fair_indexes(sub, repeat(sub.fair_key(group.sample), n), n, room, now))  # type: ignore[misc]
+
     def _admit_fairly(self, sub: _Subscription, group: list[PacketIn], now: float) -> None:
-        """Per packet-in: the channel's room first, then its key's share and the category's bucket."""
-        fair, key, counts, queue = sub.fair, sub.fair_key, sub.counts, sub.queue
-        if fair is None or key is None:
+        key, queue = sub.fair_key, sub.queue
+        if sub.fair is None or key is None:
             return
-        admit = fair.admit
-        room = sub.queue_size - len(queue)
-        before = len(queue)
+        kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
+        if kept:
+            queue.extend([group[i] for i in kept])
+            sub.wake.set()
+
+    @staticmethod
+    def _fair_indexes(sub: _Subscription, keys: Iterable[Hashable], n: int, room: int, now: float) -> list[int]:
+        """Per packet-in, in order: the channel's room first, then its key's share and the
+        category's bucket. The indexes admitted; the drops are counted."""
+        admit, counts = sub.fair.admit, sub.counts  # type: ignore[union-attr]
+        kept: list[int] = []
         rate_drops = fair_drops = 0
-        for i, pin in enumerate(group):
+        for i, key in enumerate(keys):
             if room <= 0:
-                counts[DROPPED_QUEUE] += len(group) - i
+                counts[DROPPED_QUEUE] += n - i
                 break
-            outcome = admit(key(pin), now)
+            outcome = admit(key, now)
             if outcome == ADMITTED:
-                queue.append(pin)
+                kept.append(i)
                 room -= 1
             elif outcome == DROPPED_FAIR_SHARE:
                 fair_drops += 1
@@ -184,8 +240,7 @@ class Demux:
                 rate_drops += 1
         counts[DROPPED_RATE] += rate_drops
         counts[DROPPED_FAIR] += fair_drops
-        if len(queue) > before:
-            sub.wake.set()
+        return kept
 
     def start(self) -> None:
         """Start one consumer task per subscriber (call from inside the event loop)."""
@@ -213,12 +268,13 @@ class Demux:
         return {cat: dict(sub.counts) for cat, sub in self._subs.items()}
 
     def queue_depths(self) -> dict[int, int]:
-        return {cat: len(sub.queue) for cat, sub in self._subs.items()}
+        """Packet-ins waiting per category (those in groups included)."""
+        return {cat: len(sub.queue) + sub.in_groups for cat, sub in self._subs.items()}
 
     def queue_fill(self, category: int) -> float:
         """How full the category's channel is, 0.0 .. 1.0 (0.0 without a subscriber)."""
         sub = self._subs.get(category)
-        return len(sub.queue) / sub.queue_size if sub is not None else 0.0
+        return (len(sub.queue) + sub.in_groups) / sub.queue_size if sub is not None else 0.0
 
     def fair_share_stats(self) -> dict[int, FairShareStats]:
         return {cat: FairShareStats(len(sub.fair), sub.fair.evicted, sub.fair.borrowed)
@@ -229,18 +285,31 @@ class Demux:
         handler = sub.handler
         counts = sub.counts
         n = min(limit, len(queue))
-        errors = 0
+        errors = extra = 0
         for _ in range(n):
             pin = queue.popleft()
+            if type(pin) is _GROUP:  # read in overload: its packet-ins count one by one
+                weight = len(pin.raws)  # type: ignore[attr-defined]
+                extra += weight - 1
+                sub.in_groups -= weight - 1
+                try:
+                    sub.group_handler(pin)  # type: ignore[misc, arg-type]
+                except Exception:
+                    errors += weight
+                    self._handler_failed(sub)
+                continue
             try:
                 handler(pin)
             except Exception:  # one bad packet must not stop the loop
                 errors += 1
-                self._errors.log(logging.WARNING, f"handler-{sub.category}",
-                                 "subscriber %s failed on a packet-in (category %d)",
-                                 sub.name, sub.category, exc_info=True)
-        counts[DELIVERED] += n - errors
+                self._handler_failed(sub)
+        counts[DELIVERED] += n + extra - errors
         counts[HANDLER_ERROR] += errors
+
+    def _handler_failed(self, sub: _Subscription) -> None:
+        self._errors.log(logging.WARNING, f"handler-{sub.category}",
+                         "subscriber %s failed on a packet-in (category %d)",
+                         sub.name, sub.category, exc_info=True)
 
     async def _consume(self, sub: _Subscription) -> None:
         while True:

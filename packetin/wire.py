@@ -91,6 +91,7 @@ class Framer:
 
 
 _PACKET_IN2_EXP = _EXP_HEADER.pack(NX_EXPERIMENTER_ID, NXT_PACKET_IN2)
+PACKET_IN2_EXPERIMENTER = _PACKET_IN2_EXP  # bytes 8..16 of every NXT_PACKET_IN2
 
 
 def is_packet_in2(msg: bytes) -> bool:

@@ -91,6 +91,9 @@ class Agent:
                             reconnect_max=config.openflow.reconnect_max),
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
+            # In audit overload, packet-ins a coarse record cannot tell apart come in groups.
+            on_groups=self.demux.dispatch_groups,
+            coarse=lambda: self.audit is not None and self.audit.coarse,
         )
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
@@ -111,7 +114,8 @@ class Agent:
         self.audit_writer: AuditWriter | None = None
         if config.audit.enabled:
             self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine,
-                                                         lambda: self.demux.queue_fill(Category.POLICY))
+                                                         lambda: self.demux.queue_fill(Category.POLICY),
+                                                         self.channel.input_pressed)
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
         # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
         self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
@@ -140,7 +144,8 @@ class Agent:
         self.registry.register(OffloadCollector(self.offload))
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY), offload=self.offload,
-                                                suppress=self.traceflow.suppress)
+                                                suppress=self.traceflow.suppress,
+                                                may_suppress=self.traceflow.may_suppress)
         self._handlers[Category.POLICY] = self.policy_packetins
         self._handlers[Category.TRACEFLOW] = _chain(self.traceflow, self._handlers.get(Category.TRACEFLOW))
         self.api: LocalApi | None = None
@@ -463,7 +468,8 @@ class _LateDirectory:
 
 
 def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None],
-                 packetin_fill: Callable[[], float]) -> tuple[AuditPipeline, AuditWriter]:
+                 packetin_fill: Callable[[], float], pressed: Callable[[], bool]
+                 ) -> tuple[AuditPipeline, AuditWriter]:
     ac = config.audit
     node_fields = {"observer": {"hostname": config.node, **OBSERVER},
                    "orchestrator": {"type": "kubernetes",
@@ -473,7 +479,7 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
     ov = ac.overload
     overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,
-                        peers_mark=ov.peers_mark, low_mark=ov.low_mark) if ov.enabled else None
+                        peers_mark=ov.peers_mark, low_mark=ov.low_mark, pressed=pressed) if ov.enabled else None
     return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
 
 

@@ -30,7 +30,8 @@ class OverloadConfig:
     # Above high_mark (fill of the policy packet-in queue or of the writer queue, 0..1) the
     # audit pipeline aggregates with a coarser key, ports dropped (then peers, above
     # peers_mark) and writes fewer, wider records marked npaudit.aggregate.coarsened; full
-    # detail again below low_mark. Every packet is still counted.
+    # detail again below low_mark. OpenFlow reads of 256+ packet-ins (input pressure) count as
+    # high_mark for 0.5 s (packetin/reader.py). Every packet is still counted.
     enabled: bool = True
     high_mark: float = field(default=0.05, metadata={"check": fraction})
     peers_mark: float = field(default=0.25, metadata={"check": fraction})

@@ -69,6 +69,11 @@ class AgentCollector:
                                   value=ch.connects)
         yield CounterMetricFamily("npaudit_openflow_malformed", "OpenFlow messages that could not be decoded",
                                   value=ch.malformed)
+        yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Reads of the OpenFlow socket that brought "
+                                  "256 messages or more (input pressure: holds audit overload on)",
+                                  value=ch.pressed_reads)
+        yield CounterMetricFamily("npaudit_openflow_packetins_grouped", "Packet-ins read in audit overload and "
+                                  "handed over in groups (one decoded per group)", value=ch.grouped)
         support = ch.meter_support
         yield GaugeMetricFamily(
             "npaudit_datapath_meters_supported",

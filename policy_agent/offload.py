@@ -28,6 +28,7 @@ from auditlog.pipeline import aggregate_key
 from meters.ebpf.loader import DEFAULT_SOURCE, XdpOffload
 from meters.ebpf.maps import ICMP_PROTOCOLS, PORT_PROTOCOLS, OffloadCounts, OffloadKey, icmp_port, rule_until
 from meters.errors import MeterError, OffloadUnavailable
+from packetin.groups import PacketInGroup
 from packetin.model import Disposition, Flags, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
@@ -226,6 +227,14 @@ class DropOffload:
             await self._flush(None)
 
     # --- packet-ins (after the audit pipeline, on the event loop) ----------------------
+
+    def handle_group(self, group: PacketInGroup) -> None:
+        """Packet-ins grouped in overload (packetin/groups.py): nothing to do unless XDP runs,
+        then one by one (the detector counts each flow's rate)."""
+        if self._xdp is None:
+            return
+        for pin in group.packet_ins():
+            self(pin)
 
     def __call__(self, pin: PacketIn) -> None:
         flags = pin.flags

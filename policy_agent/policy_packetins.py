@@ -13,6 +13,7 @@ import json
 import struct
 from typing import Any, Callable, TextIO
 
+from packetin.groups import PacketInGroup
 from packetin.messages import packet_out
 from packetin.model import Flags, PacketIn
 
@@ -87,10 +88,13 @@ class PolicyPacketIns:
 
     def __init__(self, send: Callable[[Any], int], *, audit: Handler | None = None,
                  tap: Handler | None = None, offload: Handler | None = None,
-                 suppress: Callable[[PacketIn], bool] | None = None) -> None:
+                 suppress: Callable[[PacketIn], bool] | None = None,
+                 may_suppress: Callable[[], bool] | None = None) -> None:
         self._send = send
         self._logged = tuple(h for h in (audit, offload, tap) if h is not None)
         self._suppress = suppress  # True for a trace's packet (npaudit trace): neither answered nor logged
+        # False when `suppress` cannot be True now (no recent trace): grouped packet-ins skip it.
+        self._may_suppress = may_suppress
         self.answered = 0
         self.unanswerable = 0
 
@@ -108,6 +112,25 @@ class PolicyPacketIns:
         if flags is None or flags & _LOG:
             for handler in self._logged:
                 handler(pin)
+
+    def handle_group(self, group: PacketInGroup) -> None:
+        """Packet-ins the reader grouped in overload (packetin/groups.py; they share userdata,
+        so flags): as one by one, the group going whole to the logging handlers that take groups.
+        Rejects (each gets its answer) and, while a trace may be running, every packet-in go one by one."""
+        flags = group.sample.flags
+        if (flags is not None and flags & _REJECT) or (
+                self._suppress is not None and (self._may_suppress is None or self._may_suppress())):
+            for pin in group.packet_ins():
+                self(pin)
+            return
+        if flags is None or flags & _LOG:
+            for handler in self._logged:
+                take = getattr(handler, "handle_group", None)
+                if take is not None:
+                    take(group)
+                else:
+                    for pin in group.packet_ins():
+                        handler(pin)
 
 
 def packet_in_summary(pin: PacketIn) -> dict[str, object]:

@@ -118,6 +118,10 @@ class TraceService:
         if complete(running.copies):
             running.done.set()
 
+    def may_suppress(self) -> bool:
+        """False when `suppress` is False for every packet-in (no trace packet lately)."""
+        return self.tags.any_known()
+
     def suppress(self, pin: PacketIn) -> bool:
         """True for a category-0 packet-in of a trace packet: the dispatcher neither audits nor answers it."""
         if self.tags.match(pin.packet) is None:

@@ -97,6 +97,10 @@ class TagRegistry:
     def running(self) -> int:
         return len(self._running)
 
+    def any_known(self) -> bool:
+        """False when `match` cannot find anything (no trace packet lately)."""
+        return bool(self._known)
+
     def match(self, frame: bytes) -> int | None:
         """The tag of the recent trace packet `frame` is, or None. Cheap when no trace ran lately:
         the category-0 dispatcher asks for every packet-in."""

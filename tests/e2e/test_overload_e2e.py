@@ -2,7 +2,8 @@
 audit key (a new UDP destination port each) into a logged Drop rule over a port range.
 
 With small overload marks the agent coarsens (records without ports, marked
-npaudit.aggregate.coarsened, covering many keys) and the counts stay exact: the
+npaudit.aggregate.coarsened, covering many keys), its reader then hands packet-ins over in
+groups (packetin/groups.py), and the counts stay exact: the
 packets in records plus what the agent's admission dropped plus what ovs-vswitchd
 lost before sending equal the packet-ins OVS emitted (its controller flows'
 n_packets minus the meter bands' drops).
@@ -87,7 +88,8 @@ def agent_counts(port: int) -> dict[str, float]:
                 out["ovs_lost"] += s.value
             elif s.name in ("npaudit_packetin_queue_depth", "npaudit_audit_writer_queue_depth"):
                 out["queued"] += s.value
-            elif s.name in ("npaudit_audit_packet_ins_total", "npaudit_audit_records_coarsened_total"):
+            elif s.name in ("npaudit_audit_packet_ins_total", "npaudit_audit_records_coarsened_total",
+                            "npaudit_openflow_reads_pressed_total", "npaudit_openflow_packetins_grouped_total"):
                 out[s.name] = s.value
     return out
 
@@ -153,4 +155,7 @@ def test_a_new_key_flood_coarsens_records_and_every_packet_in_ovs_emitted_is_acc
     assert emitted > 10_000, "the flood did not reach the controller"
     assert records1["coarsened_records"] > 0, "overload never engaged"
     assert records1["records"] < in_records, "coarsened records cover several keys each"
+    grouped = counts1.get("npaudit_openflow_packetins_grouped_total", 0) - counts0.get(
+        "npaudit_openflow_packetins_grouped_total", 0)
+    assert grouped > 0, "in overload the reader hands packet-ins over in groups"
     assert in_records + admission + ovs_lost == emitted

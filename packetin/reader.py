@@ -1,0 +1,116 @@
+"""The read path of the OpenFlow channel: whole messages in, packet-ins out to the demux.
+
+Every NXT_PACKET_IN2 of a read is decoded (packetin/wire.py) and the batch handed to the
+packet-in sink on the event-loop thread; any other message goes to the channel's control
+handler. While the consumer says it is coarse (the audit pipeline in overload), the
+packet-ins a coarse record cannot tell apart are handed over as groups instead, only the
+first of each decoded (packetin/groups.py). The reader also measures input pressure: a
+read that brings many messages at once means OVS's queue towards us is filling.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from packetin import wire
+from packetin.errors import DecodeError
+from packetin.groups import PacketInGroup, split_read
+from packetin.model import PacketIn
+
+log = logging.getLogger(__name__)
+
+PacketInSink = Callable[[list[PacketIn], float], None]
+GroupSink = Callable[[list[PacketInGroup], float], None]
+
+# Input pressure: a read that brings at least this many messages means OVS's queue towards us
+# (the socket, then its rconn queue of ovs.controller_queue_size) filled while we were busy;
+# `input_pressed` says so until PRESSURE_HOLD seconds after the last such read.
+PRESSURE_MESSAGES = 256
+PRESSURE_HOLD = 0.5
+
+
+class PacketInReader:
+    """`on_messages(msgs)` for each read; counters for the channel's metrics."""
+
+    def __init__(self, sink: PacketInSink, on_control: Callable[[bytes], None], *,
+                 on_malformed: Callable[[int], None] = lambda n: None,
+                 mono_clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
+                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False) -> None:
+        self._sink = sink
+        self._on_control = on_control
+        self._on_malformed = on_malformed
+        self._mono = mono_clock
+        self._wall = wall_clock
+        self._group_sink = on_groups
+        self._coarse = coarse
+        self._pressed_at = -float("inf")
+        self.last_rx = 0.0
+        self.packet_ins = 0
+        self.malformed = 0
+        self.reads = 0
+        self.pressed_reads = 0  # reads of PRESSURE_MESSAGES or more
+        self.grouped = 0  # packet-ins handed over in groups
+
+    def input_pressed(self) -> bool:
+        """True while reads come back with PRESSURE_MESSAGES or more, and PRESSURE_HOLD after."""
+        return self._mono() - self._pressed_at < PRESSURE_HOLD
+
+    def on_messages(self, msgs: list[bytes]) -> None:
+        now = self._mono()
+        self.last_rx = now
+        self.reads += 1
+        if len(msgs) >= PRESSURE_MESSAGES:
+            self._pressed_at = now
+            self.pressed_reads += 1
+        if self._group_sink is not None and len(msgs) > 1 and self._coarse():
+            self._grouped(msgs, now)
+            return
+        batch = self._take(msgs, None)
+        if batch:
+            self.packet_ins += len(batch)
+            self._sink(batch, now)
+
+    def _grouped(self, msgs: list[bytes], now: float) -> None:
+        wall = self._wall()
+        groups, rest = split_read(msgs, wall, self._malformed_group)
+        batch = self._take(rest, wall) if rest else []
+        if batch:
+            self.packet_ins += len(batch)
+            self._sink(batch, now)
+        if groups and self._group_sink is not None:
+            n = sum(len(g.raws) for g in groups)
+            self.packet_ins += n
+            self.grouped += n
+            self._group_sink(groups, now)
+
+    def _malformed_group(self, n: int, exc: DecodeError) -> None:
+        self.malformed += n
+        self._on_malformed(n)
+        log.debug("%d malformed NXT_PACKET_IN2 skipped: %s", n, exc)
+
+    def _take(self, msgs: list[bytes], wall: float | None) -> list[PacketIn]:
+        """Decode the packet-ins of `msgs` (stamped `wall`, read now when None); hand the rest on."""
+        batch: list[PacketIn] = []
+        is_packet_in2 = wire.is_packet_in2
+        decode = wire.decode_packet_in2
+        for raw in msgs:
+            if is_packet_in2(raw):
+                if wall is None:
+                    wall = self._wall()
+                try:
+                    batch.append(decode(raw, wall))
+                except DecodeError as exc:
+                    self.malformed += 1
+                    self._on_malformed(1)
+                    log.debug("malformed NXT_PACKET_IN2 skipped: %s", exc)
+                continue
+            try:
+                self._on_control(raw)
+            except Exception:  # a message we cannot parse must not kill the reader
+                self.malformed += 1
+                self._on_malformed(1)
+                log.warning("could not handle OpenFlow message type %d", raw[1], exc_info=True)
+        return batch

@@ -1,0 +1,142 @@
+"""Overload triggered on input pressure (full OpenFlow reads), and the grouped hand-off it enables.
+
+The reader (packetin/reader.py) marks pressure on a read of PRESSURE_MESSAGES or more and holds
+it PRESSURE_HOLD seconds; Overload then keeps at least the ports level whatever the queues
+say. While the consumer is coarse the reader hands packet-ins over in groups; Rejects and
+possible trace packets still go one by one through the policy handler. Clocks are set by
+the test; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from auditlog.aggregate import Aggregator
+from auditlog.overload import FULL, PEERS, PORTS, Overload
+from auditlog.pipeline import AuditPipeline
+from packetin import wire
+from packetin.groups import PacketInGroup
+from packetin.model import Flags, PacketIn
+from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, PacketInReader
+from policy_agent.policy_packetins import PolicyPacketIns
+from tests.unit.test_audit_overload import context, pin
+from tests.unit.test_audit_pipeline import Writer
+from tests.unit.test_packetin_groups import AT, frame, message
+
+FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + 300)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reader(clock: Clock, coarse: bool = False) -> tuple[PacketInReader, list, list]:
+    singles: list[PacketIn] = []
+    groups: list[PacketInGroup] = []
+    r = PacketInReader(lambda batch, now: singles.extend(batch), lambda raw: None, mono_clock=clock,
+                       wall_clock=lambda: AT, on_groups=lambda gs, now: groups.extend(gs), coarse=lambda: coarse)
+    return r, singles, groups
+
+
+def test_a_full_read_is_input_pressure_until_the_hold_runs_out() -> None:
+    clock = Clock()
+    r, singles, _ = reader(clock)
+    r.on_messages(FLOOD[:PRESSURE_MESSAGES - 1])
+    assert not r.input_pressed()
+    r.on_messages(FLOOD[:PRESSURE_MESSAGES])
+    assert r.input_pressed() and r.pressed_reads == 1
+    clock.now += PRESSURE_HOLD * 0.9
+    assert r.input_pressed()
+    clock.now += PRESSURE_HOLD * 0.2
+    assert not r.input_pressed()
+    assert len(singles) == 2 * PRESSURE_MESSAGES - 1 and r.grouped == 0, "not coarse: one by one"
+
+
+def test_input_pressure_holds_overload_at_ports_while_the_queues_look_empty() -> None:
+    backlog, pressed = [0.0], [False]
+    ov = Overload(lambda: backlog[0], high_mark=0.5, peers_mark=0.8, low_mark=0.1, pressed=lambda: pressed[0])
+    assert ov.update(0.0) == FULL
+    pressed[0] = True
+    assert [ov.update(t) for t in (1.0, 2.0)] == [PORTS, PORTS]
+    backlog[0] = 0.9
+    assert ov.update(3.0) == PEERS, "the queues still decide past the peers mark"
+    backlog[0] = 0.0
+    assert ov.update(4.0) == PEERS, "pressure counts as the high mark: PEERS holds while it lasts"
+    pressed[0] = False
+    assert ov.update(5.0) == FULL
+    assert ov.entered == 1 and ov.pressed_updates == 3  # at 1.0, 2.0 and 4.0
+
+
+def test_while_coarse_the_reader_hands_over_groups_with_every_packet_in_counted() -> None:
+    clock = Clock()
+    r, singles, groups = reader(clock, coarse=True)
+    vlan = message(frame("10.0.0.1", "10.0.0.2", "udp", 5, vlan=True))
+    r.on_messages(FLOOD[:100] + [vlan])
+    assert [g.count for g in groups] == [100] and singles == [wire.decode_packet_in2(vlan, AT)]
+    assert r.packet_ins == 101 and r.grouped == 100
+
+
+class Audit:
+    def __init__(self) -> None:
+        self.pins: list[PacketIn] = []
+        self.groups: list[PacketInGroup] = []
+
+    def __call__(self, pin: PacketIn) -> None:
+        self.pins.append(pin)
+
+    def handle_group(self, group: PacketInGroup) -> None:
+        self.groups.append(group)
+
+
+def test_the_policy_handler_passes_a_logged_drop_group_whole_and_rejects_one_by_one() -> None:
+    sent: list = []
+    audit, tap = Audit(), []
+    ppi = PolicyPacketIns(sent.append, audit=audit, tap=tap.append, suppress=lambda pin: False,
+                          may_suppress=lambda: False)
+    drops = PacketInGroup(wire.decode_packet_in2(FLOOD[0], AT), FLOOD[:10])
+    ppi.handle_group(drops)
+    assert audit.groups == [drops] and not audit.pins and not sent
+    assert tap == drops.packet_ins(), "a handler without handle_group gets each packet-in"
+    rejects = [message(frame("10.0.0.1", "10.0.0.2", "tcp", port), flags=int(Flags.LOG | Flags.REJECT), reg7=2)
+               for port in (80, 81, 82)]
+    ppi.handle_group(PacketInGroup(wire.decode_packet_in2(rejects[0], AT), rejects))
+    assert len(sent) == 3 and ppi.answered == 3, "every rejected packet-in is answered"
+    assert audit.pins == [wire.decode_packet_in2(m, AT) for m in rejects]
+
+
+def test_while_a_trace_may_be_running_grouped_packet_ins_meet_the_trace_check_one_by_one() -> None:
+    audit, seen = Audit(), []
+
+    def suppress(pin: PacketIn) -> bool:
+        seen.append(pin)
+        return pin.packet == FLOOD[3][20:20 + len(pin.packet)]
+
+    ppi = PolicyPacketIns(lambda msg: 0, audit=audit, suppress=suppress, may_suppress=lambda: True)
+    ppi.handle_group(PacketInGroup(wire.decode_packet_in2(FLOOD[0], AT), FLOOD[:6]))
+    assert len(seen) == 6 and len(audit.pins) == 5 and not audit.groups
+
+
+def test_coarse_and_idle_the_pipeline_comes_back_to_full_detail_without_a_packet_in() -> None:
+    """Input pressure ends with the flood: no packet-in comes to look at the backlog again,
+    so the window timer does (every half second while coarse with no window open)."""
+    backlog = [0.9]
+
+    async def main() -> tuple[bool, bool]:
+        pipe = AuditPipeline(context(), Writer(), Aggregator(window=0.05),
+                             overload=Overload(lambda: backlog[0], high_mark=0.5, peers_mark=0.8, low_mark=0.1))
+        pipe.start()
+        pipe(pin("10.0.0.1", 40000, 53, time.time()))
+        await asyncio.sleep(0.2)  # its window closed; the backlog still high
+        coarse_then = pipe.coarse
+        backlog[0] = 0.0
+        await asyncio.sleep(0.8)
+        coarse_after = pipe.coarse
+        await pipe.close()
+        return coarse_then, coarse_after
+
+    assert asyncio.run(main()) == (True, False)
