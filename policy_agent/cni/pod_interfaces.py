@@ -362,5 +362,8 @@ class PodInterfaces:
             await _blocking(self._ipam.run, "DEL", ipam_conf, req.container_id, req.netns, req.ifname)
         except CniError as exc:
             problems.append(str(exc))
+        # The final record is staged beside the hook, so an ADD killed before its intent record
+        # can still have left the staged bytes (a ".<id>.*.tmp" file): remove them too.
+        await _blocking(self._states.remove, req.container_id)
         if problems:
             log.info("DEL of unknown container %s: %s", req.container_id, "; ".join(problems))

@@ -84,7 +84,7 @@ def test_a_bundle_costs_two_round_trips_to_the_switch(sock_path: str) -> None:
             await with_old(r)
             events: list[str] = []
             transport = r.chan._proto.transport
-            write, on_control = transport.write, r.chan._on_control
+            write, on_control = transport.write, r.chan._reader._on_control
 
             def spy_write(data: bytes) -> None:
                 events.append("send")
@@ -94,7 +94,7 @@ def test_a_bundle_costs_two_round_trips_to_the_switch(sock_path: str) -> None:
                 events.append("answer")
                 on_control(raw)
 
-            transport.write, r.chan._on_control = spy_write, spy_control
+            transport.write, r.chan._reader._on_control = spy_write, spy_control
             await r.chan.commit_flows([NEW, CHANGED], [OLD[2]])
             turns = [e for i, e in enumerate(events) if i == 0 or events[i - 1] != e]
             assert turns == ["send", "answer", "send", "answer"]
