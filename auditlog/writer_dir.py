@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import stat
 from contextlib import suppress
 from pathlib import Path
@@ -57,3 +58,44 @@ def take_ownership(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+# Filesystems whose write(2) can block for as long as a server or a FUSE daemon is away: the
+# event loop must never be the thread that meets that (no inline writes, see AuditWriter).
+_MAY_HANG = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "9p", "afs", "lustre", "gpfs")
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem holding `path` (its nearest existing ancestor), from
+    /proc/self/mountinfo: the longest mount point that is a prefix; "" if unknown."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return ""
+    target = Path(os.path.realpath(path))
+    best, fstype = -1, ""
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        # mountinfo escapes space, tab, newline and backslash in octal.
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if (target == Path(mount) or Path(mount) in target.parents) and len(mount) > best:
+            best, fstype = len(mount), right.split()[0]
+    return fstype
+
+
+def inline_writes_allowed(path: Path, wanted: bool, mountinfo: str | None = None) -> bool:
+    """Whether the writer may write a lone record on the submitting thread (the event loop):
+    `wanted` (audit.inline_writes) and not on a filesystem that can hang."""
+    if not wanted:
+        return False
+    fstype = filesystem_type(path, mountinfo)
+    if fstype in _MAY_HANG or fstype.startswith("fuse"):
+        log.warning("audit log %s is on %s, whose writes can block while its server is away: every "
+                    "record goes through the writer thread (no inline writes), so the event loop "
+                    "never waits for the disk", path, fstype)
+        return False
+    return True

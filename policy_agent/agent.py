@@ -19,7 +19,8 @@ from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
 from auditlog.syslog.status import SyslogStatus
-from auditlog.writer import AuditWriter
+from auditlog.writer import INLINE_GAP, AuditWriter
+from auditlog.writer_dir import inline_writes_allowed
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, FairShareSettings, Handler
@@ -475,7 +476,8 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
                    "orchestrator": {"type": "kubernetes",
                                     **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
     writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
-                         max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields)
+                         max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields,
+                         inline_gap=INLINE_GAP if inline_writes_allowed(Path(ac.path), ac.inline_writes) else None)
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
     ov = ac.overload
     overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,
