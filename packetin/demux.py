@@ -267,6 +267,11 @@ class Demux:
     def stats(self) -> dict[int, dict[str, int]]:
         return {cat: dict(sub.counts) for cat, sub in self._subs.items()}
 
+    def admission_drops(self, category: int) -> int:
+        """Packet-ins of the category its token bucket or fair shares turned away, so far."""
+        sub = self._subs.get(category)
+        return sub.counts[DROPPED_RATE] + sub.counts[DROPPED_FAIR] if sub is not None else 0
+
     def queue_depths(self) -> dict[int, int]:
         """Packet-ins waiting per category (those in groups included)."""
         return {cat: len(sub.queue) + sub.in_groups for cat, sub in self._subs.items()}

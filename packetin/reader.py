@@ -31,6 +31,27 @@ PRESSURE_MESSAGES = 256
 PRESSURE_HOLD = 0.5
 
 
+class InputPressure:
+    """Input pressure that should coarsen the audit: reads come back full (`pressed`) while the
+    category's admission (`admission_drops`, a running count) has turned nothing away for
+    PRESSURE_HOLD seconds. While its token bucket drops the excess, the pipeline gets at most
+    the bucket's rate, so coarsening would only cost the few admitted records their detail."""
+
+    def __init__(self, pressed: Callable[[], bool], admission_drops: Callable[[], int],
+                 mono_clock: Callable[[], float] = time.monotonic) -> None:
+        self._pressed = pressed
+        self._drops = admission_drops
+        self._mono = mono_clock
+        self._seen = admission_drops()
+        self._limited_at = -float("inf")
+
+    def __call__(self) -> bool:
+        drops = self._drops()
+        if drops != self._seen:
+            self._seen, self._limited_at = drops, self._mono()
+        return self._pressed() and self._mono() - self._limited_at >= PRESSURE_HOLD
+
+
 class PacketInReader:
     """`on_messages(msgs)` for each read; counters for the channel's metrics."""
 

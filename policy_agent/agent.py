@@ -27,6 +27,7 @@ from packetin.demux import Demux, FairShareSettings, Handler
 from packetin.fair_key import applied_to_key
 from packetin.gctune import settle_heap
 from packetin.model import Category
+from packetin.reader import InputPressure
 from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
@@ -114,9 +115,9 @@ class Agent:
         self.audit: AuditPipeline | None = None
         self.audit_writer: AuditWriter | None = None
         if config.audit.enabled:
+            pressure = InputPressure(self.channel.input_pressed, lambda: self.demux.admission_drops(Category.POLICY))
             self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine,
-                                                         lambda: self.demux.queue_fill(Category.POLICY),
-                                                         self.channel.input_pressed)
+                                                         lambda: self.demux.queue_fill(Category.POLICY), pressure)
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
         # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
         self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []

@@ -18,7 +18,8 @@ from auditlog.pipeline import AuditPipeline
 from packetin import wire
 from packetin.groups import PacketInGroup
 from packetin.model import Flags, PacketIn
-from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, PacketInReader
+from packetin.demux import Demux
+from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, InputPressure, PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
 from tests.unit.test_audit_overload import context, pin
 from tests.unit.test_audit_pipeline import Writer
@@ -70,6 +71,26 @@ def test_input_pressure_holds_overload_at_ports_while_the_queues_look_empty() ->
     pressed[0] = False
     assert ov.update(5.0) == FULL
     assert ov.entered == 1 and ov.pressed_updates == 3  # at 1.0, 2.0 and 4.0
+
+
+def test_full_reads_are_no_pressure_while_the_categorys_admission_turns_the_excess_away() -> None:
+    """A flood the token bucket cuts to its rate cannot overload the pipeline: the few admitted
+    records keep their detail (tests/e2e/test_fairness_e2e.py lost every quiet Pod's record
+    to coarsening without this)."""
+    clock, pressed = Clock(), [True]
+    demux = Demux()
+    demux.subscribe(0, lambda pins: None, rate=10, burst=2, queue_size=100, now=clock.now)
+    pressure = InputPressure(lambda: pressed[0], lambda: demux.admission_drops(0), mono_clock=clock)
+    assert pressure(), "pressed and nothing turned away: pressure"
+    demux.dispatch([pin("10.0.0.1", 1000 + i, 53, clock.now) for i in range(5)], clock.now)  # 2 in, 3 over the rate
+    assert demux.admission_drops(0) == 3
+    assert not pressure()
+    clock.now += PRESSURE_HOLD * 0.9
+    assert not pressure(), "admission limited within the hold"
+    clock.now += PRESSURE_HOLD * 0.2
+    assert pressure(), "the bucket has stopped dropping: the reads' pressure counts again"
+    pressed[0] = False
+    assert not pressure()
 
 
 def test_while_coarse_the_reader_hands_over_groups_with_every_packet_in_counted() -> None:
