@@ -18,6 +18,7 @@ from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
+from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
@@ -113,8 +114,9 @@ class Agent:
             self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine,
                                                          lambda: self.demux.queue_fill(Category.POLICY))
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
-        # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
-        self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
+        # One forwarder per syslog destination (a child process unless syslog.process: false), reading the
+        # audit files (never the packet-in path).
+        self.syslog: list[Forwarder | ProcessForwarder] = _build_syslog(config) if config.audit.enabled else []
         if self.syslog:
             self.registry.register(SyslogCollector(self.syslog))
         # Meter statistics and the loss records stating what never became a record.
@@ -477,10 +479,11 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
     return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
 
 
-def _build_syslog(config: AgentConfig) -> list[Forwarder]:
-    forwarders = []
+def _build_syslog(config: AgentConfig) -> list[Forwarder | ProcessForwarder]:
+    forwarders: list[Forwarder | ProcessForwarder] = []
+    kind = ProcessForwarder if config.syslog.process else Forwarder
     for dest_config in config.syslog.destinations:
         dest = syslog_destination(dest_config, config.node)  # checked at load: raises only on a race
-        forwarders.append(Forwarder(dest, live=Path(config.audit.path),
-                                    checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
+        forwarders.append(kind(dest, live=Path(config.audit.path),
+                               checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
     return forwarders
