@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,35 +19,9 @@ from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.forwarder import make_destination
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.writer import AuditWriter
-from tests.support.syslog_parse import parse_message, split_octet_counted
+from tests.support.syslog_receiver import TcpReceiver
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-class TcpReceiver:
-    """Accepts connections one after the other on 127.0.0.1 and keeps the seq of every octet-counted message."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.seqs: list[int] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            rest = b""
-            with conn:
-                while chunk := conn.recv(1 << 16):
-                    messages, rest = split_octet_counted(rest + chunk)
-                    self.seqs += [int(parse_message(m).sd["npaudit@32473"]["seq"]) for m in messages]
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture
