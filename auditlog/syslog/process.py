@@ -42,7 +42,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import Destination, Forwarder, ForwarderStats
+from auditlog.syslog.transport import open_sender
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ class ProcessForwarder:
     def __init__(self, destination: Destination, *, live: Path, checkpoint: Path,
                  stats_timeout: float = STATS_TIMEOUT, restart_base: float = RESTART_BASE,
                  restart_cap: float = RESTART_CAP, **forwarder_options: Any) -> None:
+        # As a Forwarder does: a TLS file that cannot be read fails here, at the agent's start-up (SyslogError),
+        # not in a child restarted over and over.
+        open_sender(destination.endpoint, destination.tls).close()
         self.destination = destination
         self.checkpoint = Path(checkpoint)
         self._live = Path(live)
@@ -247,8 +252,14 @@ def main() -> None:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C on the agent's terminal is the agent's to handle
-    number, _, destination, live, checkpoint, options = requests.recv()
-    forwarder = Forwarder(destination, live=Path(live), checkpoint=Path(checkpoint), **options)
+    try:
+        number, _, destination, live, checkpoint, options = requests.recv()
+        forwarder = Forwarder(destination, live=Path(live), checkpoint=Path(checkpoint), **options)
+    except EOFError:  # the agent went before it sent the destination
+        return
+    except SyslogError as exc:  # the agent checked this at start-up: a file changed since
+        log.error("%s", exc)
+        sys.exit(2)
     forwarder.start()
     while not terminated.is_set():
         try:

@@ -7,18 +7,15 @@ agent killed with SIGKILL leaving no forwarder behind (checked by pid).
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
-from auditlog.chain import RecordText
 from auditlog.syslog.checkpoint import load_checkpoint
-from auditlog.writer import AuditWriter
 from tests.e2e.cluster import Cluster, _npaudit
-from tests.support.syslog_receiver import TcpReceiver
+from tests.support.syslog_receiver import TcpReceiver, alive, wait_for, write_records
 
 
 @pytest.fixture
@@ -39,18 +36,7 @@ def cluster(receiver: TcpReceiver) -> Iterator[Cluster]:
 
 def write(cluster: Cluster, first: int, count: int) -> None:
     """Records in the agent's audit files while it is down (the agent's writer goes on from their chain)."""
-    with AuditWriter(cluster.dir / "audit" / "audit.jsonl") as writer:
-        for i in range(first, first + count):
-            assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
-        assert writer.flush_wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.1)
+    write_records(cluster.dir / "audit" / "audit.jsonl", first, count)
 
 
 def forwarder_children(agent_pid: int) -> list[int]:
@@ -67,13 +53,6 @@ def forwarder_children(agent_pid: int) -> list[int]:
     return found
 
 
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def status(cluster: Cluster) -> dict:
     done = _npaudit("syslog", "status", "--config", str(cluster.config), "-o", "json")
     assert done.returncode == 0, done.stderr
@@ -86,7 +65,7 @@ def test_the_agents_forwarder_child_reports_status_resumes_after_a_restart_and_d
     write(cluster, 1, 200)
     cluster.start()
     assert cluster.agent is not None
-    wait_for(lambda: set(range(1, 201)) <= set(receiver.seqs))
+    wait_for(lambda: set(range(1, 201)) <= set(receiver.seqs), timeout=30)
     [child] = forwarder_children(cluster.agent.pid)
     wait_for(lambda: (status(cluster)["last_seq_sent"] or 0) >= 200)
     st = status(cluster)
@@ -94,7 +73,7 @@ def test_the_agents_forwarder_child_reports_status_resumes_after_a_restart_and_d
 
     # A clean stop: the child saves its checkpoint and exits with the agent.
     cluster.stop_agent()
-    assert not running(child)
+    assert not alive(child)
     saved = load_checkpoint(cluster.state / "syslog" / f"tcp_127.0.0.1_{receiver.url.rsplit(':', 1)[1]}.json")
     assert saved is not None and saved.seq >= 200
     before = Counter(receiver.seqs)
@@ -111,5 +90,5 @@ def test_the_agents_forwarder_child_reports_status_resumes_after_a_restart_and_d
     [child] = forwarder_children(cluster.agent.pid)
     cluster.agent.kill()
     cluster.agent.wait()
-    wait_for(lambda: not running(child), timeout=15)
+    wait_for(lambda: not alive(child), timeout=15)
     (cluster.state / "api.sock").unlink(missing_ok=True)  # SIGKILL left it behind

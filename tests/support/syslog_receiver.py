@@ -1,10 +1,16 @@
-"""A plain TCP syslog receiver on 127.0.0.1 for tests: keeps the npaudit seq of every octet-counted message."""
+"""A plain TCP syslog receiver on 127.0.0.1 for tests (keeps the npaudit seq of every octet-counted message), and the
+few helpers the forwarder process tests share."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
+from pathlib import Path
+from typing import Callable
 
+from auditlog.chain import RecordText
+from auditlog.writer import AuditWriter
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 
@@ -36,3 +42,32 @@ class TcpReceiver:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def write_records(live: Path, first: int, count: int) -> None:
+    """`count` small records through the real writer into the file set of `live` (its chain goes on)."""
+    with AuditWriter(live, backup_count=100, max_age_days=0) as writer:
+        for i in range(first, first + count):
+            assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
+        assert writer.flush_wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def state(pid: int) -> str | None:
+    """The process state letter of `pid` (R, S, T, Z, ...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it has exited, its parent has yet to reap it)."""
+    return state(pid) not in (None, "Z", "X")

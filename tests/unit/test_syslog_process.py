@@ -10,16 +10,16 @@ import textwrap
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from auditlog.chain import RecordText
 from auditlog.syslog.checkpoint import load_checkpoint
+from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import make_destination
 from auditlog.syslog.process import ProcessForwarder
-from auditlog.writer import AuditWriter
-from tests.support.syslog_receiver import TcpReceiver
+from auditlog.syslog.transport import TlsOptions
+from tests.support.syslog_receiver import TcpReceiver, alive, state, wait_for, write_records
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -29,34 +29,6 @@ def receiver() -> Iterator[TcpReceiver]:
     rx = TcpReceiver()
     yield rx
     rx.close()
-
-
-def write(live: Path, first: int, count: int) -> None:
-    with AuditWriter(live, backup_count=100, max_age_days=0) as writer:
-        for i in range(first, first + count):
-            assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
-        assert writer.flush_wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
-def state(pid: int) -> str | None:
-    """The process state letter of `pid` (R, S, T, Z, ...), None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not: it has exited, its parent has yet to reap it)."""
-    return state(pid) not in (None, "Z", "X")
 
 
 def parent_of(pid: int) -> int:
@@ -72,7 +44,7 @@ def make(receiver: TcpReceiver, tmp_path: Path, **kw: Any) -> ProcessForwarder:
 def test_start_stats_and_stop_go_through_the_child_and_a_restart_resumes_from_its_checkpoint(
         receiver: TcpReceiver, tmp_path: Path) -> None:
     live = tmp_path / "log" / "audit.jsonl"
-    write(live, 1, 300)
+    write_records(live, 1, 300)
     fwd = make(receiver, tmp_path)
     fwd.start()
     try:
@@ -87,7 +59,7 @@ def test_start_stats_and_stop_go_through_the_child_and_a_restart_resumes_from_it
     assert load_checkpoint(tmp_path / "ck.json").seq == 300  # saved by the child's stop
     assert fwd.stats().sent == 300 and not fwd.stats().connected  # the child's last counters
     # As after an agent restart: a new forwarder on the same checkpoint sends only what followed.
-    write(live, 301, 100)
+    write_records(live, 301, 100)
     again = make(receiver, tmp_path)
     again.start()
     try:
@@ -101,7 +73,7 @@ def test_start_stats_and_stop_go_through_the_child_and_a_restart_resumes_from_it
 def test_a_child_killed_mid_stream_is_restarted_counted_and_loses_nothing(
         receiver: TcpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     live = tmp_path / "log" / "audit.jsonl"
-    write(live, 1, 2000)
+    write_records(live, 1, 2000)
     fwd = make(receiver, tmp_path, restart_base=0.2)
     fwd.start()
     try:
@@ -113,7 +85,7 @@ def test_a_child_killed_mid_stream_is_restarted_counted_and_loses_nothing(
         saved = load_checkpoint(tmp_path / "ck.json")
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: not alive(first))
-        write(live, 2001, 1000)  # records keep coming while it is down
+        write_records(live, 2001, 1000)  # records keep coming while it is down
         wait_for(lambda: fwd.pid not in (None, first))
         wait_for(lambda: fwd.stats().last_seq_sent == 3000)
         st = fwd.stats()
@@ -143,7 +115,7 @@ PARENT = textwrap.dedent("""
 
 def test_the_child_exits_when_its_parent_is_killed(receiver: TcpReceiver, tmp_path: Path) -> None:
     live = tmp_path / "log" / "audit.jsonl"
-    write(live, 1, 50)
+    write_records(live, 1, 50)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     parent = subprocess.Popen([sys.executable, "-c", PARENT, receiver.url, str(live), str(tmp_path / "ck.json")],
                               stdout=subprocess.PIPE, env=env)
@@ -164,7 +136,7 @@ def test_the_child_exits_when_its_parent_is_killed(receiver: TcpReceiver, tmp_pa
 
 def test_a_child_that_does_not_answer_leaves_stats_at_its_last_snapshot_within_the_timeout(
         receiver: TcpReceiver, tmp_path: Path) -> None:
-    write(tmp_path / "log" / "audit.jsonl", 1, 10)
+    write_records(tmp_path / "log" / "audit.jsonl", 1, 10)
     fwd = make(receiver, tmp_path, stats_timeout=0.3)
     fwd.start()
     try:
@@ -183,3 +155,9 @@ def test_a_child_that_does_not_answer_leaves_stats_at_its_last_snapshot_within_t
         assert fwd.stats().sent == 10
     finally:
         assert fwd.stop()
+
+
+def test_a_tls_file_that_cannot_be_read_fails_at_construction_as_in_process(tmp_path: Path) -> None:
+    dest = make_destination("tls://127.0.0.1:6514", node_name="n", tls=TlsOptions(ca=tmp_path / "missing.pem"))
+    with pytest.raises(SyslogError, match="missing.pem"):
+        ProcessForwarder(dest, live=tmp_path / "audit.jsonl", checkpoint=tmp_path / "ck.json")
