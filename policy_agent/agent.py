@@ -304,11 +304,12 @@ class Agent:
         rundir = self.config.ovs.ovs_rundir
         ovs_version = await asyncio.to_thread(vswitchd_version, rundir)
         ovs_losses = await asyncio.to_thread(self.ovs_counters.read)
+        syslog = await asyncio.to_thread(self.syslog_status)  # forwarder children answer over a pipe
         return self.status_snapshot(now=(time.time(), time.monotonic()), ovs_version=ovs_version,
-                                    ovs_losses=ovs_losses)
+                                    ovs_losses=ovs_losses, syslog=syslog)
 
     def status_snapshot(self, *, now: tuple[float, float], ovs_version: str | None,
-                        ovs_losses: dict[str, int | None]) -> dict[str, Any]:
+                        ovs_losses: dict[str, int | None], syslog: SyslogStatus | None = None) -> dict[str, Any]:
         """The agent's state as JSON: process, OpenFlow, OVS, meters, eBPF, traces, policy, audit, syslog,
         packet-in counters since start, and the last problems logged. `now` is (time.time(), time.monotonic())."""
         cfg, engine, writer = self.config, self.engine, self.audit_writer
@@ -330,7 +331,7 @@ class Agent:
                 "namespaces": len(engine.namespaces), "pods": len(engine.pods)},
             "audit": {"enabled": writer is not None, "path": cfg.audit.path,
                       "head": None if writer is None else dict(zip(("seq", "chain"), writer.head))},
-            "syslog": self.syslog_status().to_json(),
+            "syslog": (syslog or self.syslog_status()).to_json(),
             "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
                          "meter_drops": self.losses.dropped_json()},
             "problems": self.problems.snapshot(),

@@ -109,7 +109,7 @@ class ProcessForwarder:
             proc = self._proc
             if proc is not None and proc.poll() is None:
                 self._request(("stop",))
-                final = self._reply(proc, timeout)
+                final = self._reply(timeout)
                 if final is not None:
                     self._last = final
                 try:
@@ -132,7 +132,7 @@ class ProcessForwarder:
         with self._lock:
             proc = self._proc
             if proc is not None and proc.poll() is None and self._request(("stats",)):
-                reply = self._reply(proc, self._stats_timeout)
+                reply = self._reply(self._stats_timeout)
                 if reply is not None:
                     self._last, self._silent = reply, False
                 elif not self._silent and proc.poll() is None:
@@ -180,7 +180,7 @@ class ProcessForwarder:
         except (OSError, ValueError):
             return False
 
-    def _reply(self, proc: subprocess.Popen[bytes], timeout: float) -> ForwarderStats | None:
+    def _reply(self, timeout: float) -> ForwarderStats | None:
         """The child's reply to the newest request, within `timeout` seconds (None: none came)."""
         replies = self._replies
         deadline = time.monotonic() + timeout
