@@ -76,6 +76,7 @@ def test_the_agents_forwarder_child_reports_status_resumes_after_a_restart_and_d
     assert not alive(child)
     saved = load_checkpoint(cluster.state / "syslog" / f"tcp_127.0.0.1_{receiver.url.rsplit(':', 1)[1]}.json")
     assert saved is not None and saved.seq >= 200
+    wait_for(lambda: set(range(1, saved.seq + 1)) <= set(receiver.seqs))  # parsed by the receiver's thread
     before = Counter(receiver.seqs)
     assert set(before) == set(range(1, saved.seq + 1))
     # Restarted: it resumes after the checkpoint, sending nothing already delivered again.
