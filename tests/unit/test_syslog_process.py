@@ -16,8 +16,9 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogError
-from auditlog.syslog.forwarder import make_destination
+from auditlog.syslog.forwarder import ForwarderStats, make_destination
 from auditlog.syslog.process import ProcessForwarder
+from auditlog.syslog.status import SyslogStatus
 from auditlog.syslog.transport import TlsOptions
 from tests.support.syslog_receiver import TcpReceiver, alive, state, wait_for, write_records
 
@@ -164,3 +165,11 @@ def test_a_tls_file_that_cannot_be_read_fails_at_construction_as_in_process(tmp_
     dest = make_destination("tls://127.0.0.1:6514", node_name="n", tls=TlsOptions(ca=tmp_path / "missing.pem"))
     with pytest.raises(SyslogError, match="missing.pem"):
         ProcessForwarder(dest, live=tmp_path / "audit.jsonl", checkpoint=tmp_path / "ck.json")
+
+
+def test_status_json_carries_restarts_and_reads_an_older_agents_reply_without_it() -> None:
+    st = ForwarderStats("tcp://h:514", True, 7, 0, None, 7, 0, 0, 0, 0, restarts=2)
+    assert SyslogStatus.from_json(SyslogStatus(7, (st,)).to_json()).destinations == (st,)
+    older = SyslogStatus(7, (st,)).to_json()
+    del older["destinations"][0]["restarts"]
+    assert SyslogStatus.from_json(older).destinations[0].restarts == 0
