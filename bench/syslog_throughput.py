@@ -8,15 +8,18 @@ the ossl driver. Records: distinct-flow records made by the real audit pipeline
 (auditlog_throughput: decode, aggregate, ECS record, seal; every record a new key).
 
 - sustained (the target), per transport: the real pipeline writes distinct-flow
-  records at its full rate for --seconds while the forwarder runs in the same
-  process, as in the agent (one GIL: pipeline, writer thread, forwarder thread,
-  the writer's compressor), and rsyslogd receives. Reported: records/s written
+  records at its full rate for --seconds while the forwarder runs as the agent
+  runs it by default: in a child process of its own (auditlog/syslog/process.py,
+  its own GIL), and rsyslogd receives. sustained_in_process, the baseline of the
+  same run: the forwarder as a thread of the pipeline's process instead
+  (syslog.process: false; one GIL for the pipeline, the writer thread, the
+  forwarder thread and the writer's compressor). Reported: records/s written
   (on disk) and records/s delivered (acknowledged by rsyslog's TCP) over the same
   span (first packet-in fed .. every record fed is on disk), the backlog (written,
   not yet delivered) sampled over the span and at its end, the seconds to drain
   once the writer stopped, CPU per 100k records of each thread and of rsyslogd,
   the share of the span it waited with a full window (held back by the
-  receiver's ACKs, not by its own pace),
+  receiver's ACKs, not by its own pace; the thread only, null for the child),
   and how many records rsyslog had written out by the end of the span (its
   verbatim file's size over the mean line: an ACK means "in rsyslog's queue",
   and with the shipped config rsyslogd's parsing and writing, not the
@@ -59,7 +62,8 @@ from auditlog.aggregate import Aggregator  # noqa: E402
 from auditlog.chain import RecordText  # noqa: E402
 from auditlog.fileset import audit_files, iter_lines  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
-from auditlog.syslog.forwarder import Forwarder, make_destination  # noqa: E402
+from auditlog.syslog.forwarder import Destination, Forwarder, make_destination  # noqa: E402
+from auditlog.syslog.process import ProcessForwarder  # noqa: E402
 from auditlog.syslog.transport import ACK_POLL, TlsOptions  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
@@ -116,12 +120,16 @@ class TimedForwarder(Forwarder):
 
 
 def forwarder(scheme: str, url: str, pki: Pki, live: Path, checkpoint: Path) -> TimedForwarder:
-    """A forwarder as the agent builds it (default batch, window and checkpoint settings)."""
-    dest = make_destination(url, node_name="bench", tls=TlsOptions(ca=pki.ca) if scheme == "tls" else None)
-    return TimedForwarder(dest, live=live, checkpoint=checkpoint)
+    """A forwarder as the agent builds it with syslog.process: false (default batch, window and checkpoint
+    settings)."""
+    return TimedForwarder(destination(scheme, url, pki), live=live, checkpoint=checkpoint)
 
 
-def wait_sent(fwd: Forwarder, last_seq: int, timeout: float) -> float:
+def destination(scheme: str, url: str, pki: Pki) -> Destination:
+    return make_destination(url, node_name="bench", tls=TlsOptions(ca=pki.ca) if scheme == "tls" else None)
+
+
+def wait_sent(fwd: Forwarder | ProcessForwarder, last_seq: int, timeout: float) -> float:
     """perf_counter time at which `fwd` has delivered `last_seq` (polled every 5 ms)."""
     deadline = time.monotonic() + timeout
     while (fwd.stats().last_seq_sent or 0) < last_seq:
@@ -220,7 +228,7 @@ def drain(scheme: str, pki: Pki, live: Path, count: int, work: Path) -> dict[str
 class Sampler(threading.Thread):
     """(seconds since t0, records written, records delivered) every SAMPLE_EVERY seconds until stopped."""
 
-    def __init__(self, writer: AuditWriter, fwd: Forwarder, t0: float) -> None:
+    def __init__(self, writer: AuditWriter, fwd: Forwarder | ProcessForwarder, t0: float) -> None:
         super().__init__(name="bench-sampler", daemon=True)
         self.writer, self.fwd, self.t0 = writer, fwd, t0
         self.samples: list[tuple[float, int, int]] = []
@@ -256,23 +264,33 @@ def steady(samples: list[tuple[float, int, int]], span: float, allowance: int) -
             "keeps_up": delivered >= KEEP_UP_RATIO * written and not last > second + allowance}
 
 
-def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, Any]:
-    """The real pipeline writing distinct flows at full rate for `seconds`, the forwarder in the same process."""
-    rx = Receiver(work / f"rsyslog-sustained-{scheme}", pki)
+def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) -> dict[str, Any]:
+    """The real pipeline writing distinct flows at full rate for `seconds`, the forwarder in a child process
+    (`child`, the agent's default) or in a thread of this process."""
+    name = f"{scheme}-{'child' if child else 'thread'}"
+    rx = Receiver(work / f"rsyslog-sustained-{name}", pki)
     rx.daemon.start()
-    live = work / f"sustained-{scheme}" / "audit.jsonl"
+    live = work / f"sustained-{name}" / "audit.jsonl"
     writer = AuditWriter(live, backup_count=50)  # the agent's defaults: 100 MiB files, a 100k-record queue
     writer.start()
     pipeline = AuditPipeline(bench_context(), writer, Aggregator(window=1.0))
-    fwd = forwarder(scheme, rx.url(scheme), pki, live, work / f"ck-sustained-{scheme}.json")
+    checkpoint = work / f"ck-sustained-{name}.json"
+    fwd: TimedForwarder | ProcessForwarder = (
+        ProcessForwarder(destination(scheme, rx.url(scheme), pki), live=live, checkpoint=checkpoint) if child
+        else forwarder(scheme, rx.url(scheme), pki, live, checkpoint))
     try:
         fwd.start()
         settle_heap()  # as the agent does once it has started
-        assert rx.daemon.proc is not None and fwd._thread is not None and writer._thread is not None
+        assert rx.daemon.proc is not None and writer._thread is not None
         pid, rx_pid = os.getpid(), rx.daemon.proc.pid
-        tids = {"pipeline": threading.get_native_id(), "writer": writer._thread.native_id,
-                "forwarder": fwd._thread.native_id}
+        tids = {"pipeline": threading.get_native_id(), "writer": writer._thread.native_id}
+        if isinstance(fwd, TimedForwarder):
+            assert fwd._thread is not None
+            tids["forwarder"] = fwd._thread.native_id
+        child_pid = fwd.pid if isinstance(fwd, ProcessForwarder) else None
         cpu0 = {name: cpu_seconds(pid, tid) for name, tid in tids.items()}
+        if child_pid is not None:  # the whole child: its forwarder thread and the one answering stats requests
+            cpu0["forwarder_process"] = cpu_seconds(child_pid)
         c0, r0 = time.process_time(), cpu_seconds(rx_pid)
         t0 = time.perf_counter()
         sampler = Sampler(writer, fwd, t0)
@@ -285,11 +303,13 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
                 break
         writer.flush_wait(120)
         span, written, delivered = sampler.take()
-        full_wait = fwd.full_window_wait_s
+        full_wait = fwd.full_window_wait_s if isinstance(fwd, TimedForwarder) else None
         line_bytes = writer.stats["bytes"] / written  # the verbatim copy is the record lines, as the node wrote them
         rsyslog_out = rx.out / "audit-verbatim.jsonl"
         wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out.exists() else 0
         cpu = {name: cpu_seconds(pid, tid) - cpu0[name] for name, tid in tids.items()}
+        if child_pid is not None:
+            cpu["forwarder_process"] = cpu_seconds(child_pid) - cpu0["forwarder_process"]
         cpu["process"], cpu["rsyslog"] = time.process_time() - c0, cpu_seconds(rx_pid) - r0
         last_seq = writer.head[0]
         drained = wait_sent(fwd, last_seq, 600) - t0 - span
@@ -303,6 +323,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
         written_rate, delivered_rate = written / span, delivered / span
         every = max(1, round(0.5 / SAMPLE_EVERY))  # the JSON shows a sample every 0.5 s
         return {
+            "forwarder": "child process" if child else "thread of the pipeline's process",
             "seconds": round(span, 3), "packet_ins_fed": fed, "records_written": written,
             "writer_dropped": writer.stats["dropped_queue_full"],
             "records_per_s_written": round(written_rate), "records_per_s_delivered": round(delivered_rate),
@@ -311,7 +332,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float) -> dict[str, An
             "backlog_samples": [[round(t, 2), w - d] for t, w, d in sampler.samples[::every] if t <= span],
             "drain_after_writer_stopped_s": round(drained, 3),
             # The share of the span the forwarder waited for rsyslog's ACKs with a full window (not its own pace).
-            "full_window_wait_share": round(full_wait / span, 3),
+            "full_window_wait_share": None if full_wait is None else round(full_wait / span, 3),
             "cpu_s_per_100k_written": {k: round(v * 1e5 / written, 3) for k, v in cpu.items()},
             "rsyslog_wrote_out_by_end_of_span": wrote_out,
             "rsyslog_records_per_s_written_out": round(wrote_out / span),
@@ -330,25 +351,37 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=100_000, help="records of the drain and ceiling phases")
     ap.add_argument("--seconds", type=float, default=8.0, help="length of each sustained phase")
     ap.add_argument("--only", choices=["sustained"], help="only the sustained phases")
+    ap.add_argument("--no-in-process", action="store_true",
+                    help="skip the sustained phases with the forwarder as a thread (the baseline)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-syslog-", dir="/tmp"))
     try:
         pki = make_pki(work / "pki", "bench")
-        sustain = {scheme: sustained(scheme, pki, work, args.seconds) for scheme in ("tcp", "tls")}
+        sustain: dict[str, dict[str, Any]] = {}
+        threaded: dict[str, dict[str, Any]] = {}
+        for scheme in ("tcp", "tls"):  # interleaved, so a shift in the machine's load hits both alike
+            sustain[scheme] = sustained(scheme, pki, work, args.seconds, child=True)
+            if not args.no_in_process:
+                threaded[scheme] = sustained(scheme, pki, work, args.seconds, child=False)
         summary: dict[str, Any] = {
             "keeps_up_rule": KEEPS_UP_RULE,
+            "forwarder": "child process, as the agent runs it by default (syslog.process: true)",
             "keeps_up": {s: p["keeps_up"] for s, p in sustain.items()},
+            "steady_delivered_vs_written": {s: p["steady_delivered_vs_written"] for s, p in sustain.items()},
+            "in_process_keeps_up": {s: p["keeps_up"] for s, p in threaded.items()},
+            "in_process_steady_delivered_vs_written": {s: p["steady_delivered_vs_written"]
+                                                       for s, p in threaded.items()},
             "steady_written_records_per_s": {s: p["steady_records_per_s_written"] for s, p in sustain.items()},
             "steady_delivered_records_per_s": {s: p["steady_records_per_s_delivered"] for s, p in sustain.items()},
             "rsyslog_records_per_s_written_out": {s: p["rsyslog_records_per_s_written_out"]
                                                   for s, p in sustain.items()},
             "every_record_delivered": all(p["delivered_rsyslog_count"] == p["records_on_disk"]
-                                          for p in sustain.values())}
+                                          for p in (*sustain.values(), *threaded.values()))}
         report: dict[str, Any] = {"benchmark": "syslog_throughput",
                                   "settings": {"seconds": args.seconds, "records": args.records,
                                                "receiver": "config/syslog/rsyslog-receiver.conf in rsyslogd "
                                                            "on 127.0.0.1 (TLS: ossl driver)"},
-                                  "sustained": sustain}
+                                  "sustained": sustain, "sustained_in_process": threaded}
         if args.only is None:
             pipeline = pipeline_capacity(work / "pipeline" / "audit.jsonl", args.records, pin=False)
             records = load_records(work / "pipeline" / "audit.jsonl")

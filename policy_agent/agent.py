@@ -18,6 +18,7 @@ from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
+from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import INLINE_GAP, AuditWriter
 from auditlog.writer_dir import inline_writes_allowed
@@ -119,8 +120,9 @@ class Agent:
             self.audit, self.audit_writer = _build_audit(config, self.rules, lambda: self.engine,
                                                          lambda: self.demux.queue_fill(Category.POLICY), pressure)
             self.registry.register(AuditCollector(self.audit, self.audit_writer))
-        # One forwarder thread per syslog destination, reading the audit files (never the packet-in path).
-        self.syslog: list[Forwarder] = _build_syslog(config) if config.audit.enabled else []
+        # One forwarder per syslog destination (a child process unless syslog.process: false), reading the
+        # audit files (never the packet-in path).
+        self.syslog: list[Forwarder | ProcessForwarder] = _build_syslog(config) if config.audit.enabled else []
         if self.syslog:
             self.registry.register(SyslogCollector(self.syslog))
         # Meter statistics and the loss records stating what never became a record.
@@ -309,11 +311,12 @@ class Agent:
         rundir = self.config.ovs.ovs_rundir
         ovs_version = await asyncio.to_thread(vswitchd_version, rundir)
         ovs_losses = await asyncio.to_thread(self.ovs_counters.read)
+        syslog = await asyncio.to_thread(self.syslog_status)  # forwarder children answer over a pipe
         return self.status_snapshot(now=(time.time(), time.monotonic()), ovs_version=ovs_version,
-                                    ovs_losses=ovs_losses)
+                                    ovs_losses=ovs_losses, syslog=syslog)
 
     def status_snapshot(self, *, now: tuple[float, float], ovs_version: str | None,
-                        ovs_losses: dict[str, int | None]) -> dict[str, Any]:
+                        ovs_losses: dict[str, int | None], syslog: SyslogStatus | None = None) -> dict[str, Any]:
         """The agent's state as JSON: process, OpenFlow, OVS, meters, eBPF, traces, policy, audit, syslog,
         packet-in counters since start, and the last problems logged. `now` is (time.time(), time.monotonic())."""
         cfg, engine, writer = self.config, self.engine, self.audit_writer
@@ -335,7 +338,7 @@ class Agent:
                 "namespaces": len(engine.namespaces), "pods": len(engine.pods)},
             "audit": {"enabled": writer is not None, "path": cfg.audit.path,
                       "head": None if writer is None else dict(zip(("seq", "chain"), writer.head))},
-            "syslog": self.syslog_status().to_json(),
+            "syslog": (syslog or self.syslog_status()).to_json(),
             "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
                          "meter_drops": self.losses.dropped_json()},
             "problems": self.problems.snapshot(),
@@ -486,10 +489,11 @@ def _build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], 
     return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
 
 
-def _build_syslog(config: AgentConfig) -> list[Forwarder]:
-    forwarders = []
+def _build_syslog(config: AgentConfig) -> list[Forwarder | ProcessForwarder]:
+    forwarders: list[Forwarder | ProcessForwarder] = []
+    kind = ProcessForwarder if config.syslog.process else Forwarder
     for dest_config in config.syslog.destinations:
         dest = syslog_destination(dest_config, config.node)  # checked at load: raises only on a race
-        forwarders.append(Forwarder(dest, live=Path(config.audit.path),
-                                    checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
+        forwarders.append(kind(dest, live=Path(config.audit.path),
+                               checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
     return forwarders

@@ -57,11 +57,15 @@ class SyslogDestinationConfig:
 
 @dataclass(frozen=True)
 class SyslogConfig:
-    # Forward every audit record to each destination (RFC 5424, one thread each).
+    # Forward every audit record to each destination (RFC 5424, one forwarder each).
     destinations: tuple[SyslogDestinationConfig, ...] = ()
     # Where each destination's checkpoint is kept; "" = <state_dir>/syslog. On a tmpfs
     # state_dir a reboot forgets it and the files on disk are sent again (duplicates, no loss).
     checkpoint_dir: str = ""
+    # Each destination's forwarder in a child process of its own (its own GIL, restarted if it
+    # dies); false: a thread of the agent, sharing the GIL with the audit pipeline, which a
+    # distinct-flow flood can then outrun (bench/syslog_throughput.py, the sustained phase).
+    process: bool = True
 
 
 def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:

@@ -209,7 +209,7 @@ class AuditCollector:
 
 
 class SyslogStatsSource(Protocol):
-    """One syslog forwarder as this collector sees it (auditlog.syslog.forwarder.Forwarder)."""
+    """One syslog forwarder as this collector sees it (auditlog.syslog Forwarder or ProcessForwarder)."""
 
     def stats(self) -> ForwarderStats: ...
 
@@ -234,19 +234,23 @@ class SyslogCollector:
                                      "delivered (compare with npaudit_audit_chain_seq)", labels=["destination"])
         backlog = GaugeMetricFamily("npaudit_syslog_backlog_bytes", "Bytes of audit files not yet read "
                                     "(gzip files as stored)", labels=["destination"])
+        restarts = CounterMetricFamily("npaudit_syslog_forwarder_restarts", "Forwarder child processes that died "
+                                       "and were started again (each resends from its checkpoint)",
+                                       labels=["destination"])
         for fwd in self._forwarders:
             st = fwd.stats()
             dest = [st.destination]
             for outcome in ("sent", "truncated", "skipped"):
                 records.add_metric([*dest, outcome], getattr(st, outcome))
             lost.add_metric(dest, st.lost)
+            restarts.add_metric(dest, st.restarts)
             errors.add_metric(dest, st.errors)
             connected.add_metric(dest, int(st.connected))
             if st.last_seq_sent is not None:
                 last_seq.add_metric(dest, st.last_seq_sent)
             if st.backlog_bytes is not None:
                 backlog.add_metric(dest, st.backlog_bytes)
-        yield from (records, lost, errors, connected, last_seq, backlog)
+        yield from (records, lost, errors, connected, last_seq, backlog, restarts)
 
 
 class OvsSupervisorSource(Protocol):

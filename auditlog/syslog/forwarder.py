@@ -168,6 +168,7 @@ class ForwarderStats:
     truncated: int     # UDP: sent with a stub MSG
     skipped: int       # lines that are no sealed record, or records that cannot be encoded
     errors: int        # failed connects and sends (each retried)
+    restarts: int = 0  # process.ProcessForwarder: children that died and were started again
 
 
 @dataclass

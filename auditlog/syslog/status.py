@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Mapping
 
 from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import ForwarderStats
 
 _FIELDS = {f.name: f.type for f in fields(ForwarderStats)}
+_DEFAULTS = {f.name for f in fields(ForwarderStats) if f.default is not MISSING}  # newer: an older agent omits
 
 
 class SyslogStatusError(SyslogError):
@@ -55,6 +56,8 @@ def _stats(index: int, item: Any) -> ForwarderStats:
         raise SyslogStatusError(f"syslog status: destinations[{index}] must be an object")
     values = {}
     for name, kind in _FIELDS.items():
+        if name in _DEFAULTS and name not in item:
+            continue
         value = item.get(name)
         if not _is(kind, value):
             raise SyslogStatusError(f"syslog status: destinations[{index}].{name} must be {kind}, got {value!r}")

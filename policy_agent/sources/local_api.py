@@ -88,8 +88,8 @@ class LocalApi:
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
-        if op == SYSLOG_STATUS_OP:
-            return self.syslog_status()
+        if op == SYSLOG_STATUS_OP:  # off the loop: forwarders in child processes answer over a pipe
+            return await asyncio.to_thread(self.syslog_status)
         if op == STATUS_OP:
             return await self.status()
         if op == TRACE_OP:  # one packet through the pipeline (policy_agent/traceflow)

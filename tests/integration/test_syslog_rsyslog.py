@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from auditlog.syslog.forwarder import Forwarder, make_destination
+from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.transport import TlsOptions, receive_buffer_bound
 from auditlog.verify import verify
 from auditlog.chain import RecordText
@@ -23,6 +24,7 @@ from auditlog.writer import AuditWriter
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Rsyslog
 from tests.support.syslog_parse import parse_message
+from tests.support.syslog_receiver import wait_for
 from tests.support.wire_tap import WireTap
 
 NODE = "node-a.example"
@@ -60,14 +62,17 @@ def live(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def forwarders() -> Iterator[Callable[..., Forwarder]]:
-    made: list[Forwarder] = []
+def forwarders(request: pytest.FixtureRequest) -> Iterator[Callable[..., Forwarder]]:
+    """Started forwarders, stopped at the end: threads, or (parametrized indirectly with "child") each in a child
+    process as the agent runs them by default (auditlog.syslog.process)."""
+    made: list[Any] = []
+    kind = ProcessForwarder if getattr(request, "param", "thread") == "child" else Forwarder
 
     def make(url: str, live: Path, checkpoint: Path, **kw: Any) -> Forwarder:
         tls = kw.pop("tls", None)
         dest = make_destination(url, node_name=NODE, tls=tls, batch_records=kw.pop("batch_records", 50))
-        fwd = Forwarder(dest, live=live, checkpoint=checkpoint, poll_interval=0.05, backoff_base=0.1,
-                        backoff_cap=0.5, **kw)
+        fwd = kind(dest, live=live, checkpoint=checkpoint, poll_interval=0.05, backoff_base=0.1,
+                   backoff_cap=0.5, **kw)
         made.append(fwd)
         fwd.start()
         return fwd
@@ -110,14 +115,7 @@ def parse_sd(message: dict[str, Any]) -> dict[str, str]:
     return parse_message(f"<0>1 - - - - - {message['sd']}".encode()).sd["npaudit@32473"]
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
+@pytest.mark.parametrize("forwarders", ["thread", "child"], indirect=True)
 def test_udp_tcp_and_tls_deliver_every_record_field_by_field(
         rsyslog: Rsyslog, pki: Pki, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     count = 3 * len(HOSTILE)
@@ -209,6 +207,7 @@ def test_an_rsyslog_outage_loses_nothing_and_repeats_at_most_what_rsyslog_may_no
     assert fwd.stats().lost == 0
 
 
+@pytest.mark.parametrize("forwarders", ["thread", "child"], indirect=True)
 def test_a_forwarder_restarted_mid_stream_resumes_from_its_checkpoint(
         rsyslog: Rsyslog, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     checkpoint = tmp_path / "ck" / "tcp.json"
@@ -227,6 +226,7 @@ def test_a_forwarder_restarted_mid_stream_resumes_from_its_checkpoint(
     assert sorted(set(seqs)) == list(range(1, 401)) and len(seqs) - 400 <= 10
 
 
+@pytest.mark.parametrize("forwarders", ["thread", "child"], indirect=True)
 def test_tls_with_a_wrong_ca_delivers_nothing_counts_the_error_and_sends_no_plaintext(
         rsyslog: Rsyslog, pki: Pki, live: Path, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     write_records(live, 1, 20)

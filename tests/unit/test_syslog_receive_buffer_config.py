@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from auditlog.syslog.forwarder import Forwarder
+from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.transport import receive_buffer_bound
 from policy_agent.agent import _build_syslog
 from policy_agent.config import ConfigError, loads
@@ -25,8 +28,10 @@ def test_receive_buffer_bytes_reaches_the_forwarders_the_agent_builds(tmp_path: 
                                                                       expected: int | None) -> None:
     config = loads(_config(tmp_path, extra))
     assert config.syslog.destinations[0].receive_buffer_bytes == expected
-    [fwd] = _build_syslog(config)
-    assert fwd.destination.receive_buffer_bytes == expected
+    [child] = _build_syslog(config)  # by default in a child process, which builds the Forwarder from this
+    assert isinstance(child, ProcessForwarder) and child.destination.receive_buffer_bytes == expected
+    [fwd] = _build_syslog(dataclasses.replace(config, syslog=dataclasses.replace(config.syslog, process=False)))
+    assert isinstance(fwd, Forwarder) and fwd.destination == child.destination
     # What the send window waits for after a batch before it counts as delivered: unset = the host's bound.
     assert fwd._window.unread_bytes == (receive_buffer_bound() if expected is None else expected)
 

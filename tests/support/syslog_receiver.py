@@ -1,0 +1,73 @@
+"""A plain TCP syslog receiver on 127.0.0.1 for tests (keeps the npaudit seq of every octet-counted message), and the
+few helpers the forwarder process tests share."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from auditlog.chain import RecordText
+from auditlog.writer import AuditWriter
+from tests.support.syslog_parse import parse_message, split_octet_counted
+
+
+class TcpReceiver:
+    """Accepts connections one after the other and keeps each message's seq; closes in order at the sender's
+    end of stream (so a stopping forwarder knows everything sent was read)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.seqs: list[int] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            rest = b""
+            with conn:
+                try:
+                    while chunk := conn.recv(1 << 16):
+                        messages, rest = split_octet_counted(rest + chunk)
+                        self.seqs += [int(parse_message(m).sd["npaudit@32473"]["seq"]) for m in messages]
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def write_records(live: Path, first: int, count: int) -> None:
+    """`count` small records through the real writer into the file set of `live` (its chain goes on)."""
+    with AuditWriter(live, backup_count=100, max_age_days=0) as writer:
+        for i in range(first, first + count):
+            assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
+        assert writer.flush_wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def state(pid: int) -> str | None:
+    """The process state letter of `pid` (R, S, T, Z, ...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it has exited, its parent has yet to reap it)."""
+    return state(pid) not in (None, "Z", "X")
