@@ -25,6 +25,11 @@ the ossl driver. Records: distinct-flow records made by the real audit pipeline
   and with the shipped config rsyslogd's parsing and writing, not the
   forwarder, is what falls behind on this 2-core machine). The rule is in
   summary.keeps_up_rule; summary.keeps_up says per transport whether it held.
+- sustained_receiver_only_reads: the same with the child forwarder and a
+  receiver that only reads (TLS: decrypts) in a process of its own, as a SIEM
+  off the node would be as far as this node's CPU goes: the forwarder's own
+  keeping up, where rsyslogd on the same 2 cores is not competing with the
+  pipeline for CPU.
 - sealing ceiling (not the target): records/s the AuditWriter seals and writes
   when fed pre-built records as fast as it takes them, beside the whole
   pipeline's rate alone (pipeline_alone): the writer never reaches the former
@@ -165,15 +170,30 @@ def _discard(listener: socket.socket, pki: Pki | None) -> None:
         conn.close()
 
 
+class Sink:
+    """A receiver that only reads (TLS: decrypts) what it is sent, in a process of its own (stopped by pid)."""
+
+    def __init__(self, scheme: str, pki: Pki) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.proc = multiprocessing.get_context("fork").Process(
+            target=_discard, args=(self.listener, pki if scheme == "tls" else None), daemon=True)
+        self.proc.start()
+
+    def url(self, scheme: str) -> str:
+        return f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.listener.close()
+        if self.proc.pid is not None and self.proc.exitcode is None:
+            os.kill(self.proc.pid, 9)
+        self.proc.join(5)
+
+
 def capacity(scheme: str, pki: Pki, live: Path, count: int, work: Path) -> dict[str, Any]:
     """Records/s the forwarder delivers to a receiver that only reads (a process of its own, stopped by pid)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    sink = multiprocessing.get_context("fork").Process(
-        target=_discard, args=(listener, pki if scheme == "tls" else None), daemon=True)
-    sink.start()
+    sink = Sink(scheme, pki)
     try:
-        fwd = forwarder(scheme, f"{scheme}://127.0.0.1:{listener.getsockname()[1]}", pki, live,
-                        work / f"ck-capacity-{scheme}.json")
+        fwd = forwarder(scheme, sink.url(scheme), pki, live, work / f"ck-capacity-{scheme}.json")
         c0, t0 = time.process_time(), time.perf_counter()
         fwd.start()
         done = wait_sent(fwd, count, 600)
@@ -182,10 +202,7 @@ def capacity(scheme: str, pki: Pki, live: Path, count: int, work: Path) -> dict[
         return {"records_per_s": round(count / (done - t0)), "seconds": round(done - t0, 3),
                 "forwarder_cpu_s_per_100k": round(cpu * 1e5 / count, 3), "errors": fwd.stats().errors}
     finally:
-        listener.close()
-        if sink.pid is not None:
-            os.kill(sink.pid, 9)
-        sink.join(5)
+        sink.stop()
 
 
 def received(rx: Receiver, count: int) -> int:
@@ -264,12 +281,14 @@ def steady(samples: list[tuple[float, int, int]], span: float, allowance: int) -
             "keeps_up": delivered >= KEEP_UP_RATIO * written and not last > second + allowance}
 
 
-def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) -> dict[str, Any]:
+def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool, sink: bool = False) -> dict[str, Any]:
     """The real pipeline writing distinct flows at full rate for `seconds`, the forwarder in a child process
-    (`child`, the agent's default) or in a thread of this process."""
-    name = f"{scheme}-{'child' if child else 'thread'}"
-    rx = Receiver(work / f"rsyslog-sustained-{name}", pki)
-    rx.daemon.start()
+    (`child`, the agent's default) or in a thread of this process; to rsyslogd, or (`sink`) to a receiver
+    that only reads: a SIEM off the node, as far as this node's CPU goes."""
+    name = f"{scheme}-{'child' if child else 'thread'}{'-sink' if sink else ''}"
+    rx: Receiver | Sink = Sink(scheme, pki) if sink else Receiver(work / f"rsyslog-sustained-{name}", pki)
+    if isinstance(rx, Receiver):
+        rx.daemon.start()
     live = work / f"sustained-{name}" / "audit.jsonl"
     writer = AuditWriter(live, backup_count=50)  # the agent's defaults: 100 MiB files, a 100k-record queue
     writer.start()
@@ -281,8 +300,9 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) ->
     try:
         fwd.start()
         settle_heap()  # as the agent does once it has started
-        assert rx.daemon.proc is not None and writer._thread is not None
-        pid, rx_pid = os.getpid(), rx.daemon.proc.pid
+        rx_proc = rx.proc if isinstance(rx, Sink) else rx.daemon.proc
+        assert rx_proc is not None and rx_proc.pid is not None and writer._thread is not None
+        pid, rx_pid = os.getpid(), rx_proc.pid
         tids = {"pipeline": threading.get_native_id(), "writer": writer._thread.native_id}
         if isinstance(fwd, TimedForwarder):
             assert fwd._thread is not None
@@ -305,12 +325,12 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) ->
         span, written, delivered = sampler.take()
         full_wait = fwd.full_window_wait_s if isinstance(fwd, TimedForwarder) else None
         line_bytes = writer.stats["bytes"] / written  # the verbatim copy is the record lines, as the node wrote them
-        rsyslog_out = rx.out / "audit-verbatim.jsonl"
-        wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out.exists() else 0
+        rsyslog_out = rx.out / "audit-verbatim.jsonl" if isinstance(rx, Receiver) else None
+        wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out and rsyslog_out.exists() else 0
         cpu = {name: cpu_seconds(pid, tid) - cpu0[name] for name, tid in tids.items()}
         if child_pid is not None:
             cpu["forwarder_process"] = cpu_seconds(child_pid) - cpu0["forwarder_process"]
-        cpu["process"], cpu["rsyslog"] = time.process_time() - c0, cpu_seconds(rx_pid) - r0
+        cpu["process"], cpu["sink" if sink else "rsyslog"] = time.process_time() - c0, cpu_seconds(rx_pid) - r0
         last_seq = writer.head[0]
         drained = wait_sent(fwd, last_seq, 600) - t0 - span
         sampler.done.set()
@@ -322,8 +342,14 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) ->
         rule = steady(sampler.samples, span, dest.window_batches * dest.batch_records)
         written_rate, delivered_rate = written / span, delivered / span
         every = max(1, round(0.5 / SAMPLE_EVERY))  # the JSON shows a sample every 0.5 s
+        received_fields: dict[str, Any] = {} if isinstance(rx, Sink) else {
+            "rsyslog_wrote_out_by_end_of_span": wrote_out,
+            "rsyslog_records_per_s_written_out": round(wrote_out / span),
+            "delivered_rsyslog_count": received(rx, last_seq),
+            "rsyslog_done_after_writer_stopped_s": round(time.perf_counter() - t0 - span, 3)}
         return {
             "forwarder": "child process" if child else "thread of the pipeline's process",
+            "receiver": "a process that only reads" if sink else "rsyslogd, shipped config",
             "seconds": round(span, 3), "packet_ins_fed": fed, "records_written": written,
             "writer_dropped": writer.stats["dropped_queue_full"],
             "records_per_s_written": round(written_rate), "records_per_s_delivered": round(delivered_rate),
@@ -334,15 +360,15 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool) ->
             # The share of the span the forwarder waited for rsyslog's ACKs with a full window (not its own pace).
             "full_window_wait_share": None if full_wait is None else round(full_wait / span, 3),
             "cpu_s_per_100k_written": {k: round(v * 1e5 / written, 3) for k, v in cpu.items()},
-            "rsyslog_wrote_out_by_end_of_span": wrote_out,
-            "rsyslog_records_per_s_written_out": round(wrote_out / span),
-            "delivered_rsyslog_count": received(rx, last_seq), "records_on_disk": last_seq,
-            "rsyslog_done_after_writer_stopped_s": round(time.perf_counter() - t0 - span, 3),
+            **received_fields, "records_on_disk": last_seq, "records_delivered": stats.sent,
             "errors": stats.errors, "lost": stats.lost}
     finally:
         fwd.stop()
         writer.close()
-        rx.daemon.stop()
+        if isinstance(rx, Sink):
+            rx.stop()
+        else:
+            rx.daemon.stop()
 
 
 def main() -> int:
@@ -359,10 +385,12 @@ def main() -> int:
         pki = make_pki(work / "pki", "bench")
         sustain: dict[str, dict[str, Any]] = {}
         threaded: dict[str, dict[str, Any]] = {}
+        sunk: dict[str, dict[str, Any]] = {}
         for scheme in ("tcp", "tls"):  # interleaved, so a shift in the machine's load hits both alike
             sustain[scheme] = sustained(scheme, pki, work, args.seconds, child=True)
             if not args.no_in_process:
                 threaded[scheme] = sustained(scheme, pki, work, args.seconds, child=False)
+            sunk[scheme] = sustained(scheme, pki, work, args.seconds, child=True, sink=True)
         summary: dict[str, Any] = {
             "keeps_up_rule": KEEPS_UP_RULE,
             "forwarder": "child process, as the agent runs it by default (syslog.process: true)",
@@ -375,13 +403,21 @@ def main() -> int:
             "steady_delivered_records_per_s": {s: p["steady_records_per_s_delivered"] for s, p in sustain.items()},
             "rsyslog_records_per_s_written_out": {s: p["rsyslog_records_per_s_written_out"]
                                                   for s, p in sustain.items()},
+            # The receiver off the node's CPU (a SIEM elsewhere): the forwarder's own keeping up.
+            "receiver_only_reads_keeps_up": {s: p["keeps_up"] for s, p in sunk.items()},
+            "receiver_only_reads_steady_delivered_vs_written": {s: p["steady_delivered_vs_written"]
+                                                                for s, p in sunk.items()},
+            "receiver_only_reads_steady_written_records_per_s": {s: p["steady_records_per_s_written"]
+                                                                 for s, p in sunk.items()},
             "every_record_delivered": all(p["delivered_rsyslog_count"] == p["records_on_disk"]
-                                          for p in (*sustain.values(), *threaded.values()))}
+                                          for p in (*sustain.values(), *threaded.values()))
+                                      and all(p["records_delivered"] == p["records_on_disk"] for p in sunk.values())}
         report: dict[str, Any] = {"benchmark": "syslog_throughput",
                                   "settings": {"seconds": args.seconds, "records": args.records,
                                                "receiver": "config/syslog/rsyslog-receiver.conf in rsyslogd "
                                                            "on 127.0.0.1 (TLS: ossl driver)"},
-                                  "sustained": sustain, "sustained_in_process": threaded}
+                                  "sustained": sustain, "sustained_in_process": threaded,
+                                  "sustained_receiver_only_reads": sunk}
         if args.only is None:
             pipeline = pipeline_capacity(work / "pipeline" / "audit.jsonl", args.records, pin=False)
             records = load_records(work / "pipeline" / "audit.jsonl")
