@@ -31,7 +31,7 @@ STATUS_HELP = "per destination: connected, last seq sent vs the writer's, backlo
 TEST_HELP = ("send one marked test message (MSGID TEST, not an audit record, not in the hash chain) to each "
              "configured destination from this process (no agent needed); exit 0 if every one was delivered")
 _COLUMNS = ("DESTINATION", "CONNECTED", "LAST SENT", "WRITER", "BACKLOG", "BACKLOG BYTES", "SENT", "LOST",
-            "TRUNCATED", "ERRORS", "LAST ERROR")
+            "TRUNCATED", "ERRORS", "RESTARTS", "LAST ERROR")
 
 
 def add_parser(sub: Any, load_config: Callable[[str | None], AgentConfig]) -> None:
@@ -89,7 +89,7 @@ def status_table(status: SyslogStatus) -> str:
     for st in status.destinations:
         rows.append((st.destination, "yes" if st.connected else "no", _opt(st.last_seq_sent), _opt(status.writer_seq),
                      _opt(status.backlog_records(st)), _opt(st.backlog_bytes), str(st.sent), str(st.lost),
-                     str(st.truncated), str(st.errors), st.last_error or "-"))
+                     str(st.truncated), str(st.errors), str(st.restarts), st.last_error or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows)
 

@@ -26,7 +26,7 @@ from tests.support.syslog_parse import parse_message, split_octet_counted
 NOW = 1796004843.512  # 2026-11-30T02:14:03.512Z
 TCP = ForwarderStats("tcp://siem:514", True, 1200, 4096, None, sent=1200, lost=3, truncated=0, skipped=0, errors=1)
 TLS = ForwarderStats("tls://siem:6514", False, None, None, "syslog tls://siem:6514: server certificate not trusted",
-                     sent=0, lost=0, truncated=0, skipped=0, errors=7)
+                     sent=0, lost=0, truncated=0, skipped=0, errors=7, restarts=2)
 
 
 class FakeSender:
@@ -120,8 +120,9 @@ def test_status_prints_one_aligned_row_per_destination_with_backlog_and_last_err
     assert run_status(AgentConfig(), api=status_reply(SyslogStatus(1250, (TCP, TLS))), out=out) == 0
     header, tcp, tls = out.getvalue().splitlines()
     assert header.split()[:4] == ["DESTINATION", "CONNECTED", "LAST", "SENT"]
-    assert tcp.split() == ["tcp://siem:514", "yes", "1200", "1250", "50", "4096", "1200", "3", "0", "1", "-"]
-    assert tls.split()[:10] == ["tls://siem:6514", "no", "-", "1250", "-", "-", "0", "0", "0", "7"]
+    assert tcp.split() == ["tcp://siem:514", "yes", "1200", "1250", "50", "4096", "1200", "3", "0", "1", "0", "-"]
+    # RESTARTS: forwarder children that died and were started again (syslog.process)
+    assert tls.split()[:11] == ["tls://siem:6514", "no", "-", "1250", "-", "-", "0", "0", "0", "7", "2"]
     assert tls.endswith("server certificate not trusted")
     assert header.index("LAST ERROR") == tcp.rindex("-") == tls.index("syslog tls://")  # one column
 
