@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from policy_agent.config_checks import bounded, fraction
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else f"must be > 0, got {v}"
+from policy_agent.config_checks import bounded, fraction, positive
 
 
 @dataclass(frozen=True)
@@ -19,7 +13,7 @@ class FairShareConfig:
     # borrows while the category holds more than half its burst, so one flooding key cannot
     # starve the others. Drops: npaudit_packetin_total{outcome="dropped_fair_share"}.
     enabled: bool = True
-    key_rate: float = field(default=100.0, metadata={"check": _positive})  # packet-ins/s assured per key
+    key_rate: float = field(default=100.0, metadata={"check": positive})  # packet-ins/s assured per key
     key_burst: float = field(default=200.0, metadata={"check": lambda v: None if v >= 1 else f"must be >= 1, got {v}"})
     # Keys tracked at once (LRU; evictions counted), at most 10000000.
     max_keys: int = field(default=65536, metadata={"check": bounded(1, 10_000_000)})
@@ -31,7 +25,8 @@ class OverloadConfig:
     # audit pipeline aggregates with a coarser key, ports dropped (then peers, above
     # peers_mark) and writes fewer, wider records marked npaudit.aggregate.coarsened; full
     # detail again below low_mark. OpenFlow reads of 256+ packet-ins (input pressure) count as
-    # high_mark for 0.5 s (packetin/reader.py). Every packet is still counted.
+    # high_mark for 0.5 s while the policy category's admission turns nothing away
+    # (packetin/reader.py InputPressure). Every packet is still counted.
     enabled: bool = True
     high_mark: float = field(default=0.05, metadata={"check": fraction})
     peers_mark: float = field(default=0.25, metadata={"check": fraction})
