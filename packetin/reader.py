@@ -33,8 +33,8 @@ PRESSURE_HOLD = 0.5
 
 class InputPressure:
     """Input pressure that should coarsen the audit: reads come back full (`pressed`) while the
-    category's admission (`admission_drops`, a running count) has turned nothing away for
-    PRESSURE_HOLD seconds. While its token bucket drops the excess, the pipeline gets at most
+    category's admission (`admission_drops`, a running count, looked at only while pressed) has
+    turned nothing away for PRESSURE_HOLD seconds. While its token bucket drops the excess, the pipeline gets at most
     the bucket's rate, so coarsening would only cost the few admitted records their detail."""
 
     def __init__(self, pressed: Callable[[], bool], admission_drops: Callable[[], int],
@@ -46,10 +46,13 @@ class InputPressure:
         self._limited_at = -float("inf")
 
     def __call__(self) -> bool:
-        drops = self._drops()
+        # Called per packet-in while coarse: nothing more than the pressure check unless pressed.
+        if not self._pressed():
+            return False
+        drops, now = self._drops(), self._mono()
         if drops != self._seen:
-            self._seen, self._limited_at = drops, self._mono()
-        return self._pressed() and self._mono() - self._limited_at >= PRESSURE_HOLD
+            self._seen, self._limited_at = drops, now
+        return now - self._limited_at >= PRESSURE_HOLD
 
 
 class PacketInReader:
