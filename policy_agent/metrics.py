@@ -237,6 +237,10 @@ class SyslogCollector:
         restarts = CounterMetricFamily("npaudit_syslog_forwarder_restarts", "Forwarder child processes that died "
                                        "and were started again (each resends from its checkpoint)",
                                        labels=["destination"])
+        waits = CounterMetricFamily("npaudit_syslog_receiver_wait_seconds", "Seconds the forwarder had a full send "
+                                    "window and waited for the receiver's acknowledgements (growing as fast as "
+                                    "time passes: the receiver sets the pace, not the forwarder)",
+                                    labels=["destination"])
         for fwd in self._forwarders:
             st = fwd.stats()
             dest = [st.destination]
@@ -244,13 +248,14 @@ class SyslogCollector:
                 records.add_metric([*dest, outcome], getattr(st, outcome))
             lost.add_metric(dest, st.lost)
             restarts.add_metric(dest, st.restarts)
+            waits.add_metric(dest, st.receiver_wait_s)
             errors.add_metric(dest, st.errors)
             connected.add_metric(dest, int(st.connected))
             if st.last_seq_sent is not None:
                 last_seq.add_metric(dest, st.last_seq_sent)
             if st.backlog_bytes is not None:
                 backlog.add_metric(dest, st.backlog_bytes)
-        yield from (records, lost, errors, connected, last_seq, backlog, restarts)
+        yield from (records, lost, errors, connected, last_seq, backlog, restarts, waits)
 
 
 class OvsSupervisorSource(Protocol):

@@ -169,6 +169,9 @@ class ForwarderStats:
     skipped: int       # lines that are no sealed record, or records that cannot be encoded
     errors: int        # failed connects and sends (each retried)
     restarts: int = 0  # process.ProcessForwarder: children that died and were started again
+    # Seconds spent with a full send window, waiting for the receiver's ACKs: while this grows as fast as
+    # time passes, the receiver (or the network to it) sets the pace, not the forwarder.
+    receiver_wait_s: float = 0.0
 
 
 @dataclass
@@ -187,6 +190,7 @@ class _Counters:
     truncated: int = 0
     skipped: int = 0
     errors: int = 0
+    receiver_wait_s: float = 0.0
     last_seq: int | None = None
     last_error: str | None = None
     backlog_bytes: int | None = None
@@ -231,6 +235,7 @@ class Forwarder:
         self._burst = burst
         self._more = False  # the last read filled a batch: more is likely on disk (the forwarder is behind)
         self._backlog_at: float | None = None
+        self._held_since: float | None = None  # `now` of the step that found the window full (receiver_wait_s)
         self._n = _Counters()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -239,7 +244,8 @@ class Forwarder:
         """The current counters, connection state and last error."""
         n = self._n
         return ForwarderStats(self.destination.name, self._sender.connected, n.last_seq, n.backlog_bytes,
-                              n.last_error, n.sent, n.lost, n.truncated, n.skipped, n.errors)
+                              n.last_error, n.sent, n.lost, n.truncated, n.skipped, n.errors,
+                              receiver_wait_s=n.receiver_wait_s)
 
     # --- the logic ---
 
@@ -247,6 +253,9 @@ class Forwarder:
         """Collect acknowledgements, then read and send or retry once; returns the seconds to wait before the next
         step (0: go on at once; ACK_POLL: a full window awaits acknowledgements; ACK_IDLE: batches in flight,
         nothing new to send)."""
+        if self._held_since is not None:
+            self._n.receiver_wait_s += max(0.0, now - self._held_since)
+            self._held_since = None
         if self._tailer is None:
             start = self._confirmed = load_checkpoint(self.checkpoint)
             self._tailer = Tailer(self._live, start)
@@ -277,6 +286,7 @@ class Forwarder:
         if self._queue and self._window.has_room(self._queue[0].size):
             return self._send(now, self._queue[0])
         if self._queue or self._window.full():
+            self._held_since = now
             return ACK_POLL  # the window is full: room comes with the receiver's ACKs
         if self._window:
             return ACK_IDLE  # nothing new on disk: new records wait this long at most, as when idle

@@ -54,7 +54,7 @@ RESTART_CAP = 30.0
 _HEALTHY_RUN = 60.0  # a child that ran this long restarts after RESTART_BASE again
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where `auditlog` is imported from
 _CHILD = f"import sys; sys.path.insert(0, {_ROOT!r}); from auditlog.syslog.process import main; main()"
-_COUNTERS = ("sent", "lost", "truncated", "skipped", "errors")
+_COUNTERS = ("sent", "lost", "truncated", "skipped", "errors", "receiver_wait_s")
 
 
 class ProcessForwarder:

@@ -71,4 +71,5 @@ def _is(kind: str, value: Any) -> bool:
     if value is None:
         return optional
     base = kind.removesuffix(" | None")
-    return {"int": type(value) is int, "str": isinstance(value, str), "bool": type(value) is bool}.get(base, False)
+    return {"int": type(value) is int, "str": isinstance(value, str), "bool": type(value) is bool,
+            "float": type(value) in (int, float)}.get(base, False)

@@ -66,7 +66,8 @@ class Fixed:
 def test_metrics_export_each_destination_outcomes_losses_and_position() -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SyslogCollector([
-        Fixed(ForwarderStats("tcp://a:514", True, 42, 0, None, sent=42, lost=3, truncated=0, skipped=1, errors=2)),
+        Fixed(ForwarderStats("tcp://a:514", True, 42, 0, None, sent=42, lost=3, truncated=0, skipped=1, errors=2,
+                             receiver_wait_s=1.5)),
         Fixed(ForwarderStats("udp://b:514", False, None, None, "x", sent=5, lost=0, truncated=4, skipped=0,
                              errors=0)),
     ]))
@@ -78,6 +79,8 @@ def test_metrics_export_each_destination_outcomes_losses_and_position() -> None:
     assert get("npaudit_syslog_connected", {"destination": "udp://b:514"}) == 0
     assert get("npaudit_syslog_last_seq_sent", {"destination": "tcp://a:514"}) == 42
     assert get("npaudit_syslog_last_seq_sent", {"destination": "udp://b:514"}) is None
+    assert get("npaudit_syslog_receiver_wait_seconds_total", {"destination": "tcp://a:514"}) == 1.5
+    assert get("npaudit_syslog_receiver_wait_seconds_total", {"destination": "udp://b:514"}) == 0
 
 
 def test_batch_window_and_checkpoint_settings_reach_the_destination_and_default_to_the_forwarders() -> None:

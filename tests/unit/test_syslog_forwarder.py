@@ -287,6 +287,22 @@ def test_the_window_holds_about_window_bytes_but_always_one_batch(live: Path) ->
     assert fwd.step(0.0) == 0.0 and sender.seqs() == list(range(1, 21))
 
 
+def test_time_with_a_full_window_is_counted_as_waiting_for_the_receiver(live: Path) -> None:
+    write(live, 1, 100)
+    sender = FakeSender(lazy=True)
+    fwd = forwarder(live, sender, window_batches=2)
+    assert [fwd.step(0.0), fwd.step(0.0)] == [0.0, 0.0] and fwd.stats().receiver_wait_s == 0.0
+    assert fwd.step(1.0) == ACK_POLL  # full: held by the receiver from here
+    assert fwd.step(1.5) == ACK_POLL and fwd.stats().receiver_wait_s == pytest.approx(0.5)
+    assert fwd.step(3.0) == ACK_POLL and fwd.stats().receiver_wait_s == pytest.approx(2.0)
+    sender.ack(20)
+    assert fwd.step(3.25) == 0.0  # room again: the wait ends at this step
+    assert fwd.stats().receiver_wait_s == pytest.approx(2.25)
+    sender.lazy = False
+    run(fwd, now=10.0)  # a receiver that keeps up: no more waiting counted
+    assert fwd.stats().receiver_wait_s == pytest.approx(2.25) and sender.seqs() == list(range(1, 101))
+
+
 def four_batches_in_flight(live: Path) -> tuple[Forwarder, FakeSender]:
     """Records 1..60 on disk, 1..40 sent in four batches of 10 (the default window), none acknowledged."""
     write(live, 1, 60)

@@ -167,9 +167,14 @@ def test_a_tls_file_that_cannot_be_read_fails_at_construction_as_in_process(tmp_
         ProcessForwarder(dest, live=tmp_path / "audit.jsonl", checkpoint=tmp_path / "ck.json")
 
 
-def test_status_json_carries_restarts_and_reads_an_older_agents_reply_without_it() -> None:
-    st = ForwarderStats("tcp://h:514", True, 7, 0, None, 7, 0, 0, 0, 0, restarts=2)
+def test_status_json_carries_restarts_and_waits_and_reads_an_older_agents_reply_without_them() -> None:
+    st = ForwarderStats("tcp://h:514", True, 7, 0, None, 7, 0, 0, 0, 0, restarts=2, receiver_wait_s=3.25)
     assert SyslogStatus.from_json(SyslogStatus(7, (st,)).to_json()).destinations == (st,)
     older = SyslogStatus(7, (st,)).to_json()
-    del older["destinations"][0]["restarts"]
-    assert SyslogStatus.from_json(older).destinations[0].restarts == 0
+    del older["destinations"][0]["restarts"], older["destinations"][0]["receiver_wait_s"]
+    parsed = SyslogStatus.from_json(older).destinations[0]
+    assert (parsed.restarts, parsed.receiver_wait_s) == (0, 0.0)
+    wrong = SyslogStatus(7, (st,)).to_json()
+    wrong["destinations"][0]["receiver_wait_s"] = "3"
+    with pytest.raises(SyslogError, match="receiver_wait_s"):
+        SyslogStatus.from_json(wrong)
