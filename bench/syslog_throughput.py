@@ -267,6 +267,8 @@ def slope(points: list[tuple[float, float]]) -> float:
 def steady(samples: list[tuple[float, int, int, float]], fed_for: float) -> dict[str, Any]:
     """KEEPS_UP_RULE over the samples taken in the steady part of the feed, (fed_for / 4, fed_for]."""
     inside = [s for s in samples if fed_for / 4 <= s[0] <= fed_for]
+    if len(inside) < 4:
+        raise SystemExit(f"{len(inside)} samples in the steady part: --seconds is too short for a rate")
     written = slope([(t, w) for t, w, _, _ in inside])
     delivered = slope([(t, d) for t, _, d, _ in inside])
     backlog = [w - d for _, w, d, _ in inside]
