@@ -8,10 +8,13 @@ surface the agent uses of a Forwarder (start, stop, stats, destination) and runs
 the very same Forwarder in `python -c ...` started afresh (no fork of the
 running agent with its threads and event loop).
 
-- Control: two pipes. The parent sends pickled requests ("stats", "stop"); the
-  child answers each with a pickled reply carrying the request's number, so a
-  reply that came too late (the parent gave up after `stats_timeout`) is never
-  taken for the answer to a later request.
+- Control: two pipes, one JSON object a message (never pickle: neither side
+  makes objects of the other's choosing). The parent sends numbered requests
+  ("start" with the destination, then "stats", "stop"); the child answers each
+  with its stats and the request's number, so a reply that came too late (the
+  parent gave up after `stats_timeout`) is never taken for the answer to a later
+  request. A reply that is not the stats this version writes is logged and
+  taken as no reply.
 - The child dies with the agent: it watches its request pipe, and the end of it
   (the agent gone, even by SIGKILL) stops it as "stop" does. SIGTERM does too.
   Stopping lets the batch in flight be acknowledged and saves the checkpoint, as
@@ -30,9 +33,9 @@ running agent with its threads and event loop).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -44,7 +47,9 @@ from typing import Any
 
 from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import Destination, Forwarder, ForwarderStats
-from auditlog.syslog.transport import open_sender
+from auditlog.syslog.rfc5424 import Framing, Header
+from auditlog.syslog.status import SyslogStatusError, stats_from_json
+from auditlog.syslog.transport import Endpoint, TlsOptions, open_sender
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class ProcessForwarder:
         with self._lock:
             proc = self._proc
             if proc is not None and proc.poll() is None:
-                self._request(("stop",))
+                self._request("stop")
                 final = self._reply(timeout)
                 if final is not None:
                     self._last = final
@@ -131,7 +136,7 @@ class ProcessForwarder:
         connected) if the child is down or does not answer within `stats_timeout`."""
         with self._lock:
             proc = self._proc
-            if proc is not None and proc.poll() is None and self._request(("stats",)):
+            if proc is not None and proc.poll() is None and self._request("stats"):
                 reply = self._reply(self._stats_timeout)
                 if reply is not None:
                     self._last, self._silent = reply, False
@@ -166,16 +171,17 @@ class ProcessForwarder:
         self._proc = proc
         self._requests = Connection(to_child_w, readable=False)
         self._replies = Connection(from_child_r, writable=False)
-        self._request(("start", self.destination, str(self._live), str(self.checkpoint), self._options))
+        self._request("start", destination=destination_to_json(self.destination), live=str(self._live),
+                      checkpoint=str(self.checkpoint), options=self._options)
         log.info("syslog %s: forwarder process %d started", self.destination.name, proc.pid)
 
-    def _request(self, message: tuple[Any, ...]) -> bool:
+    def _request(self, op: str, **fields: Any) -> bool:
         """Send a numbered request; False if the child's pipe is gone."""
         if self._requests is None:
             return False
         self._numbered += 1
         try:
-            self._requests.send((self._numbered, *message))
+            self._requests.send_bytes(_dumps({"n": self._numbered, "op": op, **fields}))
             return True
         except (OSError, ValueError):
             return False
@@ -189,11 +195,20 @@ class ProcessForwarder:
             try:
                 if left <= 0 or not replies.poll(left):
                     return None
-                number, stats = replies.recv()
-            except (OSError, EOFError, pickle.UnpicklingError):
+                reply = json.loads(replies.recv_bytes())
+                number, stats = reply["n"], reply["stats"]
+            except (OSError, EOFError):
                 return None
+            except (ValueError, TypeError, KeyError) as exc:  # not JSON, or not a reply
+                log.warning("syslog %s: a reply of the forwarder process that is no reply: %s",
+                            self.destination.name, exc)
+                continue
             if number == self._numbered:
-                return stats
+                try:
+                    return stats_from_json(stats)
+                except SyslogStatusError as exc:
+                    log.warning("syslog %s: forwarder process: %s", self.destination.name, exc)
+                    return None
         return None
 
     def _close_pipes(self) -> None:
@@ -253,9 +268,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C on the agent's terminal is the agent's to handle
     try:
-        number, _, destination, live, checkpoint, options = requests.recv()
-        forwarder = Forwarder(destination, live=Path(live), checkpoint=Path(checkpoint), **options)
-    except EOFError:  # the agent went before it sent the destination
+        start = json.loads(requests.recv_bytes())
+        number = start["n"]
+        forwarder = Forwarder(destination_from_json(start["destination"]), live=Path(start["live"]),
+                              checkpoint=Path(start["checkpoint"]), **start["options"])
+    except (EOFError, OSError):  # the agent went before it sent the destination
         return
     except SyslogError as exc:  # the agent checked this at start-up: a file changed since
         log.error("%s", exc)
@@ -265,14 +282,44 @@ def main() -> None:
         try:
             if not requests.poll(0.5):
                 continue
-            number, op, *_ = requests.recv()
+            request = json.loads(requests.recv_bytes())
         except (EOFError, OSError):  # the agent is gone
             break
-        if op == "stop":
+        number = request["n"]
+        if request["op"] == "stop":
             break
-        replies.send((number, forwarder.stats()))
+        replies.send_bytes(_stats_reply(number, forwarder))
     forwarder.stop()
     try:
-        replies.send((number, forwarder.stats()))
+        replies.send_bytes(_stats_reply(number, forwarder))
     except OSError:
         pass
+
+
+def _stats_reply(number: int, forwarder: Forwarder) -> bytes:
+    return _dumps({"n": number, "stats": dataclasses.asdict(forwarder.stats())})
+
+
+def _dumps(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+# --- the destination over the pipe ---
+
+def destination_to_json(dest: Destination) -> dict[str, Any]:
+    """`dest` as plain JSON values (destination_from_json makes it again)."""
+    tls = None if dest.tls is None else {f.name: None if (v := getattr(dest.tls, f.name)) is None else str(v)
+                                         for f in dataclasses.fields(TlsOptions)}
+    return {**{f.name: getattr(dest, f.name) for f in dataclasses.fields(Destination)},
+            "endpoint": dataclasses.asdict(dest.endpoint), "header": dataclasses.asdict(dest.header),
+            "framing": dest.framing.value, "tls": tls}
+
+
+def destination_from_json(data: dict[str, Any]) -> Destination:
+    """The Destination destination_to_json gave; only the types a Destination holds are made."""
+    tls = data["tls"]
+    if tls is not None:
+        tls = TlsOptions(**{name: value if name == "server_name" or value is None else Path(value)
+                            for name, value in tls.items()})
+    return Destination(**{**data, "endpoint": Endpoint(**data["endpoint"]), "header": Header(**data["header"]),
+                          "framing": Framing(data["framing"]), "tls": tls})

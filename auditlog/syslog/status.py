@@ -48,19 +48,21 @@ class SyslogStatus:
         items = data.get("destinations")
         if not isinstance(items, list):
             raise SyslogStatusError("syslog status: destinations must be a list")
-        return cls(writer_seq, tuple(_stats(i, item) for i, item in enumerate(items)))
+        return cls(writer_seq, tuple(stats_from_json(item, f"destinations[{i}]") for i, item in enumerate(items)))
 
 
-def _stats(index: int, item: Any) -> ForwarderStats:
+def stats_from_json(item: Any, where: str = "stats") -> ForwarderStats:
+    """The ForwarderStats `asdict` gave as JSON, each field type-checked; SyslogStatusError naming `where` and the
+    field otherwise."""
     if not isinstance(item, Mapping):
-        raise SyslogStatusError(f"syslog status: destinations[{index}] must be an object")
+        raise SyslogStatusError(f"syslog status: {where} must be an object")
     values = {}
     for name, kind in _FIELDS.items():
         if name in _DEFAULTS and name not in item:
             continue
         value = item.get(name)
         if not _is(kind, value):
-            raise SyslogStatusError(f"syslog status: destinations[{index}].{name} must be {kind}, got {value!r}")
+            raise SyslogStatusError(f"syslog status: {where}.{name} must be {kind}, got {value!r}")
         values[name] = value
     return ForwarderStats(**values)
 
