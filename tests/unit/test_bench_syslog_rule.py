@@ -48,6 +48,15 @@ def test_a_forwarder_at_the_writers_rate_keeps_up_though_the_last_samples_fall_o
     assert rule["keeps_up"] and rule["steady_delivered_vs_written"] == pytest.approx(1.0, abs=0.02)
 
 
+def test_the_writers_final_flush_after_the_feed_stopped_is_not_counted_as_falling_behind() -> None:
+    steady = samples(RATE, lag=0.1)
+    t, written, delivered, waited = steady[-1]
+    flushed = [*steady, (t + 0.1, written + 60_000, delivered, waited)]  # the queue's rest lands at once
+    rule = bench.steady(flushed, fed_for=t)
+    assert rule["keeps_up"] and rule["backlog_max_steady"] < 60_000
+    assert not bench.steady(flushed, fed_for=t + 0.1)["keeps_up"]  # counted, the burst would fail the rule
+
+
 def test_a_backlog_that_grows_does_not_keep_up() -> None:
     rule = bench.steady(samples(0.9 * RATE), fed_for=8.0)
     assert not rule["keeps_up"] and rule["steady_delivered_vs_written"] == pytest.approx(0.9, abs=0.02)
