@@ -13,7 +13,9 @@ import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import BinaryIO, Callable, TextIO
+
+from auditlog.atomic_file import write_atomically
 
 from policy_agent.bundle import (
     MANIFEST, ROOT, TAIL, ApiCall, AuditRecords, BundleOptions, BundleRefused, Collected, Command,
@@ -133,7 +135,8 @@ def collect(plan: Plan, collector: object, limit: int,
 
 def write_bundle(path: Path, files: list[tuple[str, bytes]], manifest: bytes, *, now: dt.datetime,
                  min_free: int) -> None:
-    """The tar.gz at `path` (0600), written beside it first and renamed: never half a bundle."""
+    """The tar.gz at `path` (0600, owned by the writer), written beside it first and renamed: never half a
+    bundle, never into a file or symlink someone else put at or beside `path`."""
     need = sum(len(data) for _, data in files) + len(manifest)
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -144,21 +147,19 @@ def write_bundle(path: Path, files: list[tuple[str, bytes]], manifest: bytes, *,
     if free - need < min_free:
         raise BundleRefused(f"{path}: not written: {parent} has {free // _MIB} MiB free, the bundle needs up to "
                             f"{need // _MIB + 1} MiB and bundle.min_free_mb is {min_free // _MIB}")
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+
+    def write(raw: BinaryIO) -> None:
+        with tarfile.open(fileobj=raw, mode="w:gz") as tar:
             for name, data in [*files, (MANIFEST, manifest)]:
                 info = tarfile.TarInfo(f"{ROOT}/{name}")
                 info.size, info.mode, info.mtime = len(data), 0o600, int(now.timestamp())
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""  # no user names of this host inside
                 tar.addfile(info, io.BytesIO(data))
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+
+    # A random, exclusively created 0600 name beside `path`, renamed over it: a name someone
+    # planted there (a symlink, a file held open) never receives a byte of the bundle.
+    write_atomically(path, write)
 
 
 def _progress_bar(out: TextIO) -> Callable[[int, int, str], None]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from auditlog.atomic_file import write_atomically
 from auditlog.syslog.errors import CheckpointError
 
 _VERSION = 1
@@ -46,19 +46,10 @@ def load_checkpoint(path: Path) -> Position | None:
 
 
 def save_checkpoint(path: Path, position: Position) -> None:
-    """Replace the checkpoint at `path` with `position` (temporary file, fsync, rename, fsync of the directory)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Replace the checkpoint at `path` with `position` (0600, whole or not at all, fsynced)."""
+    data = json.dumps({"version": _VERSION, **asdict(position)}, sort_keys=True).encode("ascii")
     try:
         path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(json.dumps({"version": _VERSION, **asdict(position)}, sort_keys=True).encode("ascii"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(path, data)
     except OSError as exc:
         raise CheckpointError(f"syslog checkpoint {path}: cannot write: {exc}") from exc

@@ -6,11 +6,11 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from auditlog import atomic_file
 from policy_agent.cni.wire import ERR_INVALID_ENV, CniError, container_id_problem
 
 log = logging.getLogger(__name__)
@@ -120,32 +120,14 @@ class ContainerStates:
         """The first half of save(): the record in a temporary file (fsynced if `durable`), not
         yet in force. commit() puts it in force; remove() also deletes an uncommitted one."""
         container_id = state.info.container_id
-        directory = self.path(container_id).parent
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(prefix=f".{container_id}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(state.to_json(), f, indent=1)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return Path(tmp)
+        path = self.path(container_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data = json.dumps(state.to_json(), indent=1).encode()
+        return atomic_file.stage(path, lambda f: f.write(data), durable=durable, prefix=f".{container_id}.")
 
     def commit(self, container_id: str, staged: Path, durable: bool = True) -> None:
         """Put a staged record in force (rename; with `durable`, then fsync the directory)."""
-        path = self.path(container_id)
-        try:
-            os.replace(staged, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
-            raise
-        if durable:
-            _fsync_dir(path.parent)
+        atomic_file.commit(staged, self.path(container_id), durable=durable)
 
     def remove(self, container_id: str) -> None:
         """The record and any staged one left by a failed or interrupted ADD."""
@@ -157,12 +139,5 @@ class ContainerStates:
                     tmp.unlink()
         if path.exists():
             path.unlink()
-            _fsync_dir(path.parent)
+            atomic_file.fsync_directory(path.parent)
 
-
-def _fsync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

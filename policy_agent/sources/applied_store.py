@@ -6,11 +6,10 @@ then deletes the previous run's flows, so a restart never removes enforcement.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from auditlog.atomic_file import write_atomically
 from policy_agent.policy import documents
 from policy_agent.policy.kinds import ANTREA_GROUP_NAMES, CLUSTER_SCOPED
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents, read_text
@@ -90,14 +89,4 @@ class AppliedStore:
 
     def _write(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".applied.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o640)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path, text.encode("utf-8"), mode=0o640)
