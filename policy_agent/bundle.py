@@ -29,6 +29,7 @@ ROOT = "npaudit-bundle"
 AUDIT_NAME = "audit/audit.jsonl"
 MANIFEST = "manifest.json"
 HEAD, TAIL = "head", "tail"
+AGENT_UNIT = "npaudit-agent.service"  # config/deploy/npaudit-agent.service
 
 
 class BundleRefused(AgentError):
@@ -159,8 +160,7 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
         Item("agent/status.json", ApiCall(cfg.api_socket, "status")),
         Item("agent/syslog-status.json", ApiCall(cfg.api_socket, "syslog-status")),
     ]
-    skipped = [("agent/agent.log", "the agent logs to stderr: see its journal (journalctl -u npaudit) "
-                                   "or container log (kubectl logs)")]
+    skipped: list[tuple[str, str]] = []
     if cfg.metrics.listen:
         items.append(Item("agent/metrics.txt", HttpGet(f"http://{cfg.metrics.listen}/metrics")))
     else:
@@ -174,7 +174,10 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
         Item("ovs/coverage.txt", Command(("ovs-appctl", "-t", str(vswitchd_ctl_path(rundir)),
                                           "--timeout=5", "coverage/show"))),
         Item("state/applied.yaml", FileCopy(state / "applied.yaml")),
-        Item("state/cni", DirectoryCopy(state / "cni", "*.json")),
+        Item("state/cni", DirectoryCopy(state / "cni" / "containers", "*.json")),
+        # The agent logs to stderr: under the shipped unit that is its journal; in a Pod, `kubectl logs`.
+        Item("agent/agent.log", Command(("journalctl", "--unit", AGENT_UNIT, "--lines", "5000", "--no-pager",
+                                         "--output", "short-iso-precise")), keep=TAIL),
     ]
     logdir = rundir if cfg.ovs.mode == "embedded" else Path("/var/log/openvswitch")
     items += [Item(f"ovs/{daemon}.log", FileCopy(logdir / f"{daemon}.log"), keep=TAIL)
@@ -199,6 +202,7 @@ def learn_names(redactor: Any, cfg: AgentConfig, node: str, files: Iterable[tupl
     redactor.learn("node", cfg.node_name)
     redactor.learn("cluster", cfg.cluster_name)
     for name, data in files:
+        redactor.learn_addresses(data.decode("utf-8", "surrogateescape"))
         if name == AUDIT_NAME:
             for line in data.splitlines():
                 record = _loads(line)
@@ -233,10 +237,15 @@ def _learn_manifest(redactor: Any, doc: Any) -> None:
     elif kind.endswith("NetworkPolicy"):
         redactor.learn("policy", meta.get("name"))
     for found in _walk_dicts(doc):
-        labels = found.get("labels") or found.get("matchLabels")
-        if isinstance(labels, dict):
-            for value in labels.values():
-                redactor.learn("label", value)
+        for key in ("labels", "matchLabels"):
+            labels = found.get(key)
+            if isinstance(labels, dict):
+                for value in labels.values():
+                    redactor.learn("label", value)
+        for expression in found.get("matchExpressions") or []:  # values named only in a selector too
+            if isinstance(expression, dict) and isinstance(expression.get("values"), list):
+                for value in expression["values"]:
+                    redactor.learn("label", value)
     spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
     for direction in ("ingress", "egress"):
         for rule in spec.get(direction) or []:
@@ -293,7 +302,7 @@ def assemble(plan_: Plan, collected: list[Collected], cfg: AgentConfig, options:
         files += [(name, data, got.item, got.fetched.notes) for name, data in got.fetched.files]
     if redactor is not None:
         learn_names(redactor, cfg, plan_.node, [(name, data) for name, data, _, _ in files])
-        files = [(redactor.data(name.encode()).decode(), redactor.data(data), item, notes)
+        files = [(redactor.data(name.encode()).decode(), redactor.file(name, data), item, notes)
                  for name, data, item, notes in files]
     left = options.max_bytes
     entries = []

@@ -47,8 +47,11 @@ spec:
   podSelector: {matchLabels: {app: ledger-app}}
   ingress: [{from: [{ipBlock: {cidr: 10.77.0.0/16}}]}]
 """
-CNI_STATE = {"version": 1, "pod": {"namespace": "payments", "name": "ledger-7f", "ip": "10.77.3.9",
-                                   "gateway": "10.77.3.1", "mac": "fa:16:3e:00:00:01"}}
+CNI_STATE = {"version": 1, "phase": "ready", "host_mac": "fa:16:3e:00:00:01",  # as policy_agent.cni.state writes it
+             "info": {"namespace": "payments", "name": "ledger-7f", "container_id": "c0ffee", "netns": "/proc/1/ns/net",
+                      "ifname": "eth0", "ip": "10.77.3.9", "prefix_len": 24, "mac": "02:00:0a:4d:03:09",
+                      "gateway": "10.77.3.1", "host_ifname": "npa-c0ffee", "ofport": 7},
+             "ipam_netconf": {}, "result": None}
 OVS_FLOWS = (b" cookie=0x1, table=10, priority=100,ip,nw_src=10.77.3.9,nw_dst=10.96.0.10 actions=drop\n"
              b" cookie=0x1, table=10, priority=90,ipv6,ipv6_src=fd00::2 actions=resubmit(,20)\n")
 STATUS = {"ok": True, "node": NODE, "pods": ["payments/ledger-7f"], "last_error": "pod frontend/web-5c at 10.96.1.11"}
@@ -85,9 +88,9 @@ def _config(tmp_path: Path, allow: bool) -> config_mod.AgentConfig:
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
     """A node's files: applied store, CNI state, and N audit records over rotated (gz) files."""
-    (tmp_path / "state" / "cni").mkdir(parents=True)
+    (tmp_path / "state" / "cni" / "containers").mkdir(parents=True)
     (tmp_path / "state" / "applied.yaml").write_text(APPLIED)
-    (tmp_path / "state" / "cni" / "c0ffee.json").write_text(json.dumps(CNI_STATE))
+    (tmp_path / "state" / "cni" / "containers" / "c0ffee.json").write_text(json.dumps(CNI_STATE, indent=1))
     (tmp_path / "logs").mkdir()
     write_set(tmp_path / "logs" / "audit.jsonl", (sample_record(i) for i in range(N)), max_bytes=8_000)
     return tmp_path
@@ -128,7 +131,8 @@ def test_manifest_lists_every_file_with_its_true_size_and_sha256_and_all_are_pri
     with tarfile.open(path) as tar:
         assert {m.mode for m in tar.getmembers()} == {0o600}
     skipped = {e["name"]: e["reason"] for e in manifest["skipped"]}
-    assert "agent/agent.log" in skipped and "agent/metrics.txt" in skipped  # said, with why
+    assert "agent/metrics.txt" in skipped  # said, with why
+    assert {"agent/agent.log", "state/cni/c0ffee.json"} <= {e["name"] for e in manifest["files"]}
     assert manifest["agent_running"] is True and manifest["audit_logs"]["included"] is True
 
 
@@ -229,3 +233,64 @@ def test_a_bundle_that_would_fill_the_disk_is_not_written(tmp_path: Path) -> Non
     with pytest.raises(BundleRefused, match="min_free_mb"):
         write_bundle(tmp_path / "b.tar.gz", [("x", b"x")], b"{}", now=NOW, min_free=1 << 60)
     assert list(tmp_path.iterdir()) == []
+
+
+HOSTILE_NAMES = ["caf\u00e9-r\u00e8gle", 'say "hi"', "back\\slash", "two\nlines", "x" * 90 + " folded-by-yaml " + "y" * 20]
+HOSTILE_APPLIED = {
+    "apiVersion": "crd.antrea.io/v1beta1", "kind": "ClusterNetworkPolicy", "metadata": {"name": "acnp-hostile"},
+    "spec": {"priority": 5, "appliedTo": [{"podSelector": {"matchExpressions": [
+        {"key": "tier", "operator": "In", "values": ["only-in-an-expression"]}]}}],
+             "ingress": [{"action": "Drop", "name": n, "from": [{"ipBlock": {"cidr": "10.77.3.9/32"}}]}
+                         for n in HOSTILE_NAMES]}}
+
+
+def test_with_redact_no_pod_address_or_name_survives_in_any_encoding_and_every_json_file_parses(node: Path) -> None:
+    import yaml
+
+    pod_true = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "true", "namespace": "payments"},
+                "status": {"podIP": "10.77.3.10"}}
+    (node / "state" / "applied.yaml").write_text(APPLIED + "---\n" + yaml.safe_dump_all([pod_true, HOSTILE_APPLIED]))
+    ips = ["10.77.3.9", "10.77.3.10"]
+    flows = "".join(f" cookie=0x1, table=70, priority=200,ip,nw_dst={ip} actions=set_field:02:00:"
+                    + ":".join(f"{int(o):02x}" for o in ip.split(".")) + "->eth_dst,"
+                    + f"load:0x{int.from_bytes(bytes(map(int, ip.split('.'))), 'big'):x}->NXM_NX_REG3[],output:7\n"
+                    for ip in ips)
+    metrics = "".join('npaudit_rule_packets{rule="%s"} 1\n' % n.replace("\\", "\\\\").replace('"', '\\"')
+                      .replace("\n", "\\n") for n in HOSTILE_NAMES)
+
+    class Collector(FakeCollector):
+        def fetch(self, item: Item, limit: int) -> Fetched:
+            if isinstance(item.source, Command) and "dump-flows" in item.source.argv:
+                return Fetched(((item.name, flows.encode()),))
+            if isinstance(item.source, HttpGet):
+                return Fetched(((item.name, metrics.encode()),))
+            return super().fetch(item, limit)
+
+    cfg = _config(node, True)
+    options = BundleOptions(now=NOW, max_bytes=1 << 24, since=None, include_audit=True, redact=True)
+    planned = plan(cfg, options, version="test", node=NODE)
+    files, manifest = assemble(planned, collect(planned, Collector(), 1 << 24), cfg, options, Redactor(os.urandom(32)))
+    write_bundle(node / "b.tar.gz", files, manifest, now=NOW, min_free=0)
+    members = _members(node / "b.tar.gz")
+    raw = b"".join(members.values())
+    for ip in ips:
+        octets = bytes(map(int, ip.split(".")))
+        for spelling in (ip, f"0x{int.from_bytes(octets, 'big'):x}", f"0x{int.from_bytes(octets, 'big'):08x}",
+                         "02:00:" + ":".join(f"{o:02x}" for o in octets)):
+            assert spelling.encode() not in raw, spelling
+    for name in [*HOSTILE_NAMES, "only-in-an-expression", "acnp-hostile", "ledger-7f"]:
+        spellings = {name, json.dumps(name)[1:-1], json.dumps(name, ensure_ascii=False)[1:-1],
+                     name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")}
+        spellings |= {line.strip() for line in yaml.safe_dump(name).splitlines() if len(line.strip()) > 12}
+        for spelling in spellings:
+            assert spelling.encode() not in raw, (name, spelling)
+    pod_names = []
+    for member, data in members.items():
+        if member.endswith(".json"):
+            json.loads(data)  # still parses (a Pod named "true" did not turn JSON's true into a name)
+        elif member.endswith(".jsonl"):
+            assert all(isinstance(json.loads(line), dict) for line in data.splitlines())
+        elif member.endswith(".yaml"):
+            pod_names += [d["metadata"]["name"] for d in yaml.safe_load_all(data) if d and d.get("kind") == "Pod"]
+    assert len(pod_names) == 2 and all(name.startswith("pod-") for name in pod_names)  # "true" too
+    assert json.loads(members["manifest.json"])["redaction"]["enabled"] is True

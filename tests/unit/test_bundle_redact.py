@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 import pytest
 from hypothesis import given
@@ -65,10 +66,54 @@ def test_the_longest_learned_name_wins_and_pseudonyms_are_not_replaced_again() -
     assert ns.startswith("namespace-") and pod.startswith("pod-")
 
 
-def test_mac_addresses_and_times_are_not_taken_for_ipv6() -> None:
+def test_mac_addresses_are_replaced_as_macs_and_times_are_not_taken_for_addresses() -> None:
     r = Redactor(KEY)
-    text = "dl_src=fa:16:3e:00:00:01 at 02:14:03 std::vector"
-    assert r.text(text) == text
+    out = r.text("dl_src=fa:16:3e:00:00:01 at 02:14:03 std::vector ff:ff:ff:ff:ff:ff 01:00:5e:00:00:fb")
+    mac = out.split()[0].removeprefix("dl_src=")
+    assert mac != "fa:16:3e:00:00:01" and re.fullmatch(r"02(:[0-9a-f]{2}){5}", mac)
+    assert out.split()[1:] == ["at", "02:14:03", "std::vector", "ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:fb"]
+    assert r.text("fa:16:3e:00:00:01") == mac  # consistent
+
+
+def test_a_pods_mac_carries_the_pseudonym_of_the_address_it_embeds() -> None:
+    r = Redactor(KEY)
+    out = r.text("nw_dst=10.251.0.2 actions=set_field:02:00:0a:fb:00:02->eth_dst")
+    pseudonym = ipaddress.IPv4Address(out.split()[0].removeprefix("nw_dst="))
+    assert "02:00:0a:fb:00:02" not in out
+    assert f"set_field:02:00:{':'.join(f'{b:02x}' for b in pseudonym.packed)}->eth_dst" in out
+
+
+def test_an_address_seen_dotted_is_also_replaced_in_hex() -> None:
+    r = Redactor(KEY)
+    r.learn_addresses("pod at 10.244.0.2")
+    out = r.text("load:0xaf40002->NXM_NX_REG3[] load:0x0af40002->NXM_NX_REG4[] cookie=0xaf40002aa")
+    pseudonym = int(ipaddress.IPv4Address(r.address("10.244.0.2")))
+    assert out.split()[:2] == [f"load:0x{pseudonym:x}->NXM_NX_REG3[]", f"load:0x{pseudonym:08x}->NXM_NX_REG4[]"]
+    assert out.split()[2] == "cookie=0xaf40002aa"  # a longer number is not an address
+
+
+def test_a_name_is_found_in_its_escaped_spellings_and_parsed_files_still_parse() -> None:
+    import json
+
+    import yaml
+    r = Redactor(KEY)
+    weird = ['caf\u00e9-r\u00e8gle', 'say "hi"', 'back\\slash', 'two\nlines', "true"]
+    for name in weird:
+        r.learn("rule", name)
+    as_json = json.dumps({"rules": weird, "enabled": True}).encode()
+    as_yaml = yaml.safe_dump({"rules": weird, "on": True, "long": " ".join(weird * 20)}).encode()
+    metrics = "".join(f'npaudit_rule{{name="{n}"}} 1\n'.replace(n, n.replace("\\", "\\\\").replace('"', '\\"')
+                                                               .replace("\n", "\\n")) for n in weird).encode()
+    outputs = {"a.json": r.file("a.json", as_json), "a.yaml": r.file("a.yaml", as_yaml),
+               "m.txt": r.file("m.txt", metrics), "r.jsonl": r.file("r.jsonl", as_json + b"\n" + as_json)}
+    assert json.loads(outputs["a.json"])["enabled"] is True  # JSON's true is syntax, not the rule "true"
+    assert yaml.safe_load(outputs["a.yaml"])["on"] is True
+    assert all(json.loads(line)["enabled"] is True for line in outputs["r.jsonl"].splitlines())
+    for name in weird[:-1]:
+        for spelling in {name, json.dumps(name)[1:-1], json.dumps(name, ensure_ascii=False)[1:-1]}:
+            for where, data in outputs.items():
+                assert spelling.encode() not in data, (name, where)
+    assert b'"true"' not in outputs["a.json"] and b"true" in outputs["a.json"]
 
 
 def test_an_audit_record_teaches_every_name_it_carries() -> None:
