@@ -31,7 +31,7 @@ from packetin.model import Category
 from packetin.reader import InputPressure
 from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
-from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
+from policy_agent.config.loader import AgentConfig, CategoryLimits, syslog_destination
 from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi

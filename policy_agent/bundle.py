@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Union
 
-from policy_agent.config import AgentConfig
+from policy_agent.config.loader import AgentConfig
 from policy_agent.errors import AgentError
 
 ROOT = "npaudit-bundle"

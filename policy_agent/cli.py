@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import asyncio
     from typing import TextIO
 
-    from policy_agent import config as config_mod
+    from policy_agent.config import loader as config_mod
 
 
 def _setup_logging(level: str) -> None:
@@ -27,7 +27,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _load_config(path: str | None) -> "config_mod.AgentConfig":
-    from policy_agent import config as config_mod
+    from policy_agent.config import loader as config_mod
 
     try:
         # No file: the defaults, still with the node name from NODE_NAME when that is set.
@@ -39,7 +39,7 @@ def _load_config(path: str | None) -> "config_mod.AgentConfig":
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from policy_agent import config as config_mod
+    from policy_agent.config import loader as config_mod
 
     try:
         config_mod.load(args.file)

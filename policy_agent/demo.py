@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policy_agent import config as config_mod
+from policy_agent.config import loader as config_mod
 from policy_agent.agent import Agent
 from policy_agent.policy.manifests import load_path
 

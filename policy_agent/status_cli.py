@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
-from policy_agent.config import AgentConfig
+from policy_agent.config.loader import AgentConfig
 
 ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 EbpfProbe = Callable[[], tuple[bool, str]]

@@ -22,7 +22,7 @@ from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import Destination, make_destination, send_test_message
 from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.syslog.transport import parse_endpoint
-from policy_agent.config import AgentConfig, syslog_destination
+from policy_agent.config.loader import AgentConfig, syslog_destination
 
 ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 SendTest = Callable[[Destination, float, str], None]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from policy_agent.config import AgentConfig
+from policy_agent.config.loader import AgentConfig
 
 ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 

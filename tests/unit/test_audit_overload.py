@@ -27,7 +27,7 @@ from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
-from policy_agent.config import ConfigError, loads  # noqa: E402
+from policy_agent.config.loader import ConfigError, loads  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 from tests.unit.test_audit_pipeline import Writer  # noqa: E402

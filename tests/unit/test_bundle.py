@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from auditlog.redact import Redactor
-from policy_agent import config as config_mod
+from policy_agent.config import loader as config_mod
 from policy_agent.bundle import (
     AUDIT_NAME, HEAD, TAIL, ApiCall, BundleOptions, BundleRefused, Collected, Command, Fetched, HttpGet,
     Inline, Item, Plan, assemble, plan,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config
+from policy_agent.config import loader as config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "npaudit.yaml"

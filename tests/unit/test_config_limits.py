@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config
+from policy_agent.config import loader as config
 
 
 def _errors(text: str) -> list[str]:

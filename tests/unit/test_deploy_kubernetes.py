@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from policy_agent import config
+from policy_agent.config import loader as config
 from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.policy import kinds

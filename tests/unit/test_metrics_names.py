@@ -24,7 +24,7 @@ from meters.stats import Dropped
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry)
 from policy_agent.offload import DropOffload, OffloadCollector
-from policy_agent.offload_config import OffloadConfig
+from policy_agent.config.offload import OffloadConfig
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.rule_meters import RuleMeters, RuleMetersCollector

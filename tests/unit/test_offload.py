@@ -25,7 +25,7 @@ from meters.errors import OffloadUnavailable  # noqa: E402
 from packetin.model import Disposition, Flags, PacketIn, Userdata  # noqa: E402
 from policy_agent.cni.state import PodInterfaceInfo  # noqa: E402
 from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks  # noqa: E402
-from policy_agent.offload_config import OffloadConfig  # noqa: E402
+from policy_agent.config.offload import OffloadConfig  # noqa: E402
 from policy_agent.policy.compiler import rule_flags  # noqa: E402
 from policy_agent.policy.model import Action  # noqa: E402
 from tests.unit.test_audit_pipeline import RULE, Writer, context  # noqa: E402
@@ -332,7 +332,7 @@ def test_the_engine_flushes_cached_verdicts_before_each_bundle_that_changes_flow
 def test_status_probes_here_only_when_the_agents_offload_is_not_running() -> None:
     import io
 
-    from policy_agent.config import AgentConfig
+    from policy_agent.config.loader import AgentConfig
     from policy_agent.status_cli import run_status
 
     probes: list[int] = []

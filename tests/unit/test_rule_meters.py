@@ -14,7 +14,7 @@ from meters.rule_meters import EMPTY_PLAN, MeterAllocator, RuleMeterRange
 from meters.stats import MeterReading, MeterTotals
 from packetin import messages
 from packetin.errors import OpenFlowError
-from policy_agent import config
+from policy_agent.config import loader as config
 from policy_agent.engine import ApplyFailed, PolicyEngine
 from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState

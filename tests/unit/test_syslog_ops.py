@@ -18,7 +18,7 @@ from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.writer import AuditWriter
 from policy_agent.agent import Agent
 from policy_agent.cli import main
-from policy_agent.config import AgentConfig, loads
+from policy_agent.config.loader import AgentConfig, loads
 from policy_agent.sources.local_api import LocalApi, call
 from policy_agent.syslog_commands import run_status, run_test
 from tests.support.syslog_parse import parse_message, split_octet_counted

@@ -13,7 +13,7 @@ from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.transport import receive_buffer_bound
 from policy_agent.agent import _build_syslog
-from policy_agent.config import ConfigError, loads
+from policy_agent.config.loader import ConfigError, loads
 
 
 def _config(tmp_path: Path, extra: str) -> str:

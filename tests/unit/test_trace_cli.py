@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policy_agent.cli import build_parser
-from policy_agent.config import loads
+from policy_agent.config.loader import loads
 from policy_agent.trace_cli import request_of, run_trace
 
 TRACE = {
