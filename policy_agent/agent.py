@@ -36,11 +36,11 @@ from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
-from policy_agent.loss_accounting import LossAccounting
-from policy_agent.rule_meters import build_rule_meters
+from policy_agent.limits.losses import LossAccounting
+from policy_agent.limits.meter_sync import build_rule_meters
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry, build_versions, category_name)
-from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks
+from policy_agent.limits.offload_cache import DropOffload, OffloadCollector, OffloadPodHooks
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
