@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     from policy_agent.status_cli import add_parser as add_status_parsers
 
     add_status_parsers(sub, _load_config)
-    from policy_agent.bundle_cli import add_parser as add_bundle_parser
+    from policy_agent.bundle.archive import add_parser as add_bundle_parser
 
     add_bundle_parser(sub)
     from policy_agent.trace_cli import add_parser as add_trace_parser

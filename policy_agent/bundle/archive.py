@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, TextIO
 
-from policy_agent.bundle import (
+from policy_agent.bundle.collector import (
     MANIFEST, ROOT, TAIL, ApiCall, AuditRecords, BundleOptions, BundleRefused, Collected, Command,
     DirectoryCopy, FileCopy, Fetched, HttpGet, Inline, Item, Plan, Unavailable,
 )
@@ -176,8 +176,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     import socket
 
     from auditlog.query import QueryError, parse_time
-    from auditlog.redact import Redactor
-    from policy_agent.bundle import assemble, plan
+    from policy_agent.bundle.redact import Redactor
+    from policy_agent.bundle.collector import assemble, plan
     from policy_agent.cli import _load_config, _version
 
     cfg = _load_config(args.config)

@@ -2,7 +2,7 @@
 
 Pure: `plan` turns the config and options into items, `assemble` turns what was collected into
 the files and manifest.json. The I/O (commands, files, the agent's API, the tar.gz) is in
-policy_agent/bundle_cli.py behind `Collector.fetch`.
+policy_agent/bundle/archive.py behind `Collector.fetch`.
 
 Size cap: the content (before compression, after redaction) is at most `max_bytes`. Items are
 taken in plan order, audit records last; an item larger than what is left is cut at a line
@@ -192,7 +192,7 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
 # --- assembly: learn names, redact, cap, hash ---
 
 def learn_names(redactor: Any, cfg: AgentConfig, node: str, files: Iterable[tuple[str, bytes]]) -> None:
-    """Teach `redactor` (auditlog.redact.Redactor) every name the collected files hold in a known structure."""
+    """Teach `redactor` (policy_agent.bundle.redact.Redactor) every name the collected files hold in a known structure."""
     import yaml
 
     redactor.learn("node", node)
