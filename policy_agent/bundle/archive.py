@@ -178,7 +178,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     from auditlog.query import QueryError, parse_time
     from policy_agent.bundle.redact import Redactor
     from policy_agent.bundle.collector import assemble, plan
-    from policy_agent.cli import _load_config, _version
+    from policy_agent.cli.main import _load_config, _version
 
     cfg = _load_config(args.config)
     now = dt.datetime.now(dt.timezone.utc)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from auditlog.writer import STAT_KEYS, WriterEvents, WriterStats
-from policy_agent import agent as agent_mod, cli
+from policy_agent import agent as agent_mod
+from policy_agent.cli import main as cli
 from policy_agent.errors import AgentError
 
 

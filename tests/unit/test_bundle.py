@@ -22,7 +22,7 @@ from policy_agent.bundle.collector import (
     Inline, Item, Plan, assemble, plan,
 )
 from policy_agent.bundle.archive import HostCollector, collect, write_bundle
-from policy_agent.cli import main
+from policy_agent.cli.main import main
 from tests.support.audit_records import T0, sample_record, stamp, write_set
 
 UTC = dt.timezone.utc

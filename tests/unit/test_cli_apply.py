@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from policy_agent import cli
+from policy_agent.cli import main as cli
 from policy_agent.rpc import encode_frame, frame_length
 
 

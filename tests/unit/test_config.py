@@ -89,7 +89,7 @@ def test_explicit_target_means_no_controller_row() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], capture_output=True, text=True)
 
 
 def test_check_config_cli(tmp_path: Path) -> None:

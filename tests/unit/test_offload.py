@@ -333,7 +333,7 @@ def test_status_probes_here_only_when_the_agents_offload_is_not_running() -> Non
     import io
 
     from policy_agent.config.loader import AgentConfig
-    from policy_agent.status_cli import run_status
+    from policy_agent.cli.status import run_status
 
     probes: list[int] = []
 

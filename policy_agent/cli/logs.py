@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from policy_agent.cli import _load_config
+from policy_agent.cli.main import _load_config
 
 
 class _LogsFilter(argparse.Action):

@@ -289,19 +289,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the audit log's hash chain (live and rotated files); exit 1 on a break "
                         "(npaudit verify --help)")
 
-    from policy_agent.syslog_commands import add_parser as add_syslog_parser
+    from policy_agent.cli.syslog import add_parser as add_syslog_parser
 
     add_syslog_parser(sub, _load_config)
-    from policy_agent.logs_cli import add_parser as add_logs_parser
+    from policy_agent.cli.logs import add_parser as add_logs_parser
 
     add_logs_parser(sub)
-    from policy_agent.status_cli import add_parser as add_status_parsers
+    from policy_agent.cli.status import add_parser as add_status_parsers
 
     add_status_parsers(sub, _load_config)
     from policy_agent.bundle.archive import add_parser as add_bundle_parser
 
     add_bundle_parser(sub)
-    from policy_agent.trace_cli import add_parser as add_trace_parser
+    from policy_agent.cli.trace import add_parser as add_trace_parser
 
     add_trace_parser(sub, _load_config)
 
