@@ -20,7 +20,8 @@ from policy_agent.agent import Agent, RecentProblems
 from policy_agent.cli.main import main
 from policy_agent.config.loader import AgentConfig, loads
 from policy_agent.sources.local_api import STATUS_OP, LocalApi
-from policy_agent.cli.status import run_stats, run_status
+from policy_agent.cli.stats import run_stats
+from policy_agent.cli.status import run_status
 from tests.support.audit_records import T0, sample_record, stamp, write_set
 
 N = 120
