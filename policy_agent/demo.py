@@ -186,8 +186,8 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
         if not keep:
             for netns in netns_made:
                 subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
-            if agent.embedded is not None:
-                agent.embedded.down()
+            if agent.switch.embedded is not None:
+                agent.switch.embedded.down()
     log.info("demo finished in %.1fs%s", time.monotonic() - start,
              f" (left running: npaudit ovs down --run-dir {BASE / 'ovs'} --netns {OVS_NETNS})" if keep else "")
     if failed:

@@ -12,7 +12,7 @@ import pytest
 from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.transport import receive_buffer_bound
-from policy_agent.agent import _build_syslog
+from policy_agent.audit_trail import build_syslog as _build_syslog
 from policy_agent.config.loader import ConfigError, loads
 
 
