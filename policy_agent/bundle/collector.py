@@ -192,7 +192,7 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
 # --- assembly: learn names, redact, cap, hash ---
 
 def learn_names(redactor: Any, cfg: AgentConfig, node: str, files: Iterable[tuple[str, bytes]]) -> None:
-    """Teach `redactor` (policy_agent.bundle.redact.Redactor) every name the collected files hold in a known structure."""
+    """Teach `redactor` (bundle/redact.py) every name the collected files hold in a known structure."""
     import yaml
 
     redactor.learn("node", node)

@@ -1,1 +1,1 @@
-"""The agent side of rate limiting: the eBPF drop-offload cache, per-rule meter sync and loss accounting."""
+"""The agent side of rate limiting: packet-in admission, per-rule meter sync, the eBPF drop-offload cache, losses."""
