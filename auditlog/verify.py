@@ -1,4 +1,4 @@
-"""`npaudit verify`: check seq and hash chain across live and rotated audit files, report the first break.
+"""Check seq and hash chain across live and rotated audit files, report the first break (the work of `npaudit verify`).
 
 It checks copies too: records re-encoded by another JSON tool (auditlog/chain.py
 says why they still verify), and files of forwarded RFC 5424 syslog messages, one
@@ -7,9 +7,7 @@ a line, whose header and structured data are stripped (auditlog/syslog/rfc5424.p
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence
 
 from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
-from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
+from auditlog.fileset import (DEFAULT_BASE, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
                               split_name)
 from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.loss_note import pending_loss
@@ -359,47 +357,31 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
                         walk.prev_chain if walk.records else None, brk, tuple(walk.warnings))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`npaudit verify [PATH...]`: 0 when intact, 1 at the first break, 2 when there is nothing to read."""
-    parser = argparse.ArgumentParser(
-        prog="npaudit verify",
-        description="Check npaudit.seq and npaudit.chain across live and rotated (gzip) audit files.")
-    parser.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_DIR],
-                        help=f"audit files and/or directories (default {DEFAULT_DIR})")
-    parser.add_argument("--base", default=DEFAULT_BASE,
-                        help=f"live file name to look for in a directory (default {DEFAULT_BASE})")
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--from-syslog", action="store_true",
-                        help="every line is a forwarded RFC 5424 message: check the record in its MSG "
-                        "(without this, lines starting with '<' are taken as such messages)")
-    args = parser.parse_args(argv)
-    try:
-        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None)
-    except OSError as exc:
-        print(f"npaudit verify: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        brk = result.first_break
-        print(json.dumps({
-            "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
-            "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
-            "warnings": list(result.warnings),
-            "break": None if brk is None else {
-                "kind": brk.kind, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
-                "expected_seq": brk.expected_seq, "found_seq": brk.found_seq},
-        }, sort_keys=True))
+def to_json(result: VerifyResult) -> dict[str, Any]:
+    """The result as `npaudit verify --json` prints it."""
+    brk = result.first_break
+    return {
+        "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
+        "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
+        "warnings": list(result.warnings),
+        "break": None if brk is None else {
+            "kind": brk.kind, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
+            "expected_seq": brk.expected_seq, "found_seq": brk.found_seq},
+    }
+
+
+def report(result: VerifyResult, out: IO[str], *, as_json: bool = False) -> int:
+    """Print the result (text, or one JSON object); the exit status: 0 intact, 1 at a break."""
+    if as_json:
+        print(json.dumps(to_json(result), sort_keys=True), file=out)
         return 0 if result.ok else 1
     for warning in result.warnings:
-        print(f"WARNING: {warning}")
+        print(f"WARNING: {warning}", file=out)
     if result.first_break is not None:
-        print(f"BREAK: {result.first_break}")
-        print(f"{result.records} records intact before it, in {len(result.files)} files")
+        print(f"BREAK: {result.first_break}", file=out)
+        print(f"{result.records} records intact before it, in {len(result.files)} files", file=out)
         return 1
-    print(result.summary())
+    print(result.summary(), file=out)
     if result.head_chain:
-        print(f"head: seq {result.last_seq} chain {result.head_chain}")
+        print(f"head: seq {result.last_seq} chain {result.head_chain}", file=out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -62,7 +62,7 @@ from policy_agent.policy_packetins import PolicyPacketIns  # noqa: E402
 from packetin.fair_key import applied_to_key  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
-from policy_agent.config import AuditConfig, PacketInConfig  # noqa: E402
+from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
 from tests.e2e.cluster import Cluster  # noqa: E402
 from tests.e2e.test_overload_e2e import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402

@@ -486,7 +486,7 @@ def policy_change_phase(cluster: Cluster, n_rules: int, changes: int, repeats: i
     bad = cluster.dir / "bad.yaml"
     bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name, namespace: bench}\n")
     for _ in range(repeats):
-        ms, res = timed(lambda: subprocess.run([sys.executable, "-m", "policy_agent.cli", "apply", "-f", str(bad),
+        ms, res = timed(lambda: subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "apply", "-f", str(bad),
                                                 "--config", str(cluster.config)], capture_output=True, timeout=60))
         if res.returncode == 0:
             raise RuntimeError("the invalid manifest was accepted")

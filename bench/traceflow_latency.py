@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cni_latency import pct  # noqa: E402
-from policy_agent.config import load  # noqa: E402
+from policy_agent.config.loader import load  # noqa: E402
 from policy_agent.sources.local_api import SYSLOG_STATUS_OP, TRACE_OP, call  # noqa: E402
 from tests.e2e.cluster import Cluster  # noqa: E402
 from tests.e2e.test_traceflow_e2e import FLOOD, meter_drops, setup  # noqa: E402

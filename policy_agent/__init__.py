@@ -1,1 +1,2 @@
-"""Policy agent: composition root, embedded OVS, config, CLI (policy compiler and CNI: issue 3)."""
+"""The node agent: the composition root (agent.py) and its homes (config, cli, policy, ovs, sources, cni,
+traceflow, limits, bundle)."""

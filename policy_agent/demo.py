@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policy_agent import config as config_mod
+from policy_agent.config import loader as config_mod
 from policy_agent.agent import Agent
 from policy_agent.policy.manifests import load_path
 
@@ -77,7 +77,7 @@ def _cni(command: str, netns: str, namespace: str, name: str, state: Path) -> di
     env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=f"demo-{namespace}-{name}",
                CNI_NETNS=f"/run/netns/{netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
                CNI_ARGS=f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}")
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "cni"], input=json.dumps(netconf).encode(),
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=json.dumps(netconf).encode(),
                          env=env, capture_output=True, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"CNI {command} {namespace}/{name}: {res.stdout.decode()}")
@@ -105,7 +105,7 @@ def _write_config(state: Path, audit_path: Path) -> Path:
 def show_command(*args: str) -> int:
     """Run `npaudit ARGS` as an operator would, its output interleaved with the demo's; its exit status."""
     print(f"$ npaudit {' '.join(args)}", flush=True)
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], timeout=60).returncode
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], timeout=60).returncode
 
 
 def since_stamp(when: float) -> str:
@@ -176,7 +176,7 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
     start = time.monotonic()
     try:
         asyncio.run(main())
-        verdict = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(audit_path.parent)],
+        verdict = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(audit_path.parent)],
                                  capture_output=True, text=True)
         log.info("npaudit verify %s: %s", audit_path.parent, verdict.stdout.strip().splitlines()[0]
                  if verdict.stdout.strip() else verdict.stderr.strip())
@@ -186,8 +186,8 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
         if not keep:
             for netns in netns_made:
                 subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
-            if agent.embedded is not None:
-                agent.embedded.down()
+            if agent.switch.embedded is not None:
+                agent.switch.embedded.down()
     log.info("demo finished in %.1fs%s", time.monotonic() - start,
              f" (left running: npaudit ovs down --run-dir {BASE / 'ovs'} --netns {OVS_NETNS})" if keep else "")
     if failed:

@@ -40,7 +40,7 @@ from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
-from policy_agent.rule_meters import RuleMeters
+from policy_agent.limits.meter_sync import RuleMeters
 
 log = logging.getLogger(__name__)
 

@@ -286,7 +286,7 @@ class OvsSupervisorCollector:
 
 
 class MeterDropsSource(Protocol):
-    """Meter drops as this collector sees them (policy_agent.loss_accounting.LossAccounting)."""
+    """Meter drops as this collector sees them (policy_agent.limits.losses.LossAccounting)."""
 
     def dropped(self) -> dict[str, Dropped] | None: ...
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 _BACKLOG_EVERY = 5.0  # seconds between looks at the bytes not yet read (a directory listing)
 
-# Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config.py.
+# Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config/loader.py.
 # A batch is one read, one encode and one write, and the unit of acknowledgement: large
 # enough that the per-batch work is small next to the records, small enough to re-send.
 BATCH_RECORDS = 1000

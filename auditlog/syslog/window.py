@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from auditlog.syslog.checkpoint import Position
 
-# Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config.py.
+# Defaults, documented in config/npaudit.yaml (syslog.destinations) and policy_agent/config/loader.py.
 # Four batches in flight let the forwarder read and encode the next batches while the receiver
 # drains the earlier ones (bench/syslog_throughput.py shows the rate); 8 MiB bounds the memory
 # held for re-sending and, with the count, the duplicates a dropped connection causes.

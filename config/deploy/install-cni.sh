@@ -23,7 +23,7 @@ CONFLIST=${CONFLIST:-$(dirname "$(readlink -f "$0")")/cni/10-npaudit.conflist}
 DESTDIR=${DESTDIR:-}
 
 # What `npaudit cni` imports (tests/unit/test_rpc.py holds the plugin to this list).
-MODULES="__init__.py cli.py errors.py rpc.py cni/__init__.py cni/plugin.py cni/wire.py"
+MODULES="__init__.py cli/__init__.py cli/main.py errors.py rpc.py cni/__init__.py cni/plugin.py cni/wire.py"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -46,7 +46,7 @@ import pathlib, sys, zipfile
 import policy_agent
 pkg = pathlib.Path(policy_agent.__file__).parent
 entries = {f"policy_agent/{m}": (pkg / m).read_bytes() for m in sys.argv[2:]}
-entries["__main__.py"] = b"import sys\nfrom policy_agent.cli import main\nsys.exit(main())\n"
+entries["__main__.py"] = b"import sys\nfrom policy_agent.cli.main import main\nsys.exit(main())\n"
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     for name in sorted(entries):
         z.writestr(zipfile.ZipInfo(name, date_time=(2000, 1, 1, 0, 0, 0)), entries[name], zipfile.ZIP_DEFLATED)

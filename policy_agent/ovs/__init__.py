@@ -1,1 +1,1 @@
-"""Open vSwitch for the agent: the bridge over OVSDB, the embedded OVS, coverage counters, the table layout."""
+"""Open vSwitch for the agent: the node's switch (daemons, OVSDB, bridge), unixctl, counters, the table layout."""

@@ -66,6 +66,11 @@ class RuleRegistry:
     def get(self, rule_id: int) -> RuleInfo | None:
         return self._rules.get(rule_id)
 
+    def direction(self, rule_id: int) -> str | None:
+        """"ingress" or "egress" for a known rule id (the fair-share key asks once per rule)."""
+        rule = self._rules.get(rule_id)
+        return None if rule is None else str(getattr(rule.direction, "value", rule.direction)).lower()
+
     def __len__(self) -> int:
         return len(self._rules)
 

@@ -124,7 +124,7 @@ class LocalApi:
         return {"ok": True, "syslog": status.to_json()}
 
     async def status(self) -> dict[str, Any]:
-        """Read-only: the agent's status snapshot (Agent.status_snapshot says what is in it)."""
+        """Read-only: the agent's status snapshot (policy_agent/status.py says what is in it)."""
         if self._status is None:
             return {"ok": False, "errors": ["this agent serves no status"]}
         return {"ok": True, "status": await self._status()}

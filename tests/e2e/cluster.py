@@ -84,7 +84,7 @@ def logged_udp_drop(name: str, to_ns: str, from_ns: str, label: str, port: int =
 
 def _npaudit(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
              timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], input=stdin, env=env,
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], input=stdin, env=env,
                           capture_output=True, timeout=timeout)
 
 
@@ -127,7 +127,7 @@ class Cluster:
     # --- agent -----------------------------------------------------------------------
 
     def start(self, timeout: float = 30) -> None:
-        self.agent = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "agent", "--config",
+        self.agent = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config",
                                        str(self.config)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.state / "api.sock").exists():

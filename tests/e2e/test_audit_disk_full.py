@@ -97,7 +97,7 @@ def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _verify(audit_dir: Path) -> tuple[int, dict]:
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", "--json", str(audit_dir)],
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", "--json", str(audit_dir)],
                          capture_output=True, text=True, timeout=60)
     return res.returncode, json.loads(res.stdout)
 

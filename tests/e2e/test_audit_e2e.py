@@ -138,13 +138,13 @@ def test_audit_records_name_policy_rule_tier_label_pods_and_count_exactly(cluste
         assert r["observer"]["hostname"]
 
     # The chain over the whole file verifies, and so does a copy jq re-encoded (as a SIEM pipeline would).
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(cluster.dir / "audit")],
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(cluster.dir / "audit")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     live = cluster.dir / "audit" / "audit.jsonl"
     copy = cluster.dir / "audit-copy.jsonl"
     copy.write_bytes(subprocess.run(["jq", "-c", "."], input=live.read_bytes(), capture_output=True,
                                     check=True).stdout)
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(copy)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(copy)], capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -29,7 +29,7 @@ MANIFESTS = "---\n".join(
 
 
 def _bundle(config: Path, out: Path, *extra: str) -> dict[str, bytes]:
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "bundle", "--config", str(config), "-o", str(out),
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "bundle", "--config", str(config), "-o", str(out),
                           *extra], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "\r" not in res.stderr  # no progress bar: not on a terminal

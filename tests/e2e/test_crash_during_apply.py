@@ -47,7 +47,7 @@ def test_sigkill_mid_apply_leaves_old_or_new_and_restart_reconciles_to_the_store
 
     manifest = cluster.dir / "big.yaml"
     manifest.write_text(big_policy())
-    client_cli = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "apply", "-f", str(manifest),
+    client_cli = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "apply", "-f", str(manifest),
                                    "--config", str(cluster.config)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
     if kill_at == "compiling":

@@ -33,7 +33,7 @@ def _section(out: str, command: str) -> list[str]:
 
 
 def test_demo_ends_with_logs_and_stats_of_its_own_records() -> None:
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "demo"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "demo"], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 

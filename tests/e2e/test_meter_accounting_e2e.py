@@ -128,11 +128,11 @@ def test_a_metered_flood_is_accounted_exactly_by_records_plus_stated_meter_drops
     for r in losses:
         jsonschema.validate(r, SCHEMA)
         assert r["event"]["start"] <= r["event"]["end"] and r["observer"]["hostname"]
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "verify", str(cluster.dir / "audit")],
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(cluster.dir / "audit")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"loss records state that {dropped} packet-ins and 0 records never became records" in res.stdout
-    shown = subprocess.run([sys.executable, "-m", "policy_agent.cli", "logs", "-o", "compact",
+    shown = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "logs", "-o", "compact",
                             str(cluster.dir / "audit")], capture_output=True, text=True)
     assert "LOSS the audit trail is incomplete between" in shown.stdout
     assert "dropped by OVS meter policy_deny" in shown.stdout

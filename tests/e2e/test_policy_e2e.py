@@ -355,7 +355,7 @@ def test_an_invalid_manifest_set_is_rejected_whole_and_the_agent_keeps_enforcing
     """)
     path = cluster.dir / "bad.yaml"
     path.write_text(bad_set)
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli", "apply", "-f", str(path), "--config",
+    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "apply", "-f", str(path), "--config",
                           str(cluster.config)], capture_output=True, text=True)
     assert res.returncode == 1
     assert "ClusterNetworkPolicy/typo" in res.stderr and "spec.ingress[0].action" in res.stderr, res.stderr

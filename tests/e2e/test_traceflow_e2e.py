@@ -241,7 +241,7 @@ def test_two_concurrent_traces_each_get_their_own_answer(cluster: Cluster) -> No
     for name, args in (("drop", ("--to", "y/b", "--port", "80")),
                        ("fwd", ("--to", "y/b", "--protocol", "udp", "--port", "53")),
                        ("pass", ("--to", "y/c", "--port", "80"))):
-        procs[name] = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "trace", "--from", "x/a", *args,
+        procs[name] = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "trace", "--from", "x/a", *args,
                                         "-o", "json", "--config", str(cluster.config)], stdout=subprocess.PIPE)
     results = {name: (p.wait(60), json.loads(p.communicate()[0])) for name, p in procs.items()}
     assert results["drop"][0] == 1 and results["drop"][1]["outcome"]["rule"]["policy"] == "sec-drop-web"
@@ -309,7 +309,7 @@ def test_live_traces_follow_the_next_real_packet_which_is_still_forwarded_answer
     yb = pods["y/b"]
 
     def live(target: str, *args: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "trace", "--live", "--from", "x/a",
+        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "trace", "--live", "--from", "x/a",
                                  "--to", "y/b", *args, "--timeout", "20", "-o", "json", "--config",
                                  str(cluster.config)], stdout=subprocess.PIPE)
         try:

@@ -23,7 +23,7 @@ def _agent(ovs_env: OvsEnv, tmp_path: Path, **overrides: str) -> subprocess.Comp
         f"metrics:\n  listen: {fields['listen']}\n"
         f"state_dir: {fields['state_dir']}\n"
         f"audit:\n  path: {fields['audit_path']}\n")
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", "agent", "--config", str(cfg)],
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=60)
 
 

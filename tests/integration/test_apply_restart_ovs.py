@@ -26,7 +26,7 @@ from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from policy_agent.agent import Agent
 from policy_agent.cni.state import READY, ContainerState, ContainerStates, PodInterfaceInfo
-from policy_agent.config import loads
+from policy_agent.config.loader import loads
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.local_api import call
 from tests.support.apply_sequences import (

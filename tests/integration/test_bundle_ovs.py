@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from policy_agent.cli import main
+from policy_agent.cli.main import main
 from tests.integration.conftest import OvsEnv
 from tests.support.bridge import BRIDGE
 

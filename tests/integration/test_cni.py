@@ -122,7 +122,7 @@ class Rig:
                "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
                "CNI_PATH": "/usr/lib/cni",
                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={pod}"}
-        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "cni"], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "cni"], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.hooks.plugin = proc
         out, err = proc.communicate(json.dumps(self.netconf()).encode(), timeout=30)

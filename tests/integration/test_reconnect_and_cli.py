@@ -76,11 +76,11 @@ def test_agent_cli_runs_exports_metrics_and_stops_on_sigterm(ovs_env: OvsEnv, tm
         f"packetin:\n  tap: {tmp_path / 'tap.jsonl'}\n"
         f"state_dir: {tmp_path / 'state'}\n"
         f"audit:\n  path: {tmp_path / 'audit' / 'audit.jsonl'}\n")
-    check = subprocess.run([sys.executable, "-m", "policy_agent.cli", "check-config", str(cfg)],
+    check = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "check-config", str(cfg)],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     log = open(tmp_path / "agent.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli", "agent", "--config", str(cfg)],
+    proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config", str(cfg)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20

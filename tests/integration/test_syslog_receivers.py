@@ -19,7 +19,7 @@ from auditlog.fileset import audit_files
 from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.transport import TlsOptions
 from auditlog.verify import verify
-from policy_agent.cli import main
+from policy_agent.cli.main import main
 from tests.integration.test_syslog_rsyslog import HOSTILE, file_lines, forwarders, wait_for, write_records  # noqa: F401
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Receiver, RsyslogDaemon, templated

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import yaml
 from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st
 
-from policy_agent import config as config_mod
+from policy_agent.config import loader as config_mod
 from policy_agent import rpc
 from policy_agent.cni.wire import CniError, CniRequest
 from policy_agent.policy import manifests

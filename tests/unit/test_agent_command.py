@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from auditlog.writer import STAT_KEYS, WriterEvents, WriterStats
-from policy_agent import agent as agent_mod, cli
+from policy_agent import agent as agent_mod
+from policy_agent.cli import agent as agent_cli
+from policy_agent.cli.main import main
 from policy_agent.errors import AgentError
 
 
@@ -44,14 +46,14 @@ def _fake_agent(monkeypatch: pytest.MonkeyPatch, writer: _Writer | None = None,
                 raise fail
 
     monkeypatch.setattr(agent_mod, "Agent", FakeAgent)
-    monkeypatch.setattr(cli, "install_stop_signals", lambda loop, stop: None)
+    monkeypatch.setattr(agent_cli, "install_stop_signals", lambda loop, stop: None)
     return made
 
 
 def _run(tmp_path: Path, *extra: str) -> int:
     config = tmp_path / "agent.yaml"
     config.write_text(f"state_dir: {tmp_path / 'state'}\n")
-    return cli.main(["agent", "--config", str(config), *extra])
+    return main(["agent", "--config", str(config), *extra])
 
 
 def test_a_stop_that_lost_records_says_so_instead_of_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -9,8 +9,8 @@ import pytest
 
 from auditlog.writer import INLINE_GAP
 from auditlog.writer_dir import filesystem_type, inline_writes_allowed
-from policy_agent.agent import _build_audit
-from policy_agent.config import loads
+from policy_agent.audit_trail import build_audit as _build_audit
+from policy_agent.config.loader import loads
 from policy_agent.policy.rules import RuleRegistry
 
 MOUNTINFO = "\n".join([

@@ -27,7 +27,7 @@ from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
-from policy_agent.config import ConfigError, loads  # noqa: E402
+from policy_agent.config.loader import ConfigError, loads  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 from tests.unit.test_audit_pipeline import Writer  # noqa: E402
@@ -201,7 +201,7 @@ def test_coarsened_records_seal_verify_and_read_back_with_npaudit_logs(tmp_path:
         body = {**record, "npaudit": {k: v for k, v in record["npaudit"].items() if k != "chain"}}
         assert canonical(body)  # plain JSON, nothing a re-encoder would change
     assert sum(json.loads(line)["npaudit"]["aggregate"]["packets"] for line in lines) == 400
-    cli = [sys.executable, "-m", "policy_agent.cli"]
+    cli = [sys.executable, "-m", "policy_agent.cli.main"]
     verify = subprocess.run([*cli, "verify", str(tmp_path)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     logs = subprocess.run([*cli, "logs", str(tmp_path), "--to-pod", "backend/db", "-o", "compact"],

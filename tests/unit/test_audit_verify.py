@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from auditlog import chain
 from auditlog.chain import GENESIS, ChainError, RecordText, check_line
 from auditlog.jcs import ascii_form, canonical
-from auditlog.verify import main, verify
+from auditlog.verify import verify
+from policy_agent.cli.main import main as npaudit
 
 SIZES = [30, 25, 40, 35]  # audit.jsonl.3.gz, .2.gz, .1.gz, audit.jsonl
 
@@ -77,7 +78,7 @@ def logset(tmp_path: Path) -> tuple[Path, list[list[str]]]:
 
 
 def run(capsys, *args: str) -> tuple[int, str]:
-    code = main(list(args))
+    code = npaudit(["verify", *args])
     return code, capsys.readouterr().out
 
 
@@ -256,8 +257,8 @@ def test_json_output_and_usage_errors(logset, capsys, tmp_path):
     assert code == 1 and doc["ok"] is False and doc["break"]["line"] == 3 and doc["break"]["expected_seq"] == 3
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main([str(empty)]) == 2
-    assert main([str(tmp_path / "nope.jsonl")]) == 2
+    assert npaudit(["verify", str(empty)]) == 2
+    assert npaudit(["verify", str(tmp_path / "nope.jsonl")]) == 2
 
 
 # --- property: any single deletion, edit or swap is found where it was made ---
@@ -315,7 +316,7 @@ def test_any_single_deletion_edit_or_swap_is_found_at_its_place(sizes, mutation,
         assert (brk.file.name, brk.line) == (file_name(len(files) - 1 - expect_k), expect_i + 1), brk
         if mutation == "delete":
             assert brk.expected_seq == g + 1
-        assert main([str(directory)]) == 1
+        assert npaudit(["verify", str(directory)]) == 1
 
 
 def test_a_copy_of_the_set_elsewhere_verifies_the_same(logset, tmp_path):
@@ -332,6 +333,6 @@ def test_directory_with_another_configured_file_name(tmp_path, capsys):
     code, out = run(capsys, str(tmp_path))
     assert code == 0 and "OK: 10 records in 2 files" in out
     (tmp_path / "other.jsonl").write_text("")
-    assert main([str(tmp_path)]) == 2
+    assert npaudit(["verify", str(tmp_path)]) == 2
     assert "pass --base" in capsys.readouterr().err
-    assert main(["--base", "flows.jsonl", str(tmp_path)]) == 0
+    assert npaudit(["verify", "--base", "flows.jsonl", str(tmp_path)]) == 0

@@ -19,8 +19,9 @@ import pytest
 
 from auditlog.chain import GENESIS, RecordText
 from auditlog.syslog.rfc5424 import Header, encode_record, encode_test_message
-from auditlog.verify import EDITED, MISSING, REORDERED, main, verify
+from auditlog.verify import EDITED, MISSING, REORDERED, verify
 from auditlog.writer import AuditWriter
+from policy_agent.cli.main import main as npaudit
 
 DATA = Path(__file__).parent / "data"
 COUNT = 12
@@ -166,7 +167,7 @@ def test_a_file_of_forwarded_syslog_messages_verifies(original: list[str], tmp_p
     assert copy.read_text().startswith("<") and "[npaudit@32473 seq=\"1\"" in copy.read_text()
     result = verify([copy])
     assert result.ok and (result.first_seq, result.last_seq) == (1, COUNT)
-    assert main([str(copy), "--from-syslog"]) == 0
+    assert npaudit(["verify", str(copy), "--from-syslog"]) == 0
     assert f"OK: {COUNT} records" in capsys.readouterr().out
 
 
@@ -202,7 +203,7 @@ def test_an_edit_in_a_forwarded_message_is_named(original: list[str], tmp_path: 
     path = write_copy(tmp_path / "received.log", copy)
     brk = verify([path]).first_break
     assert brk is not None and (brk.kind, brk.line, brk.found_seq) == (EDITED, 8, 8)
-    assert main([str(path), "--from-syslog"]) == 1
+    assert npaudit(["verify", str(path), "--from-syslog"]) == 1
     assert "BREAK: edited" in capsys.readouterr().out
     # The structured data and the record disagree: one of them was changed.
     copy = syslog_copy(original)

@@ -18,8 +18,9 @@ import pytest
 from auditlog import compressor as compressor_mod, rotation as rotation_mod, writer as writer_mod
 from auditlog.chain import GENESIS, RecordText, check_line
 from auditlog.fileset import audit_files, iter_lines
-from auditlog.verify import main as verify_main, verify
+from auditlog.verify import verify
 from auditlog.writer import AuditWriter
+from policy_agent.cli.main import main as npaudit
 
 DAY = 86400.0
 
@@ -240,7 +241,7 @@ def test_restart_continues_seq_and_chain(live, make_writer):
         w2.submit(record(i))
     assert w2.flush_wait(5)
     assert [r["npaudit"]["seq"] for r in lines_of(live)] == list(range(1, 151))
-    assert verify_main([str(live.parent)]) == 0
+    assert npaudit(["verify", str(live.parent)]) == 0
 
 
 def test_restart_resumes_from_newest_rotated_file_when_live_is_gone(live, make_writer):
@@ -286,7 +287,7 @@ def test_torn_last_line_starts_a_new_segment_that_verify_accepts(live, make_writ
     assert restart["npaudit"]["seq"] == 10  # sealed onto seq 9, the last good record
     assert check_line(raws[10].rstrip(b"\n"), json.loads(raws[8])["npaudit"]["chain"], 9)[0] == 10
     assert [json.loads(r)["npaudit"]["seq"] for r in raws[11:]] == [11, 12, 13, 14, 15]
-    assert verify_main([str(live.parent)]) == 0
+    assert npaudit(["verify", str(live.parent)]) == 0
     out = capsys.readouterr().out
     assert "WARNING:" in out and "chain-restart" in out and "line 10" in out
     assert "OK: 15 records in 1 files, seq 1..15" in out

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from auditlog import rotation as rotation_mod
-from auditlog.verify import main as verify_main, verify
+from auditlog.verify import verify
 from auditlog.writer import AuditWriter, AuditWriterError
+from policy_agent.cli.main import main as npaudit
 from tests.unit.test_audit_writer import lines_of, live, make_writer, record  # noqa: F401 (fixtures)
 
 
@@ -77,7 +78,7 @@ def test_the_loss_is_noted_at_close_and_becomes_a_chain_record_at_the_next_start
     # verify names the loss (not "damaged bytes" that are not there).
     assert [w for w in result.warnings if "could not write" in w and "5 audit records" in w], result.warnings
     assert not [w for w in result.warnings if "damaged bytes" in w]
-    assert verify_main([str(live.parent)]) == 0
+    assert npaudit(["verify", str(live.parent)]) == 0
 
     third = AuditWriter(live)
     third.start()

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from auditlog.redact import Redactor
-from policy_agent import config as config_mod
-from policy_agent.bundle import (
+from policy_agent.bundle.redact import Redactor
+from policy_agent.config import loader as config_mod
+from policy_agent.bundle.collector import (
     AUDIT_NAME, HEAD, TAIL, ApiCall, BundleOptions, BundleRefused, Collected, Command, Fetched, HttpGet,
     Inline, Item, Plan, assemble, plan,
 )
-from policy_agent.bundle_cli import HostCollector, collect, write_bundle
-from policy_agent.cli import main
+from policy_agent.bundle.archive import HostCollector, collect, write_bundle
+from policy_agent.cli.main import main
 from tests.support.audit_records import T0, sample_record, stamp, write_set
 
 UTC = dt.timezone.utc
@@ -70,7 +70,7 @@ class FakeCollector:
             return Fetched(((item.name, OVS_FLOWS if "dump-flows" in source.argv else b"ok\n"),))
         if isinstance(source, ApiCall):
             if not self.agent_running:
-                from policy_agent.bundle import Unavailable
+                from policy_agent.bundle.collector import Unavailable
                 raise Unavailable(f"agent not running or not reachable at {source.socket}")
             return Fetched(((item.name, json.dumps(STATUS).encode()),))
         if isinstance(source, HttpGet):

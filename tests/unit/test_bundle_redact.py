@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditlog.redact import Redactor
+from policy_agent.bundle.redact import Redactor
 from tests.support.audit_records import sample_record
 
 KEY = b"k" * 32

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from policy_agent import cli
+from policy_agent.cli import apply as apply_cli, main as cli
 from policy_agent.rpc import encode_frame, frame_length
 
 
@@ -55,7 +55,7 @@ def test_an_agent_that_vanishes_mid_request_means_outcome_unknown(state_dir: Pat
     thread = fake_agent(state_dir / "api.sock", None)
     rc, err = apply(state_dir, capsys)
     thread.join(5)
-    assert rc == cli.EXIT_OUTCOME_UNKNOWN and rc not in (0, 1)
+    assert rc == apply_cli.EXIT_OUTCOME_UNKNOWN and rc not in (0, 1)
     assert err.count("\n") == 1 and "outcome unknown, check status" in err
 
 

@@ -253,7 +253,7 @@ def test_broken_agent_answers_become_cni_errors(tmp: Path, reply: bytes, code: i
 
 
 def test_cli_cni_subcommand() -> None:
-    proc = subprocess.run([sys.executable, "-m", "policy_agent.cli", "cni"], input=b"{}",
+    proc = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=b"{}",
                           env={**os.environ, "CNI_COMMAND": "VERSION"}, capture_output=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["supportedVersions"][-1] == "1.0.0"

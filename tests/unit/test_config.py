@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config
+from policy_agent.config import loader as config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "npaudit.yaml"
@@ -89,7 +89,7 @@ def test_explicit_target_means_no_controller_row() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], capture_output=True, text=True)
 
 
 def test_check_config_cli(tmp_path: Path) -> None:

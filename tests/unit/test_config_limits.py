@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config
+from policy_agent.config import loader as config
 
 
 def _errors(text: str) -> list[str]:
@@ -99,7 +99,7 @@ def test_an_empty_netns_still_means_the_agents_own() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], capture_output=True, text=True)
 
 
 def test_a_non_utf8_config_file_is_one_line_naming_the_file_and_byte(tmp_path: Path) -> None:

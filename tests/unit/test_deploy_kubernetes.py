@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from policy_agent import config
+from policy_agent.config import loader as config
 from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.policy import kinds
@@ -98,7 +98,7 @@ def test_the_configmap_config_passes_check_config(tmp_path: Path) -> None:
     path = tmp_path / "npaudit.yaml"
     path.write_text(_one("ConfigMap")["data"]["npaudit.yaml"])
     env = dict(os.environ, PYTHONPATH=str(ROOT), NODE_NAME="node-a")
-    out = subprocess.run([sys.executable, "-m", "policy_agent.cli", "check-config", str(path)],
+    out = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "check-config", str(path)],
                          capture_output=True, text=True, env=env)
     assert (out.returncode, out.stdout) == (0, f"{path}: OK\n"), out.stdout + out.stderr
     cfg = _agent_config()

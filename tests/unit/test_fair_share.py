@@ -185,7 +185,7 @@ def test_the_destination_address_is_read_through_vlan_tags_and_for_ipv6() -> Non
 
 
 def test_fair_share_settings_are_checked_at_load_naming_the_field() -> None:
-    from policy_agent.config import ConfigError, loads
+    from policy_agent.config.loader import ConfigError, loads
 
     config = loads("packetin:\n  fair_share: {key_rate: 5, key_burst: 10, max_keys: 100}\n", environ={})
     assert (config.packetin.fair_share.key_rate, config.packetin.fair_share.max_keys) == (5.0, 100)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from policy_agent import cli
+from policy_agent.cli import main as cli
 from policy_agent.policy import documents, manifests, priorities, validation
 from policy_agent.policy.compiler import ClusterState, compile_policies
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from auditlog.fileset import audit_files
 from auditlog.query import Filter, Query, QueryError, parse_time
-from policy_agent.cli import main
+from policy_agent.cli.main import main
 from tests.support.audit_records import T0, sample_record, stamp, write_set
 
 N = 240

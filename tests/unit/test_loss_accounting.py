@@ -16,7 +16,7 @@ from auditlog.chain import RecordText
 from meters.ovs import METER_POLICY_ALLOW, METER_POLICY_DENY, MeterSupport
 from meters.stats import Dropped
 from packetin.errors import OpenFlowError
-from policy_agent.loss_accounting import LossAccounting, Restartable
+from policy_agent.limits.losses import LossAccounting, Restartable
 from policy_agent.metrics import MeterCollector
 
 SUPPORTED = MeterSupport(max_meter=64, band_types=1 << ofp.OFPMBT_DROP, max_bands=1)
@@ -132,7 +132,7 @@ def test_a_failed_read_is_counted_and_said_once_and_the_next_one_catches_up(capl
     channel.replies += [OpenFlowError("switch refused request: error type 1 code 2", err_type=1, err_code=2, xid=9,
                                       failed="request"), asyncio.TimeoutError(),
                         reply((METER_POLICY_DENY, 12, 120, 3.0))]
-    with caplog.at_level(logging.WARNING, logger="policy_agent.loss_accounting"):
+    with caplog.at_level(logging.WARNING, logger="policy_agent.limits.losses"):
         for t in (1.0, 2.0):
             mono.t = t
             assert asyncio.run(acc.tick()) is None

@@ -14,8 +14,8 @@ from auditlog.chain import RecordText
 from auditlog.logs_command import LogsRequest, run_logs
 from auditlog.loss_records import ADMISSION, METER, RECORDS, WRITER_FULL, LossKey, LossRecorder
 from auditlog.verify import verify
-from policy_agent.config import AgentConfig
-from policy_agent.status_cli import run_stats
+from policy_agent.config.loader import AgentConfig
+from policy_agent.cli.stats import run_stats
 from tests.support.audit_records import T0, sample_record, write_set
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "config" / "audit-record.schema.json").read_text())

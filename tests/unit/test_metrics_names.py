@@ -23,11 +23,11 @@ from meters.rule_meters import RuleMeterRange
 from meters.stats import Dropped
 from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
                                   build_registry)
-from policy_agent.offload import DropOffload, OffloadCollector
-from policy_agent.offload_config import OffloadConfig
+from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
+from policy_agent.config.offload import OffloadConfig
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
-from policy_agent.rule_meters import RuleMeters, RuleMetersCollector
+from policy_agent.limits.meter_sync import RuleMeters, RuleMetersCollector
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceStats
 
@@ -75,7 +75,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
-    # Only with meters.per_rule on (policy_agent/rule_meters.py).
+    # Only with meters.per_rule on (policy_agent/limits/meter_sync.py).
     registry.register(RuleMetersCollector(RuleMeters(None, RuleMeterRange(4096, 8),  # type: ignore[arg-type]
                                                      MeterLimits((1, 1), (1, 1), (1, 1)))))
     families = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_agent import config
+from policy_agent.config import loader as config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_check_config_refuses_a_bad_node_name_from_the_environment(tmp_path: Pat
     path = tmp_path / "npaudit.yaml"
     path.write_text("kubernetes: {enabled: true}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), NODE_NAME="Worker_1")
-    out = subprocess.run([sys.executable, "-m", "policy_agent.cli", "check-config", str(path)],
+    out = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "check-config", str(path)],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1
     assert out.stdout.splitlines() == [

@@ -1,4 +1,4 @@
-"""policy_agent.offload: which packet-ins get cached, flush before a change, counts folded once, the degraded path.
+"""policy_agent.limits.offload_cache: which packet-ins get cached, flush before a change, counts folded once, the degraded path.
 
 The XDP program is replaced by an in-memory map with the loader's semantics
 (put keeps counts, flush/sweep return final counts); the real program runs in
@@ -24,8 +24,8 @@ from meters.ebpf.maps import IPPROTO_ICMP, IPPROTO_UDP, OffloadCounts, OffloadKe
 from meters.errors import OffloadUnavailable  # noqa: E402
 from packetin.model import Disposition, Flags, PacketIn, Userdata  # noqa: E402
 from policy_agent.cni.state import PodInterfaceInfo  # noqa: E402
-from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks  # noqa: E402
-from policy_agent.offload_config import OffloadConfig  # noqa: E402
+from policy_agent.limits.offload_cache import DropOffload, OffloadCollector, OffloadPodHooks  # noqa: E402
+from policy_agent.config.offload import OffloadConfig  # noqa: E402
 from policy_agent.policy.compiler import rule_flags  # noqa: E402
 from policy_agent.policy.model import Action  # noqa: E402
 from tests.unit.test_audit_pipeline import RULE, Writer, context  # noqa: E402
@@ -270,7 +270,7 @@ def test_a_program_that_cannot_load_is_one_warning_metric_0_and_the_agent_carrie
         raise OffloadUnavailable("XDP offload broken.c: <stdin>:1:1: error: unknown type name 'nonsense'")
 
     async def go() -> None:
-        with caplog.at_level(logging.WARNING, logger="policy_agent.offload"):
+        with caplog.at_level(logging.WARNING, logger="policy_agent.limits.offload_cache"):
             offload, _xdp, writer, pipeline, clock = make(loader=broken)
         await offload.attach(POD)
         flood(offload, pipeline, clock.wall, 50)
@@ -332,8 +332,8 @@ def test_the_engine_flushes_cached_verdicts_before_each_bundle_that_changes_flow
 def test_status_probes_here_only_when_the_agents_offload_is_not_running() -> None:
     import io
 
-    from policy_agent.config import AgentConfig
-    from policy_agent.status_cli import run_status
+    from policy_agent.config.loader import AgentConfig
+    from policy_agent.cli.status import run_status
 
     probes: list[int] = []
 

@@ -22,4 +22,4 @@ def test_the_wheel_ships_the_xdp_program_source(tmp_path: Path) -> None:
                     "-w", str(tmp_path / "out")], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "out").glob("npaudit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "meters/ebpf/xdp_offload.c" in names and "policy_agent/offload.py" in names
+    assert "meters/ebpf/xdp_offload.c" in names and "policy_agent/limits/offload_cache.py" in names

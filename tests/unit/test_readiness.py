@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from policy_agent import config as config_mod
+from policy_agent.config import loader as config_mod
 from policy_agent.agent import Agent
 from policy_agent.http_endpoints import serve
 

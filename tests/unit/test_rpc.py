@@ -131,8 +131,8 @@ def test_the_cni_plugin_loads_no_agent_machinery() -> None:
 # preload typing, re or pathlib in some installs and would hide a cost). VERSION needs json
 # (which brings re) and struct; asyncio, argparse, logging, typing, dataclasses (inspect) and
 # pathlib each cost milliseconds on every Pod start and are not needed.
-CNI_PROJECT = {"policy_agent", "policy_agent.cli", "policy_agent.errors", "policy_agent.rpc", "policy_agent.cni",
-               "policy_agent.cni.plugin", "policy_agent.cni.wire"}
+CNI_PROJECT = {"policy_agent", "policy_agent.cli", "policy_agent.cli.main", "policy_agent.errors", "policy_agent.rpc",
+               "policy_agent.cni", "policy_agent.cni.plugin", "policy_agent.cni.wire"}
 CNI_STDLIB = {"__future__", "json", "re", "struct", "os", "posixpath", "genericpath", "stat", "enum", "functools",
               "collections", "operator", "keyword", "reprlib", "itertools", "types", "copyreg"}
 CNI_SOCKET = {"_socket"}  # ADD, DEL, CHECK talk to the agent (not `socket`: selectors, array, enum classes)
@@ -140,7 +140,7 @@ CNI_SOCKET = {"_socket"}  # ADD, DEL, CHECK talk to the agent (not `socket`: sel
 
 def _cni_run(command: str, tmp_path: Path) -> tuple[str, set[str]]:
     """(stdout, modules loaded) of `npaudit cni` as the console script runs it, under python -S."""
-    code = ("import sys; before = set(sys.modules); from policy_agent.cli import main; main(['cni']); "
+    code = ("import sys; before = set(sys.modules); from policy_agent.cli.main import main; main(['cni']); "
             "sys.stderr.write('\\n'.join(sorted(set(sys.modules) - before)))")
     netconf = {"cniVersion": "1.0.0", "name": "n", "type": "npaudit", "agentSocket": str(tmp_path / "absent.sock")}
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "CNI_COMMAND": command,

@@ -14,14 +14,14 @@ from meters.rule_meters import EMPTY_PLAN, MeterAllocator, RuleMeterRange
 from meters.stats import MeterReading, MeterTotals
 from packetin import messages
 from packetin.errors import OpenFlowError
-from policy_agent import config
+from policy_agent.config import loader as config
 from policy_agent.engine import ApplyFailed, PolicyEngine
 from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState
 from policy_agent.policy.model import (Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy,
                                         PolicyKind, Rule)
 from policy_agent.policy.rules import RuleRegistry
-from policy_agent.rule_meters import RuleMeters, effective_range
+from policy_agent.limits.meter_sync import RuleMeters, effective_range
 
 LIMITS = MeterLimits(policy_allow=(1000, 200), policy_deny=(50, 20), traceflow=(500, 200))
 RANGE = RuleMeterRange(4096, 3)

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from auditlog.fileset import audit_files
-from policy_agent.agent import Agent, RecentProblems
-from policy_agent.cli import main
-from policy_agent.config import AgentConfig, loads
+from policy_agent.agent import Agent
+from policy_agent.cli.main import main
+from policy_agent.config.loader import AgentConfig, loads
 from policy_agent.sources.local_api import STATUS_OP, LocalApi
-from policy_agent.status_cli import run_stats, run_status
+from policy_agent.status import RecentProblems, snapshot as status_snapshot
+from policy_agent.cli.stats import run_stats
+from policy_agent.cli.status import run_status
 from tests.support.audit_records import T0, sample_record, stamp, write_set
 
 N = 120
@@ -44,8 +46,8 @@ def agent(tmp_path: Path) -> Agent:
 
 
 def snapshot(agent: Agent) -> dict[str, Any]:
-    return agent.status_snapshot(now=(T0, 100.0), ovs_version="3.1.0",
-                                 ovs_losses={"rconn_overflow": 0, "packet_in_overflow": None})
+    return status_snapshot(agent, now=(T0, 100.0), ovs_version="3.1.0",
+                           ovs_losses={"rconn_overflow": 0, "packet_in_overflow": None})
 
 
 # --- the agent's side ---

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.syslog.rfc5424 import Framing
-from policy_agent.config import ConfigError, load, loads, syslog_destination
+from policy_agent.config.loader import ConfigError, load, loads, syslog_destination
 from policy_agent.metrics import SyslogCollector
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,10 +17,10 @@ from auditlog.syslog.rfc5424 import Header, encode_test_message, rfc3339_millis
 from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.writer import AuditWriter
 from policy_agent.agent import Agent
-from policy_agent.cli import main
-from policy_agent.config import AgentConfig, loads
+from policy_agent.cli.main import main
+from policy_agent.config.loader import AgentConfig, loads
 from policy_agent.sources.local_api import LocalApi, call
-from policy_agent.syslog_commands import run_status, run_test
+from policy_agent.cli.syslog import run_status, run_test
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 NOW = 1796004843.512  # 2026-11-30T02:14:03.512Z

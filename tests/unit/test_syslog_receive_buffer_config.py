@@ -12,8 +12,8 @@ import pytest
 from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.transport import receive_buffer_bound
-from policy_agent.agent import _build_syslog
-from policy_agent.config import ConfigError, loads
+from policy_agent.audit_trail import build_syslog as _build_syslog
+from policy_agent.config.loader import ConfigError, loads
 
 
 def _config(tmp_path: Path, extra: str) -> str:
@@ -51,7 +51,7 @@ def test_a_negative_infinite_or_huge_receive_buffer_is_refused_naming_the_field(
 def test_check_config_refuses_a_bad_receive_buffer_in_one_line(tmp_path: Path, value: str) -> None:
     bad = tmp_path / "npaudit.yaml"
     bad.write_text(f"syslog:\n  destinations: [{{url: 'tcp://h', receive_buffer_bytes: {value}}}]\n")
-    check = subprocess.run([sys.executable, "-m", "policy_agent.cli", "check-config", str(bad)],
+    check = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "check-config", str(bad)],
                            capture_output=True, text=True)
     assert check.returncode == 1, check.stdout + check.stderr
     assert check.stdout.startswith(f"{bad}: syslog.destinations[0].receive_buffer_bytes: must be "), check.stdout

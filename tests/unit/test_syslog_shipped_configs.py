@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from policy_agent.config import AgentConfig
+from policy_agent.config.loader import AgentConfig
 
 SHIPPED = Path(__file__).resolve().parents[2] / "config" / "syslog"
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from policy_agent.cli import build_parser
-from policy_agent.config import loads
-from policy_agent.trace_cli import request_of, run_trace
+from policy_agent.cli.main import build_parser
+from policy_agent.config.loader import loads
+from policy_agent.cli.trace import request_of, run_trace
 
 TRACE = {
     "from": {"pod": "x/a", "ip": "10.0.0.2", "port": 3}, "to": {"pod": "y/b", "ip": "10.0.0.3"},

@@ -2,7 +2,7 @@
 
 Pure: `plan` turns the config and options into items, `assemble` turns what was collected into
 the files and manifest.json. The I/O (commands, files, the agent's API, the tar.gz) is in
-policy_agent/bundle_cli.py behind `Collector.fetch`.
+policy_agent/bundle/archive.py behind `Collector.fetch`.
 
 Size cap: the content (before compression, after redaction) is at most `max_bytes`. Items are
 taken in plan order, audit records last; an item larger than what is left is cut at a line
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Union
 
-from policy_agent.config import AgentConfig
+from policy_agent.config.loader import AgentConfig
 from policy_agent.errors import AgentError
 
 ROOT = "npaudit-bundle"
@@ -195,7 +195,7 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
 # --- assembly: learn names, redact, cap, hash ---
 
 def learn_names(redactor: Any, cfg: AgentConfig, node: str, files: Iterable[tuple[str, bytes]]) -> None:
-    """Teach `redactor` (auditlog.redact.Redactor) every name the collected files hold in a known structure."""
+    """Teach `redactor` (bundle/redact.py) every name the collected files hold in a known structure."""
     import yaml
 
     redactor.learn("node", node)

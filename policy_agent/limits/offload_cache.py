@@ -34,7 +34,7 @@ from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait
 from policy_agent.cni.state import PodInterfaceInfo
-from policy_agent.offload_config import OffloadConfig
+from policy_agent.config.offload import OffloadConfig
 
 log = logging.getLogger(__name__)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
-from policy_agent.config import AgentConfig
+from policy_agent.cli.common import ApiCall, load_config
+from policy_agent.config.loader import AgentConfig
 
-ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 
 EXIT_DELIVERED, EXIT_STOPPED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_RUN = 0, 1, 2, 3, 4
 _EXIT = {"delivered": EXIT_DELIVERED, "dropped": EXIT_STOPPED, "rejected": EXIT_STOPPED,
@@ -19,7 +19,7 @@ EPILOG = ("exit status: 0 delivered; 1 dropped, rejected or unknown destination;
           "3 timeout; 4 the trace could not run (no agent, switch error)")
 
 
-def add_parser(sub: Any, load_config: Callable[[str | None], AgentConfig]) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("trace", help=HELP, description=HELP + ". The packet is tagged, never delivered, "
                        "creates no conntrack state and no audit record.", epilog=EPILOG)
     p.add_argument("--from", dest="source", required=True, metavar="NS/POD", help="the source Pod")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config_checks import absolute_path, bounded, checked, listen_address, positive
+from policy_agent.config.checks import absolute_path, bounded, checked, listen_address, positive
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config_checks import QUEUE_MAX, U32_MAX, bounded, checked, positive
-from policy_agent.config_overload import FairShareConfig
+from policy_agent.config.checks import QUEUE_MAX, U32_MAX, bounded, checked, positive
+from policy_agent.config.overload import FairShareConfig
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class PacketInConfig:
     policy: CategoryLimits = CategoryLimits()
     # Category 1, traceflow: at most 9 copies per trace (npaudit trace); 500/s is ~50 traces/s.
     traceflow: CategoryLimits = CategoryLimits(rate=500.0, burst=500.0, queue_size=1024)
-    fair_share: FairShareConfig = FairShareConfig()  # within the policy category (config_overload.py)
+    fair_share: FairShareConfig = FairShareConfig()  # within the policy category (config/overload.py)
     # Debug tap: write one JSON line per delivered packet-in to this path
     # ("-" = stdout, "" = off). Not the audit log.
     tap: str = ""

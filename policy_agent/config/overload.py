@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from policy_agent.config_checks import bounded, fraction, positive
+from policy_agent.config.checks import bounded, fraction, positive
 
 
 @dataclass(frozen=True)

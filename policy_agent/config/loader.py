@@ -20,16 +20,16 @@ from typing import Any, Mapping
 import yaml
 
 # The sections live in modules of their own; their names are re-exported here for
-# `from policy_agent.config import X`.
-from policy_agent.config_audit import AuditConfig
-from policy_agent.config_checks import absolute_path, checked, one_of, record_name
-from policy_agent.config_overload import FairShareConfig, OverloadConfig
-from policy_agent.config_ovs import OpenFlowConfig, OvsConfig
-from policy_agent.config_packetin import CategoryLimits, MeterLimit, MetersConfig, PacketInConfig
-from policy_agent.config_services import BundleConfig, CniConfig, KubernetesConfig, MetricsConfig, PolicyConfig
-from policy_agent.config_syslog import SyslogConfig, SyslogDestinationConfig, syslog_destination
+# `from policy_agent.config.loader import X`.
+from policy_agent.config.audit import AuditConfig
+from policy_agent.config.checks import absolute_path, checked, one_of, record_name
+from policy_agent.config.overload import FairShareConfig, OverloadConfig
+from policy_agent.config.ovs import OpenFlowConfig, OvsConfig
+from policy_agent.config.packetin import CategoryLimits, MeterLimit, MetersConfig, PacketInConfig
+from policy_agent.config.services import BundleConfig, CniConfig, KubernetesConfig, MetricsConfig, PolicyConfig
+from policy_agent.config.syslog import SyslogConfig, SyslogDestinationConfig, syslog_destination
 from policy_agent.errors import AgentError
-from policy_agent.offload_config import OffloadConfig
+from policy_agent.config.offload import OffloadConfig
 
 __all__ = [
     "AgentConfig", "AuditConfig", "BundleConfig", "CategoryLimits", "CniConfig", "ConfigError", "FairShareConfig",
@@ -62,7 +62,7 @@ class AgentConfig:
     openflow: OpenFlowConfig = OpenFlowConfig()
     packetin: PacketInConfig = PacketInConfig()
     meters: MetersConfig = MetersConfig()
-    offload: OffloadConfig = OffloadConfig()  # the eBPF drop offload (policy_agent/offload_config.py)
+    offload: OffloadConfig = OffloadConfig()  # the eBPF drop offload (policy_agent/config/offload.py)
     policy: PolicyConfig = PolicyConfig()
     cni: CniConfig = CniConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

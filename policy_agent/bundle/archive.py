@@ -1,28 +1,25 @@
-"""`npaudit bundle`: its options, the host collector (commands, files, agent API) and the tar.gz writer."""
+"""The support bundle's host side: the collector (commands, files, agent API, metrics) and the tar.gz writer."""
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime as dt
 import io
 import os
 import subprocess
-import sys
 import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import BinaryIO, Callable, TextIO
+from typing import BinaryIO, Callable
 
 from auditlog.atomic_file import write_atomically
 
-from policy_agent.bundle import (
-    MANIFEST, ROOT, TAIL, ApiCall, AuditRecords, BundleOptions, BundleRefused, Collected, Command,
+from policy_agent.bundle.collector import (
+    MANIFEST, ROOT, TAIL, ApiCall, AuditRecords, BundleRefused, Collected, Command,
     DirectoryCopy, FileCopy, Fetched, HttpGet, Inline, Item, Plan, Unavailable,
 )
 
-EXIT_USAGE = 2
 _MIB = 1 << 20
 
 
@@ -160,74 +157,3 @@ def write_bundle(path: Path, files: list[tuple[str, bytes]], manifest: bytes, *,
     # A random, exclusively created 0600 name beside `path`, renamed over it: a name someone
     # planted there (a symlink, a file held open) never receives a byte of the bundle.
     write_atomically(path, write)
-
-
-def _progress_bar(out: TextIO) -> Callable[[int, int, str], None]:
-    def show(done: int, total: int, name: str) -> None:
-        width = 24
-        filled = width * done // max(total, 1)
-        end = "\n" if done == total else ""
-        out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name[:40]:<40}{end}")
-        out.flush()
-    return show
-
-
-def cmd_bundle(args: argparse.Namespace) -> int:
-    import secrets
-    import socket
-
-    from auditlog.query import QueryError, parse_time
-    from auditlog.redact import Redactor
-    from policy_agent.bundle import assemble, plan
-    from policy_agent.cli import _load_config, _version
-
-    cfg = _load_config(args.config)
-    now = dt.datetime.now(dt.timezone.utc)
-    try:
-        since = parse_time("--since", args.since, now) if args.since else None
-    except QueryError as exc:
-        print(f"npaudit bundle: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    max_mb = args.max_size if args.max_size is not None else cfg.bundle.max_size_mb
-    if max_mb <= 0:
-        print(f"npaudit bundle: --max-size {max_mb}: must be > 0 (MiB)", file=sys.stderr)
-        return EXIT_USAGE
-    options = BundleOptions(now=now, max_bytes=int(max_mb * _MIB), since=since,
-                            include_audit=args.include_audit, redact=args.redact)
-    output = Path(args.output or f"npaudit-bundle-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz")
-    try:
-        planned = plan(cfg, options, version=_version(), node=cfg.node_name or socket.gethostname())
-        progress = _progress_bar(sys.stderr) if sys.stderr.isatty() else None
-        collected = collect(planned, HostCollector(), options.max_bytes, progress)
-        redactor = Redactor(secrets.token_bytes(32)) if args.redact else None  # the key dies with this process
-        files, manifest = assemble(planned, collected, cfg, options, redactor)
-        write_bundle(output, files, manifest, now=now, min_free=cfg.bundle.min_free_mb * _MIB)
-    except BundleRefused as exc:
-        print(f"npaudit bundle: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"npaudit bundle: {output}: cannot write: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    skipped = sum(1 for c in collected if c.fetched is None)
-    print(f"{output}: {len(files) + 1} files ({skipped} items unavailable, see {MANIFEST})"
-          + (", redacted" if args.redact else ""))
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    b = sub.add_parser("bundle", help="write a support bundle (tar.gz with manifest.json)",
-                       description="Collect version, config, agent status and metrics, OVS state and the "
-                                   "applied policy into a tar.gz with manifest.json (sizes, sha256, what was "
-                                   "left out and why). Audit records only with --include-audit and "
-                                   "bundle.allow_audit_logs: true in the config.",
-                       epilog="exit status: 0 written; 1 could not write; 2 refused or bad option")
-    b.add_argument("-o", "--output", help="the tar.gz to write (default npaudit-bundle-<UTC time>.tar.gz)")
-    b.add_argument("--since", help="audit records from this time on: 30s, 10m, 2h, 7d or RFC 3339")
-    b.add_argument("--include-audit", "--include-audit-logs", dest="include_audit", action="store_true",
-                   help="add audit records (also needs bundle.allow_audit_logs: true)")
-    b.add_argument("--redact", action="store_true",
-                   help="replace IPs, Pod, namespace, node, label, policy and rule names with keyed pseudonyms")
-    b.add_argument("--max-size", type=float, metavar="MB",
-                   help="most MiB of content before compression (default bundle.max_size_mb)")
-    b.add_argument("--config", help="the agent's config (default: built-in defaults)")
-    b.set_defaults(func=cmd_bundle)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from policy_agent.config_checks import absolute_path, bounded
+from policy_agent.config.checks import absolute_path, bounded
 
 # meters/ebpf/maps.py bounds what the program's bucket arithmetic takes.
 _MAX_RATE = 1_000_000

@@ -10,21 +10,21 @@ the audit files or a checkpoint (auditlog.syslog.rfc5424 says how it is marked).
 
 from __future__ import annotations
 
+import argparse
 import json
 import secrets
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import Destination, make_destination, send_test_message
 from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.syslog.transport import parse_endpoint
-from policy_agent.config import AgentConfig, syslog_destination
+from policy_agent.cli.common import ApiCall, load_config
+from policy_agent.config.loader import AgentConfig, syslog_destination
 
-ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 SendTest = Callable[[Destination, float, str], None]
 
 STATUS_HELP = "per destination: connected, last seq sent vs the writer's, backlog, last error (asks the running agent)"
@@ -34,7 +34,7 @@ _COLUMNS = ("DESTINATION", "CONNECTED", "LAST SENT", "WRITER", "BACKLOG", "BACKL
             "TRUNCATED", "ERRORS", "RESTARTS", "LAST ERROR")
 
 
-def add_parser(sub: Any, load_config: Callable[[str | None], AgentConfig]) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `npaudit syslog status|test` on the CLI's subparsers."""
     sp = sub.add_parser("syslog", help="operate the syslog forwarder: status, test")
     actions = sp.add_subparsers(dest="syslog_command", required=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policy_agent.config_checks import checked, one_of, positive
+from policy_agent.config.checks import checked, one_of, positive
 
 if TYPE_CHECKING:
     from auditlog.syslog.forwarder import Destination

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config_checks import QUEUE_MAX, absolute_path, bounded, checked
-from policy_agent.config_overload import OverloadConfig
+from policy_agent.config.checks import QUEUE_MAX, absolute_path, bounded, checked
+from policy_agent.config.overload import OverloadConfig
 
 
 @dataclass(frozen=True)
@@ -26,4 +26,4 @@ class AuditConfig:
     # ~0.3 ms less latency); false: always the writer thread. Off by itself on NFS, CIFS, Ceph,
     # FUSE and other filesystems whose writes can block while a server is away.
     inline_writes: bool = True
-    overload: OverloadConfig = OverloadConfig()  # coarser records under load (config_overload.py)
+    overload: OverloadConfig = OverloadConfig()  # coarser records under load (config/overload.py)

@@ -6,7 +6,7 @@ overflow counters, the demux's admission drops and the records a full writer
 refused, the loss records written into the audit trail (auditlog/loss_records.py).
 Nothing here runs on the packet-in path: it only reads counters.
 
-With per-rule fair meters (policy_agent/rule_meters.py) each rule's meter counts
+With per-rule fair meters (policy_agent/limits/meter_sync.py) each rule's meter counts
 under its class (policy_allow, policy_deny): the `meter` label stays bounded. Their
 meters are read once more just before they are deleted, so their drops stay exact.
 """
@@ -68,7 +68,7 @@ class Restartable:
 
 
 class RuleMeterSource(Protocol):
-    """The per-rule meters as the statistics reader sees them (policy_agent.rule_meters.RuleMeters)."""
+    """The per-rule meters as the statistics reader sees them (policy_agent.limits.meter_sync.RuleMeters)."""
 
     range: RuleMeterRange
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from policy_agent.cli import _load_config
+from policy_agent.cli.common import load_config
 
 
 class _LogsFilter(argparse.Action):
@@ -39,7 +39,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     paths, base = args.paths, DEFAULT_BASE
     if not paths:
-        live = Path(_load_config(args.config).audit.path) if args.config else DEFAULT_DIR / DEFAULT_BASE
+        live = Path(load_config(args.config).audit.path) if args.config else DEFAULT_DIR / DEFAULT_BASE
         paths, base = [live.parent], live.name
     request = LogsRequest(paths=paths, base=base, filters=args.filters or (), since=args.since,
                           until=args.until, last=args.last, follow=args.follow, output=args.output)

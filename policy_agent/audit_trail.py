@@ -1,0 +1,91 @@
+"""The agent's side of the audit trail: the record pipeline, its writer and the syslog forwarders, built from the
+config, started and closed as one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Callable
+
+from prometheus_client import CollectorRegistry
+
+from auditlog.aggregate import Aggregator
+from auditlog.overload import Overload
+from auditlog.pipeline import AuditPipeline
+from auditlog.record import OBSERVER, RecordContext
+from auditlog.syslog.forwarder import Forwarder, checkpoint_name
+from auditlog.syslog.process import ProcessForwarder
+from auditlog.writer import INLINE_GAP, AuditWriter
+from auditlog.writer_dir import inline_writes_allowed
+from policy_agent.config.loader import AgentConfig, syslog_destination
+from policy_agent.engine import PolicyEngine
+from policy_agent.metrics import AuditCollector, SyslogCollector
+from policy_agent.policy.rules import RuleRegistry
+
+
+class AuditTrail:
+    """Category 0's records: aggregated, written to the hash-chained files, forwarded to syslog from those."""
+
+    def __init__(self, config: AgentConfig, rules: RuleRegistry, registry: CollectorRegistry, *,
+                 engine: Callable[[], PolicyEngine | None], packetin_fill: Callable[[], float],
+                 pressed: Callable[[], bool]) -> None:
+        self.pipeline, self.writer = build_audit(config, rules, engine, packetin_fill, pressed)
+        # The forwarders read the audit files, never the packet-in path.
+        self.forwarders = build_syslog(config)
+        registry.register(AuditCollector(self.pipeline, self.writer))
+        if self.forwarders:
+            registry.register(SyslogCollector(self.forwarders))
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.writer.start)
+        self.pipeline.start()
+        for forwarder in self.forwarders:
+            forwarder.start()
+
+    async def close(self) -> None:
+        await self.pipeline.close()  # what the open aggregation windows hold, written now
+        await asyncio.to_thread(self.writer.close)
+        for forwarder in self.forwarders:  # a batch in flight is sent again from the checkpoint next time
+            await asyncio.to_thread(forwarder.stop)
+
+
+class _LateDirectory:
+    """PodDirectory over the engine, which exists only once the agent has started."""
+
+    def __init__(self, engine: Callable[[], PolicyEngine | None]) -> None:
+        self._engine = engine
+
+    def by_ip(self, ip: str) -> tuple[str, str] | None:
+        engine = self._engine()
+        return None if engine is None else engine.by_ip(ip)
+
+
+def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None],
+                 packetin_fill: Callable[[], float], pressed: Callable[[], bool]
+                 ) -> tuple[AuditPipeline, AuditWriter]:
+    """The pipeline (aggregation, records, overload) and the writer it feeds; `engine` gives the Pods by IP
+    once the agent has started, `packetin_fill` and `pressed` say how loaded the packet-in side is."""
+    ac = config.audit
+    node_fields = {"observer": {"hostname": config.node, **OBSERVER},
+                   "orchestrator": {"type": "kubernetes",
+                                    **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
+    writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
+                         max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields,
+                         inline_gap=INLINE_GAP if inline_writes_allowed(Path(ac.path), ac.inline_writes) else None)
+    ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
+    ov = ac.overload
+    overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,
+                        peers_mark=ov.peers_mark, low_mark=ov.low_mark, pressed=pressed) if ov.enabled else None
+    return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
+
+
+def build_syslog(config: AgentConfig) -> list[Forwarder | ProcessForwarder]:
+    """One forwarder per syslog destination (a child process unless syslog.process: false), each tailing
+    the audit files from its own checkpoint."""
+    forwarders: list[Forwarder | ProcessForwarder] = []
+    kind = ProcessForwarder if config.syslog.process else Forwarder
+    for dest_config in config.syslog.destinations:
+        dest = syslog_destination(dest_config, config.node)  # checked at load: raises only on a race
+        forwarders.append(kind(dest, live=Path(config.audit.path),
+                               checkpoint=config.syslog_checkpoint_dir / checkpoint_name(dest.endpoint)))
+    return forwarders

@@ -1,0 +1,1 @@
+"""The support bundle (`npaudit bundle`): what it collects, its redaction, and the tar.gz it writes."""

@@ -1,0 +1,90 @@
+"""What the `npaudit` verbs share: the config, logging, the version, private files, the agent's status."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO
+
+if TYPE_CHECKING:
+    from policy_agent.config.loader import AgentConfig
+
+# One request to the agent's local API (policy_agent.sources.local_api.call), injectable in tests.
+ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
+
+
+def setup_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def load_config(path: str | None) -> AgentConfig:
+    """The config at `path` (no path: the defaults); exit status 2 with one line per error otherwise."""
+    from policy_agent.config import loader
+
+    try:
+        # No file: the defaults, still with the node name from NODE_NAME when that is set.
+        return loader.loads("", "<defaults>") if path is None else loader.load(path)
+    except loader.ConfigError as exc:
+        for line in exc.errors:
+            print(f"config error: {line}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def version() -> str:
+    """The installed npaudit's version."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("npaudit")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def open_private(path: str) -> TextIO:
+    """Append to `path`, created (or narrowed to) 0600: the debug tap holds packet bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return open(fd, "a", buffering=1)
+
+
+def ask_status(cfg: AgentConfig, api: ApiCall | None) -> tuple[dict[str, Any] | None, str]:
+    """The running agent's status snapshot, or None and one line saying why there is none."""
+    from policy_agent.sources.local_api import STATUS_OP, call
+
+    try:
+        reply = (api or call)(cfg.api_socket, {"op": STATUS_OP})
+    except OSError as exc:
+        return None, (f"no agent answers at {cfg.api_socket} ({exc.strerror or exc}); is `npaudit agent` "
+                      "running with this config?")
+    except Exception as exc:  # OutcomeUnknown, a bad frame: still one line
+        return None, f"agent at {cfg.api_socket}: {exc}"
+    status = reply.get("status")
+    if not reply.get("ok") or not isinstance(status, dict):
+        errors = reply.get("errors") or ["no status in the reply"]
+        return None, f"agent at {cfg.api_socket}: {'; '.join(map(str, errors))}"
+    return status, ""
+
+
+def dig(data: Any, *keys: str) -> Any:
+    """data[k1][k2]..., None where a level is missing or not a mapping (agent replies are data, not trusted)."""
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def duration(seconds: float) -> str:
+    """A duration as an operator reads it: 3d4h, 2h05m, 4m09s, 7s."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{days}d{hours}h" if days else f"{hours}h{minutes:02d}m" if hours else
+            f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")

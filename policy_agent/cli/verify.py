@@ -1,0 +1,37 @@
+"""`npaudit verify [PATH...]`: its options; the chain check is auditlog/verify.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
+
+HELP = "check the audit log's hash chain (live and rotated files); exit 1 on a break"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    v = sub.add_parser("verify", help=HELP,
+                       description="Check npaudit.seq and npaudit.chain across live and rotated (gzip) audit files.",
+                       epilog="exit status: 0 intact; 1 at the first break; 2 nothing to read")
+    v.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_DIR],
+                   help=f"audit files and/or directories (default {DEFAULT_DIR})")
+    v.add_argument("--base", default=DEFAULT_BASE,
+                   help=f"live file name to look for in a directory (default {DEFAULT_BASE})")
+    v.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    v.add_argument("--from-syslog", action="store_true",
+                   help="every line is a forwarded RFC 5424 message: check the record in its MSG "
+                   "(without this, lines starting with '<' are taken as such messages)")
+    v.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from auditlog.verify import report, verify
+
+    try:
+        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None)
+    except OSError as exc:
+        print(f"npaudit verify: {exc}", file=sys.stderr)
+        return 2
+    return report(result, sys.stdout, as_json=args.json)
