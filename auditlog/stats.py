@@ -37,7 +37,7 @@ class RecordCounts:
                                   for key, t in _ranked(groups)} for kind, groups in self.by.items()}}
 
 
-GROUPS = ("disposition", "policy", "rule", "pod")
+GROUPS: tuple[str, ...] = ("disposition", "policy", "rule", "pod")
 
 
 def _ranked(groups: dict[str, Tally]) -> list[tuple[str, Tally]]:

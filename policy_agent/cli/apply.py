@@ -12,7 +12,7 @@ from policy_agent.errors import AgentError, printable
 EXIT_OUTCOME_UNKNOWN = 3
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for op in ("apply", "delete"):
         ap = sub.add_parser(op, help=f"{op} manifests (file, directory or '-') on the running agent",
                             description=f"{op.capitalize()} manifests on the running agent, all or nothing.",
@@ -87,5 +87,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"error: {printable(str(line))}", file=sys.stderr)
         return 1
     done = reply.get(args.op, {})
-    print(f"{args.op}: " + ", ".join(f"{n} {k}" for k, n in done.items() if n) + f" ({reply.get('rules')} rules active)")
+    counts = ", ".join(f"{n} {k}" for k, n in done.items() if n)
+    print(f"{args.op}: {counts} ({reply.get('rules')} rules active)")
     return 0

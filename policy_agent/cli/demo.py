@@ -7,7 +7,7 @@ import argparse
 from policy_agent.cli.common import setup_logging
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser("demo", help="private OVS, two Pods, logged flows, real traffic, live packet-ins")
     d.add_argument("--duration", type=float, default=0.0, help="keep running this many seconds after the traffic")
     d.add_argument("--keep", action="store_true", help="leave OVS and the Pod namespaces up afterwards")

@@ -8,7 +8,7 @@ import sys
 from policy_agent.cli.common import load_config, setup_logging
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     o = sub.add_parser("ovs", help="manage the embedded Open vSwitch")
     o.add_argument("action", choices=["up", "down", "status"])
     o.add_argument("--config")

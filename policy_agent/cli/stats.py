@@ -19,7 +19,7 @@ HELP = ("counts over a window of the audit files (by disposition, policy, rule, 
         "agent's packet-in drops, meter drops and packets the eBPF offload dropped")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sa = sub.add_parser("stats", help=HELP, description=HELP,
                         epilog="Times: 30s, 10m, 2h, 7d (before now) or RFC 3339. Pods count at either end of a "
                                "record. Agent counters are since the agent started. Exit status 0; 2 for a bad "
@@ -125,10 +125,10 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
     lines.append("  packet-ins OVS dropped before sending: "
                  + (", ".join(f"{k} {'-' if n is None else n}" for k, n in sorted(lost.items())) or "-"))
     meter = agent.get("meter_drops")
-    shown = ("not read (no datapath meters, or no reading yet)" if meter is None else
-             ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
-                       for m, d in sorted(meter.items())) or "-")
-    lines.append(f"  packet-ins OVS meters dropped: {shown}")
+    dropped = ("not read (no datapath meters, or no reading yet)" if meter is None else
+               ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
+                         for m, d in sorted(meter.items())) or "-")
+    lines.append(f"  packet-ins OVS meters dropped: {dropped}")
     offload = agent.get("offload") or {}
     lines.append(f"  packets the eBPF offload dropped before OVS: {offload.get('offloaded_packets', '-')}"
                  + ("" if offload.get("active") else f" (offload not active: {safe_text(offload.get('state'))})"))

@@ -23,7 +23,7 @@ HELP = ("the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, au
         "recent problems")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help=HELP, description=HELP,
                         epilog="exit status: 0 the agent answered; 1 no agent answers (one line on stderr)")
     st.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")

@@ -1,4 +1,4 @@
-"""`npaudit syslog status|test`: the forwarders' state from the running agent, and a marked test message per destination.
+"""`npaudit syslog status|test`: the forwarders' state from the agent, and a marked test message per destination.
 
 `status` asks the running agent over its local API (it alone knows what was
 sent). `test` needs no agent: this process reads the config and sends one
@@ -34,7 +34,7 @@ _COLUMNS = ("DESTINATION", "CONNECTED", "LAST SENT", "WRITER", "BACKLOG", "BACKL
             "TRUNCATED", "ERRORS", "RESTARTS", "LAST ERROR")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `npaudit syslog status|test` on the CLI's subparsers."""
     sp = sub.add_parser("syslog", help="operate the syslog forwarder: status, test")
     actions = sp.add_subparsers(dest="syslog_command", required=True)

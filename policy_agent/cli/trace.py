@@ -19,7 +19,7 @@ EPILOG = ("exit status: 0 delivered; 1 dropped, rejected or unknown destination;
           "3 timeout; 4 the trace could not run (no agent, switch error)")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("trace", help=HELP, description=HELP + ". The packet is tagged, never delivered, "
                        "creates no conntrack state and no audit record.", epilog=EPILOG)
     p.add_argument("--from", dest="source", required=True, metavar="NS/POD", help="the source Pod")

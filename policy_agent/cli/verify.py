@@ -11,7 +11,7 @@ from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
 HELP = "check the audit log's hash chain (live and rotated files); exit 1 on a break"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v = sub.add_parser("verify", help=HELP,
                        description="Check npaudit.seq and npaudit.chain across live and rotated (gzip) audit files.",
                        epilog="exit status: 0 intact; 1 at the first break; 2 nothing to read")
