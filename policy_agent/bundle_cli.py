@@ -213,7 +213,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bundle", help="write a support bundle (tar.gz with manifest.json)",
                        description="Collect version, config, agent status and metrics, OVS state and the "
                                    "applied policy into a tar.gz with manifest.json (sizes, sha256, what was "

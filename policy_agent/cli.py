@@ -78,6 +78,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
 
     from auditlog.errors import AuditLogError
+    from packetin.demux import Handler
     from packetin.model import Category
     from policy_agent.agent import Agent
     from policy_agent.policy_packetins import JsonTap
@@ -86,7 +87,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     _setup_logging(cfg.log_level)
     log = logging.getLogger("npaudit")
     tap_path = args.tap if args.tap is not None else cfg.packetin.tap
-    handlers = {}
+    handlers: dict[int, Handler] = {}
     tap_file = None
     agents: list[Agent] = []
 
@@ -227,7 +228,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"error: {printable(str(line))}", file=sys.stderr)
         return 1
     done = reply.get(args.op, {})
-    print(f"{args.op}: " + ", ".join(f"{n} {k}" for k, n in done.items() if n) + f" ({reply.get('rules')} rules active)")
+    counts = ", ".join(f"{n} {k}" for k, n in done.items() if n)
+    print(f"{args.op}: {counts} ({reply.get('rules')} rules active)")
     return 0
 
 

@@ -74,7 +74,7 @@ _LOGS_FILTERS = (  # (option, its short form, metavar, help)
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from auditlog.query_output import FORMATS
 
     lg = sub.add_parser(

@@ -214,7 +214,7 @@ class RecordCounts:
                                   for key, t in _ranked(groups)} for kind, groups in self.by.items()}}
 
 
-GROUPS = ("disposition", "policy", "rule", "pod")
+GROUPS: tuple[str, ...] = ("disposition", "policy", "rule", "pod")
 
 
 def _ranked(groups: dict[str, Tally]) -> list[tuple[str, Tally]]:
@@ -376,10 +376,10 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
     lines.append("  packet-ins OVS dropped before sending: "
                  + (", ".join(f"{k} {'-' if n is None else n}" for k, n in sorted(lost.items())) or "-"))
     meter = agent.get("meter_drops")
-    shown = ("not read (no datapath meters, or no reading yet)" if meter is None else
-             ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
-                       for m, d in sorted(meter.items())) or "-")
-    lines.append(f"  packet-ins OVS meters dropped: {shown}")
+    dropped = ("not read (no datapath meters, or no reading yet)" if meter is None else
+               ", ".join(f"{safe_text(m)} {d.get('packets')} ({d.get('bytes')} bytes)"
+                         for m, d in sorted(meter.items())) or "-")
+    lines.append(f"  packet-ins OVS meters dropped: {dropped}")
     offload = agent.get("offload") or {}
     lines.append(f"  packets the eBPF offload dropped before OVS: {offload.get('offloaded_packets', '-')}"
                  + ("" if offload.get("active") else f" (offload not active: {safe_text(offload.get('state'))})"))

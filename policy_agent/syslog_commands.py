@@ -1,4 +1,4 @@
-"""`npaudit syslog status|test`: the forwarders' state from the running agent, and a marked test message per destination.
+"""`npaudit syslog status|test`: the forwarders' state from the agent, and a marked test message per destination.
 
 `status` asks the running agent over its local API (it alone knows what was
 sent). `test` needs no agent: this process reads the config and sends one
