@@ -8,7 +8,7 @@ APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
 	iproute2 iputils-ping ethtool rsyslog rsyslog-openssl procps python3-venv python3-dev gcc jq nodejs
 KREL  := $(shell uname -r)
 
-.PHONY: all setup system venv test test-unit test-integration demo bench clean
+.PHONY: all setup system venv lint test test-unit test-integration demo bench clean
 
 all: test
 
@@ -38,7 +38,13 @@ $(VENV)/.stamp: pyproject.toml
 
 venv: system $(VENV)/.stamp
 
-test: setup
+# Types (mypy over the production packages) and lint (ruff over the whole tree); configured in
+# pyproject.toml. `test` runs it first, so a lint failure fails `make test` and CI.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup lint
 	$(PY) -m pytest -q tests
 
 test-unit: setup

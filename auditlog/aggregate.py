@@ -37,7 +37,7 @@ class Emission(NamedTuple):
 
 # tuple.__new__ with all fields in order: skips the NamedTuple's Python-level __new__
 # on the per-packet paths.
-_new: Callable[..., Emission] = tuple.__new__  # type: ignore[assignment]
+_new: Callable[..., Emission] = tuple.__new__
 
 
 @dataclass(frozen=True)

@@ -68,14 +68,15 @@ def _open_sniffed(path: Path | str) -> IO[bytes]:
     """A binary reader of plain or gzip content, told apart by the gzip magic bytes."""
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+    # A GzipFile is a binary file; typeshed does not declare it an IO[bytes] (here and below).
+    return gzip.open(path, "rb") if gz else open(path, "rb")  # type: ignore[return-value]
 
 
 def open_audit_file(path: Path) -> IO[bytes]:
     """A binary reader of a live, rotated or gzip-rotated audit file (a plain rotated
     file the writer has just compressed is read from its .gz)."""
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     return _or_compressed(path, _open_sniffed)
 
 

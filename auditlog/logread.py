@@ -122,9 +122,9 @@ class LogReader:
         for path in reversed(files):
             if total >= last:
                 break
-            matches = collections.deque(query.select(self._blocks(path)), maxlen=last - total)
-            found.append(list(matches))
-            total += len(matches)
+            newest = collections.deque(query.select(self._blocks(path)), maxlen=last - total)
+            found.append(list(newest))
+            total += len(newest)
         for matches in reversed(found):
             yield from matches
 

@@ -64,7 +64,7 @@ class PacketSummary(NamedTuple):
 
 # tuple.__new__ with the fields in order: a third of the cost of keyword construction,
 # which matters on the per-packet path. Only for the full-width tuples built below.
-_new: Callable[..., PacketSummary] = tuple.__new__  # type: ignore[assignment]
+_new: Callable[..., PacketSummary] = tuple.__new__
 
 
 def transport_name(protocol: int | None) -> str | None:

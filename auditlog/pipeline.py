@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, cast
 
 from auditlog.aggregate import AggregateKey, Aggregator, AggregatorStats, Emission
 from auditlog.chain import RecordText
@@ -251,15 +251,16 @@ class AuditPipeline:
     def _emit(self, emissions: list[Emission]) -> None:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
         for e in emissions:
-            pin, summary = e.sample
+            pin, summary = cast("tuple[PacketIn, PacketSummary]", e.sample)  # every sample added here is one
             key = e.key
-            if type(key[0]) is str:  # a coarse key (see _coarse): no ports, maybe no peer
-                level, _, _, src, dst, _ = key
+            level = key[0]
+            if isinstance(level, str):  # a coarse key (see _coarse): no ports, maybe no peer
+                _, _, _, src, dst, _ = cast("tuple[str, int, int, str | None, str | None, int]", key)
                 keys = 1 if e.kind == "first" else len(self._distinct.pop(key, ())) or 1
                 coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
                                           icmp_type=None, icmp_code=None)
-                record = encode(pin, coarse, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes, e.first, e.last, e.offloaded_packets,
-                                level, keys)
+                record = encode(pin, coarse, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes,
+                                e.first, e.last, e.offloaded_packets, level, keys)
                 stats["coarsened"] += 1
             else:
                 # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).

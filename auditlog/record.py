@@ -1,4 +1,4 @@
-"""The ECS-aligned audit record (config/audit-record.schema.json): a packet-in encoded straight to the chain's JCS text."""
+"""The ECS-aligned audit record (config/audit-record.schema.json): packet-in straight to the chain's JCS text."""
 
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ class RuleView(Protocol):
     @property
     def priority(self) -> float | None: ...
     @property
-    def action(self) -> Any: ...  # "Allow"... or an enum whose .value is
+    def action(self) -> str | enum.Enum: ...  # "Allow"... or an enum whose .value is
     @property
-    def direction(self) -> Any: ...  # "ingress"/"egress" or an enum whose .value is
+    def direction(self) -> str | enum.Enum: ...  # "ingress"/"egress" or an enum whose .value is
     @property
     def log_label(self) -> str: ...
 
@@ -110,11 +110,11 @@ class RecordContext:
     new_event_id: Callable[[], str] = field(default_factory=_event_ids)
 
 
-def _enum_value(value: Any) -> str:
+def _enum_value(value: object) -> str:
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A user-controlled string as valid Unicode (names and labels are data, never trusted)."""
     return clean_text(value if isinstance(value, str) else str(value))
 
@@ -315,6 +315,7 @@ class RecordEncoder:
         if s.icmp_type is not None:  # ECS has no icmp field set: a vendor field
             code = "" if s.icmp_code is None else f'"code":{s.icmp_code},'
             icmp = f'"icmp":{{{code}"type":{s.icmp_type}}},'
+        counts: tuple[int | str, int | str, int | str]
         if (packets | bytes_ | offloaded_packets) > SAFE_INTEGER:  # never in practice; JCS rounds these
             counts = number(packets), number(bytes_), number(offloaded_packets)
         else:

@@ -12,7 +12,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence, TypedDict
 
 from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
 from auditlog.fileset import (DEFAULT_BASE, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
@@ -48,6 +48,15 @@ class Break:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.file} line {self.line}: {self.detail}"
+
+
+class _Where(TypedDict):
+    """Where a Break is: its fields but kind and detail."""
+
+    file: Path
+    line: int
+    expected_seq: int | None
+    found_seq: int | None
 
 
 @dataclass(frozen=True)
@@ -237,7 +246,7 @@ class _Walk:
     def _classify(self, exc: ChainError, fi: int, lineno: int, record: dict[str, Any], seq: int,
                   chain: str) -> Break:
         path, expected = self.files[fi], exc.expected
-        here = {"file": path, "line": lineno, "expected_seq": expected, "found_seq": seq}
+        here: _Where = {"file": path, "line": lineno, "expected_seq": expected, "found_seq": seq}
         if exc.kind == CHAIN_MISMATCH:
             return Break(EDITED, detail=f"record seq {seq} does not match its chain value: its content "
                          "or npaudit.chain was changed", **here)
@@ -276,7 +285,7 @@ class _Walk:
         if self.first is None or self.first_seq is None:
             raise RuntimeError("no anchor record")  # the caller checks; this keeps the types honest
         afi, aline, anchor = self.first
-        at_anchor = {"file": self.files[afi], "line": aline, "expected_seq": None, "found_seq": self.first_seq}
+        at_anchor: _Where = {"file": self.files[afi], "line": aline, "expected_seq": None, "found_seq": self.first_seq}
         if _sealed_with_seq(anchor, GENESIS, 1):
             return Break(EDITED, detail=f"npaudit.seq of the first record was changed from 1 to "
                          f"{self.first_seq}", **at_anchor)
@@ -300,7 +309,8 @@ class _Walk:
             if count >= _LOOKAHEAD_LINES:
                 break
             with suppress(ChainError):
-                if self._parse(raw.rstrip(b"\n"))[1] == seq:
+                parsed = self._parse(raw.rstrip(b"\n"))
+                if parsed is not None and parsed[1] == seq:
                     return path, n
         return None
 
@@ -308,9 +318,12 @@ class _Walk:
         """Does the record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
         for _, _, raw in self._lines_after(fi, lineno):
             try:
-                record, nseq, _, text, _ = self._parse(raw.rstrip(b"\n"))
+                parsed = self._parse(raw.rstrip(b"\n"))
             except ChainError:
                 return not strict
+            if parsed is None:  # a forwarded test message: outside the chain
+                continue
+            record, nseq, _, text, _ = parsed
             return nseq == seq + 1 and seals(chain, record, text)
         return not strict
 

@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -109,7 +109,7 @@ def main() -> None:
             results[name] = {"seconds": round(seconds, 3), "MB_per_s": round(size / 1e6 / seconds, 1),
                              "records_per_s": round(total / seconds), **({"matched": matched} if matched >= 0 else {})}
         base = results["baseline_read_and_split"]["seconds"]
-        for name, r in results.items():
+        for r in results.values():
             r["vs_baseline"] = round(base / r["seconds"], 3)
         print(json.dumps({
             "file_set": {"bytes_uncompressed": size, "records": total, "files": len(files),

@@ -2,7 +2,8 @@
 
 The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
-on the event-loop thread (the read path: packetin/reader.py; in audit overload, groups). Flow, group and meter changes go out in batches that
+on the event-loop thread (the read path: packetin/reader.py; in audit overload, groups).
+Flow, group and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
 OpenFlowError naming the failing message; `commit_flows` (bundle_exchange.py) sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
@@ -192,14 +193,15 @@ class OpenFlowChannel(BundleExchange):
         names them), then every flow in one atomic bundle. A refused item is logged and forgotten,
         not retried forever: the switch that refused it will refuse it again on every reconnect."""
         desired = self._desired
+        meters, groups = list(desired.meters.values()), list(desired.groups.values())
         for what, items, install in (
-            ("meter", list(desired.meters.values()), self.install_meters),
-            ("group", list(desired.groups.values()), self.install_groups),
+            ("meter", meters, lambda: self.install_meters(meters)),
+            ("group", groups, lambda: self.install_groups(groups)),
         ):
             if not items:
                 continue
             try:
-                await install(items)
+                await install()
             except OpenFlowError as exc:
                 log.error("replay to %s: %s was refused and is dropped from the desired state: %s",
                           self.settings.target, what, exc)
@@ -264,7 +266,8 @@ class OpenFlowChannel(BundleExchange):
         """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).
 
         Not part of the desired state: it removes what an earlier run left behind."""
-        refused = await self._batch([(messages.flow_delete_cookie(cookie, mask), f"delete cookie={cookie:#x}/{mask:#x}")])
+        delete = messages.flow_delete_cookie(cookie, mask)
+        refused = await self._batch([(delete, f"delete cookie={cookie:#x}/{mask:#x}")])
         raise_first(refused)
 
     @property

@@ -51,7 +51,6 @@ _KNOWN = frozenset(int(c) for c in Category)
 _CONSUMER_SLICE = 512
 
 log = logging.getLogger(__name__)
-_GROUP = PacketInGroup
 
 
 @dataclass(frozen=True)
@@ -82,13 +81,13 @@ class _Subscription:
     handler: Handler
     bucket: TokenBucket
     queue_size: int
-    queue: collections.deque[PacketIn] = field(default_factory=collections.deque)
+    group_handler: Callable[[PacketInGroup], None]  # the handler's own handle_group, else one by one
+    queue: collections.deque[PacketIn | PacketInGroup] = field(default_factory=collections.deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     task: asyncio.Task[None] | None = None
     fair: FairShare | None = None
     fair_key: Callable[[PacketIn], Hashable] | None = None
-    group_handler: Callable[[PacketInGroup], None] | None = None
     in_groups: int = 0  # packet-ins queued in groups beyond one per group: the room they take
 
 
@@ -119,12 +118,12 @@ class Demux:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         sub = _Subscription(
             category=category,
-            name=name or getattr(handler, "__qualname__", repr(handler)),
+            name=name or str(getattr(handler, "__qualname__", repr(handler))),
             handler=handler,
             bucket=TokenBucket(rate, burst, now),
             queue_size=queue_size,
+            group_handler=getattr(handler, "handle_group", None) or _one_by_one(handler),
         )
-        sub.group_handler = getattr(handler, "handle_group", None) or _one_by_one(handler)
         if fair is not None:
             sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
                                  max_keys=fair.max_keys, now=now)
@@ -185,7 +184,7 @@ class Demux:
         for group in groups:
             n = len(group.raws)
             category = group.sample.category
-            sub = subs.get(category) if category is not None else None  # type: ignore[arg-type]
+            sub = subs.get(category) if category is not None else None
             if sub is None:
                 self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += n
                 continue
@@ -200,7 +199,7 @@ class Demux:
                     counts[DROPPED_QUEUE if k == room or room <= 0 else DROPPED_RATE] += n - k
                 admitted = group.head(k) if k else None
             if admitted is not None:
-                sub.queue.append(admitted)  # type: ignore[arg-type]
+                sub.queue.append(admitted)
                 sub.in_groups += len(admitted.raws) - 1
                 sub.wake.set()
 
@@ -293,12 +292,12 @@ class Demux:
         errors = extra = 0
         for _ in range(n):
             pin = queue.popleft()
-            if type(pin) is _GROUP:  # read in overload: its packet-ins count one by one
-                weight = len(pin.raws)  # type: ignore[attr-defined]
+            if isinstance(pin, PacketInGroup):  # read in overload: its packet-ins count one by one
+                weight = len(pin.raws)
                 extra += weight - 1
                 sub.in_groups -= weight - 1
                 try:
-                    sub.group_handler(pin)  # type: ignore[misc, arg-type]
+                    sub.group_handler(pin)
                 except Exception:
                     errors += weight
                     self._handler_failed(sub)

@@ -2,7 +2,8 @@
 
 In overload (auditlog/overload.py: the audit pipeline aggregates without ports) the reader
 need not build a PacketIn per NXT_PACKET_IN2. `group_key` masks the raw message as one
-integer (a layout per message length, walked once): two messages with the same key decode (wire.decode_packet_in2) to the same
+integer (a layout per message length, walked once): two messages with the same key decode
+(wire.decode_packet_in2) to the same
 packet-in in every field but the frame (reason, table, cookie, in_port, reg6, reg7,
 userdata, total_len), and their frames are untagged Ethernet + IPv4, not fragments,
 of the same length, with the same header length, protocol, source and destination.
@@ -119,7 +120,7 @@ def group_key(msg: bytes) -> tuple[int, int] | None:
 
 
 class PacketInGroup(NamedTuple):
-    """`count` packet-ins read together with the same group key: `sample` is the first one
+    """`size` packet-ins read together with the same group key: `sample` is the first one
     decoded, `raws` every message (the sample's first). The frame of raws[i] is
     raws[i][FRAME_OFFSET:FRAME_OFFSET + len(sample.packet)]."""
 
@@ -127,7 +128,7 @@ class PacketInGroup(NamedTuple):
     raws: list[bytes]
 
     @property
-    def count(self) -> int:
+    def size(self) -> int:  # not `count`: that is tuple.count, a method
         return len(self.raws)
 
     @property

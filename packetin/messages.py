@@ -55,7 +55,7 @@ class SetField:
     """Load `value` into a field, e.g. SetField("reg7", 1); (value, mask) loads only the mask's bits."""
 
     name: str
-    value: int | tuple[int, int]
+    value: int | str | tuple[int, int]  # str: what os-ken takes as text, e.g. a MAC address
 
     def to_ofp(self) -> Any:
         return parser.OFPActionSetField(**{self.name: self.value})

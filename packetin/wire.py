@@ -192,4 +192,4 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
 
 # tuple.__new__ with every field in order: skips the NamedTuple's generated __new__
 # (a Python-level call), ~0.2 µs per packet-in.
-_new_packet_in: Callable[..., PacketIn] = tuple.__new__  # type: ignore[assignment]
+_new_packet_in: Callable[..., PacketIn] = tuple.__new__

@@ -236,13 +236,13 @@ class PolicyEngine:
                 ep = endpoints.get(pod.key)
                 if ep is not None:  # labels of a running Pod changed
                     endpoints[pod.key] = Endpoint(pod, ep.ip, ep.mac, ep.ofport)
-            tiers = {t.name: t for t in tiers}
+            named = {t.name: t for t in tiers}
             policies = list(policies)
             nxt = _Objects(namespaces={**cur.namespaces, **{ns.name: ns for ns in namespaces}},
                            pods={**cur.pods, **{pod.key: pod for pod in pods}},
-                           tiers={**cur.tiers, **tiers}, policies={**cur.policies, **{p.key: p for p in policies}},
+                           tiers={**cur.tiers, **named}, policies={**cur.policies, **{p.key: p for p in policies}},
                            endpoints=endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, tiers, policies), policies, why="apply")
+            await self._transact(nxt, persist, tier_problems(nxt, named, policies), policies, why="apply")
             if pods:
                 self._pods_changed.set()
 

@@ -84,9 +84,9 @@ class AgentCollector:
                 "npaudit_ovs_packetin_lost",
                 "Packet-ins ovs-vswitchd dropped before sending them (coverage counters; "
                 "process-wide across its bridges and controllers)", labels=["counter"])
-            for name, n in self._ovs_losses().items():
-                if n is not None:
-                    lost.add_metric([name], n)
+            for name, count in self._ovs_losses().items():
+                if count is not None:
+                    lost.add_metric([name], count)
             yield lost
 
 
@@ -122,8 +122,8 @@ def build_registry(demux: Demux, channel: OpenFlowChannel,
                    ovs_losses: Callable[[], dict[str, int | None]] | None = None) -> CollectorRegistry:
     """The agent's registry: its own collectors, build info and the standard process_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(demux, channel, ovs_losses))  # type: ignore[arg-type]
-    registry.register(BuildInfoCollector(build_versions()))  # type: ignore[arg-type]
+    registry.register(AgentCollector(demux, channel, ovs_losses))
+    registry.register(BuildInfoCollector(build_versions()))
     ProcessCollector(registry=registry)  # CPU seconds, memory bytes, open fds, start time (Linux /proc)
     return registry
 

@@ -14,7 +14,7 @@ from policy_agent.errors import AgentError
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import asyncio
-    import socket
+    import _socket  # the C module: the CNI plugin uses it without `socket` (start-up time)
     from typing import Any, Mapping
 
 # 1 MiB is far above any real netconf or manifest request and caps what a peer can make us buffer.
@@ -92,7 +92,7 @@ async def write_message(writer: asyncio.StreamWriter, message: Mapping[str, Any]
 
 # ---- over a blocking socket (the clients: CNI plugin, CLI) ----
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def _recv_exactly(sock: _socket.socket, n: int) -> bytes:
     chunks: list[bytes] = []
     got = 0
     while got < n:
@@ -104,10 +104,10 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
+def send_message(sock: _socket.socket, message: Mapping[str, Any]) -> None:
     sock.sendall(encode_frame(message))
 
 
-def recv_message(sock: socket.socket) -> dict[str, Any]:
+def recv_message(sock: _socket.socket) -> dict[str, Any]:
     length = frame_length(_recv_exactly(sock, _LEN.size))
     return decode_body(_recv_exactly(sock, length))

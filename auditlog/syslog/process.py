@@ -234,7 +234,8 @@ class ProcessForwarder:
                 if self._last is not None:
                     for name in _COUNTERS:
                         self._base[name] += getattr(self._last, name)
-                    self._last = dataclasses.replace(self._last, connected=False, **dict.fromkeys(_COUNTERS, 0))
+                    zeroed: dict[str, Any] = dict.fromkeys(_COUNTERS, 0)
+                    self._last = dataclasses.replace(self._last, connected=False, **zeroed)
                 self._restarts += 1
                 if time.monotonic() - started >= _HEALTHY_RUN:
                     delay = self._restart_base
@@ -319,7 +320,8 @@ def destination_from_json(data: dict[str, Any]) -> Destination:
     """The Destination destination_to_json gave; only the types a Destination holds are made."""
     tls = data["tls"]
     if tls is not None:
-        tls = TlsOptions(**{name: value if name == "server_name" or value is None else Path(value)
-                            for name, value in tls.items()})
+        options: dict[str, Any] = {  # the fields destination_to_json wrote: paths and server_name
+            name: value if name == "server_name" or value is None else Path(value) for name, value in tls.items()}
+        tls = TlsOptions(**options)
     return Destination(**{**data, "endpoint": Endpoint(**data["endpoint"]), "header": Header(**data["header"]),
                           "framing": Framing(data["framing"]), "tls": tls})

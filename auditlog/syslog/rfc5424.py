@@ -169,7 +169,7 @@ class RecordFields(NamedTuple):
     timestamp: str           # @timestamp if it is a valid RFC 5424 TIMESTAMP, else "-"
 
 
-def valid_timestamp(stamp: Any) -> str:
+def valid_timestamp(stamp: object) -> str:
     """`stamp` if it is a string that is a valid RFC 5424 TIMESTAMP, else the NILVALUE "-"."""
     return stamp if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp) else "-"
 
@@ -258,7 +258,7 @@ class FrameEncoder:
         self._pri = {disposition: f"<{header.facility * 8 + severity}>1 "
                      for disposition, severity in (*SEVERITY.items(), (None, _STATE_SEVERITY))}
         # (PRI part, the part after TIMESTAMP) per disposition in MSGID; anything else is a STATE message.
-        self._parts = {d: (self._pri[d], self._after_stamp[d]) for d in MSGID}
+        self._parts: dict[str | None, tuple[str, str]] = {d: (self._pri[d], self._after_stamp[d]) for d in MSGID}
         self._state_parts = (self._pri[None], self._after_stamp[None])
         self._lf = framing is Framing.LF
 

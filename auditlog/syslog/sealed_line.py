@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from typing import Literal
 
 from auditlog.chain import FORMAT_MEMBER, parse_line
 from auditlog.syslog.rfc5424 import RecordFields, record_fields, valid_timestamp
@@ -79,7 +80,7 @@ def scan_sealed(line: bytes, prev_chain: str | None) -> RecordFields | None:
     return RecordFields(int(seq.group()), chain, disposition, stamp)
 
 
-def _members_of(segment: bytes) -> str | None | bool:
+def _members_of(segment: bytes) -> str | None | Literal[False]:
     """npaudit's disposition (see _string_member) in the text from after "chain_format" to the quote that opens
     "seq", if "seq" there is npaudit's own member; False if unsure (an escaped quote, nesting not closed).
 
@@ -112,7 +113,7 @@ def _object_level(parts: list[bytes], end: int) -> bool:
     return outside.count(b"{") == outside.count(b"}")
 
 
-def _string_member(parts: list[bytes], key: bytes) -> str | None | bool:
+def _string_member(parts: list[bytes], key: bytes) -> str | None | Literal[False]:
     """npaudit's member `key` among `parts`: its string value, None if absent or no string, False if unsure."""
     index = 0
     while True:

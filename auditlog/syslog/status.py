@@ -1,4 +1,4 @@
-"""What `npaudit syslog status` reports: every forwarder's stats snapshot beside the writer's newest seq, and its JSON form."""
+"""What `npaudit syslog status` reports: each forwarder's stats beside the writer's newest seq, and its JSON form."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import ForwarderStats
 
-_FIELDS = {f.name: f.type for f in fields(ForwarderStats)}
+_FIELDS = {f.name: str(f.type) for f in fields(ForwarderStats)}  # strings: postponed annotations
 _DEFAULTS = {f.name for f in fields(ForwarderStats) if f.default is not MISSING}  # newer: an older agent omits
 
 
@@ -51,12 +51,12 @@ class SyslogStatus:
         return cls(writer_seq, tuple(stats_from_json(item, f"destinations[{i}]") for i, item in enumerate(items)))
 
 
-def stats_from_json(item: Any, where: str = "stats") -> ForwarderStats:
+def stats_from_json(item: object, where: str = "stats") -> ForwarderStats:
     """The ForwarderStats `asdict` gave as JSON, each field type-checked; SyslogStatusError naming `where` and the
     field otherwise."""
     if not isinstance(item, Mapping):
         raise SyslogStatusError(f"syslog status: {where} must be an object")
-    values = {}
+    values: dict[str, Any] = {}  # each checked by _is against its field
     for name, kind in _FIELDS.items():
         if name in _DEFAULTS and name not in item:
             continue
@@ -67,7 +67,7 @@ def stats_from_json(item: Any, where: str = "stats") -> ForwarderStats:
     return ForwarderStats(**values)
 
 
-def _is(kind: str, value: Any) -> bool:
+def _is(kind: str, value: object) -> bool:
     """Whether `value` fits a ForwarderStats annotation (they are strings: `from __future__ import annotations`)."""
     optional = kind.endswith(" | None")
     if value is None:

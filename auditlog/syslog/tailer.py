@@ -112,7 +112,9 @@ def _open_file(path: Path) -> _Open:
         st = os.fstat(raw.fileno())
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
-        reader: IO[bytes] = gzip.GzipFile(fileobj=io.BufferedReader(raw, _GZ_BUFFER), mode="rb") if gz else raw
+        # A GzipFile is a binary file; typeshed does not declare it an IO[bytes].
+        reader: IO[bytes] = gzip.GzipFile(  # type: ignore[assignment]
+            fileobj=io.BufferedReader(raw, _GZ_BUFFER), mode="rb") if gz else raw
     except BaseException:
         raw.close()
         raise

@@ -90,7 +90,7 @@ class Netdevs:
         except OvsError as exc:
             raise CniError(ERR_INTERNAL, f"attaching {host_if} to {self._bridge} failed", str(exc)) from exc
 
-    def watch_ofport(self, host_if: str, callback: Callable[[int], None]) -> ContextManager[None]:
+    def watch_ofport(self, host_if: str, callback: Callable[[int], object]) -> ContextManager[None]:
         return self._ovsdb.watch_ofport(host_if, callback)
 
     def ofport(self, host_if: str) -> int | None:

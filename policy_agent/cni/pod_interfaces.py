@@ -1,4 +1,4 @@
-"""CNI ADD, DEL and CHECK of Pod interfaces: IPAM, netdev plumbing and the agent's hooks, in order, undone on failure."""
+"""CNI ADD, DEL and CHECK of Pod interfaces: IPAM, netdev plumbing and agent hooks, in order, undone on failure."""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ class Rtnl:
             peer_info = _ifinfo() + _name(peer) + _attr(_IFLA_NET_NS_FD, struct.pack("I", fd))
             data = _attr(_VETH_INFO_PEER | _NLA_F_NESTED, peer_info)
             linkinfo = _attr(_IFLA_INFO_KIND, b"veth\0") + _attr(_IFLA_INFO_DATA | _NLA_F_NESTED, data)
-            body = _ifinfo(flags=_IFF_UP, change=_IFF_UP) + _name(ifname) + _attr(_IFLA_LINKINFO | _NLA_F_NESTED, linkinfo)
+            body = (_ifinfo(flags=_IFF_UP, change=_IFF_UP) + _name(ifname)
+                    + _attr(_IFLA_LINKINFO | _NLA_F_NESTED, linkinfo))
             self._request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body)
         finally:
             os.close(fd)

@@ -125,7 +125,7 @@ class CniServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._tasks.add(task)  # type: ignore[arg-type]
+            self._tasks.add(task)
         try:
             response = await self._respond(reader)
             with contextlib.suppress(ConnectionError, OSError):
@@ -135,7 +135,7 @@ class CniServer:
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
             if task is not None:
-                self._tasks.discard(task)  # type: ignore[arg-type]
+                self._tasks.discard(task)
 
     async def _respond(self, reader: asyncio.StreamReader) -> dict[str, Any]:
         command, started = "?", time.monotonic()

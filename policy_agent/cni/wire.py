@@ -13,7 +13,7 @@ from policy_agent.errors import AgentError
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import asyncio
-    import socket
+    import _socket  # the C module: the CNI plugin uses it without `socket` (start-up time)
     from typing import Any, Mapping
 
 # CNI spec 1.0.0 error codes (1-99 are reserved by the spec, 100+ are ours).
@@ -168,7 +168,7 @@ class CniRequest:
         return tuple(getattr(self, name) for name in self.__slots__)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is CniRequest and self._fields() == other._fields()  # type: ignore[attr-defined]
+        return type(other) is CniRequest and self._fields() == other._fields()
 
     __hash__ = None  # type: ignore[assignment]  # args and netconf are dicts
 
@@ -213,7 +213,7 @@ class CniRequest:
         netconf = obj.get("netconf")
         netconf_version(netconf, command)
         return cls(command=command, container_id=obj["container_id"], netns=netns,
-                   ifname=obj["ifname"], args=args, netconf=netconf)  # type: ignore[arg-type]
+                   ifname=obj["ifname"], args=args, netconf=netconf)
 
 
 def ok_response(result: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -245,7 +245,7 @@ def _wire_error(exc: rpc.FrameError) -> WireError:
     return WireError(exc.msg, exc.details)
 
 
-def send_request(sock: socket.socket, request: CniRequest) -> None:
+def send_request(sock: _socket.socket, request: CniRequest) -> None:
     """Plugin side: one request on a connected socket."""
     try:
         rpc.send_message(sock, request.to_wire())
@@ -253,7 +253,7 @@ def send_request(sock: socket.socket, request: CniRequest) -> None:
         raise _wire_error(exc) from exc
 
 
-def recv_response(sock: socket.socket) -> dict[str, Any] | None:
+def recv_response(sock: _socket.socket) -> dict[str, Any] | None:
     """Plugin side: the agent's answer, as parse_response() reads it."""
     try:
         reply = rpc.recv_message(sock)

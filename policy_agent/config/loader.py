@@ -194,7 +194,7 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
         value = data[name]
         full = f"{path}{name}"
         kind = hints[name]
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             values[name] = _build(kind, value, full + ".", errors)
             continue
         item = _tuple_of(kind)

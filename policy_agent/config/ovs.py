@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policy_agent.config.checks import absolute_path, checked, interface_name, netns_name, one_of, ovs_queue_size, positive
+from policy_agent.config.checks import (absolute_path, checked, interface_name, netns_name, one_of, ovs_queue_size,
+                                        positive)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ class _WatchingIdl(connection.OvsdbIdl):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._watch_lock = threading.Lock()
-        self._watches: dict[str, list[Callable[[int], None]]] = {}
+        self._watches: dict[str, list[Callable[[int], object]]] = {}
 
-    def watch(self, name: str, callback: Callable[[int], None]) -> Callable[[], None]:
+    def watch(self, name: str, callback: Callable[[int], object]) -> Callable[[], None]:
         with self._watch_lock:
             self._watches.setdefault(name, []).append(callback)
 
@@ -174,7 +174,7 @@ class Ovsdb:
                 got.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
     @contextlib.contextmanager
-    def watch_ofport(self, port: str, callback: Callable[[int], None]) -> Iterator[None]:
+    def watch_ofport(self, port: str, callback: Callable[[int], object]) -> Iterator[None]:
         """While inside, `callback(ofport)` runs (in ovsdbapp's thread) whenever an OVSDB update
         shows interface `port` with an OpenFlow port number. Enter it before attach_port."""
         cancel = self._idl.watch(port, callback)

@@ -263,7 +263,7 @@ def _rule_actions(state: ClusterState, action: Action, rule_id: int, logged: boo
     """(actions, goto table or None = drop) for a rule in `table`."""
     disposition = _DISPOSITION[action]
     flags = rule_flags(action, logged)
-    actions = _log_actions(state, disposition, rule_id, flags, own_meter) if flags else \
+    actions: list[messages.Action] = _log_actions(state, disposition, rule_id, flags, own_meter) if flags else \
         [messages.SetField(REG_DISPOSITION_FIELD, int(disposition)), messages.SetField(REG_RULE_ID_FIELD, rule_id)]
     egress = table in (tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE)
     after_direction = tables.T_INGRESS if egress else tables.T_COMMIT

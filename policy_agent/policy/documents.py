@@ -146,7 +146,7 @@ def describe(doc: Any, where: str) -> str:
         return f"Document ({where})"
     api, raw_kind = doc.get("apiVersion"), doc.get("kind")
     kind = SERVED.get((api, raw_kind)) if isinstance(api, str) and isinstance(raw_kind, str) else None
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = m if isinstance(m := doc.get("metadata"), dict) else {}
     name = meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else "<unnamed>"
     shown = kind or (raw_kind if isinstance(raw_kind, str) else "<no kind>")
     if kind in CLUSTER_SCOPED or kind is None and "namespace" not in meta:
@@ -264,7 +264,7 @@ def _node_summary(node: yaml.Node) -> dict[str, Any]:
         return {k.value: (v.value if isinstance(v, yaml.ScalarNode) else v) for k, v in mapping.value
                 if isinstance(k, yaml.ScalarNode)}
     top = scalars(node)
-    meta = scalars(top.get("metadata")) if isinstance(top.get("metadata"), yaml.Node) else {}
+    meta = scalars(m) if isinstance(m := top.get("metadata"), yaml.Node) else {}
     return {"apiVersion": top.get("apiVersion"), "kind": top.get("kind"),
             "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace") and isinstance(v, str)}}
 

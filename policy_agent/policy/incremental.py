@@ -183,8 +183,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
         placed = {p.key: p for p in lay.placed}
         uses, by_cls = {}, set()
         for key, p in placed.items():  # a rule's groups: kept while its policy and rule are the same objects
-            was = prev.placed.get(key)
-            if was is not None and was.policy is p.policy and was.rule is p.rule:
+            kept = prev.placed.get(key)
+            if kept is not None and kept.policy is p.policy and kept.rule is p.rule:
                 uses[key] = prev.uses[key]
                 if key in prev.by_class:
                     by_cls.add(key)
@@ -273,11 +273,11 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
                 key = keys[pk]
                 keys[pk] = (key - gone) | {g for g in fresh if classes.pod_member(g, pod, labels)}
     for pk in changed:
-        pod = known.get(pk)
-        if pod is None:
+        current = known.get(pk)
+        if current is None:
             keys.pop(pk, None)
         else:
-            keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, pod, labels))
+            keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
     by_key = classes.assign_ids(keys.values(), old.cache)
     ids = {pk: by_key[k] for pk, k in keys.items()}
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups

@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 from policy_agent.policy import priorities
 from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IcmpSpec, IPBlock, LabelSelector, Peer, Policy, PolicyKind, PortSpec,
-    Requirement,
+    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IcmpSpec, IPBlock, LabelSelector, Peer, Policy, PolicyKind,
+    PortSpec, Requirement,
 )
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")

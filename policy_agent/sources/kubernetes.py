@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypedDict
 
 from kubernetes import client, config
 from kubernetes.config import incluster_config
@@ -39,6 +39,22 @@ QUEUE_SIZE = 1024            # per resource; a full queue blocks the watch threa
 
 Key = tuple[str, str]        # (namespace or "", name)
 Model = Namespace | Pod | Tier | Policy
+
+
+class _ByKind(TypedDict):
+    """Models as the keyword arguments of PolicySink.apply and delete."""
+
+    namespaces: list[Namespace]
+    pods: list[Pod]
+    tiers: list[Tier]
+    policies: list[Policy]
+
+
+def _by_kind(objs: list[Model]) -> _ByKind:
+    return _ByKind(namespaces=[o for o in objs if isinstance(o, Namespace)],
+                   pods=[o for o in objs if isinstance(o, Pod)],
+                   tiers=[o for o in objs if isinstance(o, Tier)],
+                   policies=[o for o in objs if isinstance(o, Policy)])
 
 
 class KubernetesConfigError(AgentError):
@@ -92,7 +108,7 @@ class _Feed:
 
 
 def _key(doc: Mapping[str, Any]) -> Key:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = m if isinstance(m := doc.get("metadata"), dict) else {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
@@ -110,7 +126,7 @@ class KubernetesSource:
         core, net = client.CoreV1Api(api_client), client.NetworkingV1Api(api_client)
         crd = client.CustomObjectsApi(api_client).list_cluster_custom_object
         pods = {"field_selector": f"spec.nodeName={node_name}"}
-        calls = [
+        calls: list[tuple[_Resource, Callable[..., object], dict[str, str]]] = [
             (_Resource(kinds.NAMESPACES, "namespaces"), core.list_namespace, {}),
             (_Resource(kinds.PODS, "pods"), core.list_pod_for_all_namespaces, pods),
             (_Resource(kinds.K8S_NETWORK_POLICIES, "policies"), net.list_network_policy_for_all_namespaces, {}),
@@ -204,14 +220,14 @@ class KubernetesSource:
             if obj is None or feed.known.get(key) == obj:
                 return False
             feed.known[key] = obj
-            await self._engine.apply(**{res.arg: [obj]})
+            await self._engine.apply(**_by_kind([obj]))
             self._count(res.name, "applied")
             return res.arg == "tiers"
         if ev.type == "DELETED":
             feed.rejected.pop(key, None)
             old = feed.known.pop(key, None)
             if old is not None:
-                await self._engine.delete(**{res.arg: [old]})
+                await self._engine.delete(**_by_kind([old]))
                 self._count(res.name, "deleted")
         return False
 
@@ -245,10 +261,10 @@ class KubernetesSource:
         try:
             # New versions go in before stale objects leave, so enforcement has no gap.
             if changed:
-                await self._engine.apply(**{res.arg: changed})
+                await self._engine.apply(**_by_kind(changed))
                 self._count(res.name, "applied", len(changed))
             if gone:
-                await self._engine.delete(**{res.arg: gone})
+                await self._engine.delete(**_by_kind(gone))
                 self._count(res.name, "deleted", len(gone))
         finally:
             # Listed even when the engine failed: what waits on it must not wait forever.
@@ -271,7 +287,7 @@ class KubernetesSource:
                         feed.known[key] = obj
                         now_valid.append(obj)
                 if now_valid:
-                    await self._engine.apply(policies=now_valid)
+                    await self._engine.apply(**_by_kind(now_valid))
                     self._count(feed.res.name, "applied", len(now_valid))
 
     # --- validation ------------------------------------------------------------------
@@ -280,9 +296,11 @@ class KubernetesSource:
         """The object's model, or None (logged, counted, remembered) when it does not validate."""
         res, key = feed.res, _key(doc)
         docs: list[Any] = [doc]
-        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-        tier = self._feeds[kinds.TIERS.name].known.get(("", spec.get("tier"))) \
-            if res.needs_tiers and isinstance(spec.get("tier"), str) else None
+        spec = s if isinstance(s := doc.get("spec"), dict) else {}
+        named = spec.get("tier")
+        known = self._feeds[kinds.TIERS.name].known.get(("", named)) \
+            if res.needs_tiers and isinstance(named, str) else None
+        tier = known if isinstance(known, Tier) else None
         if tier is not None:
             # The loader checks Tier references within the set: add the one Tier named, as applied.
             docs.append({"apiVersion": kinds.TIERS.api_version, "kind": kinds.TIERS.kind,
@@ -309,7 +327,7 @@ class KubernetesSource:
         return doc
 
     def _foreign_pod(self, res: _Resource, doc: dict[str, Any]) -> bool:
-        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        spec = s if isinstance(s := doc.get("spec"), dict) else {}
         return res.arg == "pods" and spec.get("nodeName") != self.node_name
 
     @staticmethod

@@ -199,7 +199,7 @@ class ResourceWatcher:
             if not isinstance(body, dict) or not isinstance(body.get("items", []), list):
                 raise ValueError(f"list {call.name}: not a Kubernetes list object")
             items += [i for i in body.get("items") or [] if isinstance(i, dict)]
-            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            meta = m if isinstance(m := body.get("metadata"), dict) else {}
             token = meta.get("continue") or None
             if token is None:
                 rv = meta.get("resourceVersion")

@@ -27,7 +27,7 @@ TABLE_NAMES = {
 }
 POLICY_TABLES = frozenset({tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE, tables.T_INGRESS,
                            tables.T_INGRESS_K8S, tables.T_INGRESS_BASELINE})
-_ACTION = {Disposition.ALLOW: "Allow", Disposition.DROP: "Drop", Disposition.REJECT: "Reject",
+_ACTION: dict[int, str] = {Disposition.ALLOW: "Allow", Disposition.DROP: "Drop", Disposition.REJECT: "Reject",
            Disposition.PASS: "Pass"}
 
 DELIVERED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT = (

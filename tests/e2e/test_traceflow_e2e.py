@@ -290,7 +290,7 @@ def test_twenty_traces_complete_while_a_logged_drop_flood_saturates_the_policy_m
     try:
         time.sleep(1.0)
         outcomes = []
-        for i in range(20):
+        for _ in range(20):
             code, res = trace(cluster, "--from", "x/a", "--to", "y/b", "--port", "80", "--timeout", "5")
             outcomes.append((code, res["outcome"]["result"], res["outcome"].get("rule", {}).get("name")))
         during = meter_drops(cluster, 2)

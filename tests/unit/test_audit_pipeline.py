@@ -95,13 +95,13 @@ def test_every_admitted_packet_is_in_exactly_one_record_full_writer_counted() ->
         for i in range(1000):  # one dropped flow and 10 distinct ones, 10 ms apart
             frame = FRAMES[0] if i % 100 else udp_to(1000 + i // 100)
             pipeline(pin(frame, 100.0 + i * 0.01))
-        for i in range(5):
+        for _ in range(5):
             pipeline(pin(FRAMES[2], 110.0, disposition=0))  # Allow: a record each, at once
         clock[0] = 120.0
         await pipeline.close()
         full = Writer(room=3)
         over = AuditPipeline(context(), full, Aggregator(window=0))
-        for i in range(5):
+        for _ in range(5):
             over(pin(FRAMES[0], 1.0))
         return pipeline, writer, over, full
 

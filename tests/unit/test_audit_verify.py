@@ -48,9 +48,9 @@ def build(directory: Path, sizes: list[int], *, first_seq: int = 1) -> list[list
     """Lines of a sealed file set, oldest file first, as the writer would leave it."""
     prev = GENESIS if first_seq == 1 else "ab" * 32
     seq, files = first_seq, []
-    for _ in sizes:
+    for size in sizes:
         lines = []
-        for _ in range(_):
+        for _ in range(size):
             rec = make_record(seq)
             lines.append(seal(rec, prev, seq))
             prev, seq = rec["npaudit"]["chain"], seq + 1

@@ -186,6 +186,20 @@ def test_a_syslog_test_message_in_a_forwarded_copy_is_skipped_not_a_break(origin
     assert not verify([write_copy(tmp_path / "unmarked.log", copy)], syslog=True).ok
 
 
+def test_a_syslog_test_message_right_after_a_gap_does_not_hide_the_missing_record(original: list[str],
+                                                                                 tmp_path: Path) -> None:
+    # Looking past a gap for the missing seq and for the next record, a test message is skipped as well.
+    test = encode_test_message(Header.for_node("node-a", "local0"), timestamp="2026-11-30T02:14:03.512Z",
+                               test_id="t1").decode("ascii")
+    copy = syslog_copy(original)
+    del copy[4]  # seq 5
+    copy.insert(5, test)  # after seq 6, the line the gap is found at
+    result = verify([write_copy(tmp_path / "received.log", copy)], syslog=True)
+    assert not result.ok and result.first_break is not None
+    assert (result.first_break.kind, result.first_break.line) == (MISSING, 5)
+    assert "seq 5 missing" in result.first_break.detail
+
+
 def test_forwarded_messages_whose_json_a_receiver_re_encoded_verify(original: list[str], tmp_path: Path) -> None:
     # A receiver that parsed MSG and wrote it back (rsyslog mmjsonparse + %$!all-json%, other order).
     rng = random.Random(3)

@@ -98,7 +98,7 @@ def test_while_coarse_the_reader_hands_over_groups_with_every_packet_in_counted(
     r, singles, groups = reader(clock, coarse=True)
     vlan = message(frame("10.0.0.1", "10.0.0.2", "udp", 5, vlan=True))
     r.on_messages(FLOOD[:100] + [vlan])
-    assert [g.count for g in groups] == [100] and singles == [wire.decode_packet_in2(vlan, AT)]
+    assert [g.size for g in groups] == [100] and singles == [wire.decode_packet_in2(vlan, AT)]
     assert r.packet_ins == 101 and r.grouped == 100
 
 

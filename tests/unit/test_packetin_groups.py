@@ -129,7 +129,7 @@ def test_split_read_decodes_one_per_group_and_keeps_order() -> None:
     flood = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1034)]
     other = [message(frame("10.0.0.3", "10.0.0.2", "udp", 9)), message(frame("10.0.0.1", "10.0.0.2", "udp", 9, vlan=True))]
     groups, rest = split_read([flood[0], other[0], *flood[1:], other[1]], AT, lambda n, e: None)
-    assert [g.count for g in groups] == [10, 1]
+    assert [g.size for g in groups] == [10, 1]
     assert groups[0].sample == wire.decode_packet_in2(flood[0], AT)
     assert groups[0].packet_ins() == [wire.decode_packet_in2(m, AT) for m in flood]
     assert rest == [other[1]]
