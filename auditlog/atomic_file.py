@@ -31,7 +31,7 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def stage(path: Path, write: Callable[[BinaryIO], None], *, mode: int = PRIVATE, durable: bool = True,
+def stage(path: Path, write: Callable[[BinaryIO], object], *, mode: int = PRIVATE, durable: bool = True,
           prefix: str | None = None) -> Path:
     """A new temporary file beside `path` holding what `write` wrote (fsynced if `durable`).
 
@@ -67,8 +67,12 @@ def commit(staged: Path, path: Path, *, durable: bool = True) -> None:
         fsync_directory(path.parent)
 
 
-def write_atomically(path: Path, content: bytes | Callable[[BinaryIO], None], *, mode: int = PRIVATE,
+def write_atomically(path: Path, content: bytes | Callable[[BinaryIO], object], *, mode: int = PRIVATE,
                      durable: bool = True) -> None:
     """Replace `path` with `content` (bytes, or a function writing into the file) whole or not at all."""
-    write = content if callable(content) else (lambda f: f.write(content))  # type: ignore[misc]
+    if callable(content):
+        write = content
+    else:
+        def write(f: BinaryIO) -> None:
+            f.write(content)
     commit(stage(path, write, mode=mode, durable=durable), path, durable=durable)

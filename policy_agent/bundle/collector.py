@@ -228,7 +228,7 @@ def _learn_manifest(redactor: Any, doc: Any) -> None:
     for item in doc.get("items") or []:
         _learn_manifest(redactor, item)
     kind = str(doc.get("kind", ""))
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = m if isinstance(m := doc.get("metadata"), dict) else {}
     redactor.learn("namespace", meta.get("namespace"))
     if kind == "Pod":
         redactor.learn("pod", meta.get("name"))
@@ -246,7 +246,7 @@ def _learn_manifest(redactor: Any, doc: Any) -> None:
             if isinstance(expression, dict) and isinstance(expression.get("values"), list):
                 for value in expression["values"]:
                     redactor.learn("label", value)
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    spec = s if isinstance(s := doc.get("spec"), dict) else {}
     for direction in ("ingress", "egress"):
         for rule in spec.get(direction) or []:
             if isinstance(rule, dict):

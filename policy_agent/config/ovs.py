@@ -62,7 +62,8 @@ class OpenFlowConfig:
     # namespace any local process could connect to it: prefer unix there.
     # unix: punix:<ovs rundir>/<bridge>.npaudit, protected by file permissions.
     transport: str = field(default="auto", metadata=checked(one_of("auto", "unix", "tcp")))
-    tcp_port: int = field(default=6653, metadata=checked(lambda v: None if 0 < v < 65536 else f"must be 1..65535, got {v}"))
+    tcp_port: int = field(default=6653,
+                          metadata=checked(lambda v: None if 0 < v < 65536 else f"must be 1..65535, got {v}"))
     # Seconds between echo requests; the connection is dropped after
     # echo_timeout seconds without any message from the switch.
     echo_interval: float = field(default=5.0, metadata=checked(positive))
