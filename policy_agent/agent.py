@@ -360,7 +360,7 @@ class Agent:
 
         host, _, port = listen.rpartition(":")
         try:
-            self._metrics_server = serve(host, int(port), self.registry, self.readiness)
+            self._metrics_server = serve(host, int(port), self.registry, self.readiness, self.config.metrics)
         except OSError as exc:  # a port in use, an address not on this host
             raise AgentError(f"metrics.listen {listen}: cannot listen ({exc.strerror or exc})") from exc
         log.info("metrics on http://%s/metrics, probes on /readyz and /healthz", listen)
