@@ -282,8 +282,14 @@ class OvsSupervisorCollector:
         for daemon in sorted(s.up):
             up.add_metric([daemon], int(s.up[daemon]))
             restarts.add_metric([daemon], s.restarts.get(daemon, 0))
+        failed = CounterMetricFamily("npaudit_ovs_checks_failed", "Looks at an OVS daemon that could not be made "
+                                     "(pid file or /proc unreadable, e.g. no descriptors left): nothing restarted",
+                                     labels=["daemon"])
+        for daemon, n in sorted(s.checks_failed.items()):
+            failed.add_metric([daemon], n)
         yield up
         yield restarts
+        yield failed
         yield GaugeMetricFamily("npaudit_ovs_restarts_capped", "1 while restarts of a dead OVS daemon are "
                                 "held back by the per-window cap (OVS crash-looping)", value=int(s.capped))
 
