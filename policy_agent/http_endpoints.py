@@ -213,18 +213,27 @@ class HttpListener:
                 self._paused_until = None
                 self._selector.register(self._sock, selectors.EVENT_READ)
             for sk, mask in self._selector.select(self._timeout(now)):
-                if sk.fileobj is self._sock:
-                    self._accept()
-                elif sk.fileobj is self._wake_r:
-                    self._drain_wake()
-                else:
-                    conn = self._conns.get(sk.data)
-                    if conn is None:
-                        continue
-                    if mask & selectors.EVENT_READ:
-                        self._read(conn)
-                    elif mask & selectors.EVENT_WRITE:
-                        self._write(conn)
+                try:
+                    self._event(sk, mask)
+                except Exception as exc:  # one connection's surprise must not end the loop (and the probes)
+                    self._errors.log(logging.ERROR, "loop", "metrics listener: %s", one_line(exc))
+                    conn = self._conns.get(sk.data) if sk.data is not None else None
+                    if conn is not None:
+                        self._close(conn, None)
+
+    def _event(self, sk: selectors.SelectorKey, mask: int) -> None:
+        if sk.fileobj is self._sock:
+            self._accept()
+        elif sk.fileobj is self._wake_r:
+            self._drain_wake()
+        else:
+            conn = self._conns.get(sk.data)
+            if conn is None:
+                return
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            elif mask & selectors.EVENT_WRITE:
+                self._write(conn)
 
     def _timeout(self, now: float) -> float:
         due = [t for t in (self._table.next_deadline(), self._paused_until) if t is not None]
@@ -243,14 +252,14 @@ class HttpListener:
             except OSError as exc:
                 self._accept_failed(exc)
                 return
-            self._backoff.succeeded()
             sock.setblocking(False)
             if sock.fileno() >= self._budget.refuse_fd:
                 sock.close()
                 self._count("descriptors_short")
                 self._pause("reserve", f"a connection got descriptor {self._budget.refuse_fd} or above "
-                            "(the agent's reserve)")
+                            "(the agent's reserve: its own work comes first)")
                 return
+            self._backoff.succeeded()
             key, self._next_key = self._next_key, self._next_key + 1
             admission = self._table.admit(key, self._clock())
             if not admission.admitted:
@@ -272,8 +281,7 @@ class HttpListener:
 
     def _pause(self, key: str, why: str) -> None:
         delay = self._backoff.failed()
-        self._errors.log(logging.WARNING, key, "metrics listener: %s; accepting paused "
-                         "for %.2fs (descriptors short: the agent's own work comes first)", why, delay)
+        self._errors.log(logging.WARNING, key, "metrics listener: %s; accepting paused for %.2fs", why, delay)
         if self._paused_until is None:
             self._selector.unregister(self._sock)
         self._paused_until = self._clock() + delay
