@@ -409,7 +409,14 @@ def serve(host: str, port: int, registry: CollectorRegistry, readiness: Readines
 
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
     budget = descriptor_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0], limits)
     listener = HttpListener(sock, make_app(registry, readiness), limits, budget)
     registry.register(HttpListenerCollector(listener))  # type: ignore[arg-type]
