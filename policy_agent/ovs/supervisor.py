@@ -205,7 +205,7 @@ class OvsSupervisor:
         try:
             await asyncio.to_thread(self._daemons.restart, decision.restart)
             await self._after_restart()
-        except AgentError as exc:
+        except (AgentError, OSError) as exc:  # OSError: no descriptor for the daemon's pipes, say
             log.error("OVS supervisor: restart of %s failed: %s", " and ".join(decision.restart), exc)
             return
         after = self._look()
