@@ -47,7 +47,7 @@ from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceService
 
 if TYPE_CHECKING:  # imported where they start: `npaudit` without CNI or Kubernetes never loads them
-    from wsgiref.simple_server import WSGIServer
+    from policy_agent.http_endpoints import HttpListener
 
     from kubernetes.client import ApiClient
 
@@ -81,7 +81,7 @@ class Agent:
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
-        self._metrics_server: WSGIServer | None = None
+        self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
         self.engine: PolicyEngine | None = None
@@ -144,7 +144,8 @@ class Agent:
         self.demux.start()
         self.channel.start()
         if cfg.metrics.listen:
-            self._metrics_server = status.serve_endpoints(cfg.metrics.listen, self.registry, self.readiness)
+            self._metrics_server = status.serve_endpoints(cfg.metrics.listen, self.registry, self.readiness,
+                                                              cfg.metrics)
         await self.channel.wait_ready(ready_timeout)
         meters_ok = self._meters_supported()
         if not meters_ok:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import fields
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,6 +22,9 @@ from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
 from policy_agent.ovs.supervisor import SupervisorStats
+
+if TYPE_CHECKING:
+    from policy_agent.http_endpoints import ListenerStats
 
 
 def category_name(cat: int) -> str:
@@ -279,8 +282,14 @@ class OvsSupervisorCollector:
         for daemon in sorted(s.up):
             up.add_metric([daemon], int(s.up[daemon]))
             restarts.add_metric([daemon], s.restarts.get(daemon, 0))
+        failed = CounterMetricFamily("npaudit_ovs_checks_failed", "Looks at an OVS daemon that could not be made "
+                                     "(pid file or /proc unreadable, e.g. no descriptors left): nothing restarted",
+                                     labels=["daemon"])
+        for daemon, n in sorted(s.checks_failed.items()):
+            failed.add_metric([daemon], n)
         yield up
         yield restarts
+        yield failed
         yield GaugeMetricFamily("npaudit_ovs_restarts_capped", "1 while restarts of a dead OVS daemon are "
                                 "held back by the per-window cap (OVS crash-looping)", value=int(s.capped))
 
@@ -307,3 +316,35 @@ class MeterCollector:
             size.add_metric([meter], d.bytes)
         yield packets
         yield size
+
+
+class HttpListenerSource(Protocol):
+    """The metrics/probe listener as this collector sees it (policy_agent.http_endpoints.HttpListener)."""
+
+    def snapshot(self) -> ListenerStats: ...
+
+
+class HttpListenerCollector:
+    """Exports the listener's connections, its cap and what it closed or could not accept."""
+
+    def __init__(self, listener: HttpListenerSource) -> None:
+        self._listener = listener
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._listener.snapshot()
+        yield GaugeMetricFamily("npaudit_http_connections", "Connections the metrics/probe listener holds now",
+                                value=s.open)
+        yield GaugeMetricFamily("npaudit_http_connections_max", "Connections the listener holds at most "
+                                "(metrics.max_connections, less when RLIMIT_NOFILE less metrics.fd_reserve is lower)",
+                                value=s.cap)
+        closed = CounterMetricFamily("npaudit_http_connections_closed", "Connections the listener closed before "
+                                     "answering, by reason (evicted: least recently active, to make room at the cap)",
+                                     labels=["reason"])
+        for reason, n in s.closed.items():
+            closed.add_metric([reason], n)
+        yield closed
+        errors = CounterMetricFamily("npaudit_http_accept_errors", "accept() failures of the listener, by errno "
+                                     "(each pauses accepting)", labels=["error"])
+        for name, n in sorted(s.accept_errors.items()):
+            errors.add_metric([name], n)
+        yield errors

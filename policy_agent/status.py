@@ -19,7 +19,7 @@ from policy_agent.ovs.coverage import vswitchd_ctl_path
 from policy_agent.ovs.unixctl import vswitchd_version
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from policy_agent.http_endpoints import HttpListener, LimitSettings
 
     from policy_agent.agent import Agent
 
@@ -104,13 +104,14 @@ def readiness(agent: Agent) -> list[str]:
     return waiting
 
 
-def serve_endpoints(listen: str, registry: CollectorRegistry, readiness: Callable[[], list[str]]) -> WSGIServer:
+def serve_endpoints(listen: str, registry: CollectorRegistry, readiness: Callable[[], list[str]],
+                    limits: LimitSettings) -> HttpListener:
     """/metrics, /readyz and /healthz on `listen` (HOST:PORT), served from a thread until shut down."""
     from policy_agent.http_endpoints import serve
 
     host, _, port = listen.rpartition(":")
     try:
-        server = serve(host, int(port), registry, readiness)
+        server = serve(host, int(port), registry, readiness, limits)
     except OSError as exc:  # a port in use, an address not on this host
         raise AgentError(f"metrics.listen {listen}: cannot listen ({exc.strerror or exc})") from exc
     log.info("metrics on http://%s/metrics, probes on /readyz and /healthz", listen)

@@ -39,6 +39,18 @@ class CniConfig:
 class MetricsConfig:
     # Prometheus endpoint, HOST:PORT; "" disables it.
     listen: str = field(default="127.0.0.1:9495", metadata=checked(listen_address))
+    # Connections the listener holds at once (a probe or a scrape needs one, briefly). At the cap a
+    # new connection replaces the least recently active one, so a flood cannot lock out the probes.
+    max_connections: int = field(default=64, metadata=checked(bounded(2, 4096)))
+    # Descriptors below RLIMIT_NOFILE's soft limit the listener leaves to the agent's own work
+    # (OVSDB, OpenFlow, CNI, applies, audit files; at most half the limit is reserved). It holds at
+    # most (limit - reserve) connections, and a connection that lands on a reserved descriptor is
+    # closed at once and accepting pauses.
+    fd_reserve: int = field(default=128, metadata=checked(bounded(0, 1 << 20)))
+    # Seconds from connecting to the end of the request head (slow senders are closed).
+    request_timeout: float = field(default=10.0, metadata=checked(bounded(0.1, 300)))
+    # Seconds a connection may move no byte (in or out) before it is closed.
+    idle_timeout: float = field(default=3.0, metadata=checked(bounded(0.1, 300)))
 
 
 @dataclass(frozen=True)

@@ -39,26 +39,55 @@ def _run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 
     return out.stdout
 
 
-def pid_alive(pid: int) -> bool:
+class PidUnknown(OvsError):
+    """A pid file or /proc could not be read (EMFILE, EACCES ...): whether the daemon runs is not known."""
+
+
+# What says "no such file or process"; any other error says only that we could not look.
+_GONE = frozenset({errno.ENOENT, errno.ESRCH, errno.ENOTDIR})
+
+
+def look_pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not); PidUnknown if /proc could not be read."""
     try:
         os.kill(pid, 0)
     except OSError as exc:
         return exc.errno == errno.EPERM
-    # A zombie is not alive for our purposes.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return False
+        raise PidUnknown(f"/proc/{pid}/stat: {exc.strerror or exc}") from exc
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return look_pid_alive(pid)
+    except PidUnknown:
         return False
 
 
-def read_pid(pidfile: Path) -> int | None:
-    """The pid in `pidfile` if that process is alive."""
+def look_pid(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process is alive, None if not; PidUnknown if either could not be read."""
     try:
         pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
+    except ValueError:
         return None
-    return pid if pid_alive(pid) else None
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        raise PidUnknown(f"{pidfile}: {exc.strerror or exc}") from exc
+    return pid if look_pid_alive(pid) else None
+
+
+def read_pid(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process is alive (None also when that could not be read)."""
+    try:
+        return look_pid(pidfile)
+    except PidUnknown:
+        return None
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,10 @@ class OvsPidFiles:
 
     def pid(self, daemon: str) -> int | None:
         return read_pid(self.run_dir / f"{daemon}.pid")
+
+    def look(self, daemon: str) -> int | None:
+        """As pid(), but PidUnknown when the pid file or /proc could not be read."""
+        return look_pid(self.run_dir / f"{daemon}.pid")
 
     def restart(self, daemons: Sequence[str]) -> None:
         raise OvsError(f"{', '.join(daemons)} in {self.run_dir} belong to an external OVS: not restarted")
@@ -103,6 +136,10 @@ class EmbeddedOvs:
     def pid(self, daemon: str) -> int | None:
         """The pid in `daemon`'s pid file if that process is alive."""
         return read_pid(self._pidfile(daemon))
+
+    def look(self, daemon: str) -> int | None:
+        """As pid(), but PidUnknown when the pid file or /proc could not be read."""
+        return look_pid(self._pidfile(daemon))
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -6,6 +6,10 @@ them back, and the OpenFlow channel reconnects and replays meters, groups and
 flows (one atomic bundle). Until then the switch forwards nothing (fail closed). OVS 3.1's vswitchd
 spins and stops forwarding once its ovsdb-server is gone, so an ovsdb-server
 death restarts both. With an external OVS the same watch only reports.
+
+A look that could not be made (a pid file or /proc unreadable: EMFILE, ENFILE,
+EACCES ...) is not a death: it is counted and logged at a limited rate, and
+nothing is concluded or restarted from it.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
+from packetin.ratelimited_log import RateLimitedLog
 from policy_agent.errors import AgentError
+from policy_agent.ovs.embedded import PidUnknown
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +109,16 @@ class SupervisorStats:
     restarts: Mapping[str, int]
     capped: bool
     restarting: bool  # False with an external OVS: watched and reported only
+    checks_failed: Mapping[str, int] = field(default_factory=dict)  # looks that could not be made
 
 
 class DaemonControl(Protocol):
     """The OVS daemons as the supervisor sees them (EmbeddedOvs, or pid files only)."""
 
     def pid(self, daemon: str) -> int | None: ...
+
+    def look(self, daemon: str) -> int | None:
+        """As pid(), but raises PidUnknown when the pid file or /proc could not be read."""
 
     def restart(self, daemons: Sequence[str]) -> None: ...
 
@@ -135,13 +145,16 @@ class OvsSupervisor:
         # elsewhere than we look); embedded: both, always.
         self._watched: tuple[str, ...] | None = DAEMONS if restarting else None
         self._restarts: dict[str, int] = dict.fromkeys(DAEMONS, 0)
+        self._checks_failed: dict[str, int] = dict.fromkeys(DAEMONS, 0)
+        self._look_log = RateLimitedLog(log, interval=30.0, clock=clock)
         self._capped = False
         self._task: asyncio.Task[None] | None = None
 
     def snapshot(self) -> SupervisorStats:
         watched = self._watched or ()
         return SupervisorStats(up={d: self._up[d] for d in watched}, restarts=dict(self._restarts), capped=self._capped,
-                               restarting=self._restarting)
+                               restarting=self._restarting,
+                               checks_failed={d: self._checks_failed[d] for d in self._watched or DAEMONS})
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ovs-supervisor")
@@ -167,7 +180,9 @@ class OvsSupervisor:
 
     async def check(self) -> None:
         """One look at the daemons, and a restart if one is due."""
-        alive = {d: self._daemons.pid(d) is not None for d in DAEMONS}
+        alive = self._look()
+        if alive is None:
+            return
         if self._watched is None:
             self._watched = tuple(d for d in DAEMONS if alive[d])
             for daemon in sorted(set(DAEMONS) - set(self._watched)):
@@ -190,10 +205,28 @@ class OvsSupervisor:
         try:
             await asyncio.to_thread(self._daemons.restart, decision.restart)
             await self._after_restart()
-        except AgentError as exc:
+        except (AgentError, OSError) as exc:  # OSError: no descriptor for the daemon's pipes, say
             log.error("OVS supervisor: restart of %s failed: %s", " and ".join(decision.restart), exc)
             return
-        self._report({d: self._daemons.pid(d) is not None for d in DAEMONS})
+        after = self._look()
+        if after is not None:
+            self._report(after)
+
+    def _look(self) -> dict[str, bool] | None:
+        """Which daemons run; None when one could not be looked at (then nothing is concluded)."""
+        alive: dict[str, bool] = {}
+        failed: list[str] = []
+        for daemon in DAEMONS:
+            try:
+                alive[daemon] = self._daemons.look(daemon) is not None
+            except PidUnknown as exc:
+                self._checks_failed[daemon] += 1
+                failed.append(f"{daemon}: {exc}")
+        if failed:
+            self._look_log.log(logging.WARNING, "look", "OVS supervisor: could not check %s; not a death: nothing "
+                               "restarted, looking again in %.1fs", "; ".join(failed), self._interval)
+            return None
+        return alive
 
     def _report(self, alive: Mapping[str, bool]) -> None:
         for daemon, now_up in alive.items():

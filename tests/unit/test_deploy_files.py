@@ -79,6 +79,11 @@ def test_the_systemd_unit_runs_the_agent_on_the_standard_config_and_restarts_on_
     assert service["ProtectSystem"] == "full" and service["NoNewPrivileges"] == "yes"
 
 
+def test_the_systemd_unit_raises_the_descriptor_limit_above_the_default_1024() -> None:
+    # The metrics listener leaves metrics.fd_reserve descriptors below this limit to the agent's own work.
+    assert int(_unit()["Service"]["LimitNOFILE"]) >= 65536
+
+
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze is part of this machine's set-up (systemd)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -150,6 +151,22 @@ def test_probes_reach_the_configured_metrics_listener_on_the_probe_paths() -> No
         assert agent[probe]["httpGet"] == {"host": host, "port": int(port), "path": path}
 
 
+def test_the_agent_starts_with_a_raised_descriptor_limit_then_runs_the_images_entrypoint() -> None:
+    agent = _container("agent")
+    entrypoint = json.loads(next(line.split(None, 1)[1] for line in (DEPLOY / "Containerfile").read_text().splitlines()
+                                 if line.startswith("ENTRYPOINT ")))
+    script = agent["command"][2]
+    assert agent["command"][:2] == ["/bin/sh", "-c"] and f'exec {entrypoint[0]} "$@"' in script
+    # Run the very command with the entrypoint swapped for a Python that prints its limits.
+    probe = "import resource; print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
+    hard_before = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    out = subprocess.run([*agent["command"][:2], script.replace(entrypoint[0], sys.executable),
+                          *agent["command"][3:], "-c", probe], capture_output=True, text=True, timeout=30, check=True)
+    soft, _ = (int(n) for n in out.stdout.split())
+    # 65536 where the container may raise its hard limit (privileged: it may), else all the hard limit allows.
+    assert soft >= min(65536, hard_before) and soft > 1024, out.stdout
+
+
 def test_the_init_container_installs_into_the_host_cni_directories() -> None:
     init = _container("install-cni", init=True)
     env = {e["name"]: e["value"] for e in init["env"]}
@@ -256,8 +273,8 @@ def test_the_cluster_role_grants_exactly_what_the_kubernetes_source_requests(
     for rule in _one("ClusterRole")["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames, no URLs
         for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted[(group, resource)] |= set(rule["verbs"])
+            for kind in rule["resources"]:
+                granted[(group, kind)] |= set(rule["verbs"])
     requested = _requested(api_server)
     assert dict(granted) == requested
     # And the source requests what the kinds module names, so a new kind lands here.

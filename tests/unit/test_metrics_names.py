@@ -21,10 +21,11 @@ from packetin.model import Category
 from meters.ovs import MeterLimits
 from meters.rule_meters import RuleMeterRange
 from meters.stats import Dropped
-from policy_agent.metrics import (AuditCollector, MeterCollector, OvsSupervisorCollector, SyslogCollector,
-                                  build_registry)
-from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
 from policy_agent.config.offload import OffloadConfig
+from policy_agent.http_endpoints import ListenerStats
+from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
+from policy_agent.metrics import (AuditCollector, HttpListenerCollector, MeterCollector, OvsSupervisorCollector,
+                                  SyslogCollector, build_registry)
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.limits.meter_sync import RuleMeters, RuleMetersCollector
@@ -50,10 +51,16 @@ class _Meters:
         return {"policy_deny": Dropped(packets=301, bytes=30100)}
 
 
+class _Listener:
+    def snapshot(self) -> ListenerStats:
+        return ListenerStats(open=1, cap=64, closed={"evicted": 3}, accept_errors={"EMFILE": 2})
+
+
 class _Supervisor:
     def snapshot(self) -> SupervisorStats:
         return SupervisorStats(up={"ovsdb-server": True, "ovs-vswitchd": True},
-                               restarts={"ovs-vswitchd": 1}, capped=False, restarting=True)
+                               restarts={"ovs-vswitchd": 1}, capped=False, restarting=True,
+                               checks_failed={"ovsdb-server": 0, "ovs-vswitchd": 2})
 
 
 @pytest.fixture
@@ -74,6 +81,8 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
+    # Registered by the listener itself when metrics.listen is set (policy_agent/http_endpoints.py).
+    registry.register(HttpListenerCollector(_Listener()))  # type: ignore[arg-type]
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
     # Only with meters.per_rule on (policy_agent/limits/meter_sync.py).
     registry.register(RuleMetersCollector(RuleMeters(None, RuleMeterRange(4096, 8),  # type: ignore[arg-type]

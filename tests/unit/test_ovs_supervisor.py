@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 from typing import Sequence
+
+import pytest
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from policy_agent.errors import OvsError
+from policy_agent.ovs.embedded import PidUnknown
 from policy_agent.metrics import OvsSupervisorCollector
 from policy_agent.ovs.supervisor import (
     OVSDB_SERVER, VSWITCHD, Decision, OvsSupervisor, RestartGovernor, RestartPolicy, daemons_to_restart,
@@ -106,8 +111,14 @@ class FakeDaemons:
         self.pids: dict[str, int | None] = {OVSDB_SERVER: 10, VSWITCHD: 11}
         self.restarts: list[tuple[str, ...]] = []
         self.fail = False
+        self.unreadable: set[str] = set()  # look() cannot read these pid files (EMFILE ...)
 
     def pid(self, daemon: str) -> int | None:
+        return None if daemon in self.unreadable else self.pids[daemon]  # as read_pid: an unreadable file is None
+
+    def look(self, daemon: str) -> int | None:
+        if daemon in self.unreadable:
+            raise PidUnknown(f"/run/{daemon}.pid: Too many open files")
         return self.pids[daemon]
 
     def restart(self, daemons: Sequence[str]) -> None:
@@ -214,3 +225,57 @@ def test_an_external_daemon_without_a_pid_file_at_the_first_look_is_not_reported
     text = exposition(sup)
     assert 'daemon="ovsdb-server"' not in text and 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in text
     assert "is not running" not in caplog.text
+
+
+def test_a_pid_file_that_cannot_be_read_is_counted_and_logged_never_taken_for_a_death(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, ensured = supervisor(daemons, clock)
+    asyncio.run(sup.check())
+    # Out of descriptors: neither pid file can be opened, while both daemons run (and even if one had died).
+    daemons.unreadable = {OVSDB_SERVER, VSWITCHD}
+    for step in range(1, 40):
+        clock.now = step * 0.5
+        asyncio.run(sup.check())
+    assert daemons.restarts == [] and ensured == []
+    assert "is not running" not in caplog.text
+    assert caplog.text.count("could not check ovsdb-server") == 1  # once per 30 s, not once per look
+    text = exposition(sup)
+    assert 'npaudit_ovs_checks_failed_total{daemon="ovsdb-server"} 39.0' in text
+    assert 'npaudit_ovs_up{daemon="ovs-vswitchd"} 1.0' in text and "npaudit_ovs_restarts_capped 0.0" in text
+
+
+def test_one_unreadable_pid_file_holds_back_a_restart_until_the_look_is_whole(caplog) -> None:
+    daemons, clock = FakeDaemons(), Clock()
+    sup, ensured = supervisor(daemons, clock)
+    daemons.pids[VSWITCHD] = None
+    daemons.unreadable = {OVSDB_SERVER}  # vswitchd looks dead, but the database's state is unknown
+    asyncio.run(sup.check())
+    assert daemons.restarts == []
+    daemons.unreadable = set()
+    clock.now = 1.0
+    asyncio.run(sup.check())
+    assert daemons.restarts == [(VSWITCHD,)] and ensured == ["bridge"]
+
+
+def test_pid_files_and_proc_tell_a_dead_daemon_from_one_that_could_not_be_checked(tmp_path) -> None:
+    from policy_agent.ovs.embedded import OvsPidFiles
+
+    files = OvsPidFiles(tmp_path)
+    assert files.look(VSWITCHD) is None  # no pid file: dead
+    (tmp_path / f"{VSWITCHD}.pid").write_text(f"{os.getpid()}\n")
+    assert files.look(VSWITCHD) == os.getpid()
+    (tmp_path / f"{VSWITCHD}.pid").write_text("999999999\n")
+    assert files.look(VSWITCHD) is None  # no such process: dead
+    (tmp_path / f"{VSWITCHD}.pid").write_text(f"{os.getpid()}\n")
+    # No descriptor left: the soft limit at the lowest free descriptor number, so the next open fails (EMFILE).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        with pytest.raises(PidUnknown, match="Too many open files"):
+            files.look(VSWITCHD)
+        assert files.pid(VSWITCHD) is None  # the two-state reader other callers use is unchanged
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert files.look(VSWITCHD) == os.getpid()
