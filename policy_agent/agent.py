@@ -6,7 +6,6 @@ import asyncio
 import collections
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -46,9 +45,11 @@ from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.ovs.embedded import EmbeddedOvs, OvsPidFiles
 from policy_agent.ovs.supervisor import OvsSupervisor
-from policy_agent.ovs.coverage import CoverageReader, vswitchd_ctl_path
+from policy_agent.ovs.coverage import CoverageReader, vswitchd_version
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.ovs.gateway import NodeGateway
+from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceService
 
@@ -137,10 +138,12 @@ class Agent:
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.
         meter, bucket = config.meters.traceflow, config.packetin.traceflow
+        self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
         self.traceflow = TraceService(self.channel, lambda: self.engine, self.rules.get,
                                       round_=lambda: self.round_, meters=self._meters_supported,
                                       budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
-                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge)
+                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge,
+                                      gateway=self.gateway.plan if self.gateway is not None else None)
         self.registry.register(TraceCollector(self.traceflow.stats))
         # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
         self.offload = DropOffload(config.offload, self.audit, ovs_netns=config.ovs.netns if config.ovs.mode ==
@@ -227,6 +230,8 @@ class Agent:
                                     cfg.ovs.controller_queue_size)
             if controller.startswith("punix:"):
                 await asyncio.to_thread(self.ovsdb.wait_socket, Path(cfg.openflow_target))
+        if self.gateway is not None:
+            await asyncio.to_thread(self.gateway.ensure, self.ovsdb)
 
     async def _start_policy(self, meters_ok: bool) -> None:
         """Pipeline, policy, then the ways Pods and policy arrive (CNI, local API, directory)."""
@@ -247,6 +252,8 @@ class Agent:
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
                                    datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()
+        if self.gateway is not None:
+            await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):
             # What `npaudit apply` set up before a restart, back in force first.
@@ -406,26 +413,6 @@ class Agent:
                 await self.stop()
         finally:
             root.removeHandler(self.problems)
-
-
-_OVS_VERSION = re.compile(r"\(Open vSwitch\) (\S+)")
-
-
-def vswitchd_version(ovs_rundir: Path) -> str | None:
-    """The running ovs-vswitchd's version (its unixctl `version`), None if it does not answer."""
-    from ovs.unixctl.client import UnixctlClient
-
-    error, client = UnixctlClient.create(str(vswitchd_ctl_path(Path(ovs_rundir))))
-    if error:
-        return None
-    try:
-        code, err, result = client.transact("version", [])
-    finally:
-        client.close()
-    if code or err or not result:
-        return None
-    found = _OVS_VERSION.search(result)
-    return found[1] if found else result.strip()
 
 
 def _make_state_dir(state_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Read ovs-vswitchd coverage counters over its unixctl socket (no ovs-appctl subprocess).
+"""Read ovs-vswitchd coverage counters and version over its unixctl socket (no ovs-appctl subprocess).
 
 Packet-ins OVS drops before they reach us show only here: `rconn_overflow`
 (the per-controller queue of `controller_queue_size` was full) and
@@ -9,6 +9,7 @@ Both are process-wide, across every bridge and controller of that vswitchd.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -71,3 +72,23 @@ def _transact(client: object, name: str) -> tuple[str | None, str | None]:
     if code:
         return f"errno {code}", None
     return err, result
+
+
+_OVS_VERSION = re.compile(r"\(Open vSwitch\) (\S+)")
+
+
+def vswitchd_version(ovs_rundir: Path) -> str | None:
+    """The running ovs-vswitchd's version (its unixctl `version`), None if it does not answer."""
+    from ovs.unixctl.client import UnixctlClient
+
+    error, client = UnixctlClient.create(str(vswitchd_ctl_path(Path(ovs_rundir))))
+    if error:
+        return None
+    try:
+        code, err, result = client.transact("version", [])
+    finally:
+        client.close()
+    if code or err or not result:
+        return None
+    found = _OVS_VERSION.search(result)
+    return found[1] if found else result.strip()
