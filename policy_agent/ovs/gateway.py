@@ -105,7 +105,7 @@ class NodeGateway:
         return cls(gw, ovs.bridge, ovs.netns if ovs.mode == "embedded" else "")
 
     def ensure(self, ovsdb: Ovsdb, timeout: float = 10.0) -> None:
-        """Idempotent; at start and after an OVS restart (which remakes the interface bare)."""
+        """Idempotent; at start and after an OVS restart (the interface and its address are checked again)."""
         gw = self.plan
         got = ovsdb.ensure_internal_port(self._bridge, gw.port, gw.ofport, gw.mac, timeout)
         if got != gw.ofport:

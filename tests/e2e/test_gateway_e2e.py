@@ -8,6 +8,8 @@ the cluster" is a namespace this test makes and joins to the node's with a veth 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import textwrap
 import time
@@ -19,6 +21,7 @@ import pytest
 from tests.e2e.cluster import GATEWAY, Cluster, _npaudit
 
 NODE_SIDE, OUTSIDE = "192.0.2.1", "192.0.2.2"  # the node's address towards the outside, the outside host
+RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim
 
 
 @pytest.fixture
@@ -165,3 +168,24 @@ def test_pod_traffic_to_the_outside_is_masqueraded_and_meets_egress_ipblock_rule
     code, out = trace(cluster, "--from", "x/a", "--to", OUTSIDE, "--port", "8081")
     assert code == 1 and out["outcome"]["result"] == "dropped", out
     assert out["outcome"]["rule"]["name"] == "drop-8081"
+
+
+def test_the_gateway_comes_back_with_its_address_after_ovs_vswitchd_is_killed(cluster: Cluster) -> None:
+    cluster.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    a = cluster.add_pod("x", "a")
+    node_listener = cluster.listen(cluster.node_netns, GATEWAY, 8080)
+    assert cluster.probe("x/a", [f"{GATEWAY}:8080/tcp"]) == {f"{GATEWAY}:8080/tcp": "connected"}
+
+    # Once the agent restarted vswitchd (and ensured the bridge and its gateway again), the gateway works.
+    pid = int((cluster.dir / "ovs" / "ovs-vswitchd.pid").read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + RECOVERY_BOUND
+    got: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        got = cluster.probe("x/a", [f"{GATEWAY}:8080/tcp"], timeout=0.5)
+        if got == {f"{GATEWAY}:8080/tcp": "connected"}:
+            break
+        time.sleep(0.2)
+    assert got == {f"{GATEWAY}:8080/tcp": "connected"}, cluster.log()
+    assert peers(node_listener) == [a.ip, a.ip]
+    assert cluster.probe_from(cluster.node_netns, [f"{a.ip}:80/tcp"]) == {f"{a.ip}:80/tcp": "connected"}
