@@ -123,6 +123,11 @@ def test_pod_traffic_to_the_outside_is_masqueraded_and_meets_egress_ipblock_rule
     # Outside the cluster: the Pod's connection leaves through the gateway, SNATed to the node's address.
     assert cluster.probe("x/a", [f"{OUTSIDE}:8080/tcp"]) == {f"{OUTSIDE}:8080/tcp": "connected"}
     assert peers(allowed) == [NODE_SIDE]
+    # The rule is in the node's namespace only, never in the machine's root namespace.
+    assert "NPAUDIT-MASQ" in subprocess.run(["ip", "netns", "exec", cluster.node_netns, "iptables", "-t", "nat", "-S"],
+                                            capture_output=True, text=True, check=True).stdout
+    assert "NPAUDIT-MASQ" not in subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True,
+                                                check=True).stdout
 
     cluster.apply(textwrap.dedent(f"""
         apiVersion: crd.antrea.io/v1beta1
