@@ -11,7 +11,7 @@
 60 COMMIT       ct(commit, zone) -> 70: only new connections that passed both directions
 70 FORWARD      ip,nw_dst=Pod IP -> eth_dst, output Pod port; else drop
 
-With a node gateway (node.pod_cidr; policy/gateway_flows.py): table 0 takes any IPv4 from
+With a node gateway (node_network.pod_cidr; policy/gateway_flows.py): table 0 takes any IPv4 from
 the gateway port and answers ARP for the gateway address through it; table 40 sends new
 connections from the gateway address (the node itself) past ingress policy; table 70 sends
 the gateway address and everything outside the Pod subnet to the gateway port.
