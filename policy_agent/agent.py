@@ -34,9 +34,11 @@ from policy_agent.limits.offload_cache import DropOffload, OffloadCollector, Off
 from policy_agent.metrics import MeterCollector, OvsSupervisorCollector, build_registry, category_name
 from policy_agent.ovs import tables
 from policy_agent.ovs.coverage import CoverageReader
+from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
 from policy_agent.ovs.switch import NodeSwitch
+from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.policy_packetins import PolicyPacketIns
@@ -64,8 +66,9 @@ class Agent:
                  rules: RuleRegistry | None = None) -> None:
         self.config = config
         self._handlers = dict(handlers or {})
+        self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
-                                 openflow_target=config.openflow_target)
+                                 openflow_target=config.openflow_target, gateway=self.gateway)
         self.demux = Demux()
         self.channel = OpenFlowChannel(
             ChannelSettings(target=config.openflow_target, netns=config.openflow_netns,
@@ -109,7 +112,8 @@ class Agent:
         self.traceflow = TraceService(self.channel, lambda: self.engine, self.rules.get,
                                       round_=lambda: self.round_, meters=self._meters_supported,
                                       budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
-                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge)
+                                      purge=MegaflowCache(config.ovs.ovs_rundir).purge,
+                                      gateway=self.gateway.plan if self.gateway is not None else None)
         self.registry.register(TraceCollector(self.traceflow.stats))
         # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
         self.offload = DropOffload(config.offload, self.audit, ovs_netns=self.switch.netns,
@@ -175,6 +179,8 @@ class Agent:
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
                                    datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()
+        if self.gateway is not None:
+            await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
         store = AppliedStore(state_dir / "applied.yaml")
         if len(store):
             # What `npaudit apply` set up before a restart, back in force first.

@@ -12,11 +12,11 @@ from policy_agent.config.loader import AgentConfig
 
 
 EXIT_DELIVERED, EXIT_STOPPED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_RUN = 0, 1, 2, 3, 4
-_EXIT = {"delivered": EXIT_DELIVERED, "dropped": EXIT_STOPPED, "rejected": EXIT_STOPPED,
+_EXIT = {"delivered": EXIT_DELIVERED, "forwarded": EXIT_DELIVERED, "dropped": EXIT_STOPPED, "rejected": EXIT_STOPPED,
          "unknown-destination": EXIT_STOPPED, "timeout": EXIT_TIMEOUT}
 HELP = "trace one packet from a Pod through the OVS pipeline: each table, the deciding rule, the outcome"
-EPILOG = ("exit status: 0 delivered; 1 dropped, rejected or unknown destination; 2 usage error or unknown Pod; "
-          "3 timeout; 4 the trace could not run (no agent, switch error)")
+EPILOG = ("exit status: 0 delivered (or forwarded to the node gateway); 1 dropped, rejected or unknown destination; "
+          "2 usage error or unknown Pod; 3 timeout; 4 the trace could not run (no agent, switch error)")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

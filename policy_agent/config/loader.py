@@ -23,6 +23,7 @@ import yaml
 # `from policy_agent.config.loader import X`.
 from policy_agent.config.audit import AuditConfig
 from policy_agent.config.checks import absolute_path, checked, one_of, record_name
+from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.overload import FairShareConfig, OverloadConfig
 from policy_agent.config.ovs import OpenFlowConfig, OvsConfig
 from policy_agent.config.packetin import CategoryLimits, MeterLimit, MetersConfig, PacketInConfig
@@ -70,6 +71,7 @@ class AgentConfig:
     syslog: SyslogConfig = SyslogConfig()
     metrics: MetricsConfig = MetricsConfig()
     bundle: BundleConfig = BundleConfig()
+    node_network: NodeNetworkConfig = NodeNetworkConfig()  # Pod subnet, gateway port (policy_agent/config/node.py)
 
     @property
     def api_socket(self) -> Path:
@@ -169,7 +171,7 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
         errors += [problem] if problem else []
         config = dataclasses.replace(config, node_name=env_node)
     if not errors:
-        errors += config.audit.overload.problems() + _syslog_errors(config)
+        errors += config.audit.overload.problems() + config.node_network.problems() + _syslog_errors(config)
     if errors:
         raise ConfigError(errors)
     return config

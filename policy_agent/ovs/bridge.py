@@ -173,6 +173,19 @@ class Ovsdb:
                     raise self.no_ofport(bridge, port, timeout)
                 got.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
+    def ensure_internal_port(self, bridge: str, port: str, ofport: int, mac: str, timeout: float = 10.0) -> int:
+        """An OVS internal port (vswitchd makes the interface) asking for OpenFlow port `ofport` and
+        MAC `mac`; returns the number vswitchd gave it."""
+        api = self.api
+        try:
+            with api.transaction(check_error=True) as txn:
+                txn.add(api.add_port(bridge, port, may_exist=True))
+                txn.add(api.db_set("Interface", port, ("type", "internal"), ("ofport_request", ofport),
+                                   ("mac", mac)))
+        except Exception as exc:
+            raise OvsError(f"OVSDB {self.remote}: add internal port {port} to {bridge} failed: {exc}") from exc
+        return self.add_port(bridge, port, ofport, timeout)
+
     @contextlib.contextmanager
     def watch_ofport(self, port: str, callback: Callable[[int], object]) -> Iterator[None]:
         """While inside, `callback(ofport)` runs (in ovsdbapp's thread) whenever an OVSDB update

@@ -1,4 +1,4 @@
-"""Read ovs-vswitchd coverage counters over its unixctl socket (no ovs-appctl subprocess).
+"""Read ovs-vswitchd coverage counters and version over its unixctl socket (no ovs-appctl subprocess).
 
 Packet-ins OVS drops before they reach us show only here: `rconn_overflow`
 (the per-controller queue of `controller_queue_size` was full) and
@@ -71,3 +71,4 @@ def _transact(client: object, name: str) -> tuple[str | None, str | None]:
     if code:
         return f"errno {code}", None
     return err, result
+

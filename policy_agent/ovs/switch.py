@@ -11,6 +11,7 @@ from policy_agent.config.ovs import OvsConfig
 from policy_agent.errors import AgentError
 from policy_agent.ovs.bridge import Ovsdb
 from policy_agent.ovs.embedded import EmbeddedOvs, OvsPidFiles
+from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.supervisor import OvsSupervisor
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,10 @@ log = logging.getLogger(__name__)
 class NodeSwitch:
     """Started by the agent before anything talks OpenFlow; closed last (OVS keeps its flows: fail_mode=secure)."""
 
-    def __init__(self, config: OvsConfig, *, controller: str | None, openflow_target: str) -> None:
+    def __init__(self, config: OvsConfig, *, controller: str | None, openflow_target: str,
+                 gateway: NodeGateway | None = None) -> None:
         self.config = config
+        self.gateway = gateway  # the node's gateway port, address and masquerade (None: no Pod subnet set)
         self._controller = controller  # the Controller row we put on the bridge; None: someone else's target
         self._openflow_target = openflow_target
         self.embedded = EmbeddedOvs(Path(config.run_dir), config.netns) if config.mode == "embedded" else None
@@ -57,6 +60,8 @@ class NodeSwitch:
                                     self.config.controller_queue_size)
             if self._controller.startswith("punix:"):
                 await asyncio.to_thread(self.ovsdb.wait_socket, Path(self._openflow_target))
+        if self.gateway is not None:
+            await asyncio.to_thread(self.gateway.ensure, self.ovsdb)
 
     async def close(self) -> None:
         """The OVSDB connection closed; the daemons keep running."""

@@ -11,6 +11,11 @@
 60 COMMIT       ct(commit, zone) -> 70: only new connections that passed both directions
 70 FORWARD      ip,nw_dst=Pod IP -> eth_dst, output Pod port; else drop
 
+With a node gateway (node_network.pod_cidr; policy/gateway_flows.py): table 0 takes any IPv4 from
+the gateway port and answers ARP for the gateway address through it; table 40 sends new
+connections from the gateway address (the node itself) past ingress policy; table 70 sends
+the gateway address and everything outside the Pod subnet to the gateway port.
+
 Only new connections reach the policy tables, so Allow is logged once per
 connection while Drop is logged per packet (DESIGN.md §3), and a connection
 established before a policy change outlives it (as in Antrea); every new one,
@@ -46,6 +51,7 @@ COOKIE_KIND_FIXED = 1
 COOKIE_KIND_POD = 2
 COOKIE_KIND_POLICY = 3
 COOKIE_KIND_TRACEFLOW = 4  # a running trace's flows (policy_agent/traceflow/flows.py)
+COOKIE_KIND_GATEWAY = 5  # the node gateway's flows (policy_agent/policy/gateway_flows.py)
 ROUND_MASK = 0xFFFFFFFF << COOKIE_ROUND_SHIFT
 
 # ct_state bits (OVS): new 0x01, est 0x02, rel 0x04, rpl 0x08, inv 0x10, trk 0x20.

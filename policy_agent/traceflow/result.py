@@ -30,9 +30,9 @@ POLICY_TABLES = frozenset({tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS
 _ACTION: dict[int, str] = {Disposition.ALLOW: "Allow", Disposition.DROP: "Drop", Disposition.REJECT: "Reject",
            Disposition.PASS: "Pass"}
 
-DELIVERED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT = (
-    "delivered", "dropped", "rejected", "unknown-destination", "timeout")
-OUTCOMES = (DELIVERED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT)
+DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT = (
+    "delivered", "forwarded", "dropped", "rejected", "unknown-destination", "timeout")
+OUTCOMES = (DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,9 @@ class Destination:
 
     ip: str
     pod: str | None = None  # "namespace/name"
-    ofport: int | None = None
+    ofport: int | None = None  # the Pod's port, or the gateway's
+    # No Pod: the node gateway takes it (its address, or outside the Pod subnet), described.
+    gateway: str | None = None
 
 
 def complete(copies: Iterable[Copy]) -> bool:
@@ -144,6 +146,8 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
 
 
 def _forward(dest: Destination) -> dict[str, Any]:
+    if dest.pod is None and dest.gateway is not None:
+        return {"action": "output", "detail": f"to {dest.gateway}: the node routes {dest.ip}"}
     if dest.pod is None:
         return {"action": "drop", "detail": f"no Pod has IP {dest.ip}: unknown destination"}
     return {"action": "output", "detail": f"to Pod {dest.pod} on port {dest.ofport}"}
@@ -152,6 +156,8 @@ def _forward(dest: Destination) -> dict[str, Any]:
 def _outcome(path: list[int], last: dict[str, Any] | None, after: Copy | None, dest: Destination,
              reject_reply: str | None, timed_out: bool, live: bool) -> dict[str, Any]:
     if path and path[-1] in (tables.T_COMMIT, tables.T_FORWARD):
+        if dest.pod is None and dest.gateway is not None:
+            return {"result": FORWARDED, "port": dest.ofport, "detail": f"forwarded to {dest.gateway}"}
         if dest.pod is None:
             return {"result": UNKNOWN_DESTINATION, "detail": f"no Pod has IP {dest.ip}"}
         return {"result": DELIVERED, "pod": dest.pod, "port": dest.ofport,

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from meters.token_bucket import TokenBucket
 from packetin import messages
@@ -21,12 +21,16 @@ from packetin.errors import PacketInError
 from packetin.model import PacketIn
 from policy_agent.errors import AgentError
 from policy_agent.policy.rules import RuleInfo
+from policy_agent.policy.selection import Endpoint
 from policy_agent.policy_packetins import build_reject
 from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
 from policy_agent.traceflow.packet import build_packet
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
 from policy_agent.traceflow.result import OUTCOMES, Copy, Destination, complete, decode
 from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity, packet_ports
+
+if TYPE_CHECKING:
+    from policy_agent.ovs.gateway import GatewayPlan
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +80,25 @@ def reject_reply(frame: bytes) -> str | None:
     return "a TCP RST" if answer[23] == 6 else "an ICMP destination unreachable (administratively prohibited)"
 
 
+def destination(ip: str, dst: Endpoint | None, gateway: GatewayPlan | None) -> Destination:
+    """What table 70 does with a packet to `ip`: the Pod `dst`, the node gateway, or nothing."""
+    if dst is not None:
+        return Destination(ip, f"{dst.pod.namespace}/{dst.pod.name}", dst.ofport)
+    if gateway is not None and gateway.routes_to(ip):
+        return Destination(ip, None, gateway.ofport, gateway.describe())
+    return Destination(ip)
+
+
 class TraceService:
     """`trace` (the local API op) and `__call__` (the traceflow subscriber)."""
 
     def __init__(self, switch: Switch, pods: Callable[[], PodDirectory | None],
                  rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
                  budget: tuple[float, float] = DEFAULT_BUDGET, purge: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, linger: float = LINGER) -> None:
+                 clock: Callable[[], float] = time.monotonic, linger: float = LINGER,
+                 gateway: GatewayPlan | None = None) -> None:
         self._switch = switch
+        self._gateway = gateway  # where Pods' packets to no Pod go (None: nowhere)
         self._purge = purge  # the datapath's megaflows, so live traffic meets a live trace's flows at once
         self._pods = pods
         self._rules = rules
@@ -231,9 +246,7 @@ class TraceService:
         finally:
             del self._running[tag.dscp]
         result = decode(running.copies, rules=self._rules,
-                        destination=Destination(req.dst_ip, None if dst is None else
-                                                f"{dst.pod.namespace}/{dst.pod.name}",
-                                                None if dst is None else dst.ofport),
+                        destination=destination(req.dst_ip, dst, self._gateway),
                         reject_reply=reject_reply(running.frame), source_port=req.source.ofport, timed_out=timed_out,
                         live=req.live)
         self.stats.outcomes[result.result] += 1

@@ -72,6 +72,19 @@ with cf.ThreadPoolExecutor(32) as ex:
 """
 
 
+# Accepts TCP on argv[1]:argv[2] and appends each client's address to the file argv[3].
+PEER_LOGGER = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)
+print("ready", flush=True)
+while True:
+    c, peer = s.accept(); c.close()
+    with open(sys.argv[3], "a") as f:
+        f.write(peer[0] + "\n")
+"""
+
+
 def logged_udp_drop(name: str, to_ns: str, from_ns: str, label: str, port: int = 53) -> str:
     """A securityops ClusterNetworkPolicy dropping UDP `port` from Namespace `from_ns` to `to_ns`, logged."""
     return (f"apiVersion: crd.antrea.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\n"
@@ -105,9 +118,13 @@ class PodHandle:
 class Cluster:
     """The agent (embedded OVS in its own namespace) plus Pods on it."""
 
-    def __init__(self, extra_config: str = "", metrics_listen: str = "") -> None:
-        """`extra_config`: YAML sections appended to the agent's config (e.g. `offload:`)."""
+    def __init__(self, extra_config: str = "", metrics_listen: str = "", gateway: bool = False) -> None:
+        """`extra_config`: YAML sections appended to the agent's config (e.g. `offload:`). `gateway`: the
+        node gateway on SUBNET (node_network.pod_cidr) and the Pods' default route through it."""
         self.tag = secrets.token_hex(3)
+        self.gateway = gateway
+        if gateway:
+            extra_config += f"node_network:\n  pod_cidr: {SUBNET}\n"
         self.dir = Path(tempfile.mkdtemp(prefix=f"npe-{self.tag}-", dir="/tmp"))
         self.state = self.dir / "state"
         self.tap = self.dir / "tap.jsonl"
@@ -183,13 +200,19 @@ class Cluster:
             "cniVersion": "1.0.0", "name": "npaudit", "type": "npaudit",
             "agentSocket": str(self.state / "cni.sock"),
             "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
-                     "dataDir": str(self.dir / "ipam")}}).encode()
+                     "dataDir": str(self.dir / "ipam"), **({"routes": [{"dst": "0.0.0.0/0"}]} if self.gateway else {})}
+        }).encode()
 
     def cni(self, command: str, pod: PodHandle) -> subprocess.CompletedProcess[bytes]:
         env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=pod.container_id,
                    CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
                    CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
         return _npaudit("cni", env=env, stdin=self.netconf())
+
+    @property
+    def node_netns(self) -> str:
+        """The embedded OVS's namespace: the node's host side, where the gateway port is."""
+        return f"npe-{self.tag}"
 
     def new_netns(self) -> str:
         netns = f"npe-{self.tag}-{len(self._netns)}"
@@ -218,6 +241,23 @@ class Cluster:
         self._servers.append(proc)
         if proc.stdout is None or proc.stdout.readline().strip() != b"ready":
             raise AssertionError(f"server in {pod.ref} did not start")
+
+    def listen(self, netns: str, ip: str, port: int) -> Path:
+        """A TCP listener on ip:port in `netns` (stopped at close); returns the file it appends each
+        client's address to."""
+        peers = self.dir / f"peers-{secrets.token_hex(3)}"
+        proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", PEER_LOGGER, ip, str(port),
+                                 str(peers)], stdout=subprocess.PIPE)
+        self._servers.append(proc)
+        if proc.stdout is None or proc.stdout.readline().strip() != b"ready":
+            raise AssertionError(f"listener on {ip}:{port} in {netns} did not start")
+        return peers
+
+    def probe_from(self, netns: str, targets: Iterable[str], timeout: float = 1.0) -> dict[str, str]:
+        """Probe from any namespace of this test (the node's, an outside one)."""
+        res = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", PROBER, str(timeout), *targets],
+                             capture_output=True, timeout=60)
+        return json.loads(res.stdout)
 
     def probe(self, src: str, targets: Iterable[str], timeout: float = 1.0) -> dict[str, str]:
         pod = self.pods[src]

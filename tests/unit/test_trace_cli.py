@@ -36,7 +36,7 @@ def run(tmp_path: Path, reply: Any, output: str = "table") -> tuple[int, str, st
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.mark.parametrize("result, code", [("delivered", 0), ("dropped", 1), ("rejected", 1),
+@pytest.mark.parametrize("result, code", [("delivered", 0), ("forwarded", 0), ("dropped", 1), ("rejected", 1),
                                           ("unknown-destination", 1), ("timeout", 3)])
 def test_exit_code_follows_the_outcome(tmp_path: Path, result: str, code: int) -> None:
     trace = {**TRACE, "outcome": {"result": result, "detail": "-"}}
