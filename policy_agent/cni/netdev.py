@@ -6,7 +6,6 @@ import ctypes
 import errno
 import fcntl
 import hashlib
-import ipaddress
 import logging
 import socket
 import struct
@@ -22,6 +21,7 @@ from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.cni.wire import ERR_INTERNAL, CniError, CniRequest
 from policy_agent.errors import OvsError
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.ovs.tables import mac_for_ip
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,6 @@ log = logging.getLogger(__name__)
 def host_ifname(container_id: str) -> str:
     """The host end's name: stable per container, 13 characters (Linux allows 15)."""
     return "np" + hashlib.sha1(container_id.encode()).hexdigest()[:11]
-
-
-def mac_for_ip(ip: str) -> str:
-    """02:00 + the IPv4 bytes: locally administered, unique while IPs are, readable in dumps."""
-    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(ip).packed)
 
 
 class Netdevs:

@@ -20,11 +20,11 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from meters.netns import call_in_netns
-from policy_agent.cni.netdev import mac_for_ip
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.ovs import OvsConfig
 from policy_agent.errors import OvsError
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.ovs.tables import mac_for_ip
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,8 @@ purges OVS's megaflows after each change: policy_agent/ovs/megaflows.py).
 
 from __future__ import annotations
 
+import ipaddress
+
 from packetin import messages
 from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
 
@@ -111,3 +113,9 @@ def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[messages.F
         messages.FlowSpec.make(T_CLASSIFIER, 100, {"in_port": ofport, "eth_type": ETH_TYPE_IPV4, "ipv4_src": ip},
                         goto=T_CONNTRACK, cookie=c),
     ]
+
+
+def mac_for_ip(ip: str) -> str:
+    """The MAC of an interface the agent addresses (a Pod's, the gateway's): 02:00 + the IPv4 bytes,
+    locally administered, unique while the addresses are, readable in dumps."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(ip).packed)
