@@ -30,7 +30,7 @@ from packetin.gctune import settle_heap
 from packetin.model import Category
 from packetin.reader import InputPressure
 from policy_agent.ovs import tables
-from policy_agent.sources.applied_store import AppliedStore
+from policy_agent.sources.apply_intent import Settlement, StoreGeneration, settled_store
 from policy_agent.config import AgentConfig, CategoryLimits, syslog_destination
 from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, printable
@@ -160,6 +160,7 @@ class Agent:
         self.problems = RecentProblems()
         self._started: tuple[float, float] | None = None  # (time.time(), time.monotonic()) at start
         self._policy_ready = False  # the first policy is in OVS and every source of Pods and policy is served
+        self.settlement: Settlement | None = None  # of an apply a crash interrupted, at start (apply_intent.py)
 
     def _rule_direction(self, rule_id: int) -> str | None:
         """"ingress" or "egress" for a known rule id (the fair-share key asks once per rule)."""
@@ -235,6 +236,7 @@ class Agent:
         previous = _read_round(state_dir)
         self.round_ = previous % 0xFFFFFFFF + 1
         _write_round(state_dir, self.round_)
+        store, self.settlement = await settled_store(state_dir, self.channel)  # before anything is installed
         mc = cfg.meters
         limits = MeterLimits(policy_allow=(mc.policy_allow.rate, mc.policy_allow.burst),
                              policy_deny=(mc.policy_deny.rate, mc.policy_deny.burst),
@@ -247,12 +249,10 @@ class Agent:
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
                                    datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
         await self.engine.start()
-        store = AppliedStore(state_dir / "applied.yaml")
-        if len(store):
-            # What `npaudit apply` set up before a restart, back in force first.
-            objs = load_text(store.text(), str(store.path))
-            await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
-            log.info("re-applied %d objects from %s", len(store), store.path)
+        # What `npaudit apply` set up before a restart, back in force first, with the store's generation marker.
+        objs = load_text(store.text(), str(store.path))
+        await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
+        log.info("re-applied %d objects from %s", len(store), store.path)
         if cfg.kubernetes.enabled:
             await self._start_kubernetes()
         if cfg.policy.manifest_dir:
@@ -342,6 +342,7 @@ class Agent:
             "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
                          "meter_drops": self.losses.dropped_json()},
             "problems": self.problems.snapshot(),
+            "apply_settlement": None if self.settlement is None else self.settlement.to_json(),
         }
 
     def readiness(self) -> list[str]:
