@@ -91,9 +91,6 @@ class Durable(Protocol):
         ...
 
 
-Persist = Durable
-
-
 class DatapathCache(Protocol):
     """The switch's cache of translated flows (OVS megaflows): `purge` (blocking) returns once
     the cache is empty, so no packet is forwarded by a translation of the old tables."""
@@ -247,7 +244,7 @@ class PolicyEngine:
 
     async def apply(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
-                    persist: Persist | None = None) -> None:
+                    persist: Durable | None = None) -> None:
         """Add or replace objects, all or nothing. `persist` makes the change durable (Durable: its
         intent staged before the switch takes it, committed once it has, before the engine takes it);
         if a step raises, the switch is put back and ApplyFailed raised."""
@@ -271,7 +268,7 @@ class PolicyEngine:
 
     async def delete(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
                      tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
-                     persist: Persist | None = None) -> None:
+                     persist: Durable | None = None) -> None:
         """Remove objects, all or nothing (see apply). Deleting a Tier that a policy left in
         place still uses is refused (PolicyRejected names those policies)."""
         async with self._lock:
@@ -366,7 +363,7 @@ class PolicyEngine:
                             round_=self.round_, pods=tuple(objs.pods.values()),
                             rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
 
-    async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+    async def _transact(self, nxt: _Objects, persist: Durable | None = None, problems: Sequence[str] = (),
                         changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
                         pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         try:
@@ -376,14 +373,14 @@ class PolicyEngine:
             if self._rule_meters is not None:
                 await self._rule_meters.settle(self._compiled.layout.meters if self._compiled else None)
 
-    async def _transact_flows(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+    async def _transact_flows(self, nxt: _Objects, persist: Durable | None = None, problems: Sequence[str] = (),
                               changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
                               pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         """validate -> compile (thread) -> stage intent (thread) -> one bundle with its marker -> (purge)
-        -> commit intent (thread) -> swap. Call under
-        the lock. `pod`: a Pod's forwarding flows installed after the policy flows / deleted in the
-        same bundle (not with `persist`: an undo puts back policy flows only). `on_loop`: the
-        change is small enough to compile without a thread hop."""
+        -> commit intent (thread) -> swap. Call under the lock. `pod`: a Pod's forwarding flows
+        installed after the policy flows / deleted in the same bundle (not with `persist`: an undo
+        puts back policy flows only). `on_loop`: the change is small enough to compile without a
+        thread hop."""
         started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
