@@ -154,4 +154,5 @@ def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> d
             return recv_message(sock)
         except (OSError, FrameError) as exc:
             raise OutcomeUnknown(f"agent at {socket_path} closed the connection before replying "
-                                 f"({exc}): outcome unknown, check status") from exc
+                                 f"({exc}): outcome unknown; the agent's next start keeps the change if OVS "
+                                 "enforced it, drops it if not (`npaudit status` says which)") from exc
