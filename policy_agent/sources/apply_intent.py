@@ -110,8 +110,11 @@ async def settle_at_start(state_dir: Path, read_switch: Callable[[], Awaitable[i
     installs anything. AgentError when the switch cannot be asked or the store not written: an
     agent that guessed could revert a change in force, or keep one that never was."""
     intent_path, store_path = state_dir / INTENT_NAME, state_dir / STORE_NAME
-    intent = await asyncio.to_thread(_generation, intent_path)
-    store = await asyncio.to_thread(_generation, store_path) or 0
+    try:
+        intent = await asyncio.to_thread(_generation, intent_path)
+        store = await asyncio.to_thread(_generation, store_path) or 0
+    except OSError as exc:
+        raise AgentError(f"{state_dir}: cannot read the applied store or an apply's intent: {exc}") from exc
     switch = None
     if intent is not None and intent > store:
         try:
