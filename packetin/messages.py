@@ -245,6 +245,24 @@ def meter_stats_request() -> Any:
     return parser.OFPMeterStatsRequest(CODEC, 0, ofp.OFPM_ALL)
 
 
+def flow_desc_request(table_id: int) -> Any:
+    """Every flow of one table (OFPMP_FLOW_DESC, OpenFlow 1.5's flow stats)."""
+    return parser.OFPFlowDescStatsRequest(CODEC, table_id=table_id)
+
+
+def parse_flow_cookies(parts: Iterable[bytes]) -> list[tuple[int, int, int]]:
+    """(table, priority, cookie) of every flow in the OFPMP_FLOW_DESC reply `parts`."""
+    flows = []
+    for raw in parts:
+        if len(raw) < 16 or int.from_bytes(raw[2:4], "big") != len(raw):
+            raise DecodeError(f"flow stats reply of {len(raw)} bytes: not one whole message")
+        try:
+            flows += [(f.table_id, f.priority, f.cookie) for f in parse(raw).body]
+        except (AttributeError, TypeError, ValueError, struct.error) as exc:
+            raise DecodeError(f"flow stats reply of {len(raw)} bytes: {exc}") from exc
+    return flows
+
+
 def parse_meter_stats(parts: Iterable[bytes]) -> list[MeterReading]:
     """Every meter of the OFPMP_METER reply `parts` (os-ken's 1.5 parser reads OVS's layout here)."""
     readings = []

@@ -42,7 +42,7 @@ from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.policy_packetins import PolicyPacketIns
-from policy_agent.sources.applied_store import AppliedStore
+from policy_agent.sources.apply_intent import Settlement, StoreGeneration, settled_store
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.traceflow.collector import TraceCollector
@@ -134,6 +134,7 @@ class Agent:
         self.problems = status.RecentProblems()
         self.started: tuple[float, float] | None = None  # (time.time(), time.monotonic()) at start
         self.policy_ready = False  # the first policy is in OVS and every source of Pods and policy is served
+        self.settlement: Settlement | None = None  # of an apply a crash interrupted, at start (apply_intent.py)
 
     async def start(self, ready_timeout: float = 30.0) -> None:
         """Bring up OVS (when embedded), the bridge, the channel and the subscribers, then policy."""
@@ -168,6 +169,7 @@ class Agent:
         cfg, mc = self.config, self.config.meters
         state_dir = Path(cfg.state_dir)
         previous, self.round_ = next_round(state_dir)
+        store, self.settlement = await settled_store(state_dir, self.channel)  # before anything is installed
         limits = MeterLimits(policy_allow=(mc.policy_allow.rate, mc.policy_allow.burst),
                              policy_deny=(mc.policy_deny.rate, mc.policy_deny.burst),
                              traceflow=(mc.traceflow.rate, mc.traceflow.burst))
@@ -181,12 +183,10 @@ class Agent:
         await self.engine.start()
         if self.gateway is not None:
             await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
-        store = AppliedStore(state_dir / "applied.yaml")
-        if len(store):
-            # What `npaudit apply` set up before a restart, back in force first.
-            objs = load_text(store.text(), str(store.path))
-            await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
-            log.info("re-applied %d objects from %s", len(store), store.path)
+        # What `npaudit apply` set up before a restart, back in force first, with the store's generation marker.
+        objs = load_text(store.text(), str(store.path))
+        await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
+        log.info("re-applied %d objects from %s", len(store), store.path)
         if cfg.kubernetes.enabled:
             await self._start_kubernetes(self.engine)
         if cfg.policy.manifest_dir:

@@ -3,10 +3,13 @@
 A change (apply, delete, a Pod coming or going) is validated, compiled off the
 event loop (a small Pod change on it: the thread hop would cost more),
 incrementally (only the rules the change can affect are rebuilt,
-policy/incremental.py), sent to the switch as one atomic bundle of the
-difference, persisted by the caller's hook, and only then becomes the engine's
-state. Any failure leaves the engine, the switch and the store as they were, so
-one bad change can neither wedge the engine nor be enforced after being refused.
+policy/incremental.py), its intent made durable by the caller's hook (`Durable`),
+sent to the switch as one atomic bundle of the difference together with the
+intent's generation marker (ovs/tables.py), kept by the hook, and only then becomes
+the engine's state (so the switch never holds a change no intent names: a crash
+in between is settled at the next start, sources/apply_intent.py). Any failure
+leaves the engine, the switch and the store as they were, so one bad change can
+neither wedge the engine nor be enforced after being refused.
 Rules match Pods by class (policy/classes.py), and the classes of Pods known before
 they run are matched already: a Pod's ADD usually adds just its own flows.
 
@@ -45,7 +48,6 @@ from policy_agent.limits.meter_sync import RuleMeters
 log = logging.getLogger(__name__)
 
 FlowKey = tuple[Any, ...]
-Persist = Callable[[], None]
 PodFlows = tuple[Sequence[messages.FlowSpec], Sequence[messages.FlowSpec]]  # (to install, to delete)
 
 # A Pod change is compiled on the event loop when its estimated work, in Pods walked (a rule
@@ -70,6 +72,23 @@ class PolicyRejected(AgentError):
 
 class ApplyFailed(AgentError):
     """The switch or the store did not take the change; nothing was applied."""
+
+
+class Durable(Protocol):
+    """Keeps a change (the applied store), in steps around the switch's commit; each runs in a thread."""
+
+    def stage(self) -> int:
+        """Before the commit: make the change's outcome durable as an intent and return its generation,
+        which the switch takes in the same bundle as the flows (its generation marker)."""
+        ...
+
+    def commit(self) -> None:
+        """The switch took the change: the intent becomes what is kept."""
+        ...
+
+    def abandon(self) -> None:
+        """The change did not go in, or was taken back: the intent goes."""
+        ...
 
 
 class DatapathCache(Protocol):
@@ -182,6 +201,7 @@ class PolicyEngine:
         self._by_ip: dict[str, tuple[str, str]] = {}
         self._compiled: incremental.Snapshot | None = None
         self._policy_flows: dict[FlowKey, messages.FlowSpec] = {}
+        self._marker: messages.FlowSpec | None = None  # the generation marker the switch holds (tables.py)
         self._lock = asyncio.Lock()
         self.syncs = 0
         # With a Kubernetes source, a Pod's labels arrive by watch and may trail its
@@ -224,10 +244,10 @@ class PolicyEngine:
 
     async def apply(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
-                    persist: Persist | None = None) -> None:
-        """Add or replace objects, all or nothing. `persist` (run in a thread once the switch
-        has the change, before the engine takes it) makes the change durable; if it raises,
-        the switch is put back and ApplyFailed raised."""
+                    persist: Durable | None = None) -> None:
+        """Add or replace objects, all or nothing. `persist` makes the change durable (Durable: its
+        intent staged before the switch takes it, committed once it has, before the engine takes it);
+        if a step raises, the switch is put back and ApplyFailed raised."""
         async with self._lock:
             cur = self._objects
             pods = list(pods)
@@ -248,7 +268,7 @@ class PolicyEngine:
 
     async def delete(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
                      tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
-                     persist: Persist | None = None) -> None:
+                     persist: Durable | None = None) -> None:
         """Remove objects, all or nothing (see apply). Deleting a Tier that a policy left in
         place still uses is refused (PolicyRejected names those policies)."""
         async with self._lock:
@@ -343,7 +363,7 @@ class PolicyEngine:
                             round_=self.round_, pods=tuple(objs.pods.values()),
                             rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
 
-    async def _transact(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+    async def _transact(self, nxt: _Objects, persist: Durable | None = None, problems: Sequence[str] = (),
                         changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
                         pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
         try:
@@ -353,13 +373,14 @@ class PolicyEngine:
             if self._rule_meters is not None:
                 await self._rule_meters.settle(self._compiled.layout.meters if self._compiled else None)
 
-    async def _transact_flows(self, nxt: _Objects, persist: Persist | None = None, problems: Sequence[str] = (),
+    async def _transact_flows(self, nxt: _Objects, persist: Durable | None = None, problems: Sequence[str] = (),
                               changed: Sequence[Policy] = (), *, why: str, purge: bool = True,
                               pod: PodFlows = ((), ()), on_loop: bool = False) -> None:
-        """validate -> compile (thread) -> one bundle -> (purge) -> persist (thread) -> swap. Call under
-        the lock. `pod`: a Pod's forwarding flows installed after the policy flows / deleted in the
-        same bundle (not with `persist`: an undo puts back policy flows only). `on_loop`: the
-        change is small enough to compile without a thread hop."""
+        """validate -> compile (thread) -> stage intent (thread) -> one bundle with its marker -> (purge)
+        -> commit intent (thread) -> swap. Call under the lock. `pod`: a Pod's forwarding flows
+        installed after the policy flows / deleted in the same bundle (not with `persist`: an undo
+        puts back policy flows only). `on_loop`: the change is small enough to compile without a
+        thread hop."""
         started = self._clock()
         if problems:
             raise PolicyRejected(list(problems))
@@ -380,28 +401,42 @@ class PolicyEngine:
         compiled = self._clock()
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
+        marker: list[messages.FlowSpec] = []
+        if persist is not None:  # the intent is durable before the switch can hold the change
+            try:
+                marker = [tables.generation_marker(self.round_, await asyncio.to_thread(persist.stage))]
+            except Exception as exc:
+                if not same_rules:
+                    self.registry.replace(old_rules)
+                raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
         try:
             if self._rule_meters is not None:  # outside the bundle (OVS), before the flows that name them
                 await self._rule_meters.prepare(plan.compiled.layout.meters)
-            if plan.add or plan.stale:
-                await self._channel.commit_flows([*plan.add, *pod[0]], [*pod[1], *plan.stale])
+            if plan.add or plan.stale or marker:
+                await self._channel.commit_flows([*plan.add, *pod[0], *marker], [*pod[1], *plan.stale])
             else:  # no policy flow changes, nothing to order a Pod's flows against: one round trip, not two
                 for flows, send in ((pod[0], self._channel.install_flows), (pod[1], self._channel.delete_flows)):
                     if flows:
                         await send(flows)
         except (PacketInError, asyncio.TimeoutError) as exc:
+            if persist is not None:
+                await asyncio.to_thread(persist.abandon)
             if not same_rules:
                 self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
+        previous_marker = self._marker
+        if marker:
+            self._marker = marker[0]
         if purge:
             await self._purge_datapath(plan.add or plan.stale)
         switched = self._clock()
         if persist is not None:
             try:
-                await asyncio.to_thread(persist)
+                await asyncio.to_thread(persist.commit)
             except Exception as exc:
-                await self._undo(plan, nxt, exc)
+                await asyncio.to_thread(persist.abandon)
+                await self._undo(plan, nxt, exc, previous_marker)
                 if not same_rules:
                     self.registry.replace(old_rules)
                 raise ApplyFailed(f"could not save the change, nothing was applied: {exc}") from exc
@@ -413,13 +448,19 @@ class PolicyEngine:
                  (compiled - started) * 1000, (switched - compiled) * 1000, (done - switched) * 1000,
                  (done - started) * 1000, " (compiled on the loop)" if on_loop else "")
 
-    async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception) -> None:
-        """Put the switch back as it was before `plan` went in (after a failed persist)."""
+    async def _undo(self, plan: _Plan, nxt: _Objects, cause: Exception, marker: messages.FlowSpec | None) -> None:
+        """Put the switch back as it was before `plan` went in (after a failed persist), its
+        generation `marker` too (None: it had none)."""
         current = self._policy_flows
         back = [current[f.key] for f in plan.add if f.key in current] + plan.stale
         extra = [f for f in plan.add if f.key not in current]
+        if marker is not None:
+            back.append(marker)
+        elif self._marker is not None:
+            extra.append(self._marker)
         try:
             await self._channel.commit_flows(back, extra)
+            self._marker = marker
             await self._purge_datapath(back or extra)
         except (PacketInError, asyncio.TimeoutError) as exc:
             # The switch keeps the change (the channel replays it): so does the engine, and says so.

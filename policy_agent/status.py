@@ -89,6 +89,7 @@ def snapshot(agent: Agent, *, now: tuple[float, float], ovs_version: str | None,
         "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
                      "meter_drops": agent.losses.dropped_json()},
         "problems": agent.problems.snapshot(),
+        "apply_settlement": None if agent.settlement is None else agent.settlement.to_json(),
     }
 
 

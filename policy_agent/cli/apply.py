@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             description=f"{op.capitalize()} manifests on the running agent, all or nothing.",
                             epilog="exit status: 0 done; 1 rejected or failed, nothing changed; "
                                    f"{EXIT_OUTCOME_UNKNOWN} outcome unknown: the agent went away before "
-                                   "answering (check status: the agent's log, its flows)")
+                                   "answering (its next start keeps what OVS enforced; `npaudit status` says which)")
         ap.add_argument("-f", "--filename", required=True)
         ap.add_argument("--config", help="the agent's config (for its state_dir)")
         ap.set_defaults(func=cmd_apply, op=op)

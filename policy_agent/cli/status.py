@@ -68,6 +68,7 @@ def _clock(epoch: Any) -> str:
 def status_table(status: dict[str, Any]) -> str:
     """One line per subsystem, then the recent problems; every value from the agent printed safely."""
     from auditlog.query_output import safe_text
+    from policy_agent.sources.apply_intent import describe as settlement_line
 
     agent, of, ovs = status.get("agent") or {}, status.get("openflow") or {}, status.get("ovs") or {}
     supported = dig(status, "meters", "supported")
@@ -94,6 +95,7 @@ def status_table(status: dict[str, Any]) -> str:
         ("audit", "disabled" if not dig(status, "audit", "enabled") else
          f"{dig(status, 'audit', 'path')}, head seq {dig(head, 'seq')} chain {str(dig(head, 'chain'))[:16]}…"),
         ("syslog", _syslog_line(status.get("syslog") or {})),
+        ("apply", settlement_line(status.get("apply_settlement"))),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {safe_text(value)}" for name, value in rows]

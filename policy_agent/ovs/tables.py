@@ -10,6 +10,9 @@
 40/41/42        ingress: Antrea tiers / K8s NetworkPolicy / baseline tier
 60 COMMIT       ct(commit, zone) -> 70: only new connections that passed both directions
 70 FORWARD      ip,nw_dst=Pod IP -> eth_dst, output Pod port; else drop
+200 GENERATION  one marker flow, reached by no packet (no flow goes to it): its cookie says which
+                generation of the applied store the policy flows realise; it changes in the same
+                atomic bundle as they do (policy_agent/sources/apply_intent.py reads it at start)
 
 With a node gateway (node_network.pod_cidr; policy/gateway_flows.py): table 0 takes any IPv4 from
 the gateway port and answers ARP for the gateway address through it; table 40 sends new
@@ -43,6 +46,7 @@ T_INGRESS_K8S = 41
 T_INGRESS_BASELINE = 42
 T_COMMIT = 60
 T_FORWARD = 70
+T_GENERATION = 200
 
 CT_ZONE = 0xF00  # the agent's conntrack zone
 
@@ -54,7 +58,10 @@ COOKIE_KIND_POD = 2
 COOKIE_KIND_POLICY = 3
 COOKIE_KIND_TRACEFLOW = 4  # a running trace's flows (policy_agent/traceflow/flows.py)
 COOKIE_KIND_GATEWAY = 5  # the node gateway's flows (policy_agent/policy/gateway_flows.py)
+COOKIE_KIND_GENERATION = 6  # the generation marker; its generation sits in bits 8..31
 ROUND_MASK = 0xFFFFFFFF << COOKIE_ROUND_SHIFT
+GENERATION_SHIFT = 8
+GENERATION_MASK = 0xFFFFFF  # the marker keeps a generation modulo 2**24: compared only for equality
 
 # ct_state bits (OVS): new 0x01, est 0x02, rel 0x04, rpl 0x08, inv 0x10, trk 0x20.
 CS_NEW, CS_EST, CS_REL, CS_INV, CS_TRK = 0x01, 0x02, 0x04, 0x10, 0x20
@@ -99,6 +106,22 @@ def fixed_flows(round_: int) -> list[messages.FlowSpec]:
     for table in (T_EGRESS, T_EGRESS_K8S, T_EGRESS_BASELINE, T_INGRESS, T_INGRESS_K8S, T_INGRESS_BASELINE):
         flows.append(flow(table, 0, {}, goto=next_table(table)))
     return flows
+
+
+def generation_marker(round_: int, generation: int) -> messages.FlowSpec:
+    """The flow telling which applied-store generation the switch's policy flows realise. Its match
+    never changes (an ADD replaces it, cookie included), so the generation rides in the cookie,
+    below the round: the start-up cleanup of a previous round's flows sees it like any other."""
+    c = cookie(round_, ((generation & GENERATION_MASK) << GENERATION_SHIFT) | COOKIE_KIND_GENERATION)
+    return messages.FlowSpec.make(T_GENERATION, 0, {}, cookie=c)
+
+
+def marker_generation(flow_cookie: int) -> int | None:
+    """The generation a marker flow's cookie carries (modulo 2**24); None if it is no marker's cookie."""
+    low = flow_cookie & ~ROUND_MASK
+    if low & ((1 << GENERATION_SHIFT) - 1) != COOKIE_KIND_GENERATION:
+        return None
+    return (low >> GENERATION_SHIFT) & GENERATION_MASK
 
 
 def pod_flows(round_: int, *, ip: str, mac: str, ofport: int) -> list[messages.FlowSpec]:

@@ -2,10 +2,14 @@
 
 A restarted agent applies them again before it re-realises its Pods and only
 then deletes the previous run's flows, so a restart never removes enforcement.
+The file's first line names its generation (one more per change written), which the
+switch's generation marker is compared with after a crash (sources/apply_intent.py).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -27,6 +31,25 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 Key = tuple[str, str, str, str]
+FILE_MODE = 0o640
+
+_HEADER = re.compile(r"# npaudit applied store, generation (\d+)\n")
+
+
+def generation_of(text: str) -> int:
+    """The generation a store file's text names in its first line (0: none, a file of an older agent)."""
+    found = _HEADER.match(text)
+    return int(found[1]) if found else 0
+
+
+@dataclass(frozen=True)
+class StoreChange:
+    """A store content computed and validated, not yet written: `content` is the whole file."""
+
+    generation: int
+    content: bytes
+    docs: dict[Key, dict[str, Any]]
+    dumped: dict[Key, str]
 
 
 class AppliedStore:
@@ -41,9 +64,13 @@ class AppliedStore:
         self.path = path
         self._docs: dict[Key, dict[str, Any]] = {}
         self._yaml: dict[Key, str] = {}  # each document's dump_yaml, filled as needed
+        self.generation = 0  # of what the file holds
+        self._issued = 0  # the newest generation a change was given (never given twice in a run)
         if path.exists():
             problems: list[str] = []
-            docs = documents.parse_text(path.read_text(encoding="utf-8"), str(path), problems)
+            text = path.read_text(encoding="utf-8")
+            self.generation = self._issued = generation_of(text)
+            docs = documents.parse_text(text, str(path), problems)
             if problems:
                 raise ManifestError(problems)
             for doc in docs:
@@ -72,8 +99,15 @@ class AppliedStore:
         return len(self._docs)
 
     def record(self, op: str, text: str, known_tiers: Iterable[str] = ()) -> None:
-        """Remember an apply or delete that the agent has carried out. The text is validated
-        again here (ManifestError, nothing written) so nothing the validator rejects is stored;
+        """Remember an apply or delete that the agent has carried out (change, then written)."""
+        change = self.change(op, text, known_tiers)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, change.content, mode=FILE_MODE)
+        self.took(change)
+
+    def change(self, op: str, text: str, known_tiers: Iterable[str] = ()) -> StoreChange:
+        """The store after an apply or delete, with the next generation; nothing is written. The
+        text is validated again here (ManifestError) so nothing the validator rejects is stored;
         `known_tiers` are the Tiers its policies may name beyond its own (as at the apply)."""
         docs, dumped = dict(self._docs), dict(self._yaml)
         for doc in read_text(text, "<record>", known_tiers).documents:
@@ -83,10 +117,12 @@ class AppliedStore:
                 docs[key] = doc
             else:
                 docs.pop(key, None)
-        self._write(self._text(docs, dumped))
-        # Only once the file holds it: memory and disk never disagree.
-        self._docs, self._yaml = docs, {k: v for k, v in dumped.items() if k in docs}
+        self._issued += 1
+        content = f"# npaudit applied store, generation {self._issued}\n" + self._text(docs, dumped)
+        return StoreChange(self._issued, content.encode("utf-8"), docs, dumped)
 
-    def _write(self, text: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, text.encode("utf-8"), mode=0o640)
+    def took(self, change: StoreChange) -> None:
+        """The file now holds `change` (written by record, or an intent put in place): memory follows,
+        only then, so memory and disk never disagree."""
+        self._docs, self._yaml = change.docs, {k: v for k, v in change.dumped.items() if k in change.docs}
+        self.generation = change.generation

@@ -3,9 +3,9 @@
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
-engine compiles and installs it atomically, the applied store records it, and only then is
-the reply sent. Any failure rejects the whole set with one line per problem and leaves the
-agent, OVS and the store as they were.
+engine compiles it, its intent is written, the switch takes it atomically, the applied store
+records it (sources/apply_intent.py), and only then is the reply sent. Any failure rejects
+the whole set with one line per problem and leaves the agent, OVS and the store as they were.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from auditlog.syslog.status import SyslogStatus
 
 from policy_agent.errors import AgentError, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
+from policy_agent.sources.apply_intent import StoreIntent
 from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
-from policy_agent.engine import ApplyFailed, PolicyEngine, PolicyRejected
+from policy_agent.engine import PolicyEngine, PolicyRejected
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class LocalApi:
         change = self._engine.apply if op == "apply" else self._engine.delete
         try:
             await change(objs.namespaces, objs.pods, objs.tiers, objs.policies,
-                         persist=None if self._store is None else lambda: self._persist(op, text))
+                         persist=None if self._store is None else self._intent(op, text))
         except PolicyRejected as exc:
             return {"ok": False, "errors": exc.errors}
         except AgentError as exc:
@@ -129,15 +130,12 @@ class LocalApi:
             return {"ok": False, "errors": ["this agent serves no status"]}
         return {"ok": True, "status": await self._status()}
 
-    def _persist(self, op: str, text: str) -> None:
-        """The engine's persist hook (a worker thread): record the change in the applied store."""
+    def _intent(self, op: str, text: str) -> StoreIntent:
+        """The engine's persist hook: the change's intent, then the applied store, around the commit."""
         store = self._store
         if store is None:
-            return
-        try:
-            store.record(op, text, known_tiers=self._engine.tiers)
-        except Exception as exc:  # record() changes nothing, in memory or on disk, when it fails
-            raise ApplyFailed(f"applied store {store.path}: {exc}") from exc
+            raise AgentError("the local API keeps changes only with an applied store")
+        return StoreIntent(store, op, text, lambda: self._engine.tiers)
 
 
 class OutcomeUnknown(AgentError):
@@ -156,4 +154,5 @@ def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> d
             return recv_message(sock)
         except (OSError, FrameError) as exc:
             raise OutcomeUnknown(f"agent at {socket_path} closed the connection before replying "
-                                 f"({exc}): outcome unknown, check status") from exc
+                                 f"({exc}): outcome unknown; the agent's next start keeps the change if OVS "
+                                 "enforced it, drops it if not (`npaudit status` says which)") from exc

@@ -1,6 +1,6 @@
 """Property, against a real OVS and the Agent itself: after any sequence of `npaudit apply|delete`
-requests (valid or not) and agent restarts, br-int holds exactly compile(store), and the store
-exactly what the operator was told succeeded.
+requests (valid or not) and agent restarts, br-int holds exactly compile(store) plus the store's
+generation marker, and the store exactly what the operator was told succeeded.
 
 A restart is a new Agent over the same state dir and the same OVS. The Pods are running ones
 (CNI state from before, as the agent finds it after a restart; their ports need not exist).
@@ -27,6 +27,7 @@ from packetin.channel import ChannelSettings, OpenFlowChannel
 from policy_agent.agent import Agent
 from policy_agent.cni.state import READY, ContainerState, ContainerStates, PodInterfaceInfo
 from policy_agent.config.loader import loads
+from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.local_api import call
 from tests.support.apply_sequences import (
@@ -114,11 +115,13 @@ async def play(env: PrivateBridge, sequence: list[str], state: Path) -> None:
                                                     {"op": op, "manifests": text, "source": step})
                     if reply["ok"]:
                         told.succeeded(op, text)
-                stored = AppliedStore(state / "applied.yaml").objects()
+                store = AppliedStore(state / "applied.yaml")
+                stored = store.objects()
                 assert keyed(stored) == told.objects, f"after {step}: the store differs from what the operator was told"
-                want = await reference.holds(expected_flows(stored, RUNNING, agent.round_))
+                marker = tables.generation_marker(agent.round_, store.generation)  # the store's generation in OVS too
+                want = await reference.holds([*expected_flows(stored, RUNNING, agent.round_), marker])
                 got = await asyncio.to_thread(dump, env, BRIDGE)
-                assert got == want, f"after {step}: br-int does not hold compile(store)"
+                assert got == want, f"after {step}: br-int does not hold compile(store) and the store's generation"
     finally:
         await agent.stop()
 

@@ -146,5 +146,6 @@ def test_a_change_rewrites_the_file_as_a_full_dump_of_the_set(tmp_path: Path,
             else:
                 model.pop(applied_store._key(doc), None)
         expected = documents.dump_yaml(model.values())
-        assert path.read_text(encoding="utf-8") == store.text() == expected
-        assert AppliedStore(path).text() == expected
+        assert store.text() == expected
+        assert path.read_text(encoding="utf-8") == f"# npaudit applied store, generation {store.generation}\n" + expected
+        assert AppliedStore(path).text() == expected and AppliedStore(path).generation == store.generation

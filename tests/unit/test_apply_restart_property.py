@@ -1,5 +1,6 @@
 """Property: after any sequence of applies (valid or not) and restarts, the switch holds exactly
-compile(store) and the store holds exactly what the operator was told succeeded.
+compile(store) plus the store's generation marker, and the store holds exactly what the operator
+was told succeeded.
 
 Against the fake switch: the channel, engine, local API and applied store are the real ones; a
 restart is a new channel and engine (next round) over the same state dir and the same switch,
@@ -27,6 +28,7 @@ from policy_agent.ovs import tables
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.sources.applied_store import AppliedStore
+from policy_agent.sources.apply_intent import StoreGeneration
 from policy_agent.sources.local_api import LocalApi
 from tests.support.apply_sequences import (
     REQUESTS, RESTART, RUNNING, RunningPod, Told, expected_flows, keyed, ranked, steps,
@@ -60,9 +62,8 @@ async def start(sock: str, state: Path, round_: int) -> Life:
     engine = PolicyEngine(channel, RuleRegistry(), round_=round_, meters=lambda: True)
     await engine.start()
     store = AppliedStore(state / "applied.yaml")
-    if len(store):
-        objs = load_text(store.text(), str(store.path))
-        await engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies)
+    objs = load_text(store.text(), str(store.path))  # with the store's generation marker, empty or not
+    await engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
     for r in RUNNING:
         await engine.pod_added(pod_info(r))  # type: ignore[arg-type]
     if round_ > 1:
@@ -101,10 +102,13 @@ async def play(sequence: list[str], sock: str, state: Path) -> None:
                 reply = await life.api.handle({"op": op, "manifests": text, "source": step})
                 if reply["ok"]:
                     told.succeeded(op, text)
-            stored = AppliedStore(state / "applied.yaml").objects()
+            store = AppliedStore(state / "applied.yaml")
+            stored = store.objects()
             assert keyed(stored) == told.objects, f"after {step}: the store differs from what the operator was told"
-            want = normalised(as_switch_table(expected_flows(stored, RUNNING, round_)))
-            assert normalised(switch.flows) == want, f"after {step}: the switch does not hold compile(store)"
+            marker = tables.generation_marker(round_, store.generation)  # the store's generation, in OVS too
+            want = normalised(as_switch_table([*expected_flows(stored, RUNNING, round_), marker]))
+            assert normalised(switch.flows) == want, (f"after {step}: the switch does not hold compile(store) "
+                                                      "and the store's generation")
     finally:
         await life.channel.close()
         await switch.stop()

@@ -56,7 +56,7 @@ def test_an_agent_that_vanishes_mid_request_means_outcome_unknown(state_dir: Pat
     rc, err = apply(state_dir, capsys)
     thread.join(5)
     assert rc == apply_cli.EXIT_OUTCOME_UNKNOWN and rc not in (0, 1)
-    assert err.count("\n") == 1 and "outcome unknown, check status" in err
+    assert err.count("\n") == 1 and "outcome unknown; the agent's next start keeps the change if OVS enforced it" in err
 
 
 def test_a_refusal_is_exit_1_with_the_agents_lines(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,13 +135,16 @@ def test_the_status_table_names_each_subsystem_and_escapes_what_came_from_users(
     status = snapshot(agent)
     status["problems"] = [{"time": T0, "level": "ERROR", "logger": "x", "message": "pod evil\x1b[2J"}]
     status["policy"] = {"tiers": 1, "policies": 2, "rules": 5, "namespaces": 2, "pods": 3}
+    status["apply_settlement"] = {"outcome": "rolled-forward", "reason": "OVS enforces generation 7", "intent": 7,
+                                  "switch": 7, "store": 7, "time": T0}
     out = io.StringIO()
     assert run_status(AgentConfig(), api=lambda s, r: {"ok": True, "status": status},
                       probe=lambda: (True, ""), out=out) == 0
     text = out.getvalue()
     lines = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith(" ")}
     assert set(lines) == {"agent", "openflow", "ovs", "meters", "ebpf", "traceflow", "policy", "audit", "syslog",
-                          "problems"}
+                          "apply", "problems"}
+    assert "interrupted apply rolled forward at start: OVS enforces generation 7" in lines["apply"]
     assert "no traces since start; 0 packet-ins of trace packets suppressed" in lines["traceflow"]
     assert "NOT connected" in lines["openflow"] and "3.1.0" in lines["ovs"]
     assert "disabled in the config" in lines["ebpf"] and "probe here: it can run" in lines["ebpf"]
