@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from tests.e2e.cluster import Cluster, PodHandle
+from tests.support.cluster import Cluster, PodHandle
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 # Sends TCP SYNs (connect attempts) to argv[1]:argv[2] every 10 ms until argv[3] exists;

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, logged_udp_drop
+from tests.support.cluster import Cluster, logged_udp_drop
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 TMPFS_BYTES = 1 << 20

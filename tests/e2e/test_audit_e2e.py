@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jsonschema
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "config" / "audit-record.schema.json").read_text())

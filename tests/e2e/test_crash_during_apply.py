@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 from tests.e2e.test_agent_restart import NO_80_TO_Y
 from tests.e2e.test_policy_e2e import namespaces_and_pods
 

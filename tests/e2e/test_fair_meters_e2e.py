@@ -26,7 +26,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, PodHandle
+from tests.support.cluster import Cluster, PodHandle
 from tests.e2e.test_meter_accounting_e2e import _free_port
 from tests.e2e.test_ovs_supervision import daemon_pid
 

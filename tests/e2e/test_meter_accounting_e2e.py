@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 from tests.e2e.test_audit_e2e import POLICIES, SCHEMA  # its drop-udp-from-x: a logged Drop, label sec-udp
 from tests.e2e.test_ovs_supervision import daemon_pid
 from tests.e2e.test_policy_e2e import namespaces_and_pods

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, _npaudit
+from tests.support.cluster import Cluster, _npaudit
 from tests.e2e.test_audit_e2e import wait_records
 from tests.support.rsyslog import free_port
 

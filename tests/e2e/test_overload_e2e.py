@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 from tests.e2e.test_offload_e2e import NAMESPACES, pod_y
 from tests.support.rsyslog import free_port
 from tests.support.udp_flood import send_flood

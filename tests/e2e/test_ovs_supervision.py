@@ -11,7 +11,7 @@ import time
 import pytest
 
 from policy_agent.ovs.embedded import pid_alive
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 from tests.e2e.test_agent_restart import KNOCKER, server_behind_no_80
 
 RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim

@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 
-from tests.e2e.cluster import SERVER_PORTS, UDP_PORT, Cluster
+from tests.support.cluster import SERVER_PORTS, UDP_PORT, Cluster
 
 NAMESPACES = ("x", "y", "z")
 PODS = ("a", "b", "c")

@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 
 
 def _free_port() -> int:

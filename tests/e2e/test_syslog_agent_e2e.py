@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
-from tests.e2e.cluster import Cluster, _npaudit
+from tests.support.cluster import Cluster, _npaudit
 from tests.support.syslog_receiver import TcpReceiver, alive, wait_for, write_records
 
 

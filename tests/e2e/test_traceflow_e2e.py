@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, PodHandle, _npaudit
+from tests.support.cluster import Cluster, PodHandle, _npaudit
 
 PODS = (("x", "a"), ("x", "b"), ("y", "b"), ("y", "c"), ("y", "d"))
 

@@ -21,7 +21,7 @@ from auditlog.fileset import audit_files, iter_lines
 from auditlog.pipeline import AuditPipeline
 from auditlog.verify import verify
 from auditlog.writer import AuditWriter
-from tests.unit.test_audit_pipeline import Writer, context, pin, udp_to
+from tests.unit.auditlog.test_pipeline import Writer, context, pin, udp_to
 
 HANG_GUARD = 5.0  # seconds: only ever reached when the behaviour is broken
 

@@ -18,7 +18,7 @@ from policy_agent.config import AgentConfig
 from policy_agent.status_cli import run_stats
 from tests.support.audit_records import T0, sample_record, write_set
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "config" / "audit-record.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "config" / "audit-record.schema.json").read_text())
 DENY = LossKey("policy", METER, "policy_deny")
 RATE = LossKey("policy", ADMISSION, "rate_limit")
 FULL = LossKey("policy", WRITER_FULL, "audit_writer", RECORDS)

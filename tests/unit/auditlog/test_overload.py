@@ -30,9 +30,9 @@ from packetin.model import PacketIn  # noqa: E402
 from policy_agent.config import ConfigError, loads  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
-from tests.unit.test_audit_pipeline import Writer  # noqa: E402
+from tests.unit.auditlog.test_pipeline import Writer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "config" / "audit-record.schema.json").read_text()))
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
 INGRESS_DROP = RuleInfo(rule_id=7, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="p",

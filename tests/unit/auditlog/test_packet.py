@@ -241,7 +241,7 @@ def test_flow_key_uses_dst_port_or_icmp_type() -> None:
 # ---- recorded OVS packet-ins ---------------------------------------------------------------
 
 RECORDED = [wire.decode_packet_in2(m, 0.0) for m in
-            wire.Framer().feed((Path(__file__).parent / "data" / "ovs31_packet_in2_stream.bin").read_bytes())]
+            wire.Framer().feed((Path(__file__).resolve().parents[1] / "data" / "ovs31_packet_in2_stream.bin").read_bytes())]
 
 
 @pytest.mark.parametrize("index", range(len(RECORDED)))

@@ -39,7 +39,7 @@ from packetin.model import PacketIn  # noqa: E402
 from policy_agent.policy.model import Action, Direction  # noqa: E402
 from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = json.loads((ROOT / "config" / "audit-record.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 

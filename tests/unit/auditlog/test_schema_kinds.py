@@ -21,9 +21,9 @@ from auditlog.aggregate import Aggregator
 from auditlog.loss_records import METER, LossKey, LossRecorder
 from auditlog.pipeline import AuditPipeline
 from auditlog.writer import AuditWriter
-from tests.unit.test_audit_overload import Backlog, context, overload, pin
+from tests.unit.auditlog.test_overload import Backlog, context, overload, pin
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "config" / "audit-record.schema.json").read_text()),
                                             format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 TORN = b'{"@timestamp": "2024-05-01T02:14'

@@ -22,7 +22,7 @@ from auditlog.syslog.rfc5424 import Header, encode_record, encode_test_message
 from auditlog.verify import EDITED, MISSING, REORDERED, main, verify
 from auditlog.writer import AuditWriter
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 COUNT = 12
 
 

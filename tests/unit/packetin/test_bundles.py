@@ -14,8 +14,8 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from packetin import bundles, messages
 from packetin.errors import ChannelClosed, OpenFlowError
-from tests.unit.fake_switch import eventually
-from tests.unit.test_channel import flow, ports, rig, run
+from tests.support.fake_switch import eventually
+from tests.unit.packetin.test_channel import flow, ports, rig, run
 
 @pytest.fixture
 def sock_path() -> Iterator[str]:

@@ -24,11 +24,11 @@ from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.errors import ChannelClosed, OpenFlowError
 from packetin.model import PacketIn
-from tests.unit.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, eventually, packet_in2
+from tests.support.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, eventually, packet_in2
 
 DPID = 0x00000A0B0C0D0E0F
 WALL = 1_700_000_000.25
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture

@@ -31,10 +31,10 @@ from policy_agent.policy.compiler import ClusterState, Endpoint, compile_policie
 from policy_agent.policy.manifests import ObjectSet, load_path, load_text
 from policy_agent.policy.model import STANDARD_TIERS
 
-SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
+SAMPLES = Path(__file__).resolve().parents[3] / "config" / "samples"
 COMMANDS = (ofp.OFPFC_ADD, ofp.OFPFC_DELETE_STRICT)
 
-# The policy shapes of tests/e2e/test_policy_e2e.py and tests/unit/test_compiler.py on the
+# The policy shapes of tests/e2e/test_policy_e2e.py and tests/unit/policy_agent/policy/test_compiler.py on the
 # sample Pods: tiers, Pass, Reject, logging, egress, ipBlock with except, port ranges, named
 # ports, UDP and SCTP, ICMP type/code (`protocols`, alone and beside ports), Kubernetes
 # isolation in both directions.

@@ -32,9 +32,9 @@ from packetin.demux import Demux, FairShareSettings  # noqa: E402
 from packetin.errors import DecodeError  # noqa: E402
 from packetin.groups import PacketInGroup, group_key, split_read  # noqa: E402
 from packetin.model import Category, Flags, PacketIn, Userdata  # noqa: E402
-from tests.unit.test_audit_overload import context  # noqa: E402
-from tests.unit.test_audit_pipeline import Writer  # noqa: E402
-from tests.unit.test_wire import in_port_oxm, nxm_reg_oxm, oxm, packet_in2, prop, xreg3_oxm  # noqa: E402
+from tests.unit.auditlog.test_overload import context  # noqa: E402
+from tests.unit.auditlog.test_pipeline import Writer  # noqa: E402
+from tests.unit.packetin.test_wire import in_port_oxm, nxm_reg_oxm, oxm, packet_in2, prop, xreg3_oxm  # noqa: E402
 
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
 AT = 1_700_000_000.0

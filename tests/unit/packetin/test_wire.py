@@ -25,7 +25,7 @@ from packetin.errors import DecodeError
 from packetin.model import Category, Userdata, PacketIn
 from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4, IPPROTO_ICMP
 
-DATA = Path(__file__).parent / "data" / "ovs31_packet_in2_stream.bin"
+DATA = Path(__file__).resolve().parents[1] / "data" / "ovs31_packet_in2_stream.bin"
 STREAM = DATA.read_bytes()
 RECORDED = wire.Framer().feed(STREAM)
 

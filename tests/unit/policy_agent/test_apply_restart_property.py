@@ -31,8 +31,8 @@ from policy_agent.sources.local_api import LocalApi
 from tests.support.apply_sequences import (
     REQUESTS, RESTART, RUNNING, RunningPod, Told, expected_flows, keyed, ranked, steps,
 )
-from tests.unit.fake_switch import Flow, FakeSwitch
-from tests.unit.test_channel import run
+from tests.support.fake_switch import Flow, FakeSwitch
+from tests.unit.packetin.test_channel import run
 
 
 def pod_info(r: RunningPod) -> PodInterfaceInfo:

@@ -31,7 +31,7 @@ from policy_agent.rule_meters import RuleMeters, RuleMetersCollector
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceStats
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 class _NoPods:

@@ -21,9 +21,9 @@ from packetin.model import Flags, PacketIn
 from packetin.demux import Demux
 from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, InputPressure, PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
-from tests.unit.test_audit_overload import context, pin
-from tests.unit.test_audit_pipeline import Writer
-from tests.unit.test_packetin_groups import AT, frame, message
+from tests.unit.auditlog.test_overload import context, pin
+from tests.unit.auditlog.test_pipeline import Writer
+from tests.unit.packetin.test_groups import AT, frame, message
 
 FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + 300)]
 

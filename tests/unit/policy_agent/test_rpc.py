@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from policy_agent import rpc
 from policy_agent.rpc import ConnectionClosed, FrameError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20),

@@ -23,8 +23,8 @@ from policy_agent.policy.model import (
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.local_api import LocalApi
-from tests.unit.test_channel import rig, run
-from tests.unit.test_engine import Info
+from tests.unit.packetin.test_channel import rig, run
+from tests.unit.policy_agent.test_engine import Info
 
 @pytest.fixture
 def sock_path() -> Iterator[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from policy_agent.cni import wire
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "config" / "deploy"
 UNIT = DEPLOY / "npaudit-agent.service"
 INSTALL_CNI = DEPLOY / "install-cni.sh"

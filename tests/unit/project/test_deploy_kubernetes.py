@@ -24,9 +24,9 @@ from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesSource
-from tests.unit.test_k8s_source import FakeApiServer
+from tests.unit.policy_agent.sources.test_kubernetes import FakeApiServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "config" / "deploy"
 K8S = DEPLOY / "kubernetes"
 CONFLIST = DEPLOY / "cni" / "10-npaudit.conflist"

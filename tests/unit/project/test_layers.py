@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LAYERS = ("meters", "packetin", "auditlog", "policy_agent")
 MAX_LINES = 500  # STYLE.md: a module answers one question
 

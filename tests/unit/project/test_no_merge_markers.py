@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MARKER = re.compile(rb"^(<{7} |>{7} |={7}$)", re.MULTILINE)
 
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from auditlog.writer import LOSS_KEYS
-from tests.unit.test_metrics_names import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
+from tests.unit.policy_agent.test_metrics_names import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
 
-CONFIG = Path(__file__).resolve().parents[2] / "config"
+CONFIG = Path(__file__).resolve().parents[3] / "config"
 ALERTS = CONFIG / "prometheus" / "npaudit-alerts.yaml"
 DASHBOARD = CONFIG / "grafana" / "npaudit-dashboard.json"
 # Labels Prometheus adds from the scrape target, on every series.

@@ -14,7 +14,7 @@ import yaml
 
 from policy_agent.config import AgentConfig
 
-SHIPPED = Path(__file__).resolve().parents[2] / "config" / "syslog"
+SHIPPED = Path(__file__).resolve().parents[3] / "config" / "syslog"
 
 
 def test_the_fluent_bit_snippet_tails_the_default_audit_file_and_keeps_each_record_whole() -> None:

@@ -22,7 +22,7 @@ from auditlog.syslog.status import SyslogStatus
 from auditlog.syslog.transport import TlsOptions
 from tests.support.syslog_receiver import TcpReceiver, alive, state, wait_for, write_records
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from policy_agent.cni import wire
 from policy_agent.cni.plugin import run
 from policy_agent.cni.server import CniServer, CniServerError
 from policy_agent.cni.wire import CniError, CniRequest
-from tests.unit.test_rpc import json_values
+from tests.unit.policy_agent.test_rpc import json_values
 
 RESULT = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
           "ips": [{"address": "10.245.0.2/24", "gateway": "10.245.0.1", "interface": 0}],

@@ -10,7 +10,7 @@ import pytest
 
 from policy_agent import config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SHIPPED = ROOT / "config" / "npaudit.yaml"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from policy_agent import config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_node_name_from_the_config_wins_over_node_name_in_the_environment() -> None:

@@ -12,7 +12,7 @@ from auditlog.syslog.rfc5424 import Framing
 from policy_agent.config import ConfigError, load, loads, syslog_destination
 from policy_agent.metrics import SyslogCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_the_shipped_config_forwards_nowhere_and_keeps_checkpoints_under_state_dir() -> None:

@@ -17,9 +17,9 @@ from policy_agent.policy.model import (
 )
 from policy_agent.policy.rules import RuleRegistry
 
-from tests.unit.flowsim import FlowTable
-from tests.unit.test_engine import Info
-from tests.unit.test_incremental import MirrorChannel
+from tests.support.flowsim import FlowTable
+from tests.unit.policy_agent.test_engine import Info
+from tests.unit.policy_agent.policy.test_incremental import MirrorChannel
 
 
 def labels(**kv: str) -> tuple[tuple[str, str], ...]:

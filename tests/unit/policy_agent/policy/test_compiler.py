@@ -15,7 +15,7 @@ from policy_agent.policy.model import (
     Pod, Policy, PolicyKind, PortSpec, Rule,
 )
 
-from tests.unit.flowsim import FlowTable, Verdict
+from tests.support.flowsim import FlowTable, Verdict
 
 NS = ("x", "y", "z")
 PODS = ("a", "b", "c")

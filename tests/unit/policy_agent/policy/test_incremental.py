@@ -20,8 +20,8 @@ from policy_agent.policy.model import (
 )
 from policy_agent.policy.rules import RuleRegistry
 
-from tests.unit.flowsim import FlowTable
-from tests.unit.test_engine import Info
+from tests.support.flowsim import FlowTable
+from tests.unit.policy_agent.test_engine import Info
 
 NAMESPACES = ("x", "y", "z")
 PODS = tuple(f"p{i}" for i in range(6))

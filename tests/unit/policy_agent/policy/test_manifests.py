@@ -18,7 +18,7 @@ from policy_agent.policy.model import (
     Policy, PolicyKind, PortSpec, Requirement, Rule, Tier,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SAMPLES = ROOT / "config" / "samples"
 V1BETA1 = "crd.antrea.io/v1beta1"
 LEGACY_GROUPS = ["crd.antrea.io/v1alpha1", "security.antrea.tanzu.vmware.com/v1alpha1"]

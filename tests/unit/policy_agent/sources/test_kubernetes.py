@@ -23,7 +23,7 @@ from policy_agent.sources.kubernetes import KubernetesConfigError, KubernetesSou
 from policy_agent.sources.kubernetes_watch import SHORT_WATCH, backoff_delay
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
 
-DATA = Path(__file__).parent / "data" / "k8s"
+DATA = Path(__file__).resolve().parents[2] / "data" / "k8s"
 NODE = "node-a"
 
 NAMESPACES = "/api/v1/namespaces"

@@ -12,8 +12,8 @@ from policy_agent.traceflow.flows import TRACE_PRIORITY, Phase, TraceMark, trace
 from policy_agent.traceflow.result import Copy, Destination, decode
 from policy_agent.traceflow.tags import TraceTag
 
-from tests.unit.flowsim import FlowTable, Verdict
-from tests.unit.test_compiler import acnp, cluster, ep, k8s, ns_sel, sel
+from tests.support.flowsim import FlowTable, Verdict
+from tests.unit.policy_agent.policy.test_compiler import acnp, cluster, ep, k8s, ns_sel, sel
 
 SPORT = 40001
 
