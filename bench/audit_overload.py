@@ -65,8 +65,8 @@ from packetin.model import Category  # noqa: E402
 from policy_agent.config import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.e2e.test_overload_e2e import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
-                                         start_flood_pods)
+from tests.support.overload_scenario import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
+                                             start_flood_pods)
 from tests.support.udp_flood import send_flood  # noqa: E402
 
 
@@ -219,7 +219,7 @@ class _NullWriter:
 
 def flood_messages(n: int) -> list[bytes]:
     """n NXT_PACKET_IN2 of a new-key flood (a new UDP destination port each), as OVS 3.1 sends them."""
-    from tests.unit.packetin.test_groups import frame, message
+    from tests.support.packet_ins import frame, message
 
     return [message(frame("10.246.0.2", "10.246.0.3", "udp", 1024 + i % 64000, ident=i & 0xFFFF),
                     reg6=RULE_ID + (i // 64000) % 8, ct_tp_dst=1024 + i % 64000) for i in range(n)]

@@ -42,8 +42,8 @@ from xdp_offload import tx_dropped  # noqa: E402
 
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.e2e.test_offload_e2e import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
-from tests.support.rsyslog import free_port  # noqa: E402
+from tests.support.offload_scenario import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 # The e2e test's Pods and logged Drop (applied to y/a by label), plus the quiet Pods' namespace.
 MANIFESTS = "---\n".join([NAMESPACES, pod_y("web"), "apiVersion: v1\nkind: Namespace\nmetadata: {name: q}\n",

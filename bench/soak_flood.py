@@ -44,8 +44,8 @@ from flood import MANIFESTS, cpu  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.e2e.test_offload_e2e import PORT  # noqa: E402
-from tests.support.rsyslog import free_port  # noqa: E402
+from tests.support.offload_scenario import PORT  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.udp_flood import send_flood  # noqa: E402
 
 RSS_TARGET_MB = 200.0

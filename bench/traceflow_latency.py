@@ -33,7 +33,7 @@ from bench.cni_latency import pct  # noqa: E402
 from policy_agent.config import load  # noqa: E402
 from policy_agent.sources.local_api import SYSLOG_STATUS_OP, TRACE_OP, call  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.e2e.test_traceflow_e2e import FLOOD, meter_drops, setup  # noqa: E402
+from tests.support.traceflow_scenario import FLOOD, meter_drops, setup  # noqa: E402
 
 TARGETS_P99_MS = {"no_flood": 50.0, "flood": 100.0}
 CASES = ((dict(to="y/b", protocol="tcp", port=80), "dropped"), (dict(to="y/b", protocol="udp", port=53), "delivered"))

@@ -12,8 +12,8 @@ import sys
 import time
 
 from tests.support.cluster import Cluster
-from tests.e2e.test_agent_restart import NO_80_TO_Y
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.e2e_scenarios import NO_80_TO_Y
+from tests.support.e2e_scenarios import namespaces_and_pods
 
 BIG_FIRST_PORT, BIG_RULES = 2000, 3000  # the reported run: 3,001 rules, killed 2.4 s into a 2.9 s apply
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from packetin import bundles, messages
+from tests.support.waiting import eventually
 
 HEADER = struct.Struct("!BBHI")  # version, type, length, xid
 VERSION = 6
@@ -83,16 +84,6 @@ def packet_in2(*, xid: int = 0, packet: bytes = b"\0" * 14, table_id: int = 0, c
     if userdata:
         props += prop(7, userdata)
     return message(ofp.OFPT_EXPERIMENTER, xid, struct.pack("!II", NX_VENDOR, NXT_PACKET_IN2) + props + tail)
-
-
-async def eventually(pred: Callable[[], bool], timeout: float = 2.0, what: str = "condition") -> None:
-    """Poll `pred` every 5 ms; AssertionError after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from auditlog.logs_command import LogsRequest, run_logs
 from auditlog.query import Filter, Query
 from auditlog.writer import AuditWriter
 from tests.support.audit_records import sample_record
+from tests.support.waiting import wait_for
 
 NOW = dt.datetime(2024, 5, 2, tzinfo=dt.timezone.utc)
 MAX_BYTES = 6000  # about eight records per file: a rotation every few records
@@ -61,15 +62,6 @@ def write(w: AuditWriter, first: int, count: int, pause: float = 0.0) -> None:
     assert w.flush_wait(10)
 
 
-def wait_for(condition, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 @pytest.mark.parametrize("history", [{"last": 5}, {}], ids=["last-5-then-follow", "from-the-end"])
 def test_follow_sees_every_record_once_across_rotation_and_compression(writer, tmp_path, history):
     write(writer, 0, 20)
@@ -82,13 +74,13 @@ def test_follow_sees_every_record_once_across_rotation_and_compression(writer, t
     try:
         first = 16 if history else 21
         if history:
-            assert wait_for(lambda: sink.seqs() == list(range(16, 21)))
+            wait_for(lambda: sink.seqs() == list(range(16, 21)))
         else:
             time.sleep(0.3)  # let it take its position at the end before anything new is written
         rotations = writer.stats["rotations"]
         write(writer, 20, 200, pause=0.002)  # a writer thread of its own, while the follower polls
         assert writer.wait_compressed(10)
-        assert wait_for(lambda: len(sink.seqs()) >= 220 - first + 1)
+        wait_for(lambda: len(sink.seqs()) >= 220 - first + 1)
     finally:
         stop.set()
         follower.join(10)
@@ -112,7 +104,7 @@ def test_follow_filters_new_records(writer, tmp_path):
         expected = [i + 1 for i, r in enumerate(records) if r["npaudit"]["disposition"] == "Drop"
                     and "kube-system" not in (r["npaudit"]["source"]["pod"]["namespace"],
                                               r["npaudit"].get("destination", {}).get("pod", {}).get("namespace"))]
-        assert wait_for(lambda: sink.seqs() == expected)
+        wait_for(lambda: sink.seqs() == expected)
     finally:
         stop.set()
         thread.join(10)

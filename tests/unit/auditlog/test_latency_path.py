@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -21,23 +20,14 @@ from auditlog.fileset import audit_files, iter_lines
 from auditlog.pipeline import AuditPipeline
 from auditlog.verify import verify
 from auditlog.writer import AuditWriter
-from tests.unit.auditlog.test_pipeline import Writer, context, pin, udp_to
+from tests.support.audit_pipeline import Writer, context, pin, udp_to
+from tests.support.waiting import eventually
 
 HANG_GUARD = 5.0  # seconds: only ever reached when the behaviour is broken
 
 
 def lines_of(live: Path) -> list[dict[str, Any]]:
     return [json.loads(raw) for _, p in audit_files(live) for _, _, raw in iter_lines(p)]
-
-
-async def until(condition: Callable[[], bool]) -> bool:
-    """Poll as a tailing reader would, yielding to the event loop; False past the hang guard."""
-    deadline = time.monotonic() + HANG_GUARD
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.001)
-    return True
 
 
 @pytest.fixture
@@ -54,8 +44,8 @@ def test_a_new_keys_first_record_is_in_the_file_with_no_further_packet_and_no_ti
             pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), wall_clock=lambda: 100.0)
             pipeline.start()
             pipeline(pin(udp_to(5353), 100.0))
-            assert await until(lambda: live.exists() and live.read_bytes().endswith(b"\n")), \
-                "the first record of a new key never reached the file"
+            await eventually(lambda: live.exists() and live.read_bytes().endswith(b"\n"), HANG_GUARD,
+                             "the first record of a new key to reach the file")
             held = pipeline.aggregator.snapshot().open_windows
             await pipeline.close()
             return lines_of(live), held
@@ -77,12 +67,12 @@ def test_the_window_timer_sleeps_through_new_keys_and_still_closes_every_window(
         woken = []
         pipeline(pin(udp_to(1), 100.0))  # the timer has no deadline yet: woken
         woken.append(pipeline._wake.is_set())
-        assert await until(lambda: not pipeline._wake.is_set())  # it sleeps until the first window closes
+        await eventually(lambda: not pipeline._wake.is_set(), HANG_GUARD)  # it sleeps until the first window closes
         for port in (2, 3, 1, 2, 3):
             pipeline(pin(udp_to(port), 100.01))  # new keys and repeats: no window closes sooner
             woken.append(pipeline._wake.is_set())
         clock[0] = 100.2  # past every deadline: the timer closes the windows with repeats
-        assert await until(lambda: len(writer.records) == 6), writer.records
+        await eventually(lambda: len(writer.records) == 6, HANG_GUARD, lambda: f"6 records in {writer.records}")
         await pipeline.close()
         return writer, woken
 
@@ -99,11 +89,12 @@ def test_a_window_opened_after_the_wall_clock_stepped_back_closes_without_waitin
         pipeline = AuditPipeline(context(), writer, Aggregator(window=1000.0), wall_clock=lambda: clock[0])
         pipeline.start()
         pipeline(pin(udp_to(1), 5000.0))
-        assert await until(lambda: not pipeline._wake.is_set())
+        await eventually(lambda: not pipeline._wake.is_set(), HANG_GUARD)
         clock[0] = 2000.0  # the clock was reset far back; the new timeline's windows end at 1010
         pipeline(pin(udp_to(2), 10.0))
         pipeline(pin(udp_to(2), 10.0))  # a repeat: its aggregate is due at 1010, long past at 2000
-        assert await until(lambda: len(writer.records) == 3), "the timer slept on the old timeline's deadline"
+        await eventually(lambda: len(writer.records) == 3, HANG_GUARD,
+                         "3 records (else the timer slept on the old timeline's deadline)")
         await pipeline.close()
         return writer
 

@@ -17,61 +17,20 @@ import pytest
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 
-from scapy.layers.inet import IP, TCP, UDP  # noqa: E402
-from scapy.layers.l2 import Ether  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
 from auditlog.jcs import canonical  # noqa: E402
 from auditlog.overload import FULL, PEERS, PORTS, Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
-from auditlog.record import RecordContext  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
 from policy_agent.config import ConfigError, loads  # noqa: E402
-from policy_agent.policy.model import Action, Direction  # noqa: E402
-from policy_agent.policy.rules import RuleInfo, RuleRegistry  # noqa: E402
-from tests.unit.auditlog.test_pipeline import Writer  # noqa: E402
+from tests.support.audit_pipeline import Writer  # noqa: E402
+from tests.support.audit_overload import Backlog, DROP, context, overload, pin
 
 ROOT = Path(__file__).resolve().parents[3]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "config" / "audit-record.schema.json").read_text()))
-MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
-INGRESS_DROP = RuleInfo(rule_id=7, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="p",
-                        rule_name="r", tier="securityops", priority=1.0, action=Action.DROP,
-                        direction=Direction.INGRESS, log_label="", logged=True)
 ALLOW = 0
-DROP = 1
-
-
-class Pods:
-    def by_ip(self, ip: str) -> tuple[str, str] | None:
-        return {"10.0.0.2": ("backend", "db")}.get(ip)
-
-
-def context() -> RecordContext:
-    rules = RuleRegistry()
-    rules.replace({INGRESS_DROP.rule_id: INGRESS_DROP})
-    return RecordContext(node="n", rules=rules, pods=Pods())
-
-
-def pin(src: str, sport: int, dport: int, at: float, disposition: int = DROP, tcp: bool = False) -> PacketIn:
-    l4 = TCP(sport=sport, dport=dport) if tcp else UDP(sport=sport, dport=dport)
-    frame = bytes(Ether(**MAC) / IP(src=src, dst="10.0.0.2") / l4)
-    return PacketIn(reason=0, table_id=40, cookie=1, in_port=1, rule_id=INGRESS_DROP.rule_id, reg7=disposition,
-                    userdata=b"", packet=frame, total_len=len(frame), received_at=at)
-
-
-class Backlog:
-    def __init__(self) -> None:
-        self.fill = 0.0
-
-    def __call__(self) -> float:
-        return self.fill
-
-
-def overload(backlog: Backlog) -> Overload:
-    return Overload(backlog, high_mark=0.5, peers_mark=0.8, low_mark=0.1)
-
-
 def test_overload_enters_above_the_high_mark_and_leaves_only_below_the_low_mark() -> None:
     backlog = Backlog()
     ov = overload(backlog)

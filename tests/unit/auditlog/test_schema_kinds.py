@@ -21,7 +21,7 @@ from auditlog.aggregate import Aggregator
 from auditlog.loss_records import METER, LossKey, LossRecorder
 from auditlog.pipeline import AuditPipeline
 from auditlog.writer import AuditWriter
-from tests.unit.auditlog.test_overload import Backlog, context, overload, pin
+from tests.support.audit_overload import Backlog, context, overload, pin
 
 ROOT = Path(__file__).resolve().parents[3]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "config" / "audit-record.schema.json").read_text()),

@@ -11,68 +11,19 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from auditlog import compressor as compressor_mod, rotation as rotation_mod, writer as writer_mod
-from auditlog.chain import GENESIS, RecordText, check_line
+from auditlog.chain import GENESIS, check_line
 from auditlog.fileset import audit_files, iter_lines
 from auditlog.verify import main as verify_main, verify
 from auditlog.writer import AuditWriter
+from tests.support.audit_writer import lines_of, record, record_fields, whole_records
+from tests.support.audit_writer import live, make_writer  # noqa: F401 (fixtures)
 
 DAY = 86400.0
-
-
-def record(i: int) -> RecordText:
-    return RecordText.of(record_fields(i))
-
-
-def record_fields(i: int) -> dict[str, Any]:
-    return {"@timestamp": "2024-05-01T02:14:03.512Z", "event": {"action": "dropped", "id": f"e{i}"},
-            "source": {"ip": "10.0.0.5", "port": 40000 + i % 20000}, "destination": {"ip": "10.0.1.7", "port": 80},
-            "rule": {"name": 'deny "all"\nnext-line \u2028 é'}, "npaudit": {"disposition": "Drop"}}
-
-
-def lines_of(path: Path) -> list[dict[str, Any]]:
-    """Every record in the writer's file set, oldest first."""
-    out = []
-    for _, p in audit_files(path):
-        for _, _, raw in iter_lines(p):
-            out.append(json.loads(raw))
-    return out
-
-
-def whole_records(path: Path) -> list[dict[str, Any]]:
-    """The records of one file, skipping lines a failed write cut short."""
-    got = []
-    for _, _, raw in iter_lines(path):
-        try:
-            got.append(json.loads(raw))
-        except ValueError:
-            continue  # a half line
-    return got
-
-
-@pytest.fixture
-def live(tmp_path: Path) -> Path:
-    return tmp_path / "var" / "log" / "npaudit" / "audit.jsonl"
-
-
-@pytest.fixture
-def make_writer() -> Iterator[Callable[..., AuditWriter]]:
-    made: list[AuditWriter] = []
-
-    def make(path: Path, *, start: bool = True, **kw: Any) -> AuditWriter:
-        w = AuditWriter(path, **kw)
-        made.append(w)
-        if start:
-            w.start()
-        return w
-
-    yield make
-    for w in made:
-        w.close(timeout=10)
 
 
 def test_lone_record_reaches_the_file_at_once(live, make_writer):

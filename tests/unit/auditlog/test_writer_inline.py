@@ -21,7 +21,7 @@ from auditlog.chain import RecordText
 from auditlog.fileset import audit_files
 from auditlog.verify import verify
 from auditlog.writer import AuditWriter
-from tests.unit.auditlog.test_writer import lines_of, live, make_writer, record, whole_records  # noqa: F401 (fixtures)
+from tests.support.audit_writer import lines_of, live, make_writer, record, whole_records  # noqa: F401 (fixtures)
 
 HANG_GUARD = 5.0  # seconds: only reached when the behaviour is broken
 

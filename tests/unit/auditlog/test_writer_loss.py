@@ -16,7 +16,7 @@ import pytest
 from auditlog import rotation as rotation_mod
 from auditlog.verify import main as verify_main, verify
 from auditlog.writer import AuditWriter, AuditWriterError
-from tests.unit.auditlog.test_writer import lines_of, live, make_writer, record  # noqa: F401 (fixtures)
+from tests.support.audit_writer import lines_of, live, make_writer, record  # noqa: F401 (fixtures)
 
 
 def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
@@ -14,15 +12,8 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from packetin import bundles, messages
 from packetin.errors import ChannelClosed, OpenFlowError
-from tests.support.fake_switch import eventually
-from tests.unit.packetin.test_channel import flow, ports, rig, run
-
-@pytest.fixture
-def sock_path() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="fsw", dir="/tmp")  # not tmp_path: AF_UNIX paths are limited to 108 bytes
-    yield d + "/br-int.mgmt"
-    shutil.rmtree(d, ignore_errors=True)
-
+from tests.support.waiting import eventually
+from tests.support.channel_rig import flow, ports, rig, run, sock_path  # noqa: F401 (fixtures)
 
 OLD = [flow(1, 100, 1, in_port=1), flow(1, 100, 2, in_port=2), flow(1, 90, 3, in_port=3)]
 # One new flow, one overwrite of OLD[0] (same key, new output), one delete of OLD[2].

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import os
-import shutil
 import struct
-import tempfile
-import time
 import warnings
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import pytest
 from os_ken.ofproto import ofproto_v1_5 as ofp
@@ -23,80 +18,12 @@ from meters.ovs import MeterSupport
 from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.errors import ChannelClosed, OpenFlowError
-from packetin.model import PacketIn
-from tests.support.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, eventually, packet_in2
+from tests.support.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, packet_in2
+from tests.support.channel_rig import DPID, Rig, WALL, flow, ports, rig, run, sock_path  # noqa: F401 (fixtures)
+from tests.support.waiting import eventually
+from tests.support.clock import ManualClock
 
-DPID = 0x00000A0B0C0D0E0F
-WALL = 1_700_000_000.25
 DATA = Path(__file__).resolve().parents[1] / "data"
-
-
-@pytest.fixture
-def sock_path() -> Any:
-    d = tempfile.mkdtemp(prefix="fsw", dir="/tmp")  # AF_UNIX paths are limited to 108 bytes
-    yield os.path.join(d, "br-int.mgmt")
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 4.0) -> Any:
-    """asyncio.run with a hard cap, so a hang fails the test instead of the suite."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-class Rig:
-    """A fake switch, a channel connected to it, and what the channel delivered."""
-
-    def __init__(self, path: str, fake: FakeSwitch, chan: OpenFlowChannel) -> None:
-        self.path = path
-        self.fake = fake
-        self.chan = chan
-        self.fakes = [fake]
-        self.batches: list[list[PacketIn]] = []
-        self.malformed_calls: list[int] = []
-
-    @property
-    def packet_ins(self) -> list[PacketIn]:
-        return [p for b in self.batches for p in b]
-
-    async def restart_switch(self, **fake_kw: Any) -> FakeSwitch:
-        """ovs-vswitchd dies and comes back on the same socket with an empty table."""
-        await self.fake.stop()
-        self.fake = FakeSwitch(self.path, datapath_id=DPID, **fake_kw)
-        self.fakes.append(self.fake)
-        await self.fake.start()
-        return self.fake
-
-
-@contextlib.asynccontextmanager
-async def rig(path: str, *, wait: bool = True, fake_kw: dict[str, Any] | None = None,
-              mono_clock: Callable[[], float] = time.monotonic, **settings: Any) -> AsyncIterator[Rig]:
-    fake = FakeSwitch(path, datapath_id=DPID, **(fake_kw or {}))
-    await fake.start()
-    settings.setdefault("request_timeout", 2.0)
-    settings.setdefault("reconnect_max", 0.2)
-    r: Rig
-    chan = OpenFlowChannel(ChannelSettings(target=path, **settings),
-                           lambda batch, mono: r.batches.append(batch),
-                           on_malformed=lambda n: r.malformed_calls.append(n),
-                           mono_clock=mono_clock, wall_clock=lambda: WALL)
-    r = Rig(path, fake, chan)
-    chan.start()
-    try:
-        if wait:
-            await chan.wait_ready(2.0)
-        yield r
-    finally:
-        await chan.close()
-        for f in r.fakes:
-            await f.stop()
-
-
-def flow(table: int, priority: int, port: int, **match: Any) -> messages.FlowSpec:
-    return messages.FlowSpec.make(table, priority, match, [messages.Output(port)])
-
-
-def ports(actions: list[Any]) -> list[int]:
-    return [a.port for a in actions if isinstance(a, parser.OFPActionOutput)]
 
 
 # --- handshake -------------------------------------------------------------------------
@@ -220,7 +147,6 @@ def test_refused_flow_raises_naming_the_flow(sock_path: str) -> None:
             assert (0, 60, (("in_port", 5),)) in r.fake.flows
             assert r.chan.connects == 1
     run(main())
-
 
 
 def test_flows_accepted_in_a_partly_refused_batch_survive_a_restart(sock_path: str) -> None:
@@ -424,19 +350,6 @@ def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> Non
 # --- keepalive ---------------------------------------------------------------------------
 
 
-class ManualClock:
-    """A monotonic clock that moves only when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 async def next_echo(r: Rig, what: str) -> None:
     """Wait for the channel's next keepalive tick to reach the switch."""
     n = r.fake.echo_requests
@@ -444,7 +357,7 @@ async def next_echo(r: Rig, what: str) -> None:
 
 
 def test_keepalive_drops_a_silent_switch_and_reconnects(sock_path: str) -> None:
-    clock = ManualClock()
+    clock = ManualClock(1000.0)
 
     async def main() -> None:
         async with rig(sock_path, echo_interval=0.02, echo_timeout=0.3, mono_clock=clock) as r:

@@ -75,7 +75,7 @@ def test_the_window_timer_stops_at_close_right_after_its_first_packet():
     """The hang a full unit run met: close() right after the first packet-in woke the timer."""
     from auditlog.aggregate import Aggregator
     from auditlog.pipeline import AuditPipeline
-    from tests.unit.auditlog.test_pipeline import Writer, context, pin, udp_to
+    from tests.support.audit_pipeline import Writer, context, pin, udp_to
 
     async def run() -> bool:
         pipeline = AuditPipeline(context(), Writer(), Aggregator(window=1.0), wall_clock=lambda: 100.0)

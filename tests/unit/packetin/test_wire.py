@@ -24,6 +24,7 @@ from packetin import messages, wire
 from packetin.errors import DecodeError
 from packetin.model import Category, Userdata, PacketIn
 from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4, IPPROTO_ICMP
+from tests.support.packet_ins import in_port_oxm, nxm_reg_oxm, oxm, packet_in2, prop, xreg3_oxm
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ovs31_packet_in2_stream.bin"
 STREAM = DATA.read_bytes()
@@ -43,38 +44,9 @@ u64 = st.integers(0, 0xFFFF_FFFF_FFFF_FFFF)
 # --- building messages by hand ---------------------------------------------------------
 
 
-def prop(ptype: int, body: bytes) -> bytes:
-    """One property: `!HH` type, length (header + body), body, zero padding to 8."""
-    length = 4 + len(body)
-    return struct.pack("!HH", ptype, length) + body + b"\0" * (-length % 8)
-
-
-def oxm(oxm_class: int, field_: int, value: bytes, mask: bytes = b"") -> bytes:
-    header = (oxm_class << 16) | (field_ << 9) | (bool(mask) << 8) | (len(value) + len(mask))
-    return struct.pack("!I", header) + value + mask
-
-
-def packet_in2(props: list[bytes], xid: int = 0) -> bytes:
-    body = b"".join(props)
-    return struct.pack("!BBHIII", 6, 4, 16 + len(body), xid, 0x2320, 30) + body
-
-
 def with_length(raw: bytes) -> bytes:
     """`raw` with its OpenFlow length field rewritten to match its size."""
     return raw[:2] + struct.pack("!H", len(raw) & 0xFFFF) + raw[4:]
-
-
-def in_port_oxm(port: int) -> bytes:
-    return oxm(0x8000, 0, struct.pack("!I", port))
-
-
-def xreg3_oxm(reg6: int, reg7: int) -> bytes:
-    # OF1.5 packet register xreg3 = (reg6 << 32) | reg7.
-    return oxm(0x8001, 3, struct.pack("!Q", (reg6 << 32) | reg7))
-
-
-def nxm_reg_oxm(n: int, value: int) -> bytes:
-    return oxm(0x0001, n, struct.pack("!I", value))
 
 
 # Metadata entries the decoder must skip: other registers, the pipeline metadata

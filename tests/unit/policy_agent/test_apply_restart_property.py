@@ -32,7 +32,7 @@ from tests.support.apply_sequences import (
     REQUESTS, RESTART, RUNNING, RunningPod, Told, expected_flows, keyed, ranked, steps,
 )
 from tests.support.fake_switch import Flow, FakeSwitch
-from tests.unit.packetin.test_channel import run
+from tests.support.channel_rig import run
 
 
 def pod_info(r: RunningPod) -> PodInterfaceInfo:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -15,46 +13,10 @@ from policy_agent.engine import PodUnknown, PolicyEngine
 from policy_agent.errors import OvsError
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.policy.model import (
-    Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy, PolicyKind, Rule,
+    Namespace, Pod,
 )
 from policy_agent.policy.rules import RuleRegistry
-
-
-class RecordingChannel:
-    """A FlowProgrammer that confirms everything at once and records each call in order."""
-
-    def __init__(self) -> None:
-        # ("install" | "delete", flows), or ("commit", installed + deleted) for one atomic bundle
-        self.calls: list[tuple[str, list[messages.FlowSpec]]] = []
-        self.commits: list[tuple[list[messages.FlowSpec], list[messages.FlowSpec]]] = []
-
-    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
-        self.calls.append(("install", list(flows)))
-
-    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
-        self.calls.append(("delete", list(flows)))
-
-    async def commit_flows(self, install: Sequence[messages.FlowSpec], delete: Sequence[messages.FlowSpec]) -> None:
-        self.calls.append(("commit", [*install, *delete]))
-        self.commits.append((list(install), list(delete)))
-
-    async def install_meters(self, meters: Sequence[messages.MeterSpec]) -> None:
-        self.calls.append(("meters", []))
-
-
-@dataclass
-class Info:
-    namespace: str
-    name: str
-    ip: str
-    mac: str
-    ofport: int
-
-
-def drop_web(name: str = "drop-web", label: str = "web") -> Policy:
-    return Policy(PolicyKind.ACNP, name, tier="application", priority=1,
-                  applied_to=(AppliedTo(pod_selector=LabelSelector((("app", label),))),),
-                  rules=(Rule(Direction.INGRESS, Action.DROP),))
+from tests.support.engine_doubles import Info, RecordingChannel, drop_web
 
 
 def engine(pod_wait: float | None = None) -> tuple[PolicyEngine, RecordingChannel]:

@@ -21,22 +21,15 @@ from packetin.model import Flags, PacketIn
 from packetin.demux import Demux
 from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, InputPressure, PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
-from tests.unit.auditlog.test_overload import context, pin
-from tests.unit.auditlog.test_pipeline import Writer
-from tests.unit.packetin.test_groups import AT, frame, message
+from tests.support.audit_overload import context, pin
+from tests.support.audit_pipeline import Writer
+from tests.support.packet_ins import AT, frame, message
+from tests.support.clock import ManualClock
 
 FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + 300)]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def reader(clock: Clock, coarse: bool = False) -> tuple[PacketInReader, list, list]:
+def reader(clock: ManualClock, coarse: bool = False) -> tuple[PacketInReader, list, list]:
     singles: list[PacketIn] = []
     groups: list[PacketInGroup] = []
     r = PacketInReader(lambda batch, now: singles.extend(batch), lambda raw: None, mono_clock=clock,
@@ -45,7 +38,7 @@ def reader(clock: Clock, coarse: bool = False) -> tuple[PacketInReader, list, li
 
 
 def test_a_full_read_is_input_pressure_until_the_hold_runs_out() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     r, singles, _ = reader(clock)
     r.on_messages(FLOOD[:PRESSURE_MESSAGES - 1])
     assert not r.input_pressed()
@@ -77,7 +70,7 @@ def test_full_reads_are_no_pressure_while_the_categorys_admission_turns_the_exce
     """A flood the token bucket cuts to its rate cannot overload the pipeline: the few admitted
     records keep their detail (tests/e2e/test_fairness_e2e.py lost every quiet Pod's record
     to coarsening without this)."""
-    clock, pressed = Clock(), [True]
+    clock, pressed = ManualClock(100.0), [True]
     demux = Demux()
     demux.subscribe(0, lambda pins: None, rate=10, burst=2, queue_size=100, now=clock.now)
     pressure = InputPressure(lambda: pressed[0], lambda: demux.admission_drops(0), mono_clock=clock)
@@ -94,7 +87,7 @@ def test_full_reads_are_no_pressure_while_the_categorys_admission_turns_the_exce
 
 
 def test_while_coarse_the_reader_hands_over_groups_with_every_packet_in_counted() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     r, singles, groups = reader(clock, coarse=True)
     vlan = message(frame("10.0.0.1", "10.0.0.2", "udp", 5, vlan=True))
     r.on_messages(FLOOD[:100] + [vlan])

@@ -14,8 +14,9 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from policy_agent import engine as engine_module
 from policy_agent.ovs import tables
 from policy_agent.policy.model import Namespace, Pod
-from tests.unit.policy_agent.test_engine import Info, drop_web
-from tests.unit.policy_agent.test_transactions import node, run, sock_path, state_dir  # noqa: F401 (fixtures)
+from tests.support.engine_doubles import Info, drop_web
+from tests.support.policy_node import node, state_dir  # noqa: F401 (fixtures)
+from tests.support.channel_rig import run, sock_path  # noqa: F401 (fixtures)
 
 POD = Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5)
 PEER = Info("x", "b", "10.0.0.3", "02:00:0a:00:00:03", 6)

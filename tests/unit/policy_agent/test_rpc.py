@@ -18,14 +18,9 @@ from hypothesis import strategies as st
 
 from policy_agent import rpc
 from policy_agent.rpc import ConnectionClosed, FrameError
+from tests.support.cni_plugin import json_values
 
 REPO = Path(__file__).resolve().parents[3]
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20)
-
 
 # ---- pure ----
 

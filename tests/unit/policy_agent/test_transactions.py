@@ -4,34 +4,19 @@ change together or not at all, and nothing a change does can wedge the engine.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
-import tempfile
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
 
 import pytest
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
-from policy_agent.engine import PolicyEngine, PolicyRejected
+from policy_agent.engine import PolicyRejected
 from policy_agent.ovs import tables
 from policy_agent.policy.model import (
     Action, AppliedTo, Direction, LabelSelector, Namespace, Pod, Policy, PolicyKind, PortSpec, Rule,
 )
-from policy_agent.policy.rules import RuleRegistry
-from policy_agent.sources.applied_store import AppliedStore
-from policy_agent.sources.local_api import LocalApi
-from tests.unit.packetin.test_channel import rig, run
-from tests.unit.policy_agent.test_engine import Info
-
-@pytest.fixture
-def sock_path() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="fsw", dir="/tmp")  # not tmp_path: AF_UNIX paths are limited to 108 bytes
-    yield d + "/br-int.mgmt"
-    shutil.rmtree(d, ignore_errors=True)
-
+from tests.support.channel_rig import run, sock_path  # noqa: F401 (fixtures)
+from tests.support.engine_doubles import Info
+from tests.support.policy_node import node, state_dir  # noqa: F401 (fixtures)
 
 NS_AND_POD = """
 apiVersion: v1
@@ -54,41 +39,6 @@ spec:
 
 
 POD_A = Info("x", "a", "10.0.0.2", "02:00:0a:00:00:02", 5)
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npa-txn-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@dataclass
-class Node:
-    """The agent's policy side on a fake switch: channel, engine, local API, applied store."""
-
-    r: Any
-    engine: PolicyEngine
-    api: LocalApi
-    store_path: Path
-
-    async def request(self, op: str, text: str) -> dict[str, Any]:
-        return await self.api.handle({"op": op, "manifests": textwrap.dedent(text), "source": "test"})
-
-    def switch_table(self) -> set[Any]:
-        return set(self.r.fake.flows)
-
-    def blocks_81(self) -> bool:
-        return any(("tcp_dst", 81) in f.match.items() for f in self.r.fake.flows.values())
-
-
-@contextlib.asynccontextmanager
-async def node(path: str, state: Path) -> AsyncIterator[Node]:
-    async with rig(path, request_timeout=10.0) as r:
-        engine = PolicyEngine(r.chan, RuleRegistry(), round_=1, meters=lambda: True)
-        await engine.start()
-        store_path = state / "applied.yaml"
-        yield Node(r, engine, LocalApi(state / "api.sock", engine, AppliedStore(store_path)), store_path)
 
 
 def test_a_set_whose_store_write_fails_is_not_enforced(sock_path: str, state_dir: Path) -> None:

@@ -24,7 +24,7 @@ from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesSource
-from tests.unit.policy_agent.sources.test_kubernetes import FakeApiServer
+from tests.support.fake_apiserver import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "config" / "deploy"

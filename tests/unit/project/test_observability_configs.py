@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from auditlog.writer import LOSS_KEYS
-from tests.unit.policy_agent.test_metrics_names import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
+from tests.support.scrape import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
 ALERTS = CONFIG / "prometheus" / "npaudit-alerts.yaml"

@@ -10,7 +10,7 @@ import pytest
 
 from policy_agent import rpc
 from policy_agent.cni import wire
-from tests.unit.policy_agent.cni.test_plugin import Agent, _exchange, agent, env, invoke, netconf, tmp  # noqa: F401 (fixtures)
+from tests.support.cni_plugin import Agent, _exchange, agent, env, invoke, netconf, tmp  # noqa: F401 (fixtures)
 
 FORGED = "web-0\n2024-01-01 00:00:00,000 INFO npaudit: forged"
 

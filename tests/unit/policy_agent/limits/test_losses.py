@@ -18,6 +18,7 @@ from meters.stats import Dropped
 from packetin.errors import OpenFlowError
 from policy_agent.loss_accounting import LossAccounting, Restartable
 from policy_agent.metrics import MeterCollector
+from tests.support.clock import ManualClock
 
 SUPPORTED = MeterSupport(max_meter=64, band_types=1 << ofp.OFPMBT_DROP, max_bands=1)
 UNSUPPORTED = MeterSupport(max_meter=0, band_types=0, max_bands=0)
@@ -46,14 +47,6 @@ class FakeChannel:
         return [answer]
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class World:
     """The counters the accounting reads, as the demux, the pipeline and ovs-vswitchd would show them."""
 
@@ -68,7 +61,8 @@ class World:
         return True
 
 
-def accounting(channel: FakeChannel, world: World, mono: Clock, wall: Clock, *, audit: bool = True) -> LossAccounting:
+def accounting(channel: FakeChannel, world: World, mono: ManualClock, wall: ManualClock, *,
+               audit: bool = True) -> LossAccounting:
     return LossAccounting(channel, interval=5.0, admission=lambda: world.admission, ovs_losses=lambda: dict(world.ovs),
                           writer_full=lambda: world.writer_full, submit=world.submit if audit else None,
                           context={"observer": {"hostname": "n1"}}, mono_clock=mono, wall_clock=wall)
@@ -79,15 +73,15 @@ def by_reason(record: dict[str, Any]) -> dict[tuple[str, str], int]:
 
 
 def test_meter_drops_become_counters_and_a_loss_record_of_the_window() -> None:
-    channel, world, mono, wall = FakeChannel(), World(), Clock(100.0), Clock(1_700_000_000.0)
+    channel, world, mono, wall = FakeChannel(), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
     acc = accounting(channel, world, mono, wall)
     assert acc.dropped() is None  # nothing read yet: unknown, not zero
     channel.replies.append(reply((METER_POLICY_ALLOW, 0, 0, 1.0), (METER_POLICY_DENY, 0, 0, 1.0)))
-    mono.t, wall.t = 105.0, wall.t + 5
+    mono.now, wall.now = 105.0, wall.now + 5
     assert asyncio.run(acc.tick()) is None and world.records == []
     channel.replies.append(reply((METER_POLICY_ALLOW, 0, 0, 6.0), (METER_POLICY_DENY, 301, 30100, 6.0)))
     world.admission["policy"]["dropped_rate_limit"] = 4
-    mono.t, wall.t = 110.0, wall.t + 5
+    mono.now, wall.now = 110.0, wall.now + 5
     record = asyncio.run(acc.tick())
     assert record is not None and world.records[0]["event"]["id"] == record["event"]["id"]
     assert by_reason(record) == {("meter", "policy_deny"): 301, ("admission", "rate_limit"): 4}
@@ -96,14 +90,14 @@ def test_meter_drops_become_counters_and_a_loss_record_of_the_window() -> None:
 
 
 def test_the_counters_keep_growing_across_an_ovs_restart_and_the_record_counts_the_new_drops() -> None:
-    channel, world, mono, wall = FakeChannel(), World(), Clock(100.0), Clock(1_700_000_000.0)
+    channel, world, mono, wall = FakeChannel(), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
     acc = accounting(channel, world, mono, wall)
     channel.replies += [reply((METER_POLICY_DENY, 50, 500, 9.0)), reply((METER_POLICY_DENY, 7, 70, 2.0))]
     world.ovs["rconn_overflow"] = 3  # the embedded vswitchd's counters, first reading: the baseline
-    mono.t = 110.0
+    mono.now = 110.0
     asyncio.run(acc.tick())
     world.ovs["rconn_overflow"] = 1  # restarted vswitchd: its counter started again
-    mono.t = 115.0
+    mono.now = 115.0
     record = asyncio.run(acc.tick())
     assert acc.dropped() == {"policy_deny": Dropped(57, 570)}
     assert record is not None and by_reason(record) == {("meter", "policy_deny"): 7, ("ovs_queue_overflow",
@@ -116,7 +110,7 @@ def test_the_counters_keep_growing_across_an_ovs_restart_and_the_record_counts_t
 
 
 def test_without_datapath_meters_nothing_is_asked_and_other_losses_are_still_recorded() -> None:
-    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), Clock(0.0), Clock(1_700_000_000.0)
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(0.0), ManualClock(1_700_000_000.0)
     acc = accounting(channel, world, mono, wall)
     world.admission["policy"]["dropped_queue_full"] = 2
     world.writer_full = 1
@@ -127,16 +121,16 @@ def test_without_datapath_meters_nothing_is_asked_and_other_losses_are_still_rec
 
 
 def test_a_failed_read_is_counted_and_said_once_and_the_next_one_catches_up(caplog: pytest.LogCaptureFixture) -> None:
-    channel, world, mono, wall = FakeChannel(), World(), Clock(0.0), Clock(1_700_000_000.0)
+    channel, world, mono, wall = FakeChannel(), World(), ManualClock(0.0), ManualClock(1_700_000_000.0)
     acc = accounting(channel, world, mono, wall)
     channel.replies += [OpenFlowError("switch refused request: error type 1 code 2", err_type=1, err_code=2, xid=9,
                                       failed="request"), asyncio.TimeoutError(),
                         reply((METER_POLICY_DENY, 12, 120, 3.0))]
     with caplog.at_level(logging.WARNING, logger="policy_agent.loss_accounting"):
         for t in (1.0, 2.0):
-            mono.t = t
+            mono.now = t
             assert asyncio.run(acc.tick()) is None
-        mono.t = 3.5
+        mono.now = 3.5
         record = asyncio.run(acc.tick())
     assert acc.read_errors == 2
     assert [r.getMessage() for r in caplog.records] == [
@@ -145,16 +139,16 @@ def test_a_failed_read_is_counted_and_said_once_and_the_next_one_catches_up(capl
 
 
 def test_without_an_audit_log_meters_are_still_read_for_the_metrics() -> None:
-    channel, world, mono, wall = FakeChannel(), World(), Clock(0.0), Clock(0.0)
+    channel, world, mono, wall = FakeChannel(), World(), ManualClock(0.0), ManualClock(0.0)
     acc = accounting(channel, world, mono, wall, audit=False)
     channel.replies.append(reply((METER_POLICY_DENY, 5, 50, 1.0)))
-    mono.t = 1.5
+    mono.now = 1.5
     assert asyncio.run(acc.tick()) is None
     assert acc.dropped_json() == {"policy_deny": {"packets": 5, "bytes": 50}} and world.records == []
 
 
 def test_close_writes_the_last_window_up_to_now() -> None:
-    channel, world, mono, wall = FakeChannel(), World(), Clock(0.0), Clock(1_700_000_000.0)
+    channel, world, mono, wall = FakeChannel(), World(), ManualClock(0.0), ManualClock(1_700_000_000.0)
 
     async def scenario() -> None:
         acc = accounting(channel, world, mono, wall)
@@ -162,7 +156,7 @@ def test_close_writes_the_last_window_up_to_now() -> None:
         acc.start()
         await asyncio.sleep(0)
         channel.replies.append(reply((METER_POLICY_DENY, 9, 90, 1.0)))
-        mono.t, wall.t = 2.0, wall.t + 2
+        mono.now, wall.now = 2.0, wall.now + 2
         await acc.close()
 
     asyncio.run(scenario())
@@ -194,10 +188,10 @@ class _RuleMeters:
 
 def test_per_rule_meters_count_under_their_class_and_strays_are_swept_only_by_the_periodic_tick() -> None:
     async def main() -> None:
-        channel, world, mono, wall = FakeChannel(), World(), Clock(1000.0), Clock(1_700_000_000.0)
+        channel, world, mono, wall = FakeChannel(), World(), ManualClock(1000.0), ManualClock(1_700_000_000.0)
         acc = accounting(channel, world, mono, wall)
         rm = acc.rule_meters = _RuleMeters()
-        mono.t = 1001.0
+        mono.now = 1001.0
         # 105: left by an earlier run (made before this agent started): neither counted nor labelled.
         channel.replies.append(reply((2, 4, 400, 0.5), (100, 30, 3000, 0.5), (101, 7, 700, 0.5), (105, 9, 900, 99.0)))
         await acc.read_meters()  # as before a per-rule meter is deleted: no sweep from here

@@ -28,7 +28,7 @@ from policy_agent.offload import DropOffload, OffloadCollector, OffloadPodHooks 
 from policy_agent.offload_config import OffloadConfig  # noqa: E402
 from policy_agent.policy.compiler import rule_flags  # noqa: E402
 from policy_agent.policy.model import Action  # noqa: E402
-from tests.unit.auditlog.test_pipeline import RULE, Writer, context  # noqa: E402
+from tests.support.audit_pipeline import RULE, Writer, context  # noqa: E402
 
 SECOND = 1_000_000_000
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
@@ -301,7 +301,7 @@ def test_the_engine_flushes_cached_verdicts_before_each_bundle_that_changes_flow
     from policy_agent.engine import PolicyEngine
     from policy_agent.policy.model import Namespace, Pod
     from policy_agent.policy.rules import RuleRegistry
-    from tests.unit.policy_agent.test_engine import Info, RecordingChannel, drop_web
+    from tests.support.engine_doubles import Info, RecordingChannel, drop_web
 
     async def go() -> None:
         ch = RecordingChannel()

@@ -12,6 +12,7 @@ from policy_agent.metrics import OvsSupervisorCollector
 from policy_agent.ovs.supervisor import (
     OVSDB_SERVER, VSWITCHD, Decision, OvsSupervisor, RestartGovernor, RestartPolicy, daemons_to_restart,
 )
+from tests.support.clock import ManualClock
 
 BOTH_UP = {OVSDB_SERVER: True, VSWITCHD: True}
 VSWITCHD_DEAD = {OVSDB_SERVER: True, VSWITCHD: False}
@@ -118,15 +119,7 @@ class FakeDaemons:
             self.pids[daemon] = 100 + len(self.restarts)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def supervisor(daemons: FakeDaemons, clock: Clock, restarting: bool = True) -> tuple[OvsSupervisor, list[str]]:
+def supervisor(daemons: FakeDaemons, clock: ManualClock, restarting: bool = True) -> tuple[OvsSupervisor, list[str]]:
     ensured: list[str] = []
 
     async def after_restart() -> None:
@@ -144,7 +137,7 @@ def exposition(sup: OvsSupervisor) -> str:
 
 
 def test_an_ovsdb_server_death_restarts_both_re_ensures_the_bridge_and_is_exported() -> None:
-    daemons, clock = FakeDaemons(), Clock()
+    daemons, clock = FakeDaemons(), ManualClock()
     sup, ensured = supervisor(daemons, clock)
     asyncio.run(sup.check())
     assert daemons.restarts == [] and 'npaudit_ovs_up{daemon="ovsdb-server"} 1.0' in exposition(sup)
@@ -159,7 +152,7 @@ def test_an_ovsdb_server_death_restarts_both_re_ensures_the_bridge_and_is_export
 
 
 def test_a_failed_restart_is_logged_counted_and_tried_again_after_backoff(caplog) -> None:
-    daemons, clock = FakeDaemons(), Clock()
+    daemons, clock = FakeDaemons(), ManualClock()
     sup, ensured = supervisor(daemons, clock)
     daemons.pids[VSWITCHD] = None
     daemons.fail = True
@@ -177,7 +170,7 @@ def test_a_failed_restart_is_logged_counted_and_tried_again_after_backoff(caplog
 
 
 def test_a_crash_loop_hits_the_cap_which_is_logged_once_and_exported(caplog) -> None:
-    daemons, clock = FakeDaemons(), Clock()
+    daemons, clock = FakeDaemons(), ManualClock()
     sup, _ = supervisor(daemons, clock)
     daemons.fail = True
     daemons.pids[VSWITCHD] = None
@@ -190,7 +183,7 @@ def test_a_crash_loop_hits_the_cap_which_is_logged_once_and_exported(caplog) -> 
 
 
 def test_an_external_ovs_is_reported_but_never_restarted(caplog) -> None:
-    daemons, clock = FakeDaemons(), Clock()
+    daemons, clock = FakeDaemons(), ManualClock()
     sup, ensured = supervisor(daemons, clock, restarting=False)
     asyncio.run(sup.check())
     daemons.pids[VSWITCHD] = None
@@ -206,7 +199,7 @@ def test_an_external_ovs_is_reported_but_never_restarted(caplog) -> None:
 
 
 def test_an_external_daemon_without_a_pid_file_at_the_first_look_is_not_reported_as_down(caplog) -> None:
-    daemons, clock = FakeDaemons(), Clock()
+    daemons, clock = FakeDaemons(), ManualClock()
     daemons.pids[OVSDB_SERVER] = None  # e.g. its pid file lives in another directory
     sup, _ = supervisor(daemons, clock, restarting=False)
     asyncio.run(sup.check())

@@ -18,8 +18,8 @@ from policy_agent.policy.model import (
 from policy_agent.policy.rules import RuleRegistry
 
 from tests.support.flowsim import FlowTable
-from tests.unit.policy_agent.test_engine import Info
-from tests.unit.policy_agent.policy.test_incremental import MirrorChannel
+from tests.support.engine_doubles import Info
+from tests.support.engine_doubles import MirrorChannel
 
 
 def labels(**kv: str) -> tuple[tuple[str, str], ...]:

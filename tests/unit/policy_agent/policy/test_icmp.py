@@ -15,7 +15,7 @@ from policy_agent.policy.compiler import ClusterState
 from policy_agent.policy.model import Action, Direction, IcmpSpec, Peer, PortSpec, Rule
 
 from tests.support.flowsim import FlowTable, Verdict
-from tests.unit.policy_agent.policy.test_compiler import acnp, cluster, ep, ns_sel, rule_of, send, sel, table
+from tests.support.policy_shapes import acnp, cluster, ep, ns_sel, rule_of, send, sel, table
 
 AC = "ClusterNetworkPolicy/p (t.yaml#1)"
 ECHO_REQUEST, ECHO_REPLY, UNREACHABLE = 8, 0, 3

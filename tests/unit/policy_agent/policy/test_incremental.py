@@ -21,32 +21,12 @@ from policy_agent.policy.model import (
 from policy_agent.policy.rules import RuleRegistry
 
 from tests.support.flowsim import FlowTable
-from tests.unit.policy_agent.test_engine import Info
+from tests.support.engine_doubles import Info
+from tests.support.engine_doubles import MirrorChannel
 
 NAMESPACES = ("x", "y", "z")
 PODS = tuple(f"p{i}" for i in range(6))
 TIERS = ("application", "securityops", "baseline", "custom-a", "custom-b")
-
-
-class MirrorChannel:
-    """A FlowProgrammer that keeps the flow table a switch would hold after each call."""
-
-    def __init__(self) -> None:
-        self.flows: dict[Any, messages.FlowSpec] = {}
-
-    async def install_flows(self, flows: Any) -> None:
-        self.flows.update((f.key, f) for f in flows)
-
-    async def delete_flows(self, flows: Any) -> None:
-        for f in flows:
-            self.flows.pop(f.key, None)
-
-    async def commit_flows(self, install: Any, delete: Any) -> None:
-        await self.install_flows(install)
-        await self.delete_flows(delete)
-
-    async def install_meters(self, meters: Any) -> None:
-        pass
 
 
 def labels(**kv: str) -> tuple[tuple[str, str], ...]:

@@ -16,7 +16,7 @@ import pytest
 from policy_agent import rpc
 from policy_agent.errors import printable
 from policy_agent.sources.local_api import LocalApi
-from tests.unit.policy_agent.cli.test_apply import apply, fake_agent
+from tests.support.fake_local_agent import apply, fake_agent
 
 
 class _Engine:

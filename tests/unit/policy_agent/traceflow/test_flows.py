@@ -13,7 +13,7 @@ from policy_agent.traceflow.result import Copy, Destination, decode
 from policy_agent.traceflow.tags import TraceTag
 
 from tests.support.flowsim import FlowTable, Verdict
-from tests.unit.policy_agent.policy.test_compiler import acnp, cluster, ep, k8s, ns_sel, sel
+from tests.support.policy_shapes import acnp, cluster, ep, k8s, ns_sel, sel
 
 SPORT = 40001
 
