@@ -17,6 +17,7 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 from packetin import messages
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.model import PacketIn
+from tests.support.clock import FixedJitter, ManualSleep
 from tests.support.fake_switch import FakeSwitch
 
 DPID = 0x00000A0B0C0D0E0F
@@ -38,10 +39,11 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 4.0) -> Any:
 class Rig:
     """A fake switch, a channel connected to it, and what the channel delivered."""
 
-    def __init__(self, path: str, fake: FakeSwitch, chan: OpenFlowChannel) -> None:
+    def __init__(self, path: str, fake: FakeSwitch, chan: OpenFlowChannel, sleep: ManualSleep) -> None:
         self.path = path
         self.fake = fake
         self.chan = chan
+        self.sleep = sleep  # every wait of the channel: backoffs pass at once, keepalive ticks on `wake`
         self.fakes = [fake]
         self.batches: list[list[PacketIn]] = []
         self.malformed_calls: list[int] = []
@@ -61,17 +63,22 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(path: str, *, wait: bool = True, fake_kw: dict[str, Any] | None = None,
-              mono_clock: Callable[[], float] = time.monotonic, **settings: Any) -> AsyncIterator[Rig]:
+              mono_clock: Callable[[], float] = time.monotonic, sleep: ManualSleep | None = None,
+              **settings: Any) -> AsyncIterator[Rig]:
+    """The channel's sleeps take no wall time: with the jitter fixed at its middle, every reconnect
+    backoff (at most reconnect_max) passes at once; a keepalive interval (longer) waits for the test.
+    A test that wants to hold the channel in its backoff passes its own `sleep`."""
     fake = FakeSwitch(path, datapath_id=DPID, **(fake_kw or {}))
     await fake.start()
     settings.setdefault("request_timeout", 2.0)
     settings.setdefault("reconnect_max", 0.2)
+    sleep = sleep or ManualSleep(instant=settings["reconnect_max"])
     r: Rig
     chan = OpenFlowChannel(ChannelSettings(target=path, **settings),
                            lambda batch, mono: r.batches.append(batch),
                            on_malformed=lambda n: r.malformed_calls.append(n),
-                           mono_clock=mono_clock, wall_clock=lambda: WALL)
-    r = Rig(path, fake, chan)
+                           mono_clock=mono_clock, wall_clock=lambda: WALL, sleep=sleep, rng=FixedJitter(0.5))
+    r = Rig(path, fake, chan, sleep)
     chan.start()
     try:
         if wait:

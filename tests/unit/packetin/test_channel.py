@@ -21,7 +21,7 @@ from packetin.errors import ChannelClosed, OpenFlowError
 from tests.support.fake_switch import OFPMBT_DROP_BIT, FakeSwitch, Meter, packet_in2
 from tests.support.channel_rig import DPID, Rig, WALL, flow, ports, rig, run, sock_path  # noqa: F401 (fixtures)
 from tests.support.waiting import eventually
-from tests.support.clock import ManualClock
+from tests.support.clock import FixedJitter, ManualClock, ManualSleep
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -316,6 +316,36 @@ def test_handshake_timeout_is_logged_with_a_reason(sock_path: str,
     assert msgs and all(not msg.rstrip().endswith(":") for msg in msgs), msgs
 
 
+def test_reconnect_backoff_doubles_to_its_cap_with_jitter_and_starts_over_after_a_connection(sock_path: str) -> None:
+    sleep = ManualSleep(instant=1.0)  # a backoff over 1 s waits for the test
+
+    async def main() -> None:
+        chan = OpenFlowChannel(ChannelSettings(sock_path, reconnect_min=0.1, reconnect_max=1.6), lambda b, t: None,
+                               sleep=sleep, rng=FixedJitter(0.25))  # jitter x(0.5 + 0.25)
+        fake = FakeSwitch(sock_path, datapath_id=DPID)
+        chan.start()
+        try:
+            # Nothing listens: each failed attempt waits twice as long as the one before.
+            await eventually(lambda: sleep.parked == 1, 2.0, "a backoff longer than 1 s")
+            assert sleep.delays == pytest.approx([0.075, 0.15, 0.3, 0.6, 1.2])
+            await sleep.wake()
+            await eventually(lambda: sleep.parked == 1 and len(sleep.delays) == 6, 2.0, "the next backoff")
+            assert sleep.delays[-1] == pytest.approx(1.2)  # capped at reconnect_max (1.6 x 0.75)
+            await fake.start()
+            await sleep.wake()
+            await chan.wait_ready(2.0)
+            assert chan.connects == 1
+            connected = len(sleep.delays)  # the keepalive's first interval is waiting now
+            await fake.stop()
+            await eventually(lambda: len(sleep.delays) >= connected + 5, 2.0, "the reconnect attempts")
+            # A lost connection starts the backoff over.
+            assert sleep.delays[connected:connected + 5] == pytest.approx([0.075, 0.15, 0.3, 0.6, 1.2])
+        finally:
+            await chan.close()
+            await fake.stop()
+    run(main())
+
+
 def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> None:
     async def main() -> None:
         fake = FakeSwitch(sock_path)
@@ -351,8 +381,9 @@ def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> Non
 
 
 async def next_echo(r: Rig, what: str) -> None:
-    """Wait for the channel's next keepalive tick to reach the switch."""
+    """Let the channel's keepalive interval pass and wait for its tick to reach the switch."""
     n = r.fake.echo_requests
+    await r.sleep.wake()
     await eventually(lambda: r.fake.echo_requests > n, 1.0, what)
 
 
@@ -360,7 +391,7 @@ def test_keepalive_drops_a_silent_switch_and_reconnects(sock_path: str) -> None:
     clock = ManualClock(1000.0)
 
     async def main() -> None:
-        async with rig(sock_path, echo_interval=0.02, echo_timeout=0.3, mono_clock=clock) as r:
+        async with rig(sock_path, echo_interval=1.0, echo_timeout=0.3, mono_clock=clock) as r:
             start = clock.now
             # An answering switch is kept: each reply restarts the timeout.
             for _ in range(5):
@@ -374,6 +405,7 @@ def test_keepalive_drops_a_silent_switch_and_reconnects(sock_path: str) -> None:
                 await next_echo(r, "unanswered echo request")
             assert r.fake.peer_closed == 0
             clock.advance(0.31)
+            await r.sleep.wake()
             await eventually(lambda: r.fake.peer_closed == 1, 1.0, "channel to drop the silent switch")
             r.fake.answer_echo = True
             await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 1.0, "reconnect")
@@ -492,11 +524,12 @@ def test_close_is_clean(sock_path: str, caplog: pytest.LogCaptureFixture) -> Non
 def test_close_while_waiting_to_reconnect_is_prompt(sock_path: str) -> None:
     async def main() -> None:
         before = asyncio.all_tasks()
-        async with rig(sock_path, reconnect_min=3.0, reconnect_max=3.0) as r:
+        async with rig(sock_path, reconnect_min=3.0, reconnect_max=3.0, sleep=ManualSleep()) as r:
             await r.fake.stop()
             await eventually(lambda: not r.chan.ready, 1.0, "channel to notice")
-            await asyncio.sleep(0.05)  # now in its (long) reconnect backoff
-            # The backoff sleeps at least 1.5 s (3.0 s, jitter x0.5..1.5): close must cut it short.
+            # Now in its reconnect backoff (3.0 s, jitter x0.5..1.5), which never ends by itself
+            # here: close must cut it short.
+            await eventually(lambda: r.sleep.parked == 1 and r.sleep.delays[-1] == 3.0, 1.0, "the backoff")
             await asyncio.wait_for(r.chan.close(), 1.0)
             assert asyncio.all_tasks() - before == set()
             with pytest.raises(ChannelClosed):
