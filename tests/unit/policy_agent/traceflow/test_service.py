@@ -4,7 +4,6 @@ timeouts, usage errors, and the category-0 dispatcher staying silent about trace
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from policy_agent.policy.selection import Endpoint
 from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.traceflow.flows import Phase, TraceMark
 from policy_agent.traceflow.service import TraceService
+from tests.support.clock import ManualClock, ManualSleep
 
 SRC = Endpoint(Pod("x", "a"), "10.0.0.2", "02:00:00:00:00:02", 3)
 DST = Endpoint(Pod("y", "b"), "10.0.0.3", "02:00:00:00:00:03", 4)
@@ -64,11 +64,11 @@ class Switch:
         return 1
 
 
-def make(script: Any, budget: tuple[float, float] = (500.0, 200.0)) -> tuple[TraceService, Switch]:
+def make(script: Any, budget: tuple[float, float] = (500.0, 200.0), **timeline: Any) -> tuple[TraceService, Switch]:
     ref: list[TraceService] = []
     switch = Switch(ref, script)
     ref.append(TraceService(switch, Pods, {11: RULE}.get, round_=lambda: 2, meters=lambda: True, linger=0.05,
-                            budget=budget))
+                            budget=budget, **timeline))
     return ref[0], switch
 
 
@@ -168,17 +168,20 @@ def test_copies_of_no_running_trace_are_counted_as_stray() -> None:
 
 
 def test_traces_beyond_the_copy_budget_wait_their_turn_instead_of_losing_copies() -> None:
-    async def main() -> tuple[list[str], float]:
-        # 90 copies/s with room for one trace (9 copies): the 2nd and 3rd wait ~0.1 s each.
-        service, switch = make(rejected, budget=(90.0, 9.0))
-        start = time.monotonic()
+    # The service's clock moves only by the waits it makes for copy budget.
+    clock = ManualClock(1000.0)
+    sleep = ManualSleep(instant=float("inf"), clock=clock)
+
+    async def main() -> list[str]:
+        # 90 copies/s with room for one trace (9 copies): the 2nd and 3rd wait 0.1 s each.
+        service, switch = make(rejected, budget=(90.0, 9.0), clock=clock, sleep=sleep)
         replies = await asyncio.gather(*(service.trace({"from": "x/a", "to": "y/b", "port": 81, "timeout": 2})
                                          for _ in range(3)))
-        return [r["trace"]["outcome"]["result"] for r in replies], time.monotonic() - start
+        return [r["trace"]["outcome"]["result"] for r in replies]
 
-    results, took = asyncio.run(main())
-    assert results == ["rejected"] * 3
-    assert took >= 0.18
+    assert asyncio.run(main()) == ["rejected"] * 3
+    assert clock.now - 1000.0 == pytest.approx(0.2)  # two traces' worth of copies waited for, no more
+    assert all(d == pytest.approx(0.1) for d in sleep.delays)
 
 
 def test_a_late_copy_of_an_earlier_trace_with_the_same_tag_is_not_taken_for_the_running_one() -> None:
