@@ -91,7 +91,7 @@ def run(capsys, *args: str) -> tuple[int, str]:
 def test_seal_hashes_the_rfc8785_form_and_writes_it_on_one_ascii_line(payload, meta, seq):
     record = {"payload": payload, "a": [payload], "zz": payload, "npaudit": dict(meta)}
     line = seal(record, GENESIS, seq)
-    assert line == ascii_form(canonical(record))  # JCS, non-ASCII escaped (test_audit_jcs checks canonical)
+    assert line == ascii_form(canonical(record))  # JCS, non-ASCII escaped (auditlog/test_jcs.py checks canonical)
     assert "\n" not in line and "\r" not in line and line.isascii()
     body = dict(record, npaudit={k: v for k, v in record["npaudit"].items() if k != "chain"})
     raw = GENESIS + "\n" + canonical(body)
