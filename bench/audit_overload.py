@@ -3,7 +3,7 @@
 audit key, through the real agent with overload mode off (the baseline: full detail always)
 and on. Prints JSON.
 
-Real-OVS phases: the e2e cluster's agent (tests/e2e/cluster.py: the agent process, its
+Real-OVS phases: the e2e cluster's agent (tests/support/cluster.py: the agent process, its
 embedded OVS, Pods through CNI) with the new-key flood of tests/e2e/test_overload_e2e.py: Pod
 x/a sends UDP with the fast sender (tests/support/udp_flood.py, unpaced) to y/a, a new
 destination port per datagram over 1024-65535, into a logged Drop on that range. For the
@@ -64,9 +64,9 @@ from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
-from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.e2e.test_overload_e2e import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
-                                         start_flood_pods)
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.overload_scenario import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
+                                             start_flood_pods)
 from tests.support.udp_flood import send_flood  # noqa: E402
 
 
@@ -219,7 +219,7 @@ class _NullWriter:
 
 def flood_messages(n: int) -> list[bytes]:
     """n NXT_PACKET_IN2 of a new-key flood (a new UDP destination port each), as OVS 3.1 sends them."""
-    from tests.unit.test_packetin_groups import frame, message
+    from tests.support.packet_ins import frame, message
 
     return [message(frame("10.246.0.2", "10.246.0.3", "udp", 1024 + i % 64000, ident=i & 0xFFFF),
                     reg6=RULE_ID + (i // 64000) % 8, ct_tp_dst=1024 + i % 64000) for i in range(n)]

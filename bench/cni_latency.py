@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CNI ADD latency with 0 / 100 / 1,000 / 5,000 policy rules in force, and policy-change latency. Prints JSON.
 
-Everything goes through the real processes (tests/e2e/cluster.py): the agent
+Everything goes through the real processes (tests/support/cluster.py): the agent
 (`npaudit agent`, embedded OVS in its own network namespace), Pods through the
 `npaudit cni` plugin, policy through `npaudit apply -f`. For each rule count a
 fresh cluster gets:
@@ -55,7 +55,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster, PodHandle  # noqa: E402
+from tests.support.cluster import Cluster, PodHandle  # noqa: E402
 
 RULES_PER_POLICY = 10
 BENCH_NS = "bench"

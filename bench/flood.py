@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A one-key flood into a logged Drop rule through the real agent, with the eBPF offload off and on. Prints JSON.
 
-Each run is the e2e cluster (tests/e2e/cluster.py: the agent process, its embedded
+Each run is the e2e cluster (tests/support/cluster.py: the agent process, its embedded
 OVS, Pods through CNI) with the `offload:` section disabled or enabled. Pod x/a
 floods y/a (the e2e test's paced UDP sender: one key) into a logged Drop;
 meanwhile quiet Pod q/a pings q/b. Reported per run:
@@ -41,9 +41,9 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from xdp_offload import tx_dropped  # noqa: E402
 
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
-from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.e2e.test_offload_e2e import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
-from tests.support.rsyslog import free_port  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.offload_scenario import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 # The e2e test's Pods and logged Drop (applied to y/a by label), plus the quiet Pods' namespace.
 MANIFESTS = "---\n".join([NAMESPACES, pod_y("web"), "apiVersion: v1\nkind: Namespace\nmetadata: {name: q}\n",

@@ -6,7 +6,7 @@ text, YAML anchors and aliases), the CNI request handler, the config loader and 
 local API framing. A case passes when the parser accepts the input or refuses it
 with its own one-line error; anything else is a failure, reported with hypothesis's
 shrunk example on stderr. `make test` runs the same targets at a small sample
-(tests/unit/test_fuzz_targets.py). No baseline: this is a count, not a speed.
+(tests/unit/project/test_fuzz_targets.py). No baseline: this is a count, not a speed.
 Run: `.venv/bin/python bench/fuzz.py [--examples 100000] [--targets manifests,config]`.
 """
 

@@ -2,7 +2,7 @@
 """TCP throughput between two Pods with audit logging on vs off, in one run. Prints JSON.
 
 The real agent (`npaudit agent`, embedded OVS in its own namespace) and two
-Pods made through `npaudit cni` (tests/e2e/cluster.py). One ClusterNetworkPolicy
+Pods made through `npaudit cni` (tests/support/cluster.py). One ClusterNetworkPolicy
 allows x/a -> y/a on the bench port; the phases alternate between the same
 policy with `enableLogging: false` (baseline) and `enableLogging: true`
 (a metered controller copy of each new connection's first packet, an audit
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
 
 PORT = 5201
 TARGET = 0.95

@@ -4,7 +4,7 @@
 Issue 14: "10-minute packet-in flood at OVS's maximum with agent RSS <= 200 MB and every
 packet-in accounted (admitted + dropped by reason = received)".
 
-The agent is the e2e cluster's (tests/e2e/cluster.py: the agent process, its embedded
+The agent is the e2e cluster's (tests/support/cluster.py: the agent process, its embedded
 OVS, Pods through CNI) with bench/flood.py's Pods and logged Drop rule, the offload off
 and the debug tap off. The policy_deny meter is raised far above what OVS can emit
 (--meter-rate), so the packet-in rate is OVS's own ceiling, not the meter's; the agent's
@@ -43,9 +43,9 @@ from _bridge import machine  # noqa: E402
 from flood import MANIFESTS, cpu  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.e2e.test_offload_e2e import PORT  # noqa: E402
-from tests.support.rsyslog import free_port  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.offload_scenario import PORT  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.udp_flood import send_flood  # noqa: E402
 
 RSS_TARGET_MB = 200.0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Traceflow latency (issue 11): `trace` requests to the real agent, without and with a logged-Drop flood. Prints JSON.
 
-A cluster of the real processes (tests/e2e/cluster.py): the agent with its embedded OVS, Pods
+A cluster of the real processes (tests/support/cluster.py): the agent with its embedded OVS, Pods
 x/a, x/b, y/b, y/c, y/d through `npaudit cni`, the policies of tests/e2e/test_traceflow_e2e.py
 (a securityops Drop of TCP 80 from x to y/b; a logged emergency Drop of UDP 9 to y/d). Each phase
 alternates a trace (x/a -> y/b TCP 80, dropped, and UDP 53, delivered) with a baseline request
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cni_latency import pct  # noqa: E402
 from policy_agent.config.loader import load  # noqa: E402
 from policy_agent.sources.local_api import SYSLOG_STATUS_OP, TRACE_OP, call  # noqa: E402
-from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.e2e.test_traceflow_e2e import FLOOD, meter_drops, setup  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.traceflow_scenario import FLOOD, meter_drops, setup  # noqa: E402
 
 TARGETS_P99_MS = {"no_flood": 50.0, "flood": 100.0}
 CASES = ((dict(to="y/b", protocol="tcp", port=80), "dropped"), (dict(to="y/b", protocol="udp", port=53), "delivered"))

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
@@ -53,14 +53,18 @@ class OpenFlowChannel(BundleExchange):
     """One OpenFlow connection to one bridge, kept up until `close`.
 
     `mono_clock` is the only clock the keepalive reads (and the `now` handed to
-    `on_packet_ins`); `wall_clock` stamps packet-ins. Tests drive both.
+    `on_packet_ins`); `wall_clock` stamps packet-ins. `sleep` is every wait the channel
+    makes (keepalive interval, reconnect backoff) and `rng` the source of the backoff's
+    jitter and of the first xid. Tests drive all four.
     """
 
     def __init__(self, settings: ChannelSettings, on_packet_ins: PacketInSink, *,
                  on_malformed: Callable[[int], None] = lambda n: None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
-                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False) -> None:
+                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 rng: random.Random | None = None) -> None:
         """`on_groups` and `coarse`: while coarse() is True, the packet-ins of a read that a
         coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py)."""
         self.settings = settings
@@ -68,8 +72,10 @@ class OpenFlowChannel(BundleExchange):
                                       mono_clock=mono_clock, wall_clock=wall_clock, on_groups=on_groups,
                                       coarse=coarse)
         self._mono = mono_clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._proto: OpenFlowStream | None = None
-        self._xid = random.randrange(1 << 16, 1 << 24)
+        self._xid = self._rng.randrange(1 << 16, 1 << 24)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._multipart: dict[int, list[Any]] = {}
         self._errors: dict[int, Any] = {}
@@ -122,7 +128,7 @@ class OpenFlowChannel(BundleExchange):
             if self._closing:
                 return
             # Jittered exponential backoff: many agents restarting together spread out.
-            await asyncio.sleep(delay * (0.5 + random.random()))
+            await self._sleep(delay * (0.5 + self._rng.random()))
             delay = min(self.settings.reconnect_max, delay * 2)
 
     async def _connect_once(self) -> None:
@@ -179,7 +185,7 @@ class OpenFlowChannel(BundleExchange):
         """Every echo_interval: an echo request, or give up on a switch silent for echo_timeout."""
         interval = self.settings.echo_interval
         while True:
-            await asyncio.sleep(interval)
+            await self._sleep(interval)
             if self._mono() - self._reader.last_rx > self.settings.echo_timeout:
                 log.warning("no message from %s for %.1fs; reconnecting",
                             self.settings.target, self.settings.echo_timeout)

@@ -22,7 +22,7 @@ PYTHON=${PYTHON:-python3}
 CONFLIST=${CONFLIST:-$(dirname "$(readlink -f "$0")")/cni/10-npaudit.conflist}
 DESTDIR=${DESTDIR:-}
 
-# What `npaudit cni` imports (tests/unit/test_rpc.py holds the plugin to this list).
+# What `npaudit cni` imports (tests/unit/policy_agent/test_rpc.py holds the plugin to this list).
 MODULES="__init__.py cli/__init__.py cli/main.py errors.py rpc.py cni/__init__.py cni/plugin.py cni/wire.py"
 
 work=$(mktemp -d)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from meters.token_bucket import TokenBucket
 from packetin import messages
@@ -96,7 +96,8 @@ class TraceService:
                  rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
                  budget: tuple[float, float] = DEFAULT_BUDGET, purge: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, linger: float = LINGER,
-                 gateway: GatewayPlan | None = None) -> None:
+                 gateway: GatewayPlan | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._switch = switch
         self._gateway = gateway  # where Pods' packets to no Pod go (None: nowhere)
         self._purge = purge  # the datapath's megaflows, so live traffic meets a live trace's flows at once
@@ -105,6 +106,7 @@ class TraceService:
         self._round = round_
         self._meters = meters
         self._clock = clock
+        self._sleep = sleep  # the wait for copy budget, on the same timeline as `clock`
         self._linger = linger
         self.tags = TagRegistry()
         self._running: dict[int, _Running] = {}
@@ -225,7 +227,7 @@ class TraceService:
     async def _pace(self) -> None:
         while not self._budget.take(self._clock(), MAX_COPIES):
             missing = MAX_COPIES - self._budget.tokens(self._clock())
-            await asyncio.sleep(max(missing, 0.5) / self._budget.rate)
+            await self._sleep(max(missing, 0.5) / self._budget.rate)
 
     async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes | None,
                    flows: list[messages.FlowSpec], started: float) -> dict[str, Any]:

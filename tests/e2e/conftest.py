@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 
 
 @pytest.fixture

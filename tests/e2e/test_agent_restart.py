@@ -5,52 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 import time
 
-from tests.e2e.cluster import Cluster, PodHandle
-from tests.e2e.test_policy_e2e import namespaces_and_pods
-
-# Sends TCP SYNs (connect attempts) to argv[1]:argv[2] every 10 ms until argv[3] exists;
-# prints how many connected.
-KNOCKER = r"""
-import os, socket, sys, time
-ok = 0
-while not os.path.exists(sys.argv[3]):
-    s = socket.socket(); s.settimeout(0.05)
-    try:
-        s.connect((sys.argv[1], int(sys.argv[2]))); ok += 1
-    except OSError:
-        pass
-    finally:
-        s.close()
-    time.sleep(0.01)
-print(ok)
-"""
-
-
-# Pods in namespace y get no TCP 80 (81 stays open).
-NO_80_TO_Y = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: no-80-to-y}
-    spec:
-      priority: 1
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress: [{action: Drop, ports: [{protocol: TCP, port: 80}]}]
-""")
-
-
-def server_behind_no_80(cluster: Cluster) -> tuple[PodHandle, PodHandle]:
-    """A server Pod in y whose TCP 80 is dropped by policy (81 open), and a client Pod in x."""
-    cluster.apply(namespaces_and_pods(logging_ns=""))
-    server = cluster.add_pod("y", "a")
-    client = cluster.add_pod("x", "a", server=False)
-    cluster.apply(NO_80_TO_Y)
-    target = [f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"]
-    assert cluster.probe(client.ref, target) == {target[0]: "timeout", target[1]: "connected"}
-    return server, client
-
+from tests.support.cluster import Cluster
+from tests.support.e2e_scenarios import KNOCKER, server_behind_no_80
 
 def test_restart_keeps_policy_and_reconciles_flows(cluster: Cluster) -> None:
     server, client = server_behind_no_80(cluster)

@@ -24,8 +24,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, logged_udp_drop
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.cluster import Cluster, logged_udp_drop
+from tests.support.e2e_scenarios import namespaces_and_pods
 
 TMPFS_BYTES = 1 << 20
 DROP_UDP = logged_udp_drop("disk-full-drop", to_ns="y", from_ns="x", label="disk-full")

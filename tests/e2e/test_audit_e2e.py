@@ -9,65 +9,19 @@ file's hash chain verified.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
-import time
-from pathlib import Path
 
 import jsonschema
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.test_policy_e2e import namespaces_and_pods
-
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "config" / "audit-record.schema.json").read_text())
-
-POLICIES = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: sec-audit}
-    spec:
-      tier: securityops
-      priority: 3
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - name: drop-udp-from-x
-        action: Drop
-        enableLogging: true
-        logLabel: sec-udp
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: UDP, port: 53}]
-      - name: allow-web-from-x
-        action: Allow
-        enableLogging: true
-        logLabel: sec-web
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: TCP, port: 80}]
-    ---
-    apiVersion: networking.k8s.io/v1
-    kind: NetworkPolicy
-    metadata: {name: z-from-x, namespace: z}
-    spec:
-      podSelector: {matchLabels: {pod: a}}
-      ingress:
-      - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-""")
-
+from tests.support.cluster import Cluster
+from tests.support.e2e_scenarios import namespaces_and_pods
+from tests.support.e2e_scenarios import POLICIES, SCHEMA, wait_records
 
 def send_udp(cluster: Cluster, src: str, ip: str, port: int, count: int) -> None:
     code = (f"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
             f"for i in range({count}):\n    s.sendto(b'audit%d' % i, ('{ip}', {port})); time.sleep(0.002)\n")
     subprocess.run(["ip", "netns", "exec", cluster.pods[src].netns, sys.executable, "-c", code], check=True)
-
-
-def wait_records(cluster: Cluster, predicate, timeout: float = 5.0) -> list[dict]:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        records = cluster.audit_records()
-        if predicate(records) or time.monotonic() > deadline:
-            return records
-        time.sleep(0.05)
 
 
 def test_audit_records_name_policy_rule_tier_label_pods_and_count_exactly(cluster: Cluster) -> None:

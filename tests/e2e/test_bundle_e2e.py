@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from tests.e2e.cluster import Cluster, logged_udp_drop
+from tests.support.cluster import Cluster, logged_udp_drop
 
 NAMESPACES = ("tenant-alpha-q7", "tenant-bravo-k3")
 PODS = {"tenant-alpha-q7": "ledger-db-zx9", "tenant-bravo-k3": "web-client-mv4"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.e2e.cluster import Cluster, PodHandle
+from tests.support.cluster import Cluster, PodHandle
 
 
 def _ofport(cluster: Cluster, pod: PodHandle) -> int:

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from typing import Callable
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 
 NAMESPACES = ("x", "y", "z")
 PODS = ("a", "b", "c")

@@ -15,9 +15,9 @@ import sys
 import time
 
 from policy_agent.sources.apply_intent import INTENT_NAME, PAUSE_BEFORE_STORE_ENV
-from tests.e2e.cluster import Cluster, _npaudit
-from tests.e2e.test_agent_restart import NO_80_TO_Y
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.cluster import Cluster, _npaudit
+from tests.support.e2e_scenarios import NO_80_TO_Y
+from tests.support.e2e_scenarios import namespaces_and_pods
 
 BIG_FIRST_PORT, BIG_RULES = 2000, 3000  # the reported run: 3,001 rules, killed 2.4 s into a 2.9 s apply
 

@@ -26,9 +26,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, PodHandle
-from tests.e2e.test_meter_accounting_e2e import _free_port
-from tests.e2e.test_ovs_supervision import daemon_pid
+from tests.support.cluster import Cluster, PodHandle
+from tests.support.ports import free_port
+from tests.support.e2e_scenarios import daemon_pid
 
 # 10x the default deny meter rate (1000/s, burst 200), evenly paced: well within what OVS's netdev
 # datapath reads off the veth here without loss. Faster (unpaced) floods overload vswitchd, which then
@@ -89,7 +89,7 @@ print(n, clock() - t0, flush=True)
 @pytest.fixture(params=[False, True], ids=["per_rule_off", "per_rule_on"])
 def fair(request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, int, bool]]:
     """The agent with the default meter rates, meter statistics read every half second and metrics on."""
-    port = _free_port()
+    port = free_port()
     c = Cluster(metrics_listen=f"127.0.0.1:{port}",
                 extra_config=f"meters:\n  stats_interval: 0.5\n  per_rule: {{enabled: {str(request.param).lower()}}}\n")
     try:

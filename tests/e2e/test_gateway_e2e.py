@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.cluster import GATEWAY, Cluster, _npaudit
+from tests.support.cluster import GATEWAY, Cluster, _npaudit
 
 NODE_SIDE, OUTSIDE = "192.0.2.1", "192.0.2.2"  # the node's address towards the outside, the outside host
 RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
-from tests.e2e.cluster import Cluster, PodHandle
-from tests.e2e.test_audit_e2e import wait_records
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.cluster import Cluster, PodHandle
+from tests.support.e2e_scenarios import wait_records
+from tests.support.e2e_scenarios import namespaces_and_pods
 
 DROP_PING = textwrap.dedent("""
     apiVersion: crd.antrea.io/v1beta1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,10 +14,11 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.test_audit_e2e import POLICIES, SCHEMA  # its drop-udp-from-x: a logged Drop, label sec-udp
-from tests.e2e.test_ovs_supervision import daemon_pid
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.cluster import Cluster
+from tests.support.e2e_scenarios import POLICIES, SCHEMA  # its drop-udp-from-x: a logged Drop, label sec-udp
+from tests.support.e2e_scenarios import daemon_pid
+from tests.support.e2e_scenarios import namespaces_and_pods
+from tests.support.ports import free_port
 
 METER_RATE, METER_BURST = 100, 20   # policy_deny: far below the flood
 FLOOD_PPS = 2000
@@ -41,17 +41,11 @@ print(count / (time.perf_counter() - t0))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def metered() -> Iterator[tuple[Cluster, int]]:
     """A cluster whose deny meter is small and read every half second, with its metrics endpoint on."""
     c = Cluster()
-    port = _free_port()
+    port = free_port()
     try:
         c.config.write_text(c.config.read_text().replace("metrics:\n  listen: ''\n",
                                                          f"metrics:\n  listen: 127.0.0.1:{port}\n")

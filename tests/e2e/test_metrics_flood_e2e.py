@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from tests.e2e.cluster import Cluster
+from tests.support.cluster import Cluster
 
 AGENT_NOFILE = 256
 HELD = 1200  # the count, well past the agent's descriptors
@@ -155,7 +155,7 @@ def test_a_flood_of_half_sent_requests_on_the_metrics_port_starves_nothing() -> 
     port = _free_port()
     cluster = Cluster(metrics_listen=f"127.0.0.1:{port}")
     # OVS first, with the test's own limits: only the agent runs short of descriptors.
-    up = subprocess.run([sys.executable, "-m", "policy_agent.cli", "ovs", "up", "--config", str(cluster.config)],
+    up = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "ovs", "up", "--config", str(cluster.config)],
                         capture_output=True, text=True, timeout=60)
     flood = Flood(port)
     try:

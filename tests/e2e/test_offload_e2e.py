@@ -14,38 +14,24 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, _npaudit
-from tests.e2e.test_audit_e2e import wait_records
-from tests.support.rsyslog import free_port
+from tests.support.cluster import Cluster, _npaudit
+from tests.support.e2e_scenarios import wait_records
+from tests.support.ports import free_port
+from tests.support.offload_scenario import NAMESPACES, PORT, SENDER, pod_y, policy
+from tests.support.waiting import wait_for
 
-PORT = 5353
 RATE = 600           # below the policy_deny meter (1000 pps): nothing is metered away
 THRESHOLD = 50
 SAMPLE_RATE = 5      # what a cached flow still sends on to OVS, per second (burst the same)
 OFFLOAD = (f"offload:\n  enabled: true\n  threshold_pps: {THRESHOLD}\n  rate_pps: {SAMPLE_RATE}\n"
            f"  burst: {SAMPLE_RATE}\n  read_interval: 0.5\n")
-
-# Sends UDP datagrams "phase:seq" at a steady rate; prints how many it sent.
-SENDER = r"""
-import socket, sys, time
-ip, port, rate, count, phase = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-start = time.monotonic()
-for n in range(count):
-    ahead = n / rate - (time.monotonic() - start)
-    if ahead > 0:
-        time.sleep(ahead)
-    s.sendto(b"%s:%d" % (phase.encode(), n), (ip, port))
-print(count, flush=True)
-"""
 
 # Counts datagrams per phase until the stop file appears; prints {phase: [count, first seq]}.
 RECEIVER = r"""
@@ -64,44 +50,6 @@ while not os.path.exists(stop):
     entry[0] += 1
 print(json.dumps(seen), flush=True)
 """
-
-NAMESPACES = textwrap.dedent("""
-    apiVersion: v1
-    kind: Namespace
-    metadata: {name: x, labels: {kubernetes.io/metadata.name: x}}
-    ---
-    apiVersion: v1
-    kind: Namespace
-    metadata: {name: y, labels: {kubernetes.io/metadata.name: y}}
-    ---
-    apiVersion: v1
-    kind: Pod
-    metadata: {name: a, namespace: x, labels: {app: client}}
-""")
-
-
-def pod_y(app: str) -> str:
-    return f"apiVersion: v1\nkind: Pod\nmetadata: {{name: a, namespace: y, labels: {{app: {app}}}}}\n"
-
-
-def policy(action: str) -> str:
-    return textwrap.dedent(f"""
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: flood-guard}}
-        spec:
-          tier: securityops
-          priority: 1
-          appliedTo: [{{podSelector: {{matchLabels: {{app: web}}}}}}]
-          ingress:
-          - name: no-udp-{PORT}
-            action: {action}
-            enableLogging: true
-            logLabel: flood
-            from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-            ports: [{{protocol: UDP, port: {PORT}}}]
-    """)
-
 
 def offload_cluster(extra: str = OFFLOAD, metrics_listen: str = "") -> Iterator[Cluster]:
     c = Cluster(extra_config=extra, metrics_listen=metrics_listen)
@@ -149,14 +97,6 @@ def status(cluster: Cluster) -> dict[str, Any]:
     return json.loads(res.stdout)["ebpf"]
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def ovs_flow_packets(cluster: Cluster) -> int:
     """n_packets of the flows matching the flood's port, once the datapath's counts are pushed to them."""
     for _ in range(2):
@@ -189,7 +129,7 @@ def setup(cluster: Cluster) -> tuple[str, str]:
 def engaged_flood(cluster: Cluster, src: str, dst_ip: str, count: int, phase: str) -> int:
     """Flood `count` packets; check the offload engaged and OVS stopped seeing the flood; return the count sent."""
     proc = start_flood(cluster, src, dst_ip, count, phase)
-    wait_for("the offload to cache the flood", lambda: status(cluster)["entries"] >= 1)
+    wait_for(lambda: status(cluster)["entries"] >= 1, 10.0, "the offload to cache the flood")
     before, t0 = ovs_flow_packets(cluster), time.monotonic()
     time.sleep(1.0)
     reached, elapsed = ovs_flow_packets(cluster) - before, time.monotonic() - t0
@@ -232,7 +172,7 @@ def test_a_label_change_pod_deletion_and_expiry_leave_no_cached_verdict_and_lose
         # Expiry: back under the policy, flood, stop; the entry times out and its counts are folded.
         cluster.apply(pod_y("web"))
         n2 = engaged_flood(cluster, src, dst_ip, RATE * 2, "drop2")
-        wait_for("the entry to expire", lambda: status(cluster)["entries"] == 0, timeout=15)
+        wait_for(lambda: status(cluster)["entries"] == 0, 15.0, "the entry to expire")
         # Pod deletion: the sender's entries go with its veth, their counts into the records.
         n3 = engaged_flood(cluster, src, dst_ip, RATE * 2, "drop3")
         assert cluster.cni("DEL", cluster.pods[src]).returncode == 0

@@ -10,18 +10,11 @@ import time
 
 import pytest
 
-from policy_agent.ovs.embedded import pid_alive
-from tests.e2e.cluster import Cluster
-from tests.e2e.test_agent_restart import KNOCKER, server_behind_no_80
+from tests.support.cluster import Cluster
+from tests.support.e2e_scenarios import KNOCKER, server_behind_no_80
+from tests.support.e2e_scenarios import daemon_pid
 
 RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim
-
-
-def daemon_pid(cluster: Cluster, daemon: str) -> int:
-    """The pid the daemon wrote in the agent's OVS run dir (never looked up by name)."""
-    pid = int((cluster.dir / "ovs" / f"{daemon}.pid").read_text().strip())
-    assert pid_alive(pid), f"{daemon} pid {pid} from its pid file is not running"
-    return pid
 
 
 @pytest.mark.parametrize("daemon", ["ovs-vswitchd", "ovsdb-server"])

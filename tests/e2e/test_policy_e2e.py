@@ -15,23 +15,8 @@ import sys
 import textwrap
 import time
 
-from tests.e2e.cluster import SERVER_PORTS, UDP_PORT, Cluster
-
-NAMESPACES = ("x", "y", "z")
-PODS = ("a", "b", "c")
-
-
-def namespaces_and_pods(logging_ns: str = "z") -> str:
-    docs = []
-    for ns in NAMESPACES:
-        ann = "\n  annotations:\n    networkpolicy.antrea.io/enable-logging: \"true\"" if ns == logging_ns else ""
-        docs.append(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n"
-                    f"    kubernetes.io/metadata.name: {ns}{ann}\n")
-        for pod in PODS:
-            docs.append(f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\n  namespace: {ns}\n"
-                        f"  labels:\n    pod: {pod}\n")
-    return "---\n".join(docs)
-
+from tests.support.cluster import SERVER_PORTS, UDP_PORT, Cluster
+from tests.support.e2e_scenarios import NAMESPACES, PODS, namespaces_and_pods
 
 def full_matrix(cluster: Cluster) -> dict[tuple[str, str, str], str]:
     """(src, dst, "port/proto") -> outcome, for every ordered pair of Pods."""

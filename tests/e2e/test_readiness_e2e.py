@@ -13,17 +13,12 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.e2e.cluster import Cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.cluster import Cluster
+from tests.support.ports import free_port
 
 
 def test_readyz_answers_200_only_once_openflow_flows_and_cni_are_up() -> None:
-    port = _free_port()
+    port = free_port()
     cluster = Cluster()
     cluster.config.write_text(cluster.config.read_text().replace("listen: ''", f"listen: 127.0.0.1:{port}"))
     seen: list[tuple[int, str]] = []

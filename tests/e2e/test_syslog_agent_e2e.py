@@ -14,8 +14,9 @@ from typing import Iterator
 import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
-from tests.e2e.cluster import Cluster, _npaudit
-from tests.support.syslog_receiver import TcpReceiver, alive, wait_for, write_records
+from tests.support.cluster import Cluster, _npaudit
+from tests.support.syslog_receiver import TcpReceiver, alive, write_records
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

@@ -11,78 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, PodHandle, _npaudit
-
-PODS = (("x", "a"), ("x", "b"), ("y", "b"), ("y", "c"), ("y", "d"))
-
-POLICIES = textwrap.dedent("""
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: sec-drop-web}
-    spec:
-      tier: securityops
-      priority: 5
-      appliedTo: [{podSelector: {matchLabels: {pod: b}}, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - action: Drop
-        name: no-web-from-x
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: TCP, port: 80}]
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: reject-81}
-    spec:
-      tier: securityops
-      priority: 6
-      appliedTo: [{podSelector: {matchLabels: {pod: b}}, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - action: Reject
-        name: refuse-81
-        enableLogging: true
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-        ports: [{protocol: TCP, port: 81}]
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: pass-to-k8s}
-    spec:
-      tier: networkops
-      priority: 1
-      appliedTo: [{podSelector: {matchLabels: {pod: c}}, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - action: Pass
-        name: defer-x
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
-    ---
-    apiVersion: networking.k8s.io/v1
-    kind: NetworkPolicy
-    metadata: {name: c-from-a, namespace: y}
-    spec:
-      podSelector: {matchLabels: {pod: c}}
-      ingress:
-      - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}, podSelector: {matchLabels: {pod: a}}}]
-        ports: [{protocol: TCP, port: 80}]
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: flood-drop}
-    spec:
-      tier: emergency
-      priority: 1
-      appliedTo: [{podSelector: {matchLabels: {pod: d}}, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
-      ingress:
-      - action: Drop
-        name: drop-udp-9
-        enableLogging: true
-        ports: [{protocol: UDP, port: 9}]
-""")
+from tests.support.cluster import Cluster, PodHandle, _npaudit
+from tests.support.traceflow_scenario import FLOOD, meter_drops, setup
 
 # Prints one JSON line per IPv4 frame seen on eth0 of the namespace it runs in (AF_PACKET: before any
 # socket, so it sees what a socket could): src, dst, dscp, proto, ports, TCP flags.
@@ -134,17 +69,6 @@ def sniff() -> Iterator[Callable[[PodHandle], Sniffer]]:
         if sniffer.proc.poll() is None:
             sniffer.proc.kill()
             sniffer.proc.wait()
-
-
-def setup(cluster: Cluster) -> dict[str, PodHandle]:
-    docs = [f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n"
-            f"    kubernetes.io/metadata.name: {ns}\n" for ns in ("x", "y")]
-    docs += [f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {p}\n  namespace: {ns}\n  labels:\n    pod: {p}\n"
-             for ns, p in PODS]
-    cluster.apply("---\n".join(docs))
-    pods = {f"{ns}/{p}": cluster.add_pod(ns, p) for ns, p in PODS}
-    cluster.apply(POLICIES)
-    return pods
 
 
 def trace(cluster: Cluster, *args: str) -> tuple[int, dict[str, Any]]:
@@ -255,31 +179,6 @@ def test_two_concurrent_traces_each_get_their_own_answer(cluster: Cluster) -> No
     assert {k: n for k, n in outcomes.items() if n} == {"delivered": 2, "dropped": 1}
     table = _npaudit("status", "--config", str(cluster.config), "--no-ebpf-probe").stdout.decode()
     assert "3 traces since start: delivered 2, dropped 1;" in table, table
-
-
-FLOOD = r"""
-import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-end = time.monotonic() + float(sys.argv[2])
-n = 0
-while time.monotonic() < end:
-    for _ in range(100):
-        try:
-            s.sendto(b"flood", (sys.argv[1], 9))
-        except OSError:
-            pass
-        n += 1
-print(n, flush=True)
-"""
-
-
-def meter_drops(cluster: Cluster, meter_id: int) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "meter-stats",
-                          f"unix:{cluster.dir / 'ovs' / 'br-int.mgmt'}", f"meter={meter_id}"],
-                         capture_output=True, text=True).stdout
-    # "0: packet_count:N byte_count:M" for the band: packets the band dropped.
-    return sum(int(part.split(":")[1]) for line in out.splitlines() if line.strip().startswith("0:")
-               for part in line.split() if part.startswith("packet_count:"))
 
 
 def test_twenty_traces_complete_while_a_logged_drop_flood_saturates_the_policy_meter(cluster: Cluster) -> None:

@@ -21,8 +21,8 @@ import time
 
 from policy_agent.cni.netdev import mac_for_ip
 from policy_agent.sources.local_api import call
-from tests.e2e.cluster import SUBNET, Cluster, PodHandle
-from tests.e2e.test_policy_e2e import namespaces_and_pods
+from tests.support.cluster import SUBNET, Cluster, PodHandle
+from tests.support.e2e_scenarios import namespaces_and_pods
 from tests.support.background import Background
 
 DENIED = 80

@@ -10,7 +10,7 @@ import pytest
 
 from policy_agent.cni.netdev import host_ifname
 from tests.integration.conftest import BRIDGE
-from tests.integration.test_cni import Rig, _link_exists, rig  # noqa: F401  (rig: the fixture)
+from tests.support.cni_rig import Rig, _link_exists, rig  # noqa: F401  (rig: the fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
 

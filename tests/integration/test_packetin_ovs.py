@@ -3,39 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import subprocess
-import sys
 import time
-from typing import AsyncIterator
 
 from packetin import messages
-from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import DELIVERED, RECEIVED, Demux
 from packetin.model import Category, Disposition, Flags, PacketIn, Userdata
 from tests.support.podnet import PodNet, set_neighbor
 
 from tests.integration.conftest import OvsEnv, PodFactory
-
-RULE_ID = 0xC0FFEE01  # all 32 bits of reg6 matter
-COOKIE = 0x0123456789ABCDEF  # os-ken reads only half of this; we must not
-METER_POLICY = 7
-
-
-def _in(ns: str, *cmd: str, timeout: float = 15) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, timeout=timeout)
-
-
-def send_udp(src: PodNet, dst: PodNet, port: int, count: int = 1, gap: float = 0.0) -> None:
-    """`count` datagrams, `gap` seconds apart (a burst can overflow the veth's receive side
-    in the netdev datapath on a busy host: lost before OVS counts them)."""
-    code = (f"import socket, time\ns=socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-            f"for i in range({count}):\n"
-            f"    s.sendto(b'npaudit%d' % i, ('{dst.ip}', {port}))\n"
-            f"    time.sleep({gap})")
-    _in(src.netns, sys.executable, "-c", code).check_returncode()
-
+from tests.support.packetin_ovs import COOKIE, METER_POLICY, RULE_ID, _in, connected, logged_rule, send_udp
+from tests.support.waiting import eventually
 
 def ipv4_5tuple(frame: bytes) -> tuple[str, str, int]:
     """(src, dst, protocol) of an untagged Ethernet/IPv4 frame."""
@@ -46,43 +25,11 @@ def ipv4_5tuple(frame: bytes) -> tuple[str, str, int]:
     return src, dst, proto
 
 
-@contextlib.asynccontextmanager
-async def connected(target: str, got: dict[int, list[PacketIn]]) -> AsyncIterator[tuple[OpenFlowChannel, Demux]]:
-    demux = Demux()
-    now = time.monotonic()
-    for cat, sink in got.items():
-        demux.subscribe(cat, sink.append, rate=10000, burst=10000, queue_size=10000, now=now)
-    channel = OpenFlowChannel(ChannelSettings(target=target), demux.dispatch, on_malformed=demux.count_malformed)
-    demux.start()
-    channel.start()
-    try:
-        await channel.wait_ready(10)
-        yield channel, demux
-    finally:
-        await channel.close()
-        await demux.stop()
-
-
-async def wait_for(pred, timeout: float = 5.0, state=lambda: "") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout}s: {state()}")
-        await asyncio.sleep(0.02)
-
-
 def two_pods(make_pod: PodFactory) -> tuple[PodNet, PodNet]:
     a, b = make_pod("a", 1), make_pod("b", 2)
     set_neighbor(a, b)
     set_neighbor(b, a)
     return a, b
-
-
-def logged_rule(a: PodNet, b: PodNet, disposition: Disposition, extra_match: dict) -> messages.FlowSpec:
-    ud = Userdata(category=Category.POLICY, flags=int(Flags.LOG | Flags.REJECT), rule_id=RULE_ID)
-    return messages.FlowSpec.make(0, 200, {"eth_type": 0x0800, "ipv4_src": a.ip, "ipv4_dst": b.ip, **extra_match}, [
-        messages.SetField("reg7", int(disposition)), messages.SetField("reg6", RULE_ID),
-        messages.Controller(reason=0, userdata=ud.encode(), meter_id=METER_POLICY)], cookie=COOKIE)
 
 
 def test_logged_policy_flow_yields_typed_packet_ins(ovs_env: OvsEnv, make_pod: PodFactory) -> None:
@@ -96,7 +43,7 @@ def test_logged_policy_flow_yields_typed_packet_ins(ovs_env: OvsEnv, make_pod: P
             await channel.install_flows([logged_rule(a, b, Disposition.REJECT, {"ip_proto": 1})])
             res = await asyncio.to_thread(_in, a.netns, "ping", "-c", "3", "-i", "0.2", "-W", "1", b.ip)
             assert res.returncode != 0  # the flow outputs nowhere: the ping really was dropped
-            await wait_for(lambda: len(got[Category.POLICY]) >= 3)
+            await eventually(lambda: len(got[Category.POLICY]) >= 3, 5.0)
             await asyncio.sleep(0.2)
             assert demux.stats()[Category.POLICY][RECEIVED] == 3
 
@@ -139,8 +86,8 @@ def test_traceflow_category_reaches_its_own_subscriber(ovs_env: OvsEnv, make_pod
             await asyncio.to_thread(send_udp, a, b, 9, 2)
             await asyncio.to_thread(send_udp, a, b, 10, 1)
             await asyncio.to_thread(send_udp, a, b, 11, 4)
-            await wait_for(lambda: len(got[Category.TRACEFLOW]) >= 3 and demux.unroutable["unknown_category"] >= 4,
-                           state=lambda: f"{demux.stats()} {demux.unroutable} {got}")
+            await eventually(lambda: len(got[Category.TRACEFLOW]) >= 3 and demux.unroutable["unknown_category"] >= 4,
+                               5.0, what=lambda: f"{demux.stats()} {demux.unroutable} {got}")
             return demux
 
     demux = asyncio.run(scenario())

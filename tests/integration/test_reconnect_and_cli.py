@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,8 +16,10 @@ from packetin.model import Category, PacketIn
 from tests.support.podnet import set_neighbor
 
 from tests.integration.conftest import BRIDGE, OvsEnv, PodFactory
-from tests.integration.test_packetin_ovs import METER_POLICY, connected, logged_rule, send_udp, wait_for
+from tests.support.packetin_ovs import METER_POLICY, connected, logged_rule, send_udp
 from packetin.model import Disposition
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 
 def dump(env: OvsEnv, what: str) -> str:
@@ -44,7 +45,7 @@ def test_flows_and_meters_come_back_after_vswitchd_restart(ovs_env: OvsEnv, make
             await asyncio.to_thread(ovs_env.ovs.stop_daemon, "ovs-vswitchd", signal.SIGKILL)
             t0 = time.monotonic()
             await asyncio.to_thread(ovs_env.ovs.up)
-            await wait_for(lambda: channel.connects > connects and channel.ready, timeout=5)
+            await eventually(lambda: channel.connects > connects and channel.ready, timeout=5)
             recovered = time.monotonic() - t0
             flows = dump(ovs_env, "dump-flows")
             meters = dump(ovs_env, "dump-meters")
@@ -53,7 +54,7 @@ def test_flows_and_meters_come_back_after_vswitchd_restart(ovs_env: OvsEnv, make
 
             # And the datapath works again end to end: packets become packet-ins.
             await asyncio.to_thread(send_udp, a, b, 4000, 3)
-            await wait_for(lambda: len(got[Category.POLICY]) >= 3)
+            await eventually(lambda: len(got[Category.POLICY]) >= 3, 5.0)
             return recovered
 
     recovered = asyncio.run(scenario())
@@ -61,14 +62,8 @@ def test_flows_and_meters_come_back_after_vswitchd_restart(ovs_env: OvsEnv, make
     assert all(p.rule_id == 0xC0FFEE01 for p in got[Category.POLICY])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_agent_cli_runs_exports_metrics_and_stops_on_sigterm(ovs_env: OvsEnv, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(
         f"ovs:\n  run_dir: {ovs_env.ovs.run_dir}\n  netns: {ovs_env.netns}\n  bridge: {BRIDGE}\n"

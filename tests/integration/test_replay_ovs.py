@@ -17,7 +17,8 @@ from packetin import messages
 from packetin.messages import CODEC
 from tests.integration.conftest import OvsEnv
 from tests.support.background import Background
-from tests.integration.test_packetin_ovs import connected, wait_for
+from tests.support.packetin_ovs import connected
+from tests.support.waiting import eventually
 
 FLOWS = 10_000  # enough that a flow-by-flow replay spans many of vswitchd's main-loop iterations
 
@@ -82,9 +83,9 @@ def test_the_replay_after_a_vswitchd_restart_is_all_or_nothing(ovs_env: OvsEnv) 
             with FlowCountObserver(ovs_env) as observer:
                 await asyncio.to_thread(ovs_env.ovs.stop_daemon, "ovs-vswitchd", signal.SIGKILL)
                 await asyncio.to_thread(ovs_env.ovs.up)
-                await wait_for(lambda: channel.connects > connects and channel.ready, timeout=30)
-                await wait_for(lambda: bool(observer.counts) and observer.counts[-1] == FLOWS, timeout=10,
-                               state=lambda: str(observer.counts[-5:]))
+                await eventually(lambda: channel.connects > connects and channel.ready, timeout=30)
+                await eventually(lambda: bool(observer.counts) and observer.counts[-1] == FLOWS, timeout=10,
+                                   what=lambda: str(observer.counts[-5:]))
             return observer.counts
 
     counts = asyncio.run(scenario())

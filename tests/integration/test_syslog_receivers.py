@@ -20,7 +20,8 @@ from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.transport import TlsOptions
 from auditlog.verify import verify
 from policy_agent.cli.main import main
-from tests.integration.test_syslog_rsyslog import HOSTILE, file_lines, forwarders, wait_for, write_records  # noqa: F401
+from tests.support.syslog_forwarders import HOSTILE, file_lines, forwarders, write_records  # noqa: F401
+from tests.support.waiting import wait_for
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Receiver, RsyslogDaemon, templated
 from tests.support.syslog_parse import parse_message

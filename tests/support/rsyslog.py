@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tests.support.certs import Pki
+from tests.support.ports import free_port
 
 # One JSON object per received message, the RFC 5424 fields as rsyslog parsed them.
 _TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
@@ -28,12 +29,6 @@ _TEMPLATE = """template(name="npaudit_fields" type="list" option.jsonf="on") {
 """
 SHIPPED = Path(__file__).resolve().parents[2] / "config" / "syslog"
 INPUTS = ("udp", "tcp", "tls")  # "tls": imtcp with the ossl stream driver (rsyslog-openssl)
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RsyslogDaemon:

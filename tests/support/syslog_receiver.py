@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from pathlib import Path
-from typing import Callable
 
 from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
@@ -50,14 +48,6 @@ def write_records(live: Path, first: int, count: int) -> None:
         for i in range(first, first + count):
             assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
         assert writer.flush_wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def state(pid: int) -> str | None:

@@ -1,0 +1,116 @@
+"""Namespaces, Pods, policies and probes that several end-to-end scenarios (and benches) share."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+from policy_agent.ovs.embedded import pid_alive
+from tests.support.cluster import Cluster, PodHandle
+
+NAMESPACES = ("x", "y", "z")
+PODS = ("a", "b", "c")
+
+
+def namespaces_and_pods(logging_ns: str = "z") -> str:
+    docs = []
+    for ns in NAMESPACES:
+        ann = "\n  annotations:\n    networkpolicy.antrea.io/enable-logging: \"true\"" if ns == logging_ns else ""
+        docs.append(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n"
+                    f"    kubernetes.io/metadata.name: {ns}{ann}\n")
+        for pod in PODS:
+            docs.append(f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\n  namespace: {ns}\n"
+                        f"  labels:\n    pod: {pod}\n")
+    return "---\n".join(docs)
+
+
+# Sends TCP SYNs (connect attempts) to argv[1]:argv[2] every 10 ms until argv[3] exists;
+# prints how many connected.
+KNOCKER = r"""
+import os, socket, sys, time
+ok = 0
+while not os.path.exists(sys.argv[3]):
+    s = socket.socket(); s.settimeout(0.05)
+    try:
+        s.connect((sys.argv[1], int(sys.argv[2]))); ok += 1
+    except OSError:
+        pass
+    finally:
+        s.close()
+    time.sleep(0.01)
+print(ok)
+"""
+
+
+# Pods in namespace y get no TCP 80 (81 stays open).
+NO_80_TO_Y = textwrap.dedent("""
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {name: no-80-to-y}
+    spec:
+      priority: 1
+      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
+      ingress: [{action: Drop, ports: [{protocol: TCP, port: 80}]}]
+""")
+
+
+def server_behind_no_80(cluster: Cluster) -> tuple[PodHandle, PodHandle]:
+    """A server Pod in y whose TCP 80 is dropped by policy (81 open), and a client Pod in x."""
+    cluster.apply(namespaces_and_pods(logging_ns=""))
+    server = cluster.add_pod("y", "a")
+    client = cluster.add_pod("x", "a", server=False)
+    cluster.apply(NO_80_TO_Y)
+    target = [f"{server.ip}:80/tcp", f"{server.ip}:81/tcp"]
+    assert cluster.probe(client.ref, target) == {target[0]: "timeout", target[1]: "connected"}
+    return server, client
+
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "config" / "audit-record.schema.json").read_text())
+POLICIES = textwrap.dedent("""
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {name: sec-audit}
+    spec:
+      tier: securityops
+      priority: 3
+      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]
+      ingress:
+      - name: drop-udp-from-x
+        action: Drop
+        enableLogging: true
+        logLabel: sec-udp
+        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
+        ports: [{protocol: UDP, port: 53}]
+      - name: allow-web-from-x
+        action: Allow
+        enableLogging: true
+        logLabel: sec-web
+        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
+        ports: [{protocol: TCP, port: 80}]
+    ---
+    apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {name: z-from-x, namespace: z}
+    spec:
+      podSelector: {matchLabels: {pod: a}}
+      ingress:
+      - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]
+""")
+
+
+def wait_records(cluster: Cluster, predicate, timeout: float = 5.0) -> list[dict]:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        records = cluster.audit_records()
+        if predicate(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+def daemon_pid(cluster: Cluster, daemon: str) -> int:
+    """The pid the daemon wrote in the agent's OVS run dir (never looked up by name)."""
+    pid = int((cluster.dir / "ovs" / f"{daemon}.pid").read_text().strip())
+    assert pid_alive(pid), f"{daemon} pid {pid} from its pid file is not running"
+    return pid
