@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence
 
@@ -22,6 +22,8 @@ from auditlog.fileset import (DEFAULT_BASE, DEFAULT_DIR, GZIP_ERRORS, iter_lines
 from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
+from auditlog import verify_nodes
+from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES, DIFFERS, DUPLICATE, NodeChain, NodeKey, node_label, node_of
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
 
@@ -33,6 +35,7 @@ REORDERED = "reordered"          # a record out of place, or repeated
 TRUNCATED = "truncated"          # a line cut short (no newline at the end of a file) or a short gzip
 UNPARSEABLE = "unparseable"      # a line that is not JSON
 UNSEALED = "unsealed"            # a JSON line without npaudit.seq / npaudit.chain
+BEYOND_WINDOW = verify_nodes.BEYOND_WINDOW  # a seq seen before, older than the duplicate window: undecidable
 
 
 # --- results ---
@@ -47,14 +50,39 @@ class Break:
     detail: str
     expected_seq: int | None = None
     found_seq: int | None = None
+    node: str | None = None      # observer.hostname of the chain that broke
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.file} line {self.line}: {self.detail}"
+        where = "" if self.node is None else f"node {self.node}: "
+        return f"{self.kind}: {where}{self.file} line {self.line}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node's chain (observer.hostname, within one file set): what was checked, and its break if any."""
+
+    node: str | None
+    file_set: Path
+    records: int                 # records checked (up to its break); duplicates not counted
+    first_seq: int | None
+    last_seq: int | None
+    head_chain: str | None
+    duplicates: int              # exact re-sent copies of records verified before (at-least-once delivery)
+    brk: Break | None
+
+    def summary(self) -> str:
+        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
+        dups = f", {self.duplicates} duplicates" if self.duplicates else ""
+        state = f"BREAK at {self.brk.file} line {self.brk.line}" if self.brk else "ok"
+        return f"node {node_label(self.node)}: {self.records} records{seqs}{dups}: {state}"
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """What `verify` found: ok when there is no break; warnings never make it fail."""
+    """What `verify` found: ok when no node's chain breaks; warnings and duplicates never make it fail.
+
+    records / first_seq / last_seq / head_chain are those of the one node when there is
+    one; with several, records is the sum and the rest is per node (`nodes`)."""
 
     files: tuple[Path, ...]
     records: int                 # records checked (up to the break)
@@ -63,14 +91,23 @@ class VerifyResult:
     head_chain: str | None       # chain of the last good record: compare with a copy kept elsewhere
     first_break: Break | None
     warnings: tuple[str, ...] = ()
+    nodes: tuple[NodeResult, ...] = ()
+    breaks: tuple[Break, ...] = ()  # every node's break, in the order found (first_break is the first)
 
     @property
     def ok(self) -> bool:
         return self.first_break is None
 
+    @property
+    def duplicates(self) -> int:
+        return sum(n.duplicates for n in self.nodes)
+
     def summary(self) -> str:
-        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
-        return f"OK: {self.records} records in {len(self.files)} files{seqs}"
+        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records and self.first_seq is not None else ""
+        nodes = f", {len(self.nodes)} nodes" if len(self.nodes) > 1 else ""
+        dups = (f", {self.duplicates} duplicates (re-sent copies of records verified before)"
+                if self.duplicates else "")
+        return f"OK: {self.records} records in {len(self.files)} files{nodes}{seqs}{dups}"
 
 
 # --- forwarded copies: one RFC 5424 message a line ---
@@ -105,16 +142,60 @@ class _Walk:
     opener: Callable[[Path], IO[bytes]] = open_audit_file
     growing: Callable[[Path, int], bool] = lambda path, size: False  # has the file grown past size?
     sleep: Callable[[float], None] = time.sleep  # between looks at a live file being written
-    prev_seq: int | None = None
-    prev_chain: str = GENESIS
-    prev_pos: tuple[int, int] = (0, 0)       # (file index, line) of the last good record
-    records: int = 0
-    first_seq: int | None = None
-    first: tuple[int, int, dict[str, Any]] | None = None  # file index, line, record of the anchor
     pending: _Damage | None = None
     warnings: list[str] = field(default_factory=list)
     syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
     stated_losses: list[int] = field(default_factory=lambda: [0, 0, 0])  # loss records, packet-ins, records
+    window_bytes: int = DEFAULT_WINDOW_BYTES  # per node, for telling re-sends (verify_nodes.py)
+    nodes: dict[NodeKey, NodeChain] = field(default_factory=dict)  # each node's own chain, in order of appearance
+    node: NodeChain = field(default_factory=lambda: NodeChain(("", None)))  # the node of the record at hand
+    aliases: dict[NodeKey, NodeChain] = field(default_factory=dict)  # other names a node's records carry
+    breaks: list[Break] = field(default_factory=list)  # each broken node's break, in the order found
+
+    # The chain state the checks below read is the current node's (verify_nodes.NodeChain).
+    @property
+    def prev_seq(self) -> int | None:
+        return self.node.prev_seq
+
+    @property
+    def prev_chain(self) -> str:
+        return self.node.prev_chain
+
+    @property
+    def prev_pos(self) -> tuple[int, int]:
+        return self.node.prev_pos
+
+    @property
+    def records(self) -> int:
+        return self.node.records
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.node.first_seq
+
+    @property
+    def first(self) -> tuple[int, int, dict[str, Any]] | None:
+        return self.node.first
+
+    def _node_for(self, fi: int, record: dict[str, Any], seq: int, text: bytes) -> NodeChain:
+        """The chain of the record's node (observer.hostname) within its file set.
+
+        A name not seen before whose record continues another node's chain (records from
+        before the node had a name, or a renamed node) joins that chain: a chain is the
+        writer's, whatever its records call the node.
+        """
+        path = self.files[fi]
+        key = (str(path.with_name(split_name(path.name)[0])), node_of(record))
+        node = self.nodes.get(key) or self.aliases.get(key)
+        if node is not None:
+            return node
+        for other in self.nodes.values():
+            if (other.key[0] == key[0] and other.brk is None and other.prev_seq == seq - 1
+                    and seals(other.prev_chain, record, text)):
+                self.aliases[key] = other
+                return other
+        node = self.nodes[key] = NodeChain(key, self.window_bytes)
+        return node
 
     def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None] | None:
         """(record, seq, chain, JSON text, syslog params or None) of one line without its newline;
@@ -167,6 +248,8 @@ class _Walk:
         try:
             parsed = self._parse(raw if torn else raw[:-1])
         except ChainError as exc:
+            if self.breaks:
+                return None  # after a break, bytes that are not a record belong to no node's chain
             if self.pending is None and torn:
                 self.pending = _Damage(fi, lineno, offset, TRUNCATED, f"the last line is cut short ({exc.detail})")
             elif self.pending is None:
@@ -192,28 +275,50 @@ class _Walk:
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")
-        if params is not None:
-            brk = self._forwarded(fi, lineno, record, params)
-            if brk is not None:
-                return brk
-        if params and "original_bytes" in params and self.prev_seq in (None, seq - 1):
+        self.node = node = self._node_for(fi, record, seq, text)
+        if node.brk is not None:
+            return None  # this node's chain ended at its break; the other nodes go on
+        brk = self._forwarded(fi, lineno, record, params) if params is not None else None
+        if brk is None and node.prev_seq is not None and seq <= node.prev_seq:
+            verdict = node.repeat(seq, chain, record, text)
+            if verdict == DUPLICATE:  # an at-least-once re-send: counted by the node, not a record of its own
+                node.duplicates += 1
+                return None
+            brk = self._repeat_break(verdict, fi, lineno, seq)  # None: lower than any seq seen, judged below
+        if brk is None and params and "original_bytes" in params and self.prev_seq in (None, seq - 1):
             self.warnings.append(f"{self.files[fi]} line {lineno}: seq {seq} was shortened to fit a UDP datagram "
                                  f"({params['original_bytes']} bytes): its content is not checked here")
-        else:
+        elif brk is None:
             try:
                 check_record(record, self.prev_chain, self.prev_seq, text)
             except ChainError as exc:
-                return self._classify(exc, fi, lineno, record, seq, chain)
-        if self.first is None:
-            self.first, self.first_seq = (fi, lineno, record), seq
-        self.prev_seq, self.prev_chain, self.prev_pos = seq, chain, (fi, lineno)
-        self.records += 1
+                brk = self._classify(exc, fi, lineno, record, seq, chain)
+        if brk is not None:
+            node.brk = brk = replace(brk, node=node.name)
+            self.breaks.append(brk)
+            return None
+        node.accepted(fi, lineno, record, seq, chain, len(raw))
         if is_loss_record(record):
             loss = record["npaudit"].get("loss")
             loss = loss if isinstance(loss, dict) else {}
             self.stated_losses[0] += 1
             for i, unit in ((1, PACKET_INS), (2, RECORDS)):
                 self.stated_losses[i] += loss[unit] if type(loss.get(unit)) is int else 0
+        return None
+
+    def _repeat_break(self, verdict: str, fi: int, lineno: int, seq: int) -> Break | None:
+        """The break for a seq this node has passed that is not a duplicate (verify_nodes.RecentChains.judge)."""
+        node = self.node
+        last = node.prev_seq if node.prev_seq is not None else seq
+        here = {"file": self.files[fi], "line": lineno, "expected_seq": last + 1, "found_seq": seq}
+        if verdict == DIFFERS:
+            return Break(EDITED, detail=f"seq {seq} appears again after seq {last} but differs from the seq {seq} "
+                         "verified before (content or npaudit.chain): not a re-sent copy", **here)
+        if verdict == BEYOND_WINDOW:
+            return Break(BEYOND_WINDOW, detail=f"seq {seq} appears again after seq {last}, older than the "
+                         f"duplicate window (seq {node.recent.first}..{last}, {self.window_bytes} bytes of records):"
+                         " whether it is a re-sent copy cannot be told; verify again with a larger "
+                         "--duplicate-window", **here)
         return None
 
     def _forwarded(self, fi: int, lineno: int, record: dict[str, Any], params: dict[str, str]) -> Break | None:
@@ -297,22 +402,35 @@ class _Walk:
                     if index > fi or n > lineno:
                         yield self.files[index], n, raw
 
-    def _find_seq(self, seq: int, fi: int, lineno: int) -> tuple[Path, int] | None:
+    def _node_records_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, Any]]:
+        """(path, line, parsed) of the lines after (fi, lineno) in the current node's file set that are its
+        records, or that are no record at all (parsed None); at most _LOOKAHEAD_LINES lines are looked at."""
+        set_key, name = self.node.key
         for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno)):
             if count >= _LOOKAHEAD_LINES:
-                break
-            with suppress(ChainError):
-                if self._parse(raw.rstrip(b"\n"))[1] == seq:
-                    return path, n
+                return
+            if str(path.with_name(split_name(path.name)[0])) != set_key:
+                continue
+            try:
+                parsed = self._parse(raw.rstrip(b"\n"))
+            except ChainError:
+                yield path, n, None
+                continue
+            if parsed is not None and node_of(parsed[0]) == name:
+                yield path, n, parsed
+
+    def _find_seq(self, seq: int, fi: int, lineno: int) -> tuple[Path, int] | None:
+        for path, n, parsed in self._node_records_after(fi, lineno):
+            if parsed is not None and parsed[1] == seq:
+                return path, n
         return None
 
     def _next_follows(self, fi: int, lineno: int, seq: int, chain: str, *, strict: bool = False) -> bool:
-        """Does the record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
-        for _, _, raw in self._lines_after(fi, lineno):
-            try:
-                record, nseq, _, text, _ = self._parse(raw.rstrip(b"\n"))
-            except ChainError:
+        """Does the node's record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
+        for _, _, parsed in self._node_records_after(fi, lineno):
+            if parsed is None:
                 return not strict
+            record, nseq, _, text, _ = parsed
             return nseq == seq + 1 and seals(chain, record, text)
         return not strict
 
@@ -327,19 +445,29 @@ def _absent_between(older: Path, newer: Path) -> list[str]:
     return [f"{base}.{i}{suffix}" for i in range(old_index - 1, new_index, -1)]
 
 
-def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | None = None) -> VerifyResult:
-    """Check the files (or directories of files) as one chain; FileNotFoundError if there are none.
+def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | None = None,
+           duplicate_window: int = DEFAULT_WINDOW_BYTES) -> VerifyResult:
+    """Check the files (or directories of files); FileNotFoundError if there are none.
 
-    `syslog`: True if every line is an RFC 5424 message carrying a record, None
-    (the default) to take lines that start with "<" as such messages, False for none.
+    Each node's records (observer.hostname, within one file set) form a chain of
+    their own, checked on its own, so a SIEM copy merging many nodes verifies;
+    exact re-sent copies are counted as duplicates (auditlog.verify_nodes, which
+    also says what `duplicate_window` bounds). `syslog`: True if every line is an
+    RFC 5424 message carrying a record, None (the default) to take lines that
+    start with "<" as such messages, False for none.
     """
     files, notes, pinned = pin_files([Path(p) for p in paths], base)
     try:
         walk = _Walk(files, pinned.open, lambda path, size: pinned.size(path) > size, warnings=list(notes),
-                     syslog=syslog)
-        brk = walk.run()
+                     syslog=syslog, window_bytes=duplicate_window)
+        damage = walk.run()
     finally:
         pinned.close()
+    breaks = [*walk.breaks, *([damage] if damage is not None else [])]
+    brk = breaks[0] if breaks else None
+    nodes = tuple(NodeResult(n.name, n.set_path, n.records, n.first_seq, n.prev_seq,
+                             n.prev_chain if n.records else None, n.duplicates, n.brk)
+                  for n in walk.nodes.values())
     n, packet_ins, records = walk.stated_losses
     if n:
         walk.warnings.append(f"{n} loss records state that {packet_ins} packet-ins and {records} records never "
@@ -352,11 +480,17 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
             walk.warnings.append(f"{live}: the writer that stopped last could not write {note['records_lost']} "
                                  f"audit records after seq {note['after_seq']} ({note['by_reason']}); the next "
                                  "start puts a chain-restart record saying so into the chain")
-    if walk.first_seq not in (None, 1) and brk is None:
-        walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
-                             "here (removed by retention, or by someone)")
-    return VerifyResult(tuple(files), walk.records, walk.first_seq, walk.prev_seq,
-                        walk.prev_chain if walk.records else None, brk, tuple(walk.warnings))
+    for node in nodes:
+        if node.first_seq not in (None, 1) and node.brk is None:
+            whose = "" if len(nodes) == 1 else f"node {node_label(node.node)}: "
+            walk.warnings.append(f"{whose}the chain is checked from seq {node.first_seq}: older records are not "
+                                 "here (removed by retention, or by someone)")
+    records = sum(n.records for n in nodes)
+    if len(nodes) == 1:
+        one = nodes[0]
+        return VerifyResult(tuple(files), records, one.first_seq, one.last_seq, one.head_chain, brk,
+                            tuple(walk.warnings), nodes, tuple(breaks))
+    return VerifyResult(tuple(files), records, None, None, None, brk, tuple(walk.warnings), nodes, tuple(breaks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -372,34 +506,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from-syslog", action="store_true",
                         help="every line is a forwarded RFC 5424 message: check the record in its MSG "
                         "(without this, lines starting with '<' are taken as such messages)")
+    parser.add_argument("--duplicate-window", type=int, default=DEFAULT_WINDOW_BYTES, metavar="BYTES",
+                        help="bytes of recent records remembered per node to recognise re-sent copies "
+                        f"(default {DEFAULT_WINDOW_BYTES}: the forwarder's window plus a receive buffer, "
+                        "with room; an older repeat is reported, not passed)")
     args = parser.parse_args(argv)
     try:
-        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None)
-    except OSError as exc:
+        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None,
+                        duplicate_window=args.duplicate_window)
+    except (OSError, ValueError) as exc:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        brk = result.first_break
         print(json.dumps({
             "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
             "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
-            "warnings": list(result.warnings),
-            "break": None if brk is None else {
-                "kind": brk.kind, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
-                "expected_seq": brk.expected_seq, "found_seq": brk.found_seq},
+            "duplicates": result.duplicates, "warnings": list(result.warnings),
+            "break": _break_json(result.first_break),
+            "nodes": [{"node": n.node, "file_set": str(n.file_set), "records": n.records, "first_seq": n.first_seq,
+                       "last_seq": n.last_seq, "head_chain": n.head_chain, "duplicates": n.duplicates,
+                       "ok": n.brk is None, "break": _break_json(n.brk)} for n in result.nodes],
         }, sort_keys=True))
         return 0 if result.ok else 1
     for warning in result.warnings:
         print(f"WARNING: {warning}")
+    per_node = len(result.nodes) > 1 or any(n.node is not None or n.duplicates for n in result.nodes)
     if result.first_break is not None:
-        print(f"BREAK: {result.first_break}")
+        for brk in result.breaks:
+            print(f"BREAK: {brk}")
         print(f"{result.records} records intact before it, in {len(result.files)} files")
+        for node in result.nodes if per_node else ():
+            print(node.summary())
         return 1
     print(result.summary())
+    for node in result.nodes if per_node else ():
+        print(node.summary() + (f", head chain {node.head_chain}" if node.head_chain else ""))
     if result.head_chain:
         print(f"head: seq {result.last_seq} chain {result.head_chain}")
     return 0
 
+
+def _break_json(brk: Break | None) -> dict[str, Any] | None:
+    return None if brk is None else {
+        "kind": brk.kind, "node": brk.node, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
+        "expected_seq": brk.expected_seq, "found_seq": brk.found_seq}
 
 if __name__ == "__main__":
     sys.exit(main())
