@@ -23,7 +23,8 @@ from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
 from auditlog import verify_nodes
-from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES, DIFFERS, DUPLICATE, NodeChain, NodeKey, node_label, node_of
+from auditlog.verify_nodes import (DEFAULT_WINDOW_BYTES, DIFFERS, DUPLICATE, NodeChain, NodeResult, NodeTable,
+                                   break_json, node_label, node_of)
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
 
@@ -55,26 +56,6 @@ class Break:
     def __str__(self) -> str:
         where = "" if self.node is None else f"node {self.node}: "
         return f"{self.kind}: {where}{self.file} line {self.line}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class NodeResult:
-    """One node's chain (observer.hostname, within one file set): what was checked, and its break if any."""
-
-    node: str | None
-    file_set: Path
-    records: int                 # records checked (up to its break); duplicates not counted
-    first_seq: int | None
-    last_seq: int | None
-    head_chain: str | None
-    duplicates: int              # exact re-sent copies of records verified before (at-least-once delivery)
-    brk: Break | None
-
-    def summary(self) -> str:
-        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
-        dups = f", {self.duplicates} duplicates" if self.duplicates else ""
-        state = f"BREAK at {self.brk.file} line {self.brk.line}" if self.brk else "ok"
-        return f"node {node_label(self.node)}: {self.records} records{seqs}{dups}: {state}"
 
 
 @dataclass(frozen=True)
@@ -136,6 +117,11 @@ def _is_restart(record: dict[str, Any]) -> bool:
     return isinstance(event, dict) and event.get("kind") == "state" and event.get("action") == "chain-restart"
 
 
+def _of_node(name: str) -> Any:
+    """A read-only attribute of _Walk that is the current node's."""
+    return property(lambda walk: getattr(walk.node, name))
+
+
 @dataclass
 class _Walk:
     files: list[Path]
@@ -147,55 +133,16 @@ class _Walk:
     syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
     stated_losses: list[int] = field(default_factory=lambda: [0, 0, 0])  # loss records, packet-ins, records
     window_bytes: int = DEFAULT_WINDOW_BYTES  # per node, for telling re-sends (verify_nodes.py)
-    nodes: dict[NodeKey, NodeChain] = field(default_factory=dict)  # each node's own chain, in order of appearance
+    table: NodeTable = field(init=False)  # each node's own chain
     node: NodeChain = field(default_factory=lambda: NodeChain(("", None)))  # the node of the record at hand
-    aliases: dict[NodeKey, NodeChain] = field(default_factory=dict)  # other names a node's records carry
     breaks: list[Break] = field(default_factory=list)  # each broken node's break, in the order found
 
+    def __post_init__(self) -> None:
+        self.table = NodeTable(self.window_bytes)
+
     # The chain state the checks below read is the current node's (verify_nodes.NodeChain).
-    @property
-    def prev_seq(self) -> int | None:
-        return self.node.prev_seq
-
-    @property
-    def prev_chain(self) -> str:
-        return self.node.prev_chain
-
-    @property
-    def prev_pos(self) -> tuple[int, int]:
-        return self.node.prev_pos
-
-    @property
-    def records(self) -> int:
-        return self.node.records
-
-    @property
-    def first_seq(self) -> int | None:
-        return self.node.first_seq
-
-    @property
-    def first(self) -> tuple[int, int, dict[str, Any]] | None:
-        return self.node.first
-
-    def _node_for(self, fi: int, record: dict[str, Any], seq: int, text: bytes) -> NodeChain:
-        """The chain of the record's node (observer.hostname) within its file set.
-
-        A name not seen before whose record continues another node's chain (records from
-        before the node had a name, or a renamed node) joins that chain: a chain is the
-        writer's, whatever its records call the node.
-        """
-        path = self.files[fi]
-        key = (str(path.with_name(split_name(path.name)[0])), node_of(record))
-        node = self.nodes.get(key) or self.aliases.get(key)
-        if node is not None:
-            return node
-        for other in self.nodes.values():
-            if (other.key[0] == key[0] and other.brk is None and other.prev_seq == seq - 1
-                    and seals(other.prev_chain, record, text)):
-                self.aliases[key] = other
-                return other
-        node = self.nodes[key] = NodeChain(key, self.window_bytes)
-        return node
+    prev_seq, prev_chain, prev_pos = _of_node("prev_seq"), _of_node("prev_chain"), _of_node("prev_pos")
+    records, first_seq, first = _of_node("records"), _of_node("first_seq"), _of_node("first")
 
     def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None] | None:
         """(record, seq, chain, JSON text, syslog params or None) of one line without its newline;
@@ -275,7 +222,8 @@ class _Walk:
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")
-        self.node = node = self._node_for(fi, record, seq, text)
+        path = self.files[fi]
+        self.node = node = self.table.node(str(path.with_name(split_name(path.name)[0])), record, seq, text)
         if node.brk is not None:
             return None  # this node's chain ended at its break; the other nodes go on
         brk = self._forwarded(fi, lineno, record, params) if params is not None else None
@@ -465,9 +413,7 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
         pinned.close()
     breaks = [*walk.breaks, *([damage] if damage is not None else [])]
     brk = breaks[0] if breaks else None
-    nodes = tuple(NodeResult(n.name, n.set_path, n.records, n.first_seq, n.prev_seq,
-                             n.prev_chain if n.records else None, n.duplicates, n.brk)
-                  for n in walk.nodes.values())
+    nodes = tuple(n.result() for n in walk.table.nodes.values())
     n, packet_ins, records = walk.stated_losses
     if n:
         walk.warnings.append(f"{n} loss records state that {packet_ins} packet-ins and {records} records never "
@@ -522,10 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
             "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
             "duplicates": result.duplicates, "warnings": list(result.warnings),
-            "break": _break_json(result.first_break),
-            "nodes": [{"node": n.node, "file_set": str(n.file_set), "records": n.records, "first_seq": n.first_seq,
-                       "last_seq": n.last_seq, "head_chain": n.head_chain, "duplicates": n.duplicates,
-                       "ok": n.brk is None, "break": _break_json(n.brk)} for n in result.nodes],
+            "break": break_json(result.first_break),
+            "nodes": [n.to_json() for n in result.nodes],
         }, sort_keys=True))
         return 0 if result.ok else 1
     for warning in result.warnings:
@@ -545,11 +489,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"head: seq {result.last_seq} chain {result.head_chain}")
     return 0
 
-
-def _break_json(brk: Break | None) -> dict[str, Any] | None:
-    return None if brk is None else {
-        "kind": brk.kind, "node": brk.node, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
-        "expected_seq": brk.expected_seq, "found_seq": brk.found_seq}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,12 +41,15 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from auditlog.chain import GENESIS, digest, seals
 
-__all__ = ["BEYOND_WINDOW", "DEFAULT_WINDOW_BYTES", "DIFFERS", "DUPLICATE", "NodeChain", "NodeKey",
-           "RecentChains", "node_label", "node_of"]
+if TYPE_CHECKING:
+    from auditlog.verify import Break
+
+__all__ = ["BEYOND_WINDOW", "DEFAULT_WINDOW_BYTES", "DIFFERS", "DUPLICATE", "NodeChain", "NodeKey", "NodeResult",
+           "NodeTable", "RecentChains", "break_json", "node_label", "node_of"]
 
 DEFAULT_WINDOW_BYTES = 64 << 20  # record-line bytes remembered per node (see the module docstring)
 
@@ -172,7 +175,7 @@ class NodeChain:
     first_seq: int | None = None
     first: tuple[int, int, dict[str, Any]] | None = None  # file index, line, record of the anchor
     duplicates: int = 0
-    brk: Any = None                          # the verify.Break that ended this node's chain
+    brk: Break | None = None                 # the break that ended this node's chain
     anchor_print: str | None = None
     recent: RecentChains = field(init=False)
 
@@ -201,3 +204,67 @@ class NodeChain:
         """How a record with a seq at or before this node's last one relates to what was verified."""
         anchor = self.anchor_print if seq == self.first_seq else None
         return self.recent.judge(seq, chain, record, text, anchor)
+
+    def result(self) -> NodeResult:
+        return NodeResult(self.name, self.set_path, self.records, self.first_seq, self.prev_seq,
+                          self.prev_chain if self.records else None, self.duplicates, self.brk)
+
+
+class NodeTable:
+    """The nodes of one verify run, by (file set, observer.hostname), in order of appearance."""
+
+    def __init__(self, window_bytes: int = DEFAULT_WINDOW_BYTES) -> None:
+        self.window_bytes = window_bytes
+        self.nodes: dict[NodeKey, NodeChain] = {}
+        self._aliases: dict[NodeKey, NodeChain] = {}  # other names a node's records carry
+
+    def node(self, file_set: str, record: dict[str, Any], seq: int, text: bytes | str | None) -> NodeChain:
+        """The chain `record` (number `seq`, parsed from `text`) belongs to.
+
+        A name not seen before whose record continues another node's chain (records
+        from before the node had a name, or a renamed node) joins that chain: a chain
+        is the writer's, whatever its records call the node.
+        """
+        key = (file_set, node_of(record))
+        node = self.nodes.get(key) or self._aliases.get(key)
+        if node is not None:
+            return node
+        for other in self.nodes.values():
+            if (other.key[0] == file_set and other.brk is None and other.prev_seq == seq - 1
+                    and seals(other.prev_chain, record, text)):
+                self._aliases[key] = other
+                return other
+        node = self.nodes[key] = NodeChain(key, self.window_bytes)
+        return node
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node's chain (observer.hostname, within one file set): what was checked, and its break if any."""
+
+    node: str | None
+    file_set: Path
+    records: int                 # records checked (up to its break); duplicates not counted
+    first_seq: int | None
+    last_seq: int | None
+    head_chain: str | None
+    duplicates: int              # exact re-sent copies of records verified before (at-least-once delivery)
+    brk: Break | None
+
+    def summary(self) -> str:
+        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
+        dups = f", {self.duplicates} duplicates" if self.duplicates else ""
+        state = f"BREAK at {self.brk.file} line {self.brk.line}" if self.brk else "ok"
+        return f"node {node_label(self.node)}: {self.records} records{seqs}{dups}: {state}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "file_set": str(self.file_set), "records": self.records,
+                "first_seq": self.first_seq, "last_seq": self.last_seq, "head_chain": self.head_chain,
+                "duplicates": self.duplicates, "ok": self.brk is None, "break": break_json(self.brk)}
+
+
+def break_json(brk: Break | None) -> dict[str, Any] | None:
+    """A verify break as `npaudit verify --json` prints it."""
+    return None if brk is None else {
+        "kind": brk.kind, "node": brk.node, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
+        "expected_seq": brk.expected_seq, "found_seq": brk.found_seq}
