@@ -8,11 +8,11 @@ APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
 	iproute2 iputils-ping ethtool rsyslog rsyslog-openssl procps python3-venv python3-dev gcc jq nodejs
 KREL  := $(shell uname -r)
 
-.PHONY: all setup system venv test test-unit test-integration demo bench clean
+.PHONY: all setup system venv syslog-ng test test-unit test-integration demo bench clean
 
 all: test
 
-setup: system venv
+setup: system venv syslog-ng
 
 # apt only when something is missing, so a second run costs a dpkg query.
 system:
@@ -37,6 +37,11 @@ $(VENV)/.stamp: pyproject.toml
 	@touch $@
 
 venv: system $(VENV)/.stamp
+
+# syslog-ng for the receiver tests: Debian's package conflicts with rsyslog, so its .debs are
+# downloaded and unpacked into .cache/syslog-ng (never installed); nothing to do once there.
+syslog-ng: venv
+	@$(PY) -m tests.support.syslog_ng >/dev/null
 
 test: setup
 	$(PY) -m pytest -q tests
