@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator, Sequence
 
 from auditlog.copy_lines import CopyLines
-from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, split_name
+from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, set_lock_path, split_name
 from auditlog.query import Match, Query, record_time
 
 __all__ = ["BLOCK_BYTES", "LogReader", "Position", "line_blocks", "line_seq"]
@@ -85,7 +85,8 @@ class LogReader:
         for path in files:  # pin_files lists them oldest first
             sets.setdefault(path.with_name(split_name(path.name)[0]), []).append(path)
         self.sets = sets
-        self._copies = {live: CopyLines() for live in sets}  # per set: forwarded lines, duplicates
+        # Per set: forwarded lines unwrapped, re-sends dropped (not searched for in a writer's own set).
+        self._copies = {live: CopyLines(dedup=not set_lock_path(live).exists()) for live in sets}
         self.end: Position | None = None  # of a single set's live file, once it has been read
         self._seen_seq: int | None = None  # of the last line of the files read before it
 

@@ -111,4 +111,12 @@ def test_the_remembered_chains_stay_within_the_window() -> None:
     for start in range(0, 50_000, 100):
         copy.block(b"".join(json.dumps({"npaudit": {"seq": i, "chain": f"{i:016x}" * 4}}).encode() + b"\n"
                             for i in range(start, start + 100)))
-    assert len(copy._seen) == len(copy._order) < 200
+    assert len(copy._seen) == sum(len(prints) for prints, _ in copy._order) <= 200  # the newest blocks only
+    assert copy.duplicates == 0
+
+
+def test_a_nodes_own_file_set_is_read_as_it_is(tmp_path: Path, capsysbinary: Any) -> None:
+    """The writer's own set (its lock file beside it) holds each record once: nothing is searched or dropped."""
+    copy = CopyLines(dedup=False)
+    line = json.dumps({"npaudit": {"seq": 1, "chain": "a" * 64}}).encode() + b"\n"
+    assert copy.block(line + line) == line + line and copy.duplicates == 0
