@@ -134,11 +134,13 @@ class _Walk:
     stated_losses: list[int] = field(default_factory=lambda: [0, 0, 0])  # loss records, packet-ins, records
     window_bytes: int = DEFAULT_WINDOW_BYTES  # per node, for telling re-sends (verify_nodes.py)
     table: NodeTable = field(init=False)  # each node's own chain
+    set_of: list[str] = field(init=False)  # the file set (its live file) of each file
     node: NodeChain = field(default_factory=lambda: NodeChain(("", None)))  # the node of the record at hand
     breaks: list[Break] = field(default_factory=list)  # each broken node's break, in the order found
 
     def __post_init__(self) -> None:
         self.table = NodeTable(self.window_bytes)
+        self.set_of = [str(p.with_name(split_name(p.name)[0])) for p in self.files]
 
     # The chain state the checks below read is the current node's (verify_nodes.NodeChain).
     prev_seq, prev_chain, prev_pos = _of_node("prev_seq"), _of_node("prev_chain"), _of_node("prev_pos")
@@ -222,8 +224,7 @@ class _Walk:
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")
-        path = self.files[fi]
-        self.node = node = self.table.node(str(path.with_name(split_name(path.name)[0])), record, seq, text)
+        self.node = node = self.table.node(self.set_of[fi], record, seq, text)
         if node.brk is not None:
             return None  # this node's chain ended at its break; the other nodes go on
         brk = self._forwarded(fi, lineno, record, params) if params is not None else None
@@ -343,8 +344,10 @@ class _Walk:
         return Break(REORDERED, detail=f"the first record has seq {self.first_seq} but seq {seq} follows it "
                      f"at {self.files[fi]} line {lineno}: the first record is out of place", **at_anchor)
 
-    def _lines_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, bytes]]:
+    def _lines_after(self, fi: int, lineno: int, file_set: str) -> Iterator[tuple[Path, int, bytes]]:
         for index in range(fi, len(self.files)):
+            if self.set_of[index] != file_set:
+                continue
             with suppress(*GZIP_ERRORS):
                 for _, n, raw in iter_lines(self.files[index], self.opener):
                     if index > fi or n > lineno:
@@ -354,11 +357,9 @@ class _Walk:
         """(path, line, parsed) of the lines after (fi, lineno) in the current node's file set that are its
         records, or that are no record at all (parsed None); at most _LOOKAHEAD_LINES lines are looked at."""
         set_key, name = self.node.key
-        for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno)):
+        for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno, set_key)):
             if count >= _LOOKAHEAD_LINES:
                 return
-            if str(path.with_name(split_name(path.name)[0])) != set_key:
-                continue
             try:
                 parsed = self._parse(raw.rstrip(b"\n"))
             except ChainError:
