@@ -39,7 +39,6 @@ _CHAIN = re.compile(rb'"chain":"([0-9a-f]{16})[0-9a-f]{48}"')
 _CHAIN_MEMBER = b'"chain":"'
 _PRINT = 16  # hex digits of a chain remembered: a chance collision among a window's records is ~1e-9
 _HEX = b"0123456789abcdef"
-_SKIP = len(_CHAIN_MEMBER) + 64  # a line's chain member to the next line's
 
 
 def _prints(block: bytes) -> list[bytes]:
@@ -48,7 +47,7 @@ def _prints(block: bytes) -> list[bytes]:
     pos = find(_CHAIN_MEMBER)
     while pos >= 0:
         found.append(block[pos + size:pos + size + _PRINT])
-        pos = find(_CHAIN_MEMBER, pos + _SKIP)
+        pos = find(_CHAIN_MEMBER, pos + size)  # not past a short value: a real member may follow closely
     return found
 
 

@@ -120,3 +120,17 @@ def test_a_nodes_own_file_set_is_read_as_it_is(tmp_path: Path, capsysbinary: Any
     copy = CopyLines(dedup=False)
     line = json.dumps({"npaudit": {"seq": 1, "chain": "a" * 64}}).encode() + b"\n"
     assert copy.block(line + line) == line + line and copy.duplicates == 0
+
+
+def test_a_member_called_chain_inside_a_record_neither_hides_it_nor_hides_a_repeat() -> None:
+    def line(seq: int, chain: str, label: Any = None) -> bytes:
+        rec: dict[str, Any] = {"labels": {"chain": label}} if label is not None else {}
+        rec["npaudit"] = {"chain": chain, "seq": seq}
+        return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    a, b, c = ("a1" * 32), ("b2" * 32), ("c3" * 32)
+    copy = CopyLines()
+    assert copy.block(line(1, a)) == line(1, a)
+    # A label holding record 1's chain value (hex, as a chain) and one holding a short value.
+    tricky = line(2, b, label=a) + line(3, c, label="x")
+    assert copy.block(tricky) == tricky
+    assert copy.block(line(2, b, label=a) + line(1, a)) == b"" and copy.duplicates == 2
