@@ -8,7 +8,7 @@ APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
 	iproute2 iptables iputils-ping ethtool rsyslog rsyslog-openssl procps python3-venv python3-dev gcc jq nodejs
 KREL  := $(shell uname -r)
 
-.PHONY: all setup system venv lint test test-unit test-integration demo bench clean
+.PHONY: all setup system venv syslog-ng lint test test-unit test-integration demo bench clean
 
 all: test
 
@@ -38,19 +38,24 @@ $(VENV)/.stamp: pyproject.toml
 
 venv: system $(VENV)/.stamp
 
+# syslog-ng for the receiver tests: Debian's package conflicts with rsyslog, so its .debs are
+# downloaded and unpacked into .cache/syslog-ng (never installed); nothing to do once there.
+syslog-ng: venv
+	@$(PY) -m tests.support.syslog_ng >/dev/null
+
 # Types (mypy over the production packages) and lint (ruff over the whole tree); configured in
 # pyproject.toml. `test` runs it first, so a lint failure fails `make test` and CI.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: setup lint
+test: setup syslog-ng lint
 	$(PY) -m pytest -q tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
 
-test-integration: setup
+test-integration: setup syslog-ng
 	$(PY) -m pytest -q tests/integration tests/e2e
 
 demo: setup

@@ -188,6 +188,17 @@ def pin_files(paths: Sequence[Path], base: str = DEFAULT_BASE, attempts: int = 2
     raise AssertionError("unreachable")
 
 
+def node_sets(directory: Path, base: str = DEFAULT_BASE) -> list[Path]:
+    """The `base` sets in the subdirectories of `directory` (a receiver writes each node's copy into a
+    directory of its own: <dir>/<node>/audit.jsonl), each oldest first, subdirectories by name."""
+    files: list[Path] = []
+    with suppress(OSError):
+        for sub in sorted(os.scandir(directory), key=lambda entry: entry.name):
+            if sub.is_dir():
+                files += [p for _, p in audit_files(Path(sub.path) / base)]
+    return files
+
+
 def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list[Path], list[str]]:
     """Files to check, oldest first, and notes on files ignored; a directory means its `base`* set."""
     files: list[Path] = []
@@ -198,6 +209,10 @@ def collect_files(paths: Sequence[Path], base: str = DEFAULT_BASE) -> tuple[list
             if not found:
                 # The file name is configurable: accept one other *.jsonl set in the directory.
                 bases = {split_name(n)[0] for n in os.listdir(path) if split_name(n)[0].endswith(".jsonl")}
+                nodes = [] if bases else node_sets(path, base)
+                if nodes:  # a receiver's copy, one directory per node (config/syslog/)
+                    files += nodes
+                    continue
                 if len(bases) != 1:
                     raise FileNotFoundError(f"no {base} files in {path}"
                                             + (f" (found {', '.join(sorted(bases))}: pass --base)" if bases else ""))

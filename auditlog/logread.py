@@ -2,7 +2,9 @@
 
 The files are pinned (fileset.pin_files) so a writer rotating meanwhile makes a file
 neither read twice nor skipped. Within a set lines come in file order, which is seq
-order; several sets (copies from several nodes) are merged by @timestamp.
+order; several sets (copies from several nodes) are merged by @timestamp. A SIEM
+copy reads the same: forwarded RFC 5424 messages are unwrapped and re-sent
+duplicates dropped (auditlog.copy_lines).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
-from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, split_name
+from auditlog.copy_lines import CopyLines
+from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, set_lock_path, split_name
 from auditlog.query import Match, Query, record_time
 
 __all__ = ["BLOCK_BYTES", "LogReader", "Position", "line_blocks", "line_seq"]
@@ -82,6 +85,8 @@ class LogReader:
         for path in files:  # pin_files lists them oldest first
             sets.setdefault(path.with_name(split_name(path.name)[0]), []).append(path)
         self.sets = sets
+        # Per set: forwarded lines unwrapped, re-sends dropped (not searched for in a writer's own set).
+        self._copies = {live: CopyLines(dedup=not set_lock_path(live).exists()) for live in sets}
         self.end: Position | None = None  # of a single set's live file, once it has been read
         self._seen_seq: int | None = None  # of the last line of the files read before it
 
@@ -132,11 +137,19 @@ class LogReader:
         live = split_name(path.name)[1] == 0 and len(self.sets) == 1
         f = self._pinned.open(path)
         blocks = _Blocks(f)
+        copy = self._copies[path.with_name(split_name(path.name)[0])]
+        before = copy.duplicates, copy.test_messages
         try:
-            yield from blocks
+            for block in blocks:
+                block = copy.block(block)
+                if block:
+                    yield block
         except BaseException:
             f.close()
             raise
+        if (copy.duplicates, copy.test_messages) != before:
+            self.notes.append(f"{path}: skipped {copy.duplicates - before[0]} re-sent duplicate records and "
+                              f"{copy.test_messages - before[1]} `npaudit syslog test` messages")
         if blocks.truncated:
             self.notes.append(f"{path}: gzip stream cut short; read what it holds")
         if live:

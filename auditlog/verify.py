@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence, TypedDict
 
@@ -20,6 +20,9 @@ from auditlog.fileset import (DEFAULT_BASE, GZIP_ERRORS, iter_lines, open_audit_
 from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
+from auditlog import verify_nodes
+from auditlog.verify_nodes import (DEFAULT_WINDOW_BYTES, DIFFERS, DUPLICATE, NodeChain, NodeResult, NodeTable,
+                                   break_json, node_label, node_of)
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
 
@@ -31,6 +34,7 @@ REORDERED = "reordered"          # a record out of place, or repeated
 TRUNCATED = "truncated"          # a line cut short (no newline at the end of a file) or a short gzip
 UNPARSEABLE = "unparseable"      # a line that is not JSON
 UNSEALED = "unsealed"            # a JSON line without npaudit.seq / npaudit.chain
+BEYOND_WINDOW = verify_nodes.BEYOND_WINDOW  # a seq seen before, older than the duplicate window: undecidable
 
 
 # --- results ---
@@ -45,9 +49,11 @@ class Break:
     detail: str
     expected_seq: int | None = None
     found_seq: int | None = None
+    node: str | None = None      # observer.hostname of the chain that broke
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.file} line {self.line}: {self.detail}"
+        where = "" if self.node is None else f"node {self.node}: "
+        return f"{self.kind}: {where}{self.file} line {self.line}: {self.detail}"
 
 
 class _Where(TypedDict):
@@ -61,7 +67,10 @@ class _Where(TypedDict):
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """What `verify` found: ok when there is no break; warnings never make it fail."""
+    """What `verify` found: ok when no node's chain breaks; warnings and duplicates never make it fail.
+
+    records / first_seq / last_seq / head_chain are those of the one node when there is
+    one; with several, records is the sum and the rest is per node (`nodes`)."""
 
     files: tuple[Path, ...]
     records: int                 # records checked (up to the break)
@@ -70,14 +79,23 @@ class VerifyResult:
     head_chain: str | None       # chain of the last good record: compare with a copy kept elsewhere
     first_break: Break | None
     warnings: tuple[str, ...] = ()
+    nodes: tuple[NodeResult, ...] = ()
+    breaks: tuple[Break, ...] = ()  # every node's break, in the order found (first_break is the first)
 
     @property
     def ok(self) -> bool:
         return self.first_break is None
 
+    @property
+    def duplicates(self) -> int:
+        return sum(n.duplicates for n in self.nodes)
+
     def summary(self) -> str:
-        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records else ""
-        return f"OK: {self.records} records in {len(self.files)} files{seqs}"
+        seqs = f", seq {self.first_seq}..{self.last_seq}" if self.records and self.first_seq is not None else ""
+        nodes = f", {len(self.nodes)} nodes" if len(self.nodes) > 1 else ""
+        dups = (f", {self.duplicates} duplicates (re-sent copies of records verified before)"
+                if self.duplicates else "")
+        return f"OK: {self.records} records in {len(self.files)} files{nodes}{seqs}{dups}"
 
 
 # --- forwarded copies: one RFC 5424 message a line ---
@@ -106,22 +124,34 @@ def _is_restart(record: dict[str, Any]) -> bool:
     return isinstance(event, dict) and event.get("kind") == "state" and event.get("action") == "chain-restart"
 
 
+def _of_node(name: str) -> Any:
+    """A read-only attribute of _Walk that is the current node's."""
+    return property(lambda walk: getattr(walk.node, name))
+
+
 @dataclass
 class _Walk:
     files: list[Path]
     opener: Callable[[Path], IO[bytes]] = open_audit_file
     growing: Callable[[Path, int], bool] = lambda path, size: False  # has the file grown past size?
     sleep: Callable[[float], None] = time.sleep  # between looks at a live file being written
-    prev_seq: int | None = None
-    prev_chain: str = GENESIS
-    prev_pos: tuple[int, int] = (0, 0)       # (file index, line) of the last good record
-    records: int = 0
-    first_seq: int | None = None
-    first: tuple[int, int, dict[str, Any]] | None = None  # file index, line, record of the anchor
     pending: _Damage | None = None
     warnings: list[str] = field(default_factory=list)
     syslog: bool | None = None  # lines are RFC 5424 messages: True all, None those starting with "<"
     stated_losses: list[int] = field(default_factory=lambda: [0, 0, 0])  # loss records, packet-ins, records
+    window_bytes: int = DEFAULT_WINDOW_BYTES  # per node, for telling re-sends (verify_nodes.py)
+    table: NodeTable = field(init=False)  # each node's own chain
+    set_of: list[str] = field(init=False)  # the file set (its live file) of each file
+    node: NodeChain = field(default_factory=lambda: NodeChain(("", None)))  # the node of the record at hand
+    breaks: list[Break] = field(default_factory=list)  # each broken node's break, in the order found
+
+    def __post_init__(self) -> None:
+        self.table = NodeTable(self.window_bytes)
+        self.set_of = [str(p.with_name(split_name(p.name)[0])) for p in self.files]
+
+    # The chain state the checks below read is the current node's (verify_nodes.NodeChain).
+    prev_seq, prev_chain, prev_pos = _of_node("prev_seq"), _of_node("prev_chain"), _of_node("prev_pos")
+    records, first_seq, first = _of_node("records"), _of_node("first_seq"), _of_node("first")
 
     def _parse(self, text: bytes) -> tuple[dict[str, Any], int, str, bytes, dict[str, str] | None] | None:
         """(record, seq, chain, JSON text, syslog params or None) of one line without its newline;
@@ -174,6 +204,8 @@ class _Walk:
         try:
             parsed = self._parse(raw if torn else raw[:-1])
         except ChainError as exc:
+            if self.breaks:
+                return None  # after a break, bytes that are not a record belong to no node's chain
             if self.pending is None and torn:
                 self.pending = _Damage(fi, lineno, offset, TRUNCATED, f"the last line is cut short ({exc.detail})")
             elif self.pending is None:
@@ -199,22 +231,29 @@ class _Walk:
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")
-        if params is not None:
-            brk = self._forwarded(fi, lineno, record, params)
-            if brk is not None:
-                return brk
-        if params and "original_bytes" in params and self.prev_seq in (None, seq - 1):
+        self.node = node = self.table.node(self.set_of[fi], record, seq, text)
+        if node.brk is not None:
+            return None  # this node's chain ended at its break; the other nodes go on
+        brk = self._forwarded(fi, lineno, record, params) if params is not None else None
+        if brk is None and node.prev_seq is not None and seq <= node.prev_seq:
+            verdict = node.repeat(seq, chain, record, text)
+            if verdict == DUPLICATE:  # an at-least-once re-send: counted by the node, not a record of its own
+                node.duplicates += 1
+                return None
+            brk = self._repeat_break(verdict, fi, lineno, seq)  # None: lower than any seq seen, judged below
+        if brk is None and params and "original_bytes" in params and self.prev_seq in (None, seq - 1):
             self.warnings.append(f"{self.files[fi]} line {lineno}: seq {seq} was shortened to fit a UDP datagram "
                                  f"({params['original_bytes']} bytes): its content is not checked here")
-        else:
+        elif brk is None:
             try:
                 check_record(record, self.prev_chain, self.prev_seq, text)
             except ChainError as exc:
-                return self._classify(exc, fi, lineno, record, seq, chain)
-        if self.first is None:
-            self.first, self.first_seq = (fi, lineno, record), seq
-        self.prev_seq, self.prev_chain, self.prev_pos = seq, chain, (fi, lineno)
-        self.records += 1
+                brk = self._classify(exc, fi, lineno, record, seq, chain)
+        if brk is not None:
+            node.brk = brk = replace(brk, node=node.name)
+            self.breaks.append(brk)
+            return None
+        node.accepted(fi, lineno, record, seq, chain, len(raw))
         if is_loss_record(record):
             loss = record["npaudit"].get("loss")
             loss = loss if isinstance(loss, dict) else {}
@@ -222,6 +261,23 @@ class _Walk:
             for i, unit in ((1, PACKET_INS), (2, RECORDS)):
                 self.stated_losses[i] += loss[unit] if type(loss.get(unit)) is int else 0
         return None
+
+    def _repeat_break(self, verdict: str, fi: int, lineno: int, seq: int) -> Break | None:
+        """The break for a seq this node has passed that is not a duplicate (verify_nodes.RecentChains.judge)."""
+        node = self.node
+        last = node.prev_seq if node.prev_seq is not None else seq
+        if verdict == DIFFERS:
+            detail = (f"seq {seq} appears again after seq {last} but differs from the seq {seq} "
+                      "verified before (content or npaudit.chain): not a re-sent copy")
+            kind = EDITED
+        elif verdict == BEYOND_WINDOW:
+            detail = (f"seq {seq} appears again after seq {last}, older than the duplicate window (seq "
+                      f"{node.recent.first}..{last}, {self.window_bytes} bytes of records): whether it is a "
+                      "re-sent copy cannot be told; verify again with a larger --duplicate-window")
+            kind = BEYOND_WINDOW
+        else:
+            return None
+        return Break(kind, file=self.files[fi], line=lineno, detail=detail, expected_seq=last + 1, found_seq=seq)
 
     def _forwarded(self, fi: int, lineno: int, record: dict[str, Any], params: dict[str, str]) -> Break | None:
         """A message whose structured data names another seq or chain than its record: one of them was edited."""
@@ -297,32 +353,41 @@ class _Walk:
         return Break(REORDERED, detail=f"the first record has seq {self.first_seq} but seq {seq} follows it "
                      f"at {self.files[fi]} line {lineno}: the first record is out of place", **at_anchor)
 
-    def _lines_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, bytes]]:
+    def _lines_after(self, fi: int, lineno: int, file_set: str) -> Iterator[tuple[Path, int, bytes]]:
         for index in range(fi, len(self.files)):
+            if self.set_of[index] != file_set:
+                continue
             with suppress(*GZIP_ERRORS):
                 for _, n, raw in iter_lines(self.files[index], self.opener):
                     if index > fi or n > lineno:
                         yield self.files[index], n, raw
 
-    def _find_seq(self, seq: int, fi: int, lineno: int) -> tuple[Path, int] | None:
-        for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno)):
+    def _node_records_after(self, fi: int, lineno: int) -> Iterator[tuple[Path, int, Any]]:
+        """(path, line, parsed) of the lines after (fi, lineno) in the current node's file set that are its
+        records, or that are no record at all (parsed None); at most _LOOKAHEAD_LINES lines are looked at."""
+        set_key, name = self.node.key
+        for count, (path, n, raw) in enumerate(self._lines_after(fi, lineno, set_key)):
             if count >= _LOOKAHEAD_LINES:
-                break
-            with suppress(ChainError):
-                parsed = self._parse(raw.rstrip(b"\n"))
-                if parsed is not None and parsed[1] == seq:
-                    return path, n
-        return None
-
-    def _next_follows(self, fi: int, lineno: int, seq: int, chain: str, *, strict: bool = False) -> bool:
-        """Does the record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
-        for _, _, raw in self._lines_after(fi, lineno):
+                return
             try:
                 parsed = self._parse(raw.rstrip(b"\n"))
             except ChainError:
-                return not strict
-            if parsed is None:  # a forwarded test message: outside the chain
+                yield path, n, None
                 continue
+            if parsed is not None and node_of(parsed[0]) == name:
+                yield path, n, parsed
+
+    def _find_seq(self, seq: int, fi: int, lineno: int) -> tuple[Path, int] | None:
+        for path, n, parsed in self._node_records_after(fi, lineno):
+            if parsed is not None and parsed[1] == seq:
+                return path, n
+        return None
+
+    def _next_follows(self, fi: int, lineno: int, seq: int, chain: str, *, strict: bool = False) -> bool:
+        """Does the node's record after (fi, lineno) continue from (seq, chain)? Without one: not strict."""
+        for _, _, parsed in self._node_records_after(fi, lineno):
+            if parsed is None:
+                return not strict
             record, nseq, _, text, _ = parsed
             return nseq == seq + 1 and seals(chain, record, text)
         return not strict
@@ -338,19 +403,27 @@ def _absent_between(older: Path, newer: Path) -> list[str]:
     return [f"{base}.{i}{suffix}" for i in range(old_index - 1, new_index, -1)]
 
 
-def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | None = None) -> VerifyResult:
-    """Check the files (or directories of files) as one chain; FileNotFoundError if there are none.
+def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | None = None,
+           duplicate_window: int = DEFAULT_WINDOW_BYTES) -> VerifyResult:
+    """Check the files (or directories of files); FileNotFoundError if there are none.
 
-    `syslog`: True if every line is an RFC 5424 message carrying a record, None
-    (the default) to take lines that start with "<" as such messages, False for none.
+    Each node's records (observer.hostname, within one file set) form a chain of
+    their own, checked on its own, so a SIEM copy merging many nodes verifies;
+    exact re-sent copies are counted as duplicates (auditlog.verify_nodes, which
+    also says what `duplicate_window` bounds). `syslog`: True if every line is an
+    RFC 5424 message carrying a record, None (the default) to take lines that
+    start with "<" as such messages, False for none.
     """
     files, notes, pinned = pin_files([Path(p) for p in paths], base)
     try:
         walk = _Walk(files, pinned.open, lambda path, size: pinned.size(path) > size, warnings=list(notes),
-                     syslog=syslog)
-        brk = walk.run()
+                     syslog=syslog, window_bytes=duplicate_window)
+        damage = walk.run()
     finally:
         pinned.close()
+    breaks = [*walk.breaks, *([damage] if damage is not None else [])]
+    brk = breaks[0] if breaks else None
+    nodes = tuple(n.result() for n in walk.table.nodes.values())
     n, packet_ins, records = walk.stated_losses
     if n:
         walk.warnings.append(f"{n} loss records state that {packet_ins} packet-ins and {records} records never "
@@ -363,38 +436,49 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
             walk.warnings.append(f"{live}: the writer that stopped last could not write {note['records_lost']} "
                                  f"audit records after seq {note['after_seq']} ({note['by_reason']}); the next "
                                  "start puts a chain-restart record saying so into the chain")
-    if walk.first_seq not in (None, 1) and brk is None:
-        walk.warnings.append(f"the chain is checked from seq {walk.first_seq}: older records are not "
-                             "here (removed by retention, or by someone)")
-    return VerifyResult(tuple(files), walk.records, walk.first_seq, walk.prev_seq,
-                        walk.prev_chain if walk.records else None, brk, tuple(walk.warnings))
+    for node in nodes:
+        if node.first_seq not in (None, 1) and node.brk is None:
+            whose = "" if len(nodes) == 1 else f"node {node_label(node.node)}: "
+            walk.warnings.append(f"{whose}the chain is checked from seq {node.first_seq}: older records are not "
+                                 "here (removed by retention, or by someone)")
+    records = sum(n.records for n in nodes)
+    if len(nodes) == 1:
+        one = nodes[0]
+        return VerifyResult(tuple(files), records, one.first_seq, one.last_seq, one.head_chain, brk,
+                            tuple(walk.warnings), nodes, tuple(breaks))
+    return VerifyResult(tuple(files), records, None, None, None, brk, tuple(walk.warnings), nodes, tuple(breaks))
 
 
 def to_json(result: VerifyResult) -> dict[str, Any]:
     """The result as `npaudit verify --json` prints it."""
-    brk = result.first_break
     return {
         "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
         "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
-        "warnings": list(result.warnings),
-        "break": None if brk is None else {
-            "kind": brk.kind, "file": str(brk.file), "line": brk.line, "detail": brk.detail,
-            "expected_seq": brk.expected_seq, "found_seq": brk.found_seq},
+        "duplicates": result.duplicates, "warnings": list(result.warnings),
+        "break": break_json(result.first_break),
+        "nodes": [n.to_json() for n in result.nodes],
     }
 
 
 def report(result: VerifyResult, out: IO[str], *, as_json: bool = False) -> int:
-    """Print the result (text, or one JSON object); the exit status: 0 intact, 1 at a break."""
+    """Print the result (text, or one JSON object; per node where there are several or duplicates);
+    the exit status: 0 intact, 1 at a break."""
     if as_json:
         print(json.dumps(to_json(result), sort_keys=True), file=out)
         return 0 if result.ok else 1
     for warning in result.warnings:
         print(f"WARNING: {warning}", file=out)
+    per_node = len(result.nodes) > 1 or any(n.node is not None or n.duplicates for n in result.nodes)
     if result.first_break is not None:
-        print(f"BREAK: {result.first_break}", file=out)
+        for brk in result.breaks:
+            print(f"BREAK: {brk}", file=out)
         print(f"{result.records} records intact before it, in {len(result.files)} files", file=out)
+        for node in result.nodes if per_node else ():
+            print(node.summary(), file=out)
         return 1
     print(result.summary(), file=out)
+    for node in result.nodes if per_node else ():
+        print(node.summary() + (f", head chain {node.head_chain}" if node.head_chain else ""), file=out)
     if result.head_chain:
         print(f"head: seq {result.last_seq} chain {result.head_chain}", file=out)
     return 0

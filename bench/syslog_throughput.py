@@ -331,7 +331,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool, si
         writer.flush_wait(120)
         span, written, delivered, _ = sampler.take()
         line_bytes = writer.stats["bytes"] / written  # the verbatim copy is the record lines, as the node wrote them
-        rsyslog_out = rx.out / "audit-verbatim.jsonl" if isinstance(rx, Receiver) else None
+        rsyslog_out = rx.out / rx.node_copy("bench") if isinstance(rx, Receiver) else None
         wrote_out = round(rsyslog_out.stat().st_size / line_bytes) if rsyslog_out and rsyslog_out.exists() else 0
         cpu = {name: cpu_seconds(pid, tid) - cpu0[name] for name, tid in tids.items()}
         if child_pid is not None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
+from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES
 
 HELP = "check the audit log's hash chain (live and rotated files); exit 1 on a break"
 
@@ -23,6 +24,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     v.add_argument("--from-syslog", action="store_true",
                    help="every line is a forwarded RFC 5424 message: check the record in its MSG "
                    "(without this, lines starting with '<' are taken as such messages)")
+    v.add_argument("--duplicate-window", type=int, default=DEFAULT_WINDOW_BYTES, metavar="BYTES",
+                   help="bytes of recent records remembered per node to recognise re-sent copies "
+                   f"(default {DEFAULT_WINDOW_BYTES}: the forwarder's window plus a receive buffer, "
+                   "with room; an older repeat is reported, not passed)")
     v.set_defaults(func=cmd_verify)
 
 
@@ -30,8 +35,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from auditlog.verify import report, verify
 
     try:
-        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None)
-    except OSError as exc:
+        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None,
+                        duplicate_window=args.duplicate_window)
+    except (OSError, ValueError) as exc:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2
     return report(result, sys.stdout, as_json=args.json)

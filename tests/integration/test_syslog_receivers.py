@@ -81,7 +81,7 @@ def test_the_receiver_config_writes_each_forwarded_record_as_the_node_wrote_it(
         assert record == original  # no "metadata", no envelope: the record itself
     assert stubs == fwd.stats().truncated and (stubs > 0) == (scheme == "udp")
     assert receiver.lines("unparsed.log") == []
-    verbatim = receiver.lines("audit-verbatim.jsonl")
+    verbatim = receiver.lines(receiver.node_copy(NODE))
     if scheme != "udp":  # the byte-for-byte copy is the node's chain
         assert verbatim == [lines[seq] for seq in range(1, count + 1)]
         copy = tmp_path / "copy" / "audit.jsonl"
@@ -124,7 +124,7 @@ def test_syslog_test_reaches_every_destination_marked_and_leaves_the_chain_alone
         assert message.sd == {"npaudit@32473": {"test": "true", "id": test_id}}
         assert json.loads(message.msg)["npaudit"] == {"test": True}
     # Not in the audit copy, not in the node's files, no checkpoint made.
-    assert receiver.lines("audit.json") == [] and receiver.lines("audit-verbatim.jsonl") == []
+    assert receiver.lines("audit.json") == [] and not receiver.nodes_dir.exists()
     assert digests(live.parent) == before and len(audit_files(live)) >= 1
     assert not (tmp_path / "state").exists()
 

@@ -141,6 +141,15 @@ class Receiver:
     def url(self, scheme: str) -> str:
         return f"{scheme}://127.0.0.1:{self.ports[scheme]}"
 
+    @property
+    def nodes_dir(self) -> Path:
+        """Where the config writes each node's verbatim copy: nodes/<HOSTNAME>/audit.jsonl."""
+        return self.out / "nodes"
+
+    def node_copy(self, node: str) -> str:
+        """The output file name (for lines / count) of `node`'s verbatim copy."""
+        return f"nodes/{node}/audit.jsonl"
+
     def lines(self, name: str) -> list[bytes]:
         try:
             return (self.out / name).read_bytes().split(b"\n")[:-1]

@@ -44,7 +44,8 @@ def forwarders(request: pytest.FixtureRequest) -> Iterator[Callable[..., Forward
 
     def make(url: str, live: Path, checkpoint: Path, **kw: Any) -> Forwarder:
         tls = kw.pop("tls", None)
-        dest = make_destination(url, node_name=NODE, tls=tls, batch_records=kw.pop("batch_records", 50))
+        dest = make_destination(url, node_name=kw.pop("node_name", NODE), tls=tls,
+                                batch_records=kw.pop("batch_records", 50))
         fwd = kind(dest, live=live, checkpoint=checkpoint, poll_interval=0.05, backoff_base=0.1,
                    backoff_cap=0.5, **kw)
         made.append(fwd)
