@@ -7,7 +7,6 @@ a line, whose header and structured data are stripped (auditlog/syslog/rfc5424.p
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
 from auditlog import verify_nodes
 from auditlog.verify_nodes import (DEFAULT_WINDOW_BYTES, DIFFERS, DUPLICATE, NodeChain, NodeResult, NodeTable,
-                                   break_json, node_label, node_of)
+                                   node_label, node_of)
 
 _LOOKAHEAD_LINES = 1_000_000   # how far to look for a record that is out of place
 
@@ -447,38 +446,3 @@ def verify(paths: Sequence[Path], *, base: str = DEFAULT_BASE, syslog: bool | No
         return VerifyResult(tuple(files), records, one.first_seq, one.last_seq, one.head_chain, brk,
                             tuple(walk.warnings), nodes, tuple(breaks))
     return VerifyResult(tuple(files), records, None, None, None, brk, tuple(walk.warnings), nodes, tuple(breaks))
-
-
-def to_json(result: VerifyResult) -> dict[str, Any]:
-    """The result as `npaudit verify --json` prints it."""
-    return {
-        "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
-        "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
-        "duplicates": result.duplicates, "warnings": list(result.warnings),
-        "break": break_json(result.first_break),
-        "nodes": [n.to_json() for n in result.nodes],
-    }
-
-
-def report(result: VerifyResult, out: IO[str], *, as_json: bool = False) -> int:
-    """Print the result (text, or one JSON object; per node where there are several or duplicates);
-    the exit status: 0 intact, 1 at a break."""
-    if as_json:
-        print(json.dumps(to_json(result), sort_keys=True), file=out)
-        return 0 if result.ok else 1
-    for warning in result.warnings:
-        print(f"WARNING: {warning}", file=out)
-    per_node = len(result.nodes) > 1 or any(n.node is not None or n.duplicates for n in result.nodes)
-    if result.first_break is not None:
-        for brk in result.breaks:
-            print(f"BREAK: {brk}", file=out)
-        print(f"{result.records} records intact before it, in {len(result.files)} files", file=out)
-        for node in result.nodes if per_node else ():
-            print(node.summary(), file=out)
-        return 1
-    print(result.summary(), file=out)
-    for node in result.nodes if per_node else ():
-        print(node.summary() + (f", head chain {node.head_chain}" if node.head_chain else ""), file=out)
-    if result.head_chain:
-        print(f"head: seq {result.last_seq} chain {result.head_chain}", file=out)
-    return 0

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
-from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES
+from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES, break_json
+
+if TYPE_CHECKING:
+    from auditlog.verify import VerifyResult
 
 HELP = "check the audit log's hash chain (live and rotated files); exit 1 on a break"
 
@@ -32,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from auditlog.verify import report, verify
+    from auditlog.verify import verify
 
     try:
         result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None,
@@ -41,3 +46,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2
     return report(result, sys.stdout, as_json=args.json)
+
+
+def to_json(result: VerifyResult) -> dict[str, Any]:
+    """The result as `npaudit verify --json` prints it."""
+    return {
+        "ok": result.ok, "files": [str(p) for p in result.files], "records": result.records,
+        "first_seq": result.first_seq, "last_seq": result.last_seq, "head_chain": result.head_chain,
+        "duplicates": result.duplicates, "warnings": list(result.warnings),
+        "break": break_json(result.first_break),
+        "nodes": [n.to_json() for n in result.nodes],
+    }
+
+
+def report(result: VerifyResult, out: IO[str], *, as_json: bool = False) -> int:
+    """Print the result (text, or one JSON object; per node where there are several or duplicates);
+    the exit status: 0 intact, 1 at a break."""
+    if as_json:
+        print(json.dumps(to_json(result), sort_keys=True), file=out)
+        return 0 if result.ok else 1
+    for warning in result.warnings:
+        print(f"WARNING: {warning}", file=out)
+    per_node = len(result.nodes) > 1 or any(n.node is not None or n.duplicates for n in result.nodes)
+    if result.first_break is not None:
+        for brk in result.breaks:
+            print(f"BREAK: {brk}", file=out)
+        print(f"{result.records} records intact before it, in {len(result.files)} files", file=out)
+        for node in result.nodes if per_node else ():
+            print(node.summary(), file=out)
+        return 1
+    print(result.summary(), file=out)
+    for node in result.nodes if per_node else ():
+        print(node.summary() + (f", head chain {node.head_chain}" if node.head_chain else ""), file=out)
+    if result.head_chain:
+        print(f"head: seq {result.last_seq} chain {result.head_chain}", file=out)
+    return 0
