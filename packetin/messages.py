@@ -1,6 +1,6 @@
 """OpenFlow 1.5 messages built with os-ken, as pure functions (no switch attached).
 
-Desired state is described by frozen specs (FlowSpec, GroupSpec, and MeterSpec
+Desired state is described by frozen specs (FlowSpec, and MeterSpec
 from meters.ovs) that the channel keeps and replays after a reconnect; the
 functions here turn specs into os-ken message objects and serialise them.
 Flow mods (flow_add, flow_delete_strict) are FlowMods, written by
@@ -11,7 +11,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from os_ken.ofproto import nicira_ext
@@ -184,18 +184,6 @@ class FlowSpec:
         return f"table={self.table} priority={self.priority} match={match}"
 
 
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """A group of buckets, each a tuple of actions (ALL or SELECT or INDIRECT)."""
-
-    group_id: int
-    group_type: int = ofp.OFPGT_ALL
-    buckets: tuple[tuple[Action, ...], ...] = field(default=())
-
-    def describe(self) -> str:
-        return f"group_id={self.group_id} type={self.group_type} buckets={len(self.buckets)}"
-
-
 # --- message builders --------------------------------------------------------------
 
 
@@ -348,20 +336,6 @@ def meter_mod(spec: MeterSpec, command: int) -> Any:
 
 def meter_delete(meter_id: int) -> Any:
     return parser.OFPMeterMod(CODEC, command=ofp.OFPMC_DELETE, flags=0, meter_id=meter_id, bands=[])
-
-
-def group_mod(spec: GroupSpec, command: int) -> Any:
-    buckets = [
-        parser.OFPBucket(bucket_id=i, actions=[a.to_ofp() for a in acts], properties=[])
-        for i, acts in enumerate(spec.buckets)
-    ]
-    return parser.OFPGroupMod(
-        CODEC, command=command, type_=spec.group_type, group_id=spec.group_id, buckets=buckets
-    )
-
-
-def group_delete(group_id: int) -> Any:
-    return parser.OFPGroupMod(CODEC, command=ofp.OFPGC_DELETE, type_=ofp.OFPGT_ALL, group_id=group_id)
 
 
 def packet_out(data: bytes, out_port: int) -> Any:

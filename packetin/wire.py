@@ -14,7 +14,6 @@ from packetin.errors import DecodeError
 from packetin.model import PacketIn
 from packetin.registers import REG_DISPOSITION, REG_RULE_ID, XREG_RULE_AND_DISPOSITION
 
-OFP_HEADER = struct.Struct("!BBHI")  # version, type, length, xid
 OFP_HEADER_LEN = 8
 OFPT_EXPERIMENTER = 4
 NX_EXPERIMENTER_ID = 0x00002320
