@@ -54,8 +54,8 @@ class PacketSummary(NamedTuple):
     length: int = 0
 
 
-# tuple.__new__ with the fields in order: a third of the cost of keyword construction,
-# which matters on the per-packet path. Only for the full-width tuples built below.
+# tuple.__new__ with the fields in order: cheaper than keyword construction, on the
+# per-packet path. Only for the full-width tuples built below.
 _new: Callable[..., PacketSummary] = tuple.__new__  # type: ignore[assignment]
 
 
@@ -138,7 +138,7 @@ _V4_EMBEDDING_PREFIX = bytes(10)
 def _ipv6_text(raw: bytes) -> str:
     """RFC 5952 text, the same as str(ipaddress.IPv6Address) (which Pod lookups use).
 
-    inet_ntop is ~6x faster and agrees except inside ::/80, where glibc writes
+    inet_ntop (the cheaper one) agrees except inside ::/80, where glibc writes
     the IPv4-compatible and IPv4-mapped forms with a dotted quad.
     """
     if raw.startswith(_V4_EMBEDDING_PREFIX):

@@ -41,7 +41,7 @@ class EventIds:
     """Unique event ids, cheaply: 64 random bits drawn once per process, then a counter.
 
     32 hex digits like a uuid4, but one os.urandom per process instead of one per
-    record (on this VM urandom costs ~20 µs, more than building the whole record).
+    record (a system call that costs more than building the whole record).
     """
 
     def __init__(self) -> None:

@@ -2,13 +2,14 @@
 
 In overload (auditlog/overload.py: the audit pipeline aggregates without ports) the reader
 need not build a PacketIn per NXT_PACKET_IN2. `group_key` masks the raw message as one
-integer (a layout per message length, walked once): two messages with the same key decode (wire.decode_packet_in2) to the same
-packet-in in every field but the frame (reason, table, cookie, in_port, reg6, reg7,
-userdata, total_len), and their frames are untagged Ethernet + IPv4, not fragments,
+integer (a layout per message length, walked once): two messages with the same key decode
+(wire.decode_packet_in2) to the same packet-in in every field but the frame (reason, table,
+cookie, in_port, reg6, reg7, userdata, total_len), and their frames are untagged Ethernet +
+IPv4 (as packetin.frames walks them), not fragments,
 of the same length, with the same header length, protocol, source and destination.
 Only the first message of a group is decoded; the others stay raw bytes, counted, and
 decoded only by a consumer that needs each one (`PacketInGroup.packet_ins`).
-A message without a key (anything else) is decoded on its own as before.
+A message without a key (anything else) is decoded on its own.
 """
 
 from __future__ import annotations

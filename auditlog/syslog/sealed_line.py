@@ -15,8 +15,8 @@ fails that test. Even then it reads only what it can prove in that text:
   balance, so the key is npaudit's own and not one in a nested object;
 - string values without a backslash, so the bytes are the value.
 
-Anything else returns None and `read_fields` parses the JSON instead, as the
-forwarder always did (chain.parse_line), so both ways give the same fields.
+Anything else returns None and `read_fields` parses the JSON instead
+(chain.parse_line); both ways give the same fields.
 
 The forwarder reads every line through here (bench/syslog_throughput.py), so the
 hash is fed the line's two parts rather than a concatenated copy, and what the
