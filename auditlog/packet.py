@@ -7,8 +7,7 @@ import socket
 import struct
 from typing import Callable, NamedTuple
 
-from packetin.frames import (IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, eth_type, ipv4_fragment_offset, ipv4_header_len,
-                             ipv4_more_fragments, ipv6_upper_layer, l3_offset, outer_vlan)
+from packetin.frames import IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, ipv4_header_len, ipv6_upper_layer, l3_offset, outer_vlan
 from packetin.protocol_numbers import (ETH_TYPE_IPV4, ETH_TYPE_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
                                        IPPROTO_TCP, IPPROTO_UDP)
 
@@ -17,8 +16,8 @@ __all__ = ["PacketSummary", "decode_frame", "flow_key", "transport_name"]
 # IANA protocol keywords (lowercase), as ECS network.transport expects them.
 _TRANSPORT = {IPPROTO_ICMP: "icmp", IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp", IPPROTO_ICMPV6: "ipv6-icmp",
               IPPROTO_SCTP: "sctp"}
-# From the protocol field of an IPv4 header: protocol, addresses.
-_IPV4_TAIL = struct.Struct("!B2x4s4s")
+# From the flags/fragment-offset word of an IPv4 header: that word, protocol, addresses.
+_IPV4_TAIL = struct.Struct("!HxB2x4s4s")
 _PORTS = struct.Struct("!HH")
 _TCP = struct.Struct("!HH8xBB")  # ports, data offset (+ NS bit), flags
 _AF_INET, _AF_INET6, _inet_ntop = socket.AF_INET, socket.AF_INET6, socket.inet_ntop
@@ -83,8 +82,8 @@ def decode_frame(frame: bytes) -> PacketSummary:
     if off < 0:  # cut inside a VLAN tag
         vlan = outer_vlan(frame, 18) if n >= 18 else None  # the first tag whole, a later one cut
         return PacketSummary(eth_type=None, vlan=vlan, truncated=True, length=n)
-    vlan = outer_vlan(frame, off)
-    kind = eth_type(frame, off)
+    vlan = None if off == 14 else outer_vlan(frame, off)
+    kind = (frame[off - 2] << 8) | frame[off - 1]  # eth_type(frame, off), inline: once per packet-in
     if kind < MIN_ETHERTYPE:
         return PacketSummary(vlan=vlan, length=n)  # 802.3 + LLC: no ethertype to report
     if kind == ETH_TYPE_IPV4:
@@ -96,17 +95,17 @@ def decode_frame(frame: bytes) -> PacketSummary:
 
 def _ipv4(frame: bytes, off: int, vlan: int | None) -> PacketSummary:
     n = len(frame)
-    if n < off + 20:
-        return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, truncated=True, length=n)
     ihl = ipv4_header_len(frame, off)
     if not ihl:
+        if n < off + 20:
+            return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, truncated=True, length=n)
         # Not an IPv4 header at all: claim nothing beyond the ethertype.
         return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, length=n)
-    proto, src_raw, dst_raw = _IPV4_TAIL.unpack_from(frame, off + 9)
-    frag_offset = ipv4_fragment_offset(frame, off)
+    flags_frag, proto, src_raw, dst_raw = _IPV4_TAIL.unpack_from(frame, off + 6)
+    frag_offset = flags_frag & 0x1FFF
     src = _inet_ntop(_AF_INET, src_raw)
     dst = _inet_ntop(_AF_INET, dst_raw)
-    fragment = frag_offset != 0 or ipv4_more_fragments(frame, off)
+    fragment = frag_offset != 0 or bool(flags_frag & 0x2000)  # or More Fragments
     # The frame's own end bounds every header, not the IP total length: packet-ins
     # are cut by the controller action's max_len, and TSO packets may carry 0.
     if n < off + ihl:  # options announced by IHL are missing

@@ -122,19 +122,26 @@ def ipv6_upper_layer(frame: bytes, l3: int) -> tuple[int | None, int, bool, bool
             return nh, off, fragment, False
 
 
-def destination_address(frame: bytes) -> bytes:
+def destination_address(frame: bytes, _tpids: frozenset[int] = VLAN_TPIDS) -> bytes:
     """The destination address bytes of an Ethernet + IPv4/IPv6 frame (4 or 16), b"" when the
-    frame has no whole IPv4 header (or no 40-byte IPv6 header) after its VLAN tags."""
-    ip = l3_offset(frame)
-    if ip < 0:
+    frame has no whole IPv4 header (or no 40-byte IPv6 header) after its VLAN tags.
+
+    Per packet-in (the fair-share key): `l3_offset`'s walk written out here, without the call.
+    """
+    n = len(frame)
+    if n < 14:
         return b""
-    kind = (frame[ip - 2] << 8) | frame[ip - 1]
+    off = 12
+    kind = (frame[12] << 8) | frame[13]
+    while kind in _tpids:
+        off += 4
+        if n < off + 2:
+            return b""
+        kind = (frame[off] << 8) | frame[off + 1]
+    ip = off + 2
     if kind == _V4:
-        if len(frame) < ip + 20 or frame[ip] >> 4 != 4 or frame[ip] & 0x0F < 5:
-            return b""
-        return frame[ip + 16:ip + 20]
+        # Version 4 and IHL at least 5, the fixed header present.
+        return frame[ip + 16:ip + 20] if n >= ip + 20 and 0x45 <= frame[ip] <= 0x4F else b""
     if kind == _V6:
-        if len(frame) < ip + 40 or frame[ip] >> 4 != 6:
-            return b""
-        return frame[ip + 24:ip + 40]
+        return frame[ip + 24:ip + 40] if n >= ip + 40 and 0x60 <= frame[ip] <= 0x6F else b""
     return b""
