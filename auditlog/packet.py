@@ -7,7 +7,8 @@ import socket
 import struct
 from typing import Callable, NamedTuple
 
-from packetin.frames import IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, ipv4_header_len, ipv6_upper_layer, l3_offset, outer_vlan
+from packetin.frames import (IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, VLAN_TPIDS, eth_type, ipv4_header_len,
+                             ipv6_upper_layer, l3_offset, outer_vlan)
 from packetin.protocol_numbers import (ETH_TYPE_IPV4, ETH_TYPE_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
                                        IPPROTO_TCP, IPPROTO_UDP)
 
@@ -78,12 +79,16 @@ def decode_frame(frame: bytes) -> PacketSummary:
     n = len(frame)
     if n < 14:
         return PacketSummary(truncated=True, length=n)
-    off = l3_offset(frame)
-    if off < 0:  # cut inside a VLAN tag
-        vlan = outer_vlan(frame, 18) if n >= 18 else None  # the first tag whole, a later one cut
-        return PacketSummary(eth_type=None, vlan=vlan, truncated=True, length=n)
-    vlan = None if off == 14 else outer_vlan(frame, off)
-    kind = (frame[off - 2] << 8) | frame[off - 1]  # eth_type(frame, off), inline: once per packet-in
+    kind = (frame[12] << 8) | frame[13]
+    if kind in VLAN_TPIDS:  # tagged: the walker finds the network header
+        off = l3_offset(frame)
+        if off < 0:  # cut inside a VLAN tag
+            vlan = outer_vlan(frame, 18) if n >= 18 else None  # the first tag whole, a later one cut
+            return PacketSummary(eth_type=None, vlan=vlan, truncated=True, length=n)
+        vlan = outer_vlan(frame, off)
+        kind = eth_type(frame, off)
+    else:  # untagged, most frames: read inline, once per packet-in
+        off, vlan = 14, None
     if kind < MIN_ETHERTYPE:
         return PacketSummary(vlan=vlan, length=n)  # 802.3 + LLC: no ethertype to report
     if kind == ETH_TYPE_IPV4:
