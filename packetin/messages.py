@@ -20,9 +20,8 @@ from meters.ovs import MeterSpec  # the spec lives with the meters; its encoding
 from meters.stats import MeterReading
 from packetin.errors import DecodeError
 from packetin.flow_encoder import Unsupported, encode_flow_mod
-# The specs the builders below take (importers name them through this module too).
-from packetin.flow_spec import (NXAC2PT_METER_ID, Action, Conjunction, Controller, Ct, FlowSpec, GotoTable,  # noqa: F401
-                                Output, Resubmit, SetField)
+from packetin.flow_spec import (  # noqa: F401  (the specs the builders take; importers name them here too)
+    NXAC2PT_METER_ID, Action, Conjunction, Controller, Ct, FlowSpec, GotoTable, Output, Resubmit, SetField)
 
 NXPIF_NXT_PACKET_IN2 = 2
 OFPM_ALL = 0xFFFFFFFF
