@@ -1,1 +1,1 @@
-"""Audit log pipeline: record model, enrichment, aggregation, writers, syslog (issue 4)."""
+"""The audit trail: packet decode, records, aggregation, the chained file set and its writer, verify, query, syslog."""

@@ -55,7 +55,18 @@ from auditlog.jcs import ascii_form, canonical
 
 GENESIS = "0" * 64
 FORMAT = 2                                  # npaudit.chain_format of every record written now
-FORMAT_MEMBER = f'"chain_format":{FORMAT},'  # its text; the first npaudit member after "chain"
+
+# The text layout of a line the writer seals (RecordText.seal), owned here; the record
+# encoder builds it and the syslog forwarder's fast reader (syslog/sealed_line.py) reads it:
+#   line = head + CHAIN_KEY + <64 hex> + '",' + mid + str(seq) + tail
+# head starts with TIMESTAMP_KEY (JCS sorts "@timestamp" first) and ends inside the npaudit
+# object just before "chain"; mid starts with FORMAT_MEMBER and ends with SEQ_KEY.
+TIMESTAMP_KEY = '{"@timestamp":"'
+CHAIN_KEY = '"chain":"'
+FORMAT_MEMBER = f'"chain_format":{FORMAT},'  # the first npaudit member after "chain"
+SEQ_KEY = '"seq":'
+CHAIN_MEMBER_LEN = len(CHAIN_KEY) + 64 + 2  # CHAIN_KEY, 64 hex digits, '",'
+_CHAIN_KEY_B, _FORMAT_MEMBER_B = CHAIN_KEY.encode("ascii"), FORMAT_MEMBER.encode("ascii")
 ECS_VERSION = "8.11.0"                      # ecs.version of every record
 DATASET = "npaudit.audit"                   # event.dataset of every record
 
@@ -120,7 +131,7 @@ class RecordText:
         head, mid, tail = self.head, self.mid, self.tail
         chain = _sha256(f"{prev_chain}\n{head}{mid}{seq}{tail}".encode("utf-8")).hexdigest()
         self.seq = seq
-        line = f'{head}"chain":"{chain}",{mid}{seq}{tail}'
+        line = f'{head}{CHAIN_KEY}{chain}",{mid}{seq}{tail}'
         return (line if line.isascii() else ascii_form(line)), chain
 
     def record(self) -> dict[str, Any]:
@@ -146,7 +157,7 @@ class RecordText:
         inner = _sorted(meta)
         head = ("{" + "".join(_member(k, record[k]) + "," for k in outer if _utf16(k) < _NPAUDIT) + '"npaudit":{'
                 + "".join(_member(k, meta[k]) + "," for k in inner if _utf16(k) < _CHAIN))
-        mid = "".join(_member(k, meta[k]) + "," for k in inner if _CHAIN < _utf16(k) < _SEQ) + '"seq":'
+        mid = "".join(_member(k, meta[k]) + "," for k in inner if _CHAIN < _utf16(k) < _SEQ) + SEQ_KEY
         tail = ("".join("," + _member(k, meta[k]) for k in inner if _utf16(k) > _SEQ) + "}"
                 + "".join("," + _member(k, record[k]) for k in outer if _utf16(k) > _NPAUDIT) + "}")
         return cls(head, mid, tail)
@@ -215,6 +226,29 @@ def _restart(reason: str, now: float, context: Mapping[str, Any] | None, message
     return record
 
 
+def chain_member_at(line: bytes) -> int:
+    """Where the chain member of `line` starts if the line has the sealed layout around it
+    (CHAIN_KEY, 64 characters, '",' and FORMAT_MEMBER), else -1. The digits are not checked:
+    `sealed_chain` proves them."""
+    at = line.find(_CHAIN_KEY_B)
+    end = at + CHAIN_MEMBER_LEN
+    if at < 0 or line[end - 2:end] != b'",' or not line.startswith(_FORMAT_MEMBER_B, end):
+        return -1
+    return at
+
+
+def sealed_chain(prev_chain: str, line: bytes, at: int) -> str | None:
+    """The chain value of `line` (its chain member at `at`: chain_member_at) if the line without
+    that member hashes to it after `prev_chain`, i.e. it is byte for byte a sealed body; else None."""
+    chain = line[at + len(_CHAIN_KEY_B):at + CHAIN_MEMBER_LEN - 2]
+    digest = _sha256(prev_chain.encode("ascii"))
+    digest.update(b"\n")
+    digest.update(line[:at])
+    digest.update(line[at + CHAIN_MEMBER_LEN:])
+    found = digest.hexdigest()
+    return found if found.encode("ascii") == chain else None
+
+
 def _hash(prev_chain: str, body: str | bytes) -> str:
     data = body if isinstance(body, bytes) else body.encode("utf-8")
     return _sha256(prev_chain.encode("ascii") + b"\n" + data).hexdigest()
@@ -230,7 +264,7 @@ def digest(prev_chain: str, record: dict[str, Any], line: str | bytes | None = N
     meta = record["npaudit"]
     chain = meta.get("chain")
     if line is not None and isinstance(chain, str):
-        member = f'"chain":"{chain}",'
+        member = f'{CHAIN_KEY}{chain}",'
         raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
         stripped = raw.replace(member.encode("ascii"), b"", 1)
         if len(stripped) < len(raw) and _hash(prev_chain, stripped) == chain:

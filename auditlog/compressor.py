@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 FILE_MODE = 0o640
-# Level 1: about twice gzip(1)'s default 6 in speed for a file ~25% larger, so a flood
-# costs half the CPU; the thread runs at nice 10 so it never competes with packet-ins.
+# Level 1: faster than gzip(1)'s default 6 for a somewhat larger file, so a flood costs
+# less CPU; the thread runs at nice 10 so it never competes with packet-ins.
 GZIP_LEVEL = 1
 COMPRESSOR_NICE = 10
 

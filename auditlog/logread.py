@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
+from auditlog.chain import SEQ_KEY
 from auditlog.copy_lines import CopyLines
 from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, set_lock_path, split_name
 from auditlog.query import Match, Query, record_time
@@ -23,7 +24,7 @@ from auditlog.query import Match, Query, record_time
 __all__ = ["BLOCK_BYTES", "LogReader", "Position", "line_blocks", "line_seq"]
 
 BLOCK_BYTES = 1 << 20  # read size: large enough that per-block work is negligible
-_SEQ = re.compile(rb'"seq":(\d+)')
+_SEQ = re.compile(re.escape(SEQ_KEY.encode("ascii")) + rb"(\d+)")
 
 
 def line_seq(raw: bytes) -> int | None:

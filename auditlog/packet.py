@@ -7,20 +7,12 @@ import socket
 import struct
 from typing import Callable, NamedTuple
 
+from packetin.frames import (IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, VLAN_TPIDS, eth_type, ipv4_header_len,
+                             ipv6_upper_layer, l3_offset, outer_vlan)
 from packetin.protocol_numbers import (ETH_TYPE_IPV4, ETH_TYPE_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
                                        IPPROTO_TCP, IPPROTO_UDP)
 
 __all__ = ["PacketSummary", "decode_frame", "flow_key", "transport_name"]
-
-# 802.1Q, 802.1ad (QinQ S-tag), and the pre-standard 0x9100 S-tag some switches still send.
-_VLAN_TPIDS = frozenset((0x8100, 0x88A8, 0x9100))
-# Values below this in the type/length field are an 802.3 length, not an ethertype.
-_MIN_ETHERTYPE = 0x0600
-
-_NO_NEXT_HEADER, _FRAGMENT, _AH = 59, 44, 51
-# IPv6 extension headers laid out as (next header, length in 8-octet units - 1): hop-by-hop,
-# routing, destination options, and (RFC 7045) mobility, HIP, shim6.
-_EXT_8OCTET = frozenset((0, 43, 60, 135, 139, 140))
 
 # IANA protocol keywords (lowercase), as ECS network.transport expects them.
 _TRANSPORT = {IPPROTO_ICMP: "icmp", IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp", IPPROTO_ICMPV6: "ipv6-icmp",
@@ -62,8 +54,8 @@ class PacketSummary(NamedTuple):
     length: int = 0
 
 
-# tuple.__new__ with the fields in order: a third of the cost of keyword construction,
-# which matters on the per-packet path. Only for the full-width tuples built below.
+# tuple.__new__ with the fields in order: cheaper than keyword construction, on the
+# per-packet path. Only for the full-width tuples built below.
 _new: Callable[..., PacketSummary] = tuple.__new__
 
 
@@ -83,46 +75,42 @@ def flow_key(summary: PacketSummary) -> tuple[str | None, str | None, int | None
 
 
 def decode_frame(frame: bytes) -> PacketSummary:
-    """Summarise an Ethernet II frame. Pure; never raises, whatever the bytes."""
+    """Summarise an Ethernet II frame (walked by packetin.frames). Pure; never raises, whatever the bytes."""
     n = len(frame)
     if n < 14:
         return PacketSummary(truncated=True, length=n)
-    off = 12
-    vlan: int | None = None
-    eth_type = (frame[off] << 8) | frame[off + 1]
-    while eth_type in _VLAN_TPIDS:
-        # Tag = TPID (already read) + TCI; the next type field follows the TCI.
-        if n < off + 6:
+    kind = (frame[12] << 8) | frame[13]
+    if kind in VLAN_TPIDS:  # tagged: the walker finds the network header
+        off = l3_offset(frame)
+        if off < 0:  # cut inside a VLAN tag
+            vlan = outer_vlan(frame, 18) if n >= 18 else None  # the first tag whole, a later one cut
             return PacketSummary(eth_type=None, vlan=vlan, truncated=True, length=n)
-        if vlan is None:
-            vlan = ((frame[off + 2] << 8) | frame[off + 3]) & 0x0FFF
-        off += 4
-        eth_type = (frame[off] << 8) | frame[off + 1]
-    off += 2
-    if eth_type < _MIN_ETHERTYPE:
+        vlan = outer_vlan(frame, off)
+        kind = eth_type(frame, off)
+    else:  # untagged, most frames: read inline, once per packet-in
+        off, vlan = 14, None
+    if kind < MIN_ETHERTYPE:
         return PacketSummary(vlan=vlan, length=n)  # 802.3 + LLC: no ethertype to report
-    if eth_type == ETH_TYPE_IPV4:
+    if kind == ETH_TYPE_IPV4:
         return _ipv4(frame, off, vlan)
-    if eth_type == ETH_TYPE_IPV6:
+    if kind == ETH_TYPE_IPV6:
         return _ipv6(frame, off, vlan)
-    return PacketSummary(eth_type=eth_type, vlan=vlan, length=n)
+    return PacketSummary(eth_type=kind, vlan=vlan, length=n)
 
 
 def _ipv4(frame: bytes, off: int, vlan: int | None) -> PacketSummary:
     n = len(frame)
-    if n < off + 20:
-        return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, truncated=True, length=n)
-    vihl = frame[off]
-    ihl = (vihl & 0x0F) * 4
-    if vihl >> 4 != 4 or ihl < 20:
+    ihl = ipv4_header_len(frame, off)
+    if not ihl:
+        if n < off + 20:
+            return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, truncated=True, length=n)
         # Not an IPv4 header at all: claim nothing beyond the ethertype.
         return PacketSummary(eth_type=ETH_TYPE_IPV4, vlan=vlan, length=n)
     flags_frag, proto, src_raw, dst_raw = _IPV4_TAIL.unpack_from(frame, off + 6)
     frag_offset = flags_frag & 0x1FFF
-    more_fragments = bool(flags_frag & 0x2000)
     src = _inet_ntop(_AF_INET, src_raw)
     dst = _inet_ntop(_AF_INET, dst_raw)
-    fragment = frag_offset != 0 or more_fragments
+    fragment = frag_offset != 0 or bool(flags_frag & 0x2000)  # or More Fragments
     # The frame's own end bounds every header, not the IP total length: packet-ins
     # are cut by the controller action's max_len, and TSO packets may carry 0.
     if n < off + ihl:  # options announced by IHL are missing
@@ -140,36 +128,12 @@ def _ipv6(frame: bytes, off: int, vlan: int | None) -> PacketSummary:
         return PacketSummary(eth_type=ETH_TYPE_IPV6, vlan=vlan, length=n)
     src = _ipv6_text(bytes(frame[off + 8:off + 24]))
     dst = _ipv6_text(bytes(frame[off + 24:off + 40]))
-    nh = frame[off + 6]
-    off += 40
-    fragment = False
-    # Each extension header is at least 8 bytes, so this loop ends within the frame.
-    while True:
-        if nh in _EXT_8OCTET or nh == _AH:
-            if n < off + 2:
-                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
-            size = (frame[off + 1] + 2) * 4 if nh == _AH else (frame[off + 1] + 1) * 8
-            if n < off + size:
-                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
-            nh = frame[off]
-            off += size
-        elif nh == _FRAGMENT:
-            if n < off + 8:
-                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
-            offset_m = (frame[off + 2] << 8) | frame[off + 3]
-            nh = frame[off]
-            off += 8
-            frag_offset = offset_m >> 3
-            # An atomic fragment (offset 0, M clear; RFC 6946) is a whole datagram.
-            fragment = fragment or frag_offset != 0 or bool(offset_m & 1)
-            if frag_offset:
-                # What follows is the middle of the payload, not a header.
-                return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, nh, True, False, n)
-        else:
-            break
-    if nh == _NO_NEXT_HEADER:
+    nh, l4, fragment, headerless = ipv6_upper_layer(frame, off)
+    if nh is None:  # cut inside an extension header
+        return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, None, fragment, True, n)
+    if headerless or nh == IPV6_NO_NEXT_HEADER:
         return _summary(ETH_TYPE_IPV6, vlan, 6, src, dst, nh, fragment, False, n)
-    return _l4(frame, off, ETH_TYPE_IPV6, vlan, 6, src, dst, nh, fragment)
+    return _l4(frame, l4, ETH_TYPE_IPV6, vlan, 6, src, dst, nh, fragment)
 
 
 _V4_EMBEDDING_PREFIX = bytes(10)
@@ -178,7 +142,7 @@ _V4_EMBEDDING_PREFIX = bytes(10)
 def _ipv6_text(raw: bytes) -> str:
     """RFC 5952 text, the same as str(ipaddress.IPv6Address) (which Pod lookups use).
 
-    inet_ntop is ~6x faster and agrees except inside ::/80, where glibc writes
+    inet_ntop (the cheaper one) agrees except inside ::/80, where glibc writes
     the IPv4-compatible and IPv4-mapped forms with a dotted quad.
     """
     if raw.startswith(_V4_EMBEDDING_PREFIX):

@@ -23,6 +23,7 @@ from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
+from packetin.frames import ipv4_header_len
 from packetin.groups import FRAME_OFFSET, PacketInGroup
 from packetin.model import Disposition, PacketIn
 from packetin.protocol_numbers import IPPROTO_TCP
@@ -67,7 +68,8 @@ def group_lasts(raws: list[bytes], summary: PacketSummary) -> tuple[list[int | N
     """For grouped packet-ins (packetin/groups.py: untagged IPv4, not fragments, one length,
     header length and protocol) whose first frame decodes to `summary`: each one's last flow-key
     field (destination port, else ICMP type, else None) and how many decode as truncated."""
-    at = FRAME_OFFSET + 14 + (raws[0][FRAME_OFFSET + 14] & 15) * 4  # the transport header
+    l3 = FRAME_OFFSET + 14  # grouped frames are untagged: no VLAN walk
+    at = l3 + ipv4_header_len(raws[0], l3)  # the transport header
     if summary.dst_port is not None:
         lasts: list[int | None] = [(r[at + 2] << 8) | r[at + 3] for r in raws]
     elif summary.icmp_type is not None:

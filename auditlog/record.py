@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, RecordText
+from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.jcs import SAFE_INTEGER, canonical, number
 from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
@@ -41,7 +41,7 @@ class EventIds:
     """Unique event ids, cheaply: 64 random bits drawn once per process, then a counter.
 
     32 hex digits like a uuid4, but one os.urandom per process instead of one per
-    record (on this VM urandom costs ~20 µs, more than building the whole record).
+    record (a system call that costs more than building the whole record).
     """
 
     def __init__(self) -> None:
@@ -325,7 +325,7 @@ class RecordEncoder:
         coarse_head, coarse_keys = (f'"coarsened":"{coarsened}",', f'"keys":{keys},') if coarsened else ("", "")
         net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
         net_before, net_after = self._networks.get(net_key) or self._network(net_key)
-        head = (f'{{"@timestamp":"{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
+        head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
                 f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
                 f',"network":{{"bytes":{n_bytes},{net_before}"packets":{n_packets}{net_after}}}'
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
@@ -337,7 +337,7 @@ class RecordEncoder:
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
         mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
-               f'{rp.priority}"seq":')
+               f'{rp.priority}{SEQ_KEY}')
         orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
         if src_ip is not None:
             port = s.src_port

@@ -55,7 +55,7 @@ class AuditWriter:
 
     At a low rate (`inline_gap`: the previous record came at least that long ago), an idle
     writer with an empty queue seals and appends the record in `submit` itself, on the
-    caller's thread (~20-40 us), and never wakes the thread for it; anything that can take
+    caller's thread, and never wakes the thread for it; anything that can take
     long (a rotation due, fsync, a failed write's retries, a busy writer) stays with the
     thread. Either way records are sealed and written in submission order under one lock.
     `inline_gap=None`: every record goes through the thread.

@@ -51,10 +51,6 @@ class RuleMeterPlan:
     own: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     shared: tuple[int, ...] = ()
 
-    def meter_of(self, rule_id: int) -> int | None:
-        got = self.own.get(rule_id)
-        return None if got is None else got[0]
-
     def specs(self, limits: MeterLimits) -> dict[int, MeterSpec]:
         """The meters this plan needs in OVS, each with its class's rate and burst."""
         by_class = {METER_POLICY_ALLOW: limits.policy_allow, METER_POLICY_DENY: limits.policy_deny}

@@ -3,11 +3,11 @@
 The channel connects as a client (unix socket path, or tcp:HOST:PORT), switches
 packet-ins to NXT_PACKET_IN2, and hands every decoded batch to `on_packet_ins`
 on the event-loop thread (the read path: packetin/reader.py; in audit overload, groups).
-Flow, group and meter changes go out in batches that
+Flow and meter changes go out in batches that
 return only when a barrier confirms them; the switch's OFPT_ERRORs come back as
 OpenFlowError naming the failing message; `commit_flows` (bundle_exchange.py) sends a change as one
 atomic bundle instead (all or nothing). What the switch confirmed is kept as
-the desired state and replayed (meters, groups, then all flows as one bundle)
+the desired state and replayed (meters, then all flows as one bundle)
 after every reconnect, e.g. when ovs-vswitchd restarts with an empty table.
 """
 
@@ -29,7 +29,7 @@ from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.reader import GroupSink, PacketInReader, PacketInSink
-from packetin.refusals import add_or_modify, group_exists, meter_exists, raise_first, refusal
+from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -195,14 +195,13 @@ class OpenFlowChannel(BundleExchange):
             self._send(messages.echo_request())
 
     async def _replay(self) -> None:
-        """Reinstall the desired state: meters and groups (which change no forwarding until a flow
+        """Reinstall the desired state: meters (which change no forwarding until a flow
         names them), then every flow in one atomic bundle. A refused item is logged and forgotten,
         not retried forever: the switch that refused it will refuse it again on every reconnect."""
         desired = self._desired
-        meters, groups = list(desired.meters.values()), list(desired.groups.values())
+        meters = list(desired.meters.values())
         for what, items, install in (
             ("meter", meters, lambda: self.install_meters(meters)),
-            ("group", groups, lambda: self.install_groups(groups)),
         ):
             if not items:
                 continue
@@ -256,17 +255,6 @@ class OpenFlowChannel(BundleExchange):
         ids = list(meter_ids)
         refused = await self._batch([(messages.meter_delete(i), f"delete meter_id={i}") for i in ids])
         settle(self._desired.meters, ids, None, refused)
-
-    async def install_groups(self, groups: Sequence[messages.GroupSpec]) -> None:
-        """Add groups, or modify the ones that already exist."""
-        refused = await add_or_modify(
-            self._batch, groups, messages.group_mod, ofp.OFPGC_ADD, ofp.OFPGC_MODIFY, group_exists)
-        settle(self._desired.groups, [g.group_id for g in groups], groups, refused)
-
-    async def delete_groups(self, group_ids: Iterable[int]) -> None:
-        ids = list(group_ids)
-        refused = await self._batch([(messages.group_delete(i), f"delete group_id={i}") for i in ids])
-        settle(self._desired.groups, ids, None, refused)
 
     async def delete_flows_by_cookie(self, cookie: int, mask: int) -> None:
         """Delete every flow whose cookie matches under `mask` (e.g. a previous agent round).

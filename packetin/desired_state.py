@@ -1,4 +1,4 @@
-"""What the switch confirmed (flows, meters, groups): the channel replays it after every reconnect."""
+"""What the switch confirmed (flows, meters): the channel replays it after every reconnect."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Hashable, Sequence, TypeVar
 
 from meters.ovs import MeterSpec
 from packetin.errors import OpenFlowError
-from packetin.messages import FlowSpec, GroupSpec
+from packetin.messages import FlowSpec
 from packetin.refusals import raise_first
 
 K = TypeVar("K", bound=Hashable)
@@ -14,22 +14,21 @@ V = TypeVar("V")
 
 
 class DesiredState:
-    """Confirmed specs keyed by their OpenFlow identity; the replay order is meters, groups, flows
-    (flows name meters and groups, so those must exist first)."""
+    """Confirmed specs keyed by their OpenFlow identity; the replay order is meters, then flows
+    (flows name meters, so those must exist first)."""
 
     def __init__(self) -> None:
         self.flows: dict[tuple[object, ...], FlowSpec] = {}
         self.meters: dict[int, MeterSpec] = {}
-        self.groups: dict[int, GroupSpec] = {}
         # Flows of a bundle whose commit got no answer (connection lost): the switch may hold
         # them or not; the next replay removes those that are not desired.
         self.in_doubt: dict[tuple[object, ...], FlowSpec] = {}
 
     def __bool__(self) -> bool:
-        return bool(self.meters or self.groups or self.flows)
+        return bool(self.meters or self.flows)
 
     def describe(self) -> str:
-        return f"{len(self.meters)} meters, {len(self.groups)} groups, {len(self.flows)} flows"
+        return f"{len(self.meters)} meters, {len(self.flows)} flows"
 
     def replay_flows(self) -> tuple[list[FlowSpec], list[FlowSpec]]:
         """(flows to install, flows to delete): one bundle of them takes a table that holds

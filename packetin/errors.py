@@ -19,7 +19,7 @@ class OpenFlowError(PacketInError):
     """The switch answered a request with OFPT_ERROR.
 
     `failed` names the message that failed (type, xid and a summary) so the
-    caller can tell which flow, group or meter was refused.
+    caller can tell which flow or meter was refused.
     """
 
     def __init__(self, text: str, *, err_type: int, err_code: int, xid: int, failed: str) -> None:

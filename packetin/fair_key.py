@@ -12,26 +12,12 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Callable
 
+from packetin.frames import destination_address
 from packetin.model import PacketIn
-from packetin.protocol_numbers import ETH_TYPE_IPV4, ETH_TYPE_IPV6
 
-_VLAN_TYPES = (0x8100, 0x88A8)
+__all__ = ["applied_to_key", "destination_address"]
+
 _MAX_CACHED = 65536  # rule ids whose direction is kept; a full cache starts over
-
-
-def destination_address(frame: bytes) -> bytes:
-    """The IPv4/IPv6 destination address bytes of an Ethernet frame (b"" when there is none)."""
-    off = 12
-    eth_type = int.from_bytes(frame[off:off + 2], "big")
-    while eth_type in _VLAN_TYPES:
-        off += 4
-        eth_type = int.from_bytes(frame[off:off + 2], "big")
-    ip = off + 2
-    if eth_type == ETH_TYPE_IPV4:
-        return frame[ip + 16:ip + 20]
-    if eth_type == ETH_TYPE_IPV6:
-        return frame[ip + 24:ip + 40]
-    return b""
 
 
 def applied_to_key(direction_of: Callable[[int], str | None]) -> Callable[[PacketIn], Hashable]:

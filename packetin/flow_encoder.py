@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from packetin.errors import PacketInError
-from packetin.messages import NXAC2PT_METER_ID, Conjunction, Controller, Ct, Output, Resubmit, SetField
-
-if TYPE_CHECKING:
-    from packetin.messages import FlowSpec
+from packetin.flow_spec import NXAC2PT_METER_ID, Conjunction, Controller, Ct, FlowSpec, Output, Resubmit, SetField
 
 OFP_VERSION = 6
 OFPT_FLOW_MOD = 14

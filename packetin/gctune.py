@@ -7,9 +7,9 @@ import gc
 # Young-generation threshold: CPython's 700 means a gen-0 collection every ~100
 # packet-ins on the audit path (each makes a few tuples and objects), and every
 # tenth of those walks gen 1, every hundredth everything start-up loaded (os-ken,
-# ovsdbapp, the Kubernetes client). Measured in-process on the audit pipeline
-# (bench/auditlog_throughput.py, pipeline_capacity): the collector took ~20% of
-# the time with the defaults, ~1.5% with these settings after a freeze.
+# ovsdbapp, the Kubernetes client). These settings, after a freeze, keep the
+# collector a small share of the audit path's time (bench/auditlog_throughput.py,
+# pipeline_capacity).
 GEN0 = 20_000
 GEN1 = 50
 GEN2 = 50

@@ -3,13 +3,13 @@
 In overload (auditlog/overload.py: the audit pipeline aggregates without ports) the reader
 need not build a PacketIn per NXT_PACKET_IN2. `group_key` masks the raw message as one
 integer (a layout per message length, walked once): two messages with the same key decode
-(wire.decode_packet_in2) to the same
-packet-in in every field but the frame (reason, table, cookie, in_port, reg6, reg7,
-userdata, total_len), and their frames are untagged Ethernet + IPv4, not fragments,
+(wire.decode_packet_in2) to the same packet-in in every field but the frame (reason, table,
+cookie, in_port, reg6, reg7, userdata, total_len), and their frames are untagged Ethernet +
+IPv4 (as packetin.frames walks them), not fragments,
 of the same length, with the same header length, protocol, source and destination.
 Only the first message of a group is decoded; the others stay raw bytes, counted, and
 decoded only by a consumer that needs each one (`PacketInGroup.packet_ins`).
-A message without a key (anything else) is decoded on its own as before.
+A message without a key (anything else) is decoded on its own.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from __future__ import annotations
 import itertools
 from typing import Callable, NamedTuple
 
-from packetin import wire
+from packetin import frames, wire
 from packetin.errors import DecodeError
 from packetin.model import PacketIn
+from packetin.protocol_numbers import ETH_TYPE_IPV4
 from packetin.registers import REG_DISPOSITION, REG_RULE_ID, XREG_RULE_AND_DISPOSITION
 
 _EXP = wire.PACKET_IN2_EXPERIMENTER
@@ -47,11 +48,13 @@ def _layout(msg: bytes) -> tuple[int, int, int, int] | None:
     if n < _IP + 20 or msg[1] != wire.OFPT_EXPERIMENTER or msg[16] or msg[17] or msg[8:16] != _EXP:
         return None
     plen = (msg[18] << 8) | msg[19]
-    vihl = msg[_IP]
-    if ((msg[2] << 8) | msg[3]) != n or 16 + plen > n or msg[_IP - 2] != 8 or msg[_IP - 1] \
-            or vihl >> 4 != 4 or vihl < 0x45 or 16 + plen < _IP + (vihl & 15) * 4 \
-            or msg[_IP + 6] & 0x3F or msg[_IP + 7]:
-        return None  # not Ethernet II + IPv4 with its header whole, or a fragment
+    if ((msg[2] << 8) | msg[3]) != n or 16 + plen > n or frames.l3_offset(msg, FRAME_OFFSET) != _IP \
+            or frames.eth_type(msg, _IP) != ETH_TYPE_IPV4:
+        return None  # not an untagged Ethernet II + IPv4 frame
+    ihl = frames.ipv4_header_len(msg, _IP)
+    if not ihl or 16 + plen < _IP + ihl or frames.ipv4_fragment_offset(msg, _IP) \
+            or frames.ipv4_more_fragments(msg, _IP):
+        return None  # no IPv4 header, not whole in the packet property, or a fragment
     head, keep = bytearray(n), bytearray(n)
     for start, end in ((1, 4), (8, 20), (_IP - 2, _IP + 1), (_IP + 7, _IP + 8)):
         head[start:end] = b"\xff" * (end - start)
@@ -171,11 +174,6 @@ def split_read(msgs: list[bytes], received_at: float, on_malformed: Callable[[in
             groups[key] = [raw]
         else:
             members.append(raw)
-    import os
-    if os.environ.get("NPA_DUMP"):
-        with open(os.environ["NPA_DUMP"], "a") as f:
-            for r in msgs[:3]:
-                f.write(r.hex() + "\n")
     out: list[PacketInGroup] = []
     decode = wire.decode_packet_in2
     for raws in groups.values():

@@ -1,6 +1,6 @@
 """OpenFlow 1.5 messages built with os-ken, as pure functions (no switch attached).
 
-Desired state is described by frozen specs (FlowSpec, GroupSpec, and MeterSpec
+Desired state is described by frozen specs (FlowSpec, and MeterSpec
 from meters.ovs) that the channel keeps and replays after a reconnect; the
 functions here turn specs into os-ken message objects and serialise them.
 Flow mods (flow_add, flow_delete_strict) are FlowMods, written by
@@ -11,21 +11,19 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from os_ken.ofproto import nicira_ext
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from meters.ovs import MeterSpec  # the spec lives with the meters; its encoding lives here
 from meters.stats import MeterReading
 from packetin.errors import DecodeError
+from packetin.flow_encoder import Unsupported, encode_flow_mod
+from packetin.flow_spec import (  # noqa: F401  (the specs the builders take; importers name them here too)
+    NXAC2PT_METER_ID, Action, Conjunction, Controller, Ct, FlowSpec, GotoTable, Output, Resubmit, SetField)
 
 NXPIF_NXT_PACKET_IN2 = 2
-# Property of NXAST_CONTROLLER2 that os-ken does not know (OVS >= 2.16):
-# the meter that rate-limits this controller action's packet-ins.
-NXAC2PT_METER_ID = 5
 OFPM_ALL = 0xFFFFFFFF
 
 
@@ -37,163 +35,6 @@ class _Codec:
 
 
 CODEC = _Codec()
-
-
-# --- actions ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    port: int
-
-    def to_ofp(self) -> Any:
-        return parser.OFPActionOutput(self.port)
-
-
-@dataclass(frozen=True, slots=True)
-class SetField:
-    """Load `value` into a field, e.g. SetField("reg7", 1); (value, mask) loads only the mask's bits."""
-
-    name: str
-    value: int | str | tuple[int, int]  # str: what os-ken takes as text, e.g. a MAC address
-
-    def to_ofp(self) -> Any:
-        return parser.OFPActionSetField(**{self.name: self.value})
-
-
-@dataclass(frozen=True, slots=True)
-class Resubmit:
-    table: int
-    in_port: int = 0xFFF8  # OFPP_IN_PORT: keep the packet's in_port
-
-    def to_ofp(self) -> Any:
-        return parser.NXActionResubmitTable(in_port=self.in_port, table_id=self.table)
-
-
-@dataclass(frozen=True, slots=True)
-class Controller:
-    """controller(reason=..., userdata=..., meter_id=..., max_len=...)."""
-
-    reason: int = 0  # OFPR_TABLE_MISS, "no_match" in ovs-ofctl
-    userdata: bytes = b""
-    meter_id: int | None = None
-    max_len: int = 0xFFFF
-
-    def to_ofp(self) -> Any:
-        return _NXActionController2Metered(self.reason, self.userdata, self.meter_id, self.max_len)
-
-
-class _NXActionController2Metered(parser.NXAction):
-    """NXAST_CONTROLLER2 with the meter_id property, serialised by hand."""
-
-    _subtype = nicira_ext.NXAST_CONTROLLER2
-
-    def __init__(self, reason: int, userdata: bytes, meter_id: int | None, max_len: int) -> None:
-        super().__init__()
-        self.reason = reason
-        self.userdata = bytes(userdata)
-        self.meter_id = meter_id
-        self.max_len = max_len
-
-    @staticmethod
-    def _prop(ptype: int, payload: bytes) -> bytes:
-        length = 4 + len(payload)
-        pad = (-length) % 8
-        return struct.pack("!HH", ptype, length) + payload + b"\0" * pad
-
-    def serialize_body(self) -> bytearray:
-        body = bytearray(6)  # pad after the subtype: 10 + 6 = 16
-        body += self._prop(nicira_ext.NXAC2PT_MAX_LEN, struct.pack("!H2x", self.max_len))
-        body += self._prop(nicira_ext.NXAC2PT_REASON, struct.pack("!B3x", self.reason))
-        if self.userdata:
-            body += self._prop(nicira_ext.NXAC2PT_USERDATA, self.userdata)
-        if self.meter_id is not None:
-            body += self._prop(NXAC2PT_METER_ID, struct.pack("!I", self.meter_id))
-        return body
-
-
-@dataclass(frozen=True, slots=True)
-class Ct:
-    """ct(commit?, zone=zone, table=table): send through conntrack; recirculate to `table`."""
-
-    commit: bool = False
-    zone: int = 0
-    table: int | None = None
-
-    def to_ofp(self) -> Any:
-        return parser.NXActionCT(
-            flags=1 if self.commit else 0,  # NX_CT_F_COMMIT
-            zone_src="", zone_ofs_nbits=self.zone,
-            recirc_table=0xFF if self.table is None else self.table,  # 0xff: no recirculation
-            alg=0, actions=[])
-
-
-@dataclass(frozen=True, slots=True)
-class Conjunction:
-    """conjunction(id, clause/n_clauses); `clause` is 0-based on the wire (ovs-ofctl shows k+1)."""
-
-    conj_id: int
-    clause: int
-    n_clauses: int
-
-    def to_ofp(self) -> Any:
-        return parser.NXActionConjunction(self.clause, self.n_clauses, self.conj_id)
-
-
-@dataclass(frozen=True, slots=True)
-class GotoTable:
-    table: int
-
-
-Action = Output | SetField | Resubmit | Controller | Ct | Conjunction
-
-
-# --- specs -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSpec:
-    """One flow as the agent wants it. `match` uses os-ken OFPMatch field names."""
-
-    table: int
-    priority: int
-    match: tuple[tuple[str, Any], ...] = ()
-    actions: tuple[Action, ...] = ()
-    goto: GotoTable | None = None
-    cookie: int = 0
-
-    @staticmethod
-    def make(table: int, priority: int, match: Mapping[str, Any] | None = None,
-             actions: Iterable[Action] = (), goto: int | None = None, cookie: int = 0) -> "FlowSpec":
-        return FlowSpec(
-            table=table,
-            priority=priority,
-            match=tuple(sorted((match or {}).items())),
-            actions=tuple(actions),
-            goto=GotoTable(goto) if goto is not None else None,
-            cookie=cookie,
-        )
-
-    @property
-    def key(self) -> tuple[int, int, tuple[tuple[str, Any], ...]]:
-        """OpenFlow identity of a flow: table, priority, match."""
-        return (self.table, self.priority, self.match)
-
-    def describe(self) -> str:
-        match = ",".join(f"{k}={v}" for k, v in self.match) or "*"
-        return f"table={self.table} priority={self.priority} match={match}"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """A group of buckets, each a tuple of actions (ALL or SELECT or INDIRECT)."""
-
-    group_id: int
-    group_type: int = ofp.OFPGT_ALL
-    buckets: tuple[tuple[Action, ...], ...] = field(default=())
-
-    def describe(self) -> str:
-        return f"group_id={self.group_id} type={self.group_type} buckets={len(self.buckets)}"
 
 
 # --- message builders --------------------------------------------------------------
@@ -368,20 +209,6 @@ def meter_delete(meter_id: int) -> Any:
     return parser.OFPMeterMod(CODEC, command=ofp.OFPMC_DELETE, flags=0, meter_id=meter_id, bands=[])
 
 
-def group_mod(spec: GroupSpec, command: int) -> Any:
-    buckets = [
-        parser.OFPBucket(bucket_id=i, actions=[a.to_ofp() for a in acts], properties=[])
-        for i, acts in enumerate(spec.buckets)
-    ]
-    return parser.OFPGroupMod(
-        CODEC, command=command, type_=spec.group_type, group_id=spec.group_id, buckets=buckets
-    )
-
-
-def group_delete(group_id: int) -> Any:
-    return parser.OFPGroupMod(CODEC, command=ofp.OFPGC_DELETE, type_=ofp.OFPGT_ALL, group_id=group_id)
-
-
 def packet_out(data: bytes, out_port: int) -> Any:
     """Send `data` out of `out_port`, from the controller (bypasses the pipeline)."""
     return parser.OFPPacketOut(CODEC, buffer_id=ofp.OFP_NO_BUFFER,
@@ -423,7 +250,3 @@ def parse(raw: bytes) -> Any:
 
     version, msg_type, msg_len, xid = struct.unpack_from("!BBHI", raw, 0)
     return ofproto_parser.msg(CODEC, version, msg_type, msg_len, xid, bytearray(raw))
-
-
-# The encoder reads the spec classes above, so it is imported once they exist.
-from packetin.flow_encoder import Unsupported, encode_flow_mod  # noqa: E402

@@ -39,11 +39,6 @@ def meter_exists(err: OpenFlowError) -> bool:
     return err.err_type == ofp.OFPET_METER_MOD_FAILED and err.err_code == ofp.OFPMMFC_METER_EXISTS
 
 
-def group_exists(err: OpenFlowError) -> bool:
-    """An ADD refused because the group is there already: MODIFY it instead."""
-    return err.err_type == ofp.OFPET_GROUP_MOD_FAILED and err.err_code == ofp.OFPGMFC_GROUP_EXISTS
-
-
 Batch = Callable[[list[tuple[Any, str]]], Awaitable[dict[int, OpenFlowError]]]
 
 

@@ -63,8 +63,8 @@ CHECKPOINT_RECORDS = 50_000
 ACK_TIMEOUT = 10.0  # seconds a receiver may hold batches unacknowledged before the connection is dropped
 _STOP_DRAIN = 1.0  # seconds `stop` waits for batches in flight to be acknowledged and read, so they need not repeat
 # Seconds between looks at the ACKs while batches are in flight, the window has room and nothing new was
-# on disk. Every wake-up costs the pipeline the GIL (and the forwarder a switch interval to get it back):
-# 2 ms (ACK_POLL, kept for a full window) made this thread wake 500 times a second for nothing.
+# on disk. Every wake-up costs the pipeline the GIL (and the forwarder a switch interval to get it back),
+# so an idle window is looked at rarely; ACK_POLL stays for a full window.
 ACK_IDLE = 0.02
 _FINISH_LEAST = 0.2  # seconds `stop` waits for the receiver's close at least, even if the ACKs took the rest
 

@@ -23,8 +23,8 @@ running agent with its threads and event loop).
   (ForwarderStats.restarts, npaudit_syslog_forwarder_restarts_total) and
   started again after a backoff (doubling from `restart_base` up to
   `restart_cap`; back to the base once a child ran a minute). The checkpoint is
-  on disk, so a new child resends from it: at-least-once as before, duplicates
-  as after an agent crash.
+  on disk, so a new child resends from it: at-least-once, the duplicates those of
+  an agent crash.
 - Counters are per destination since the agent started, across restarts: the
   last counters a dead child reported are added to its successor's.
 - The child's log lines go to the agent's stderr (inherited).

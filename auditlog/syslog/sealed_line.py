@@ -1,12 +1,12 @@
 """A sealed line's seq, chain, disposition and @timestamp without parsing its JSON, when its chain proves its form.
 
-The writer's line is ``head + '"chain":"<hex>",' + mid + str(seq) + tail``
-(auditlog.chain.RecordText): canonical JCS in ASCII form, npaudit.chain right
-before ``"chain_format":2,``, and everything up to ``"seq":`` inside the
-npaudit object. `scan_sealed` trusts that layout only once the line, with its
-chain member cut out, hashes to that chain after the previous record's chain
-(the shortcut of the auditlog.chain docstring), i.e. it is byte for byte what
-the writer sealed: a torn line, a line some other tool wrote or an edited one
+The writer's line has the layout auditlog.chain defines (RecordText, CHAIN_KEY ...
+SEQ_KEY): canonical JCS in ASCII form, npaudit.chain right before
+``"chain_format":2,``, and everything up to ``"seq":`` inside the npaudit object.
+`scan_sealed` trusts that layout only once chain.sealed_chain proves the line,
+with its chain member cut out, hashes to that chain after the previous record's
+chain (the shortcut of the auditlog.chain docstring), i.e. it is byte for byte
+what the writer sealed: a torn line, a line some other tool wrote or an edited one
 fails that test. Even then it reads only what it can prove in that text:
 
 - no ``\\"`` between ``"chain_format"`` and ``"seq":``, so every quote there
@@ -15,10 +15,10 @@ fails that test. Even then it reads only what it can prove in that text:
   balance, so the key is npaudit's own and not one in a nested object;
 - string values without a backslash, so the bytes are the value.
 
-Anything else returns None and `read_fields` parses the JSON instead, as the
-forwarder always did (chain.parse_line), so both ways give the same fields.
+Anything else returns None and `read_fields` parses the JSON instead
+(chain.parse_line); both ways give the same fields.
 
-Cost (bench/syslog_throughput.py; the scan was half the forwarder's time): the
+The forwarder reads every line through here (bench/syslog_throughput.py), so the
 hash is fed the line's two parts rather than a concatenated copy, and what the
 npaudit text between ``"chain_format"`` and ``"seq"`` says is cached by those
 bytes, which depend on the rule and the Pods, not on the packet.
@@ -27,24 +27,18 @@ bytes, which depend on the rule and the Pods, not on the packet.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from typing import Literal
 
-from auditlog.chain import FORMAT_MEMBER, parse_line
+from auditlog.chain import CHAIN_MEMBER_LEN, SEQ_KEY, TIMESTAMP_KEY, chain_member_at, parse_line, sealed_chain
 from auditlog.syslog.rfc5424 import RecordFields, record_fields, valid_timestamp
 
 __all__ = ["read_fields", "scan_sealed"]
 
-_TIMESTAMP_KEY = b'{"@timestamp":"'
-_CHAIN_KEY = b'"chain":"'
-_FORMAT_MEMBER = FORMAT_MEMBER.encode("ascii")
-_SEQ_KEY = b'"seq":'
+_TIMESTAMP_KEY = TIMESTAMP_KEY.encode("ascii")
+_SEQ_KEY = SEQ_KEY.encode("ascii")
 _DISPOSITION = b"disposition"
-_MEMBER_BYTES = len(_CHAIN_KEY) + 64 + 2  # '"chain":"' + 64 hex + '",'
 _SEQ_VALUE = re.compile(rb"[1-9][0-9]{0,15}(?=[,}])")  # JCS writes integers below 2**53 as plain digits
-_sha256 = hashlib.sha256
-_LF = b"\n"
 _CACHED_SEGMENT = 1024  # longer segments (hostile Pod names, say) are not kept in the cache
 
 
@@ -52,17 +46,13 @@ def scan_sealed(line: bytes, prev_chain: str | None) -> RecordFields | None:
     """The fields of `line` (no newline) if it is the writer's sealed text following `prev_chain`, else None."""
     if prev_chain is None or not line.startswith(_TIMESTAMP_KEY) or not line.isascii():
         return None  # the writer's lines are ASCII; a raw UTF-8 copy is left to the JSON parser
-    at = line.find(_CHAIN_KEY)
-    member_end = at + _MEMBER_BYTES
-    if at < 0 or line[member_end - 2:member_end] != b'",' or not line.startswith(_FORMAT_MEMBER, member_end):
+    at = chain_member_at(line)
+    if at < 0:
         return None
-    chain = line[at + len(_CHAIN_KEY):member_end - 2].decode("ascii")
-    digest = _sha256(prev_chain.encode("ascii"))
-    digest.update(_LF)
-    digest.update(line[:at])
-    digest.update(line[member_end:])
-    if digest.hexdigest() != chain:
+    chain = sealed_chain(prev_chain, line, at)
+    if chain is None:
         return None  # not what the writer sealed after prev_chain (the digest also proves the chain is hex)
+    member_end = at + CHAIN_MEMBER_LEN
     seq_at = line.find(_SEQ_KEY, member_end)
     if seq_at < 0:
         return None

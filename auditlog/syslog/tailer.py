@@ -140,11 +140,11 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
 def _next_line(cur: _Open, size: int = _READ_AHEAD) -> tuple[bytes, bool]:
     """(the next line of `cur` without its newline, True), or (a line not ended yet or b"" at the end for now, False).
 
-    Lines are read a block of _READ_AHEAD bytes at a time (one read, one split: a readline per line cost the
-    forwarder about as much as the syslog framing) and kept in `cur.ahead`; the unended line at the end of
+    Lines are read a block of _READ_AHEAD bytes at a time (one read, one split, not a readline per line)
+    and kept in `cur.ahead`; the unended line at the end of
     a block is completed by the next read. A gzip error inside a block would lose the good lines before it:
     the file is then read again from `cur.offset` one line at a time, so exactly the lines before the damage
-    are read, as they always were."""
+    are read."""
     if cur.ahead:
         return cur.ahead.pop(), True
     if cur.one_by_one:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from policy_agent.errors import OvsError
+from policy_agent.ovs import unixctl
+
 log = logging.getLogger(__name__)
 
 PACKET_IN_LOSS_COUNTERS = ("rconn_overflow", "packet_in_overflow")
@@ -40,23 +43,18 @@ class CoverageReader:
         self._warned = False
 
     def read(self, names: tuple[str, ...] = PACKET_IN_LOSS_COUNTERS) -> dict[str, int | None]:
-        from ovs.unixctl.client import UnixctlClient
-
         out: dict[str, int | None] = dict.fromkeys(names)
         ctl = vswitchd_ctl_path(self.ovs_rundir)  # each time: a restarted vswitchd has a new pid
-        error, client = UnixctlClient.create(str(ctl))
-        if error:
-            self._warn(f"cannot open {ctl} (errno {error})")
-            return out
-        try:
-            for name in names:
-                err, result = _transact(client, name)
-                if err is None and result is not None and result.strip().isdigit():
-                    out[name] = int(result)
-                else:
-                    self._warn(f"coverage/read-counter {name}: {err or result!r}")
-        finally:
-            client.close()
+        for name in names:
+            try:
+                result = unixctl.call(ctl, "coverage/read-counter", [name])
+            except OvsError as exc:
+                self._warn(str(exc))
+                continue
+            if result.strip().isdigit():
+                out[name] = int(result)
+            else:
+                self._warn(f"coverage/read-counter {name}: {result!r}")
         return out
 
     def _warn(self, what: str) -> None:
@@ -64,11 +62,4 @@ class CoverageReader:
             self._warned = True
             log.warning("OVS packet-in loss counters unavailable: %s; "
                         "npaudit_ovs_packetin_lost_total will be missing", what)
-
-
-def _transact(client: object, name: str) -> tuple[str | None, str | None]:
-    code, err, result = client.transact("coverage/read-counter", [name])  # type: ignore[attr-defined]
-    if code:
-        return f"errno {code}", None
-    return err, result
 

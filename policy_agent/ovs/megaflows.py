@@ -12,10 +12,10 @@ of that vswitchd re-upcalls its traffic once.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from policy_agent.errors import OvsError
+from policy_agent.ovs import unixctl
 from policy_agent.ovs.coverage import vswitchd_ctl_path
 
 
@@ -27,15 +27,8 @@ class MegaflowCache:
 
     def purge(self) -> None:
         """Blocking (run it in a thread): returns once the vswitchd has deleted its megaflows."""
-        from ovs.unixctl.client import UnixctlClient
-
         ctl = vswitchd_ctl_path(self.ovs_rundir)  # each time: a restarted vswitchd has a new pid
-        error, client = UnixctlClient.create(str(ctl))
-        if error:
-            raise OvsError(f"cannot purge the datapath flows: cannot open {ctl}: {os.strerror(error)}")
         try:
-            code, err, _ = client.transact("revalidator/purge", [])
-        finally:
-            client.close()
-        if code or err:
-            raise OvsError(f"revalidator/purge on {ctl} failed: {err or os.strerror(code)}")
+            unixctl.call(ctl, "revalidator/purge")
+        except OvsError as exc:
+            raise OvsError(f"cannot purge the datapath flows: {exc}") from exc

@@ -1,68 +1,90 @@
-"""The one way to talk to ovs-vswitchd's unixctl socket (what `ovs-appctl` does): one command, one reply."""
+"""The one way the agent talks to an OVS daemon's unixctl socket (what ovs-appctl does, no subprocess).
+
+Blocking: call it from a thread when on the event loop. Every failure (no socket, no
+answer within the timeout, an error reply) raises OvsError naming the socket and command.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from policy_agent.errors import OvsError
+
+__all__ = ["call", "vswitchd_version"]
+
+DEFAULT_TIMEOUT = 5.0  # seconds for connecting and for the answer; a healthy vswitchd answers in milliseconds
+
+
+def call(ctl_path: str | Path, command: str, args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The answer of the daemon at `ctl_path` to `command args...` (its text, as ovs-appctl prints it)."""
+    import ovs.jsonrpc
+    import ovs.stream
+    from ovs.unixctl.client import UnixctlClient
+
+    what = f"{command} on {ctl_path}"
+    deadline = time.monotonic() + timeout
+    error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{ctl_path}"),
+                                                 max(1, int(timeout * 1000)))
+    if error:
+        raise OvsError(f"{what}: cannot connect: {_reason(error)}")
+    conn = ovs.jsonrpc.Connection(stream)
+    client = UnixctlClient(conn)  # owns the connection: closing it closes the stream
+    try:
+        reply = _transact(conn, ovs.jsonrpc.Message.create_request(command, list(args)), deadline)
+    except OSError as exc:
+        if exc.errno == errno.ETIMEDOUT:
+            raise OvsError(f"{what}: no reply within {timeout:g}s") from exc
+        raise OvsError(f"{what}: {_reason(exc.errno)}") from exc
+    finally:
+        client.close()
+    if reply.error is not None:
+        raise OvsError(f"{what} failed: {str(reply.error).strip()}")
+    return "" if reply.result is None else str(reply.result)
+
+
+def _transact(conn: Any, request: Any, deadline: float) -> Any:
+    """The reply to `request` (UnixctlClient.transact with a deadline: the library's own waits
+    forever for the answer); OSError with the errno of a failed exchange or ETIMEDOUT."""
+    import ovs.jsonrpc
+    import ovs.poller
+
+    error = conn.send(request)
+    while not error:
+        error, reply = conn.recv()
+        if error == errno.EAGAIN:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                error = errno.ETIMEDOUT
+                break
+            conn.run()
+            poller = ovs.poller.Poller()
+            conn.wait(poller)
+            conn.recv_wait(poller)
+            poller.timer_wait(max(1, int(left * 1000)))
+            poller.block()
+            error = 0
+        elif not error and reply is not None and reply.id == request.id and reply.type in (
+                ovs.jsonrpc.Message.T_REPLY, ovs.jsonrpc.Message.T_ERROR):
+            return reply
+    raise OSError(error, _reason(error))
+
+
+def _reason(code: int | None) -> str:
+    """The text of an errno from the ovs library (which says EOF, -1, for a connection the daemon closed)."""
+    if code is None or code <= 0:
+        return "the daemon closed the connection"
+    return os.strerror(code)
+
 
 _VERSION = re.compile(r"\(Open vSwitch\) (\S+)")
 
 
-def call(ctl_path: Path, command: str, args: Sequence[str] = (), timeout: float = 5.0) -> str:
-    """The reply text of `command args...` on the unixctl socket `ctl_path`, within `timeout` seconds.
-
-    OvsError naming the socket and the command when it cannot connect, the daemon answers
-    with an error, or no reply comes in time. The exchange is UnixctlClient's
-    (ovs.unixctl.client: one JSON-RPC request, its reply's result or error), with a deadline:
-    UnixctlClient.create and transact would wait forever on a daemon that accepts and never answers.
-    """
-    import ovs.jsonrpc
-    import ovs.poller
-    import ovs.stream
-    import ovs.timeval
-
-    where = f"unixctl {ctl_path} {command}"
-    deadline = ovs.timeval.msec() + max(0, int(timeout * 1000))
-    error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{ctl_path}"),
-                                                 max(0, int(timeout * 1000)))
-    if error:
-        raise OvsError(f"{where}: cannot connect ({os.strerror(error)})")
-    conn = ovs.jsonrpc.Connection(stream)
-    try:
-        request = ovs.jsonrpc.Message.create_request(command, [str(arg) for arg in args])
-        error = conn.send(request)
-        reply = None
-        while not error:
-            error, reply = conn.recv()
-            if error == errno.EAGAIN:
-                if ovs.timeval.msec() >= deadline:
-                    raise OvsError(f"{where}: no reply within {timeout:g}s")
-                conn.run()
-                poller = ovs.poller.Poller()
-                conn.wait(poller)
-                conn.recv_wait(poller)
-                poller.timer_wait_until(deadline)
-                poller.block()
-                error, reply = 0, None
-                continue
-            if reply is not None and reply.type in (ovs.jsonrpc.Message.T_REPLY, ovs.jsonrpc.Message.T_ERROR) \
-                    and reply.id == request.id:
-                break
-        if error or reply is None:
-            raise OvsError(f"{where}: {os.strerror(error) if error > 0 else 'connection closed'}")
-        if reply.error is not None:
-            raise OvsError(f"{where}: {str(reply.error).strip()}")
-        return str(reply.result)
-    finally:
-        conn.close()
-
-
-def vswitchd_version(ctl_path: Path, timeout: float = 5.0) -> str | None:
+def vswitchd_version(ctl_path: str | Path, timeout: float = DEFAULT_TIMEOUT) -> str | None:
     """The running ovs-vswitchd's version (its unixctl `version`), None if it does not answer."""
     try:
         text = call(ctl_path, "version", timeout=timeout)

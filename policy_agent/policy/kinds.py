@@ -1,4 +1,4 @@
-"""The API kinds the agent reads: groups and versions, resource names, short names, scope.
+"""The API kinds the agent reads: groups and versions, resource names, scope.
 
 Written once here and used by the manifest loader, the Kubernetes source and the
 applied-manifest store, so a new Antrea version or kind is one edit.
@@ -63,16 +63,3 @@ RESOURCES = (NAMESPACES, PODS, K8S_NETWORK_POLICIES, TIERS, ANTREA_CLUSTER_POLIC
 # (apiVersion, kind) as written in a manifest -> the model's kind.
 SERVED: dict[tuple[str, str], str] = {
     (api, r.kind): r.model_kind for r in RESOURCES for api in r.api_versions}
-
-# What a user may type for a kind (kubectl's names and short names) -> the model's kind.
-KIND_NAMES: dict[str, str] = {
-    **dict.fromkeys(("acnp", "clusternetworkpolicy", "clusternetworkpolicies", ANTREA_CLUSTER_POLICIES.name),
-                    PolicyKind.ACNP.value),
-    **dict.fromkeys(("anp", "antreanetworkpolicy", "antreanetworkpolicies", ANTREA_POLICIES.name),
-                    PolicyKind.ANP.value),
-    **dict.fromkeys(("netpol", "networkpolicy", "networkpolicies", K8S_NETWORK_POLICIES.name),
-                    PolicyKind.K8S.value),
-    **dict.fromkeys(("tr", "tier", "tiers"), TIER),
-    **dict.fromkeys(("po", "pod", "pods"), POD),
-    **dict.fromkeys(("ns", "namespace", "namespaces"), NAMESPACE),
-}

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 from policy_agent.errors import AgentError
 from policy_agent.policy import documents
-from policy_agent.policy.kinds import CLUSTER_SCOPED, KIND_NAMES, NAMESPACE, POD, SERVED, TIER
+from policy_agent.policy.kinds import CLUSTER_SCOPED, NAMESPACE, POD, SERVED, TIER
 from policy_agent.policy.model import (
     BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, Action, AppliedTo, ContainerPort, Direction,
     Namespace, Pod, Policy, PolicyKind, Rule, Tier,
@@ -47,14 +47,6 @@ class ObjectSet:
     pods: tuple[Pod, ...] = ()
     tiers: tuple[Tier, ...] = ()
     policies: tuple[Policy, ...] = ()
-
-
-def resolve_kind(name: str) -> str:
-    """A CLI kind name or short name (acnp, anp, netpol, tr, ns, po...) to the model's kind."""
-    kind = KIND_NAMES.get(name.strip().lower())
-    if kind is None:
-        raise ValueError(f"unknown kind {name!r}; expected one of {', '.join(sorted(KIND_NAMES))}")
-    return kind
 
 
 @dataclass(frozen=True)

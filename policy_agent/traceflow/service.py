@@ -19,10 +19,11 @@ from meters.token_bucket import TokenBucket
 from packetin import messages
 from packetin.errors import PacketInError
 from packetin.model import PacketIn
+from packetin.protocol_numbers import IPPROTO_TCP
 from policy_agent.errors import AgentError
+from policy_agent.policy.reject import answer_protocol, build_reject
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy.selection import Endpoint
-from policy_agent.policy_packetins import build_reject
 from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
 from policy_agent.traceflow.packet import build_packet
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
@@ -77,7 +78,9 @@ def reject_reply(frame: bytes) -> str | None:
     answer = build_reject(frame)
     if answer is None:
         return None
-    return "a TCP RST" if answer[23] == 6 else "an ICMP destination unreachable (administratively prohibited)"
+    if answer_protocol(answer) == IPPROTO_TCP:
+        return "a TCP RST"
+    return "an ICMP destination unreachable (administratively prohibited)"
 
 
 def destination(ip: str, dst: Endpoint | None, gateway: GatewayPlan | None) -> Destination:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packetin.frames import eth_type, ipv4_fragment_offset, ipv4_header_len, l3_offset
+from packetin.protocol_numbers import ETH_TYPE_IPV4
+
 # DSCP values of standard per-hop behaviours (CS1-7, AF11-43, EF, VOICE-ADMIT, LE) are
 # never used as tags: real traffic carries them most often.
 _STANDARD_DSCP = frozenset({1, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 44, 46, 48, 56})
 TAG_VALUES = tuple(v for v in range(1, 64) if v not in _STANDARD_DSCP)
 
-_IPV4 = b"\x08\x00"
 _PORTED = frozenset({6, 17, 132})  # TCP, UDP, SCTP: ports in the first 4 bytes
 
 
@@ -43,13 +45,18 @@ class TagsExhausted(Exception):
 
 def identity(frame: bytes) -> bytes | None:
     """What tells one trace packet from others: ToS, protocol, addresses, ports (ICMP: type, code).
-    None for anything but untagged Ethernet/IPv4 with its transport header."""
-    if len(frame) < 34 or frame[12:14] != _IPV4:
+    None for anything but Ethernet/IPv4 (VLAN tags walked by packetin.frames)."""
+    l3 = l3_offset(frame)
+    if l3 < 0 or eth_type(frame, l3) != ETH_TYPE_IPV4:
         return None
-    ihl = (frame[14] & 0x0F) * 4
-    proto = frame[23]
-    l4 = frame[14 + ihl:14 + ihl + (4 if proto in _PORTED else 2)]
-    return frame[15:16] + frame[23:24] + frame[26:34] + l4
+    ihl = ipv4_header_len(frame, l3)
+    if not ihl:
+        return None
+    proto = frame[l3 + 9]
+    l4 = l3 + ihl
+    # A non-first fragment carries no transport header: what would be its ports is payload.
+    size = 0 if ipv4_fragment_offset(frame, l3) else 4 if proto in _PORTED else 2
+    return frame[l3 + 1:l3 + 2] + frame[l3 + 9:l3 + 10] + frame[l3 + 12:l3 + 20] + frame[l4:l4 + size]
 
 
 def packet_ports(frame: bytes) -> tuple[int | None, int | None]:
@@ -87,7 +94,7 @@ class TagRegistry:
         key = identity(frame)
         if key is None:
             raise ValueError("a trace packet is Ethernet/IPv4")
-        self._known[key] = frame[15] >> 2
+        self._known[key] = key[0] >> 2  # the DSCP of the ToS byte
         return key
 
     def forget(self, key: bytes) -> None:

@@ -180,7 +180,7 @@ def test_overwrite_and_delete_flows(sock_path: str) -> None:
     run(main())
 
 
-# --- meters and groups -------------------------------------------------------------------
+# --- meters -------------------------------------------------------------------------------
 
 
 def test_install_meters_falls_back_to_modify_and_delete(sock_path: str) -> None:
@@ -215,33 +215,10 @@ def test_meter_that_exists_on_the_switch_is_modified(sock_path: str) -> None:
     run(main())
 
 
-def test_install_groups_falls_back_to_modify_and_delete(sock_path: str) -> None:
-    g1 = messages.GroupSpec(10, buckets=((messages.Output(1),), (messages.Output(2),)))
-    g1b = messages.GroupSpec(10, buckets=((messages.Output(3),),))
-    g2 = messages.GroupSpec(11, group_type=ofp.OFPGT_INDIRECT, buckets=((messages.SetField("reg7", 2), messages.Output(4)),))
-
-    async def main() -> None:
-        async with rig(sock_path) as r:
-            await r.chan.install_groups([g1])
-            assert [ports(b) for b in r.fake.groups[10].buckets] == [[1], [2]]
-            start = len(r.fake.mods)
-            await r.chan.install_groups([g1b, g2])
-            assert [(x.command, x.ident) for x in r.fake.mods[start:]] == [
-                (ofp.OFPGC_ADD, 10), (ofp.OFPGC_ADD, 11), (ofp.OFPGC_MODIFY, 10)]
-            assert len(r.fake.groups[10].buckets) == 1 and r.fake.groups[10].buckets[0][0].port == 3
-            assert r.fake.groups[11].group_type == ofp.OFPGT_INDIRECT
-            await r.chan.delete_groups([10])
-            assert set(r.fake.groups) == {11}
-            fresh = await r.restart_switch()
-            await eventually(lambda: r.chan.connects == 2 and r.chan.ready, 2.0, "reconnect")
-            assert set(fresh.groups) == {11}
-    run(main())
-
-
 # --- reconnect and replay ---------------------------------------------------------------
 
 
-def test_reconnect_replays_meters_groups_then_flows(sock_path: str) -> None:
+def test_reconnect_replays_meters_then_flows(sock_path: str) -> None:
     flows = [messages.FlowSpec.make(0, 100, {"in_port": 1}, [messages.Controller(userdata=b"\x01\x00")]),
              messages.FlowSpec.make(0, 90, {"in_port": 2, "eth_type": 0x0800}, [messages.Output(3)], goto=2),
              flow(2, 5, 4, in_port=5)]
@@ -249,7 +226,6 @@ def test_reconnect_replays_meters_groups_then_flows(sock_path: str) -> None:
     async def main() -> None:
         async with rig(sock_path) as r:
             await r.chan.install_flows(flows)  # flows first, to show replay reorders
-            await r.chan.install_groups([messages.GroupSpec(7, buckets=((messages.Output(1),), (messages.Output(2),)))])
             await r.chan.install_meters([messages.MeterSpec(1, 10), messages.MeterSpec(2, 20), messages.MeterSpec(3, 30)])
             await r.chan.delete_flows([flows[2]])
             await r.chan.delete_meters([3])
@@ -261,10 +237,9 @@ def test_reconnect_replays_meters_groups_then_flows(sock_path: str) -> None:
             assert r.chan.datapath_id == DPID
 
             kinds = [x.kind for x in fresh.mods]
-            assert kinds == ["meter", "meter", "group", "flow", "flow"]
+            assert kinds == ["meter", "meter", "flow", "flow"]
             assert all(x.command == 0 for x in fresh.mods)  # all ADDs on the empty table
             assert set(fresh.meters) == {1, 2} and fresh.meters[2].bands == [(20, 0)]
-            assert set(fresh.groups) == {7} and len(fresh.groups[7].buckets) == 2
             assert fresh.flows.keys() == {flows[0].key, flows[1].key}
             for key, old in before.items():
                 new = fresh.flows[key]
@@ -363,7 +338,6 @@ def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> Non
             await eventually(lambda: not chan.ready, 1.0, "channel to notice")
             for call in (lambda: chan.install_flows([flow(0, 1, 1)]),
                          lambda: chan.install_meters([messages.MeterSpec(1, 1)]),
-                         lambda: chan.delete_groups([1]),
                          lambda: chan.request(messages.barrier())):
                 with pytest.raises(ChannelClosed):
                     await call()

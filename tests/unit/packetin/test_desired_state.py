@@ -9,7 +9,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import OpenFlowError
-from packetin.refusals import group_exists, meter_exists, refusal
+from packetin.refusals import meter_exists, refusal
 
 
 def refused(err_type: int = ofp.OFPET_BAD_ACTION, code: int = ofp.OFPBAC_BAD_OUT_PORT, xid: int = 7,
@@ -44,12 +44,11 @@ def test_refusal_names_the_message_and_keeps_the_reply() -> None:
     err = refusal(reply, object(), "meter_id=3 rate=10pktps burst=0", 42)
     assert str(err) == "switch refused object xid=42 (meter_id=3 rate=10pktps burst=0): error type 12 code 1"
     assert (err.err_type, err.err_code, err.xid, err.reply) == (12, 1, 42, reply)
-    assert meter_exists(err) and not group_exists(err)
-    assert group_exists(refused(ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS))
+    assert meter_exists(err)
 
 
 def test_desired_state_is_empty_until_something_is_confirmed() -> None:
     state = DesiredState()
-    assert not state and state.describe() == "0 meters, 0 groups, 0 flows"
+    assert not state and state.describe() == "0 meters, 0 flows"
     state.meters[1] = object()  # type: ignore[assignment]
-    assert state and state.describe() == "1 meters, 0 groups, 0 flows"
+    assert state and state.describe() == "1 meters, 0 flows"

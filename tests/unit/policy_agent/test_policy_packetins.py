@@ -5,7 +5,8 @@ from __future__ import annotations
 from scapy.all import ICMP, IP, TCP, UDP, Ether, raw
 
 from packetin.model import Disposition, Flags, PacketIn, Userdata
-from policy_agent.policy_packetins import ICMP_ADMIN_PROHIBITED, ICMP_UNREACHABLE, PolicyPacketIns, build_reject
+from policy_agent.policy.reject import ICMP_ADMIN_PROHIBITED, ICMP_UNREACHABLE, build_reject
+from policy_agent.policy_packetins import PolicyPacketIns
 
 A = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 

@@ -736,33 +736,6 @@ def test_shipped_samples_load() -> None:
     assert (k8s.kind, k8s.namespace, k8s.isolates) == (PolicyKind.K8S, "z", (Direction.INGRESS,))
 
 
-# --- resolve_kind -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name, kind", [
-    ("acnp", "ClusterNetworkPolicy"), ("clusternetworkpolicy", "ClusterNetworkPolicy"),
-    ("ClusterNetworkPolicies", "ClusterNetworkPolicy"), ("anp", "AntreaNetworkPolicy"),
-    ("networkpolicies.crd.antrea.io", "AntreaNetworkPolicy"), ("netpol", "NetworkPolicy"),
-    ("networkpolicy", "NetworkPolicy"), ("networkpolicies", "NetworkPolicy"), ("tr", "Tier"),
-    ("tier", "Tier"), ("tiers", "Tier"), ("pod", "Pod"), ("pods", "Pod"), ("po", "Pod"),
-    ("ns", "Namespace"), ("namespace", "Namespace"), ("namespaces", "Namespace"),
-])
-def test_resolve_kind(name: str, kind: str) -> None:
-    assert manifests.resolve_kind(name) == kind
-
-
-def test_resolve_kind_names_the_accepted_names() -> None:
-    with pytest.raises(ValueError) as err:
-        manifests.resolve_kind("svc")
-    assert "unknown kind 'svc'" in str(err.value)
-    for name in ("acnp", "anp", "netpol", "tr", "pod", "ns"):
-        assert name in str(err.value)
-
-
-def test_resolved_policy_kinds_are_model_kinds() -> None:
-    for name in ("acnp", "anp", "netpol"):
-        assert PolicyKind(manifests.resolve_kind(name))
-
-
 # --- nothing but ManifestError, whatever the input --------------------------------------------
 
 SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12) \
