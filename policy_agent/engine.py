@@ -37,7 +37,7 @@ from packetin import messages
 from packetin.errors import PacketInError
 from packetin.tasks import wait_event
 from policy_agent.cni.state import PodInterfaceInfo
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, ApplyFailed, PolicyRejected  # the engine's own two are raised here
 from policy_agent.ovs import tables
 from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
@@ -59,19 +59,6 @@ LOOP_RULES_PER_ITEM = 10
 
 class PodUnknown(AgentError):
     """CNI ADD for a Pod whose object (labels) has not arrived."""
-
-
-class PolicyRejected(AgentError):
-    """The change contradicts the engine's state or cannot be compiled; nothing was applied.
-    `errors` has one line per problem, naming the object and field."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("\n".join(errors))
-        self.errors = errors
-
-
-class ApplyFailed(AgentError):
-    """The switch or the store did not take the change; nothing was applied."""
 
 
 class Durable(Protocol):

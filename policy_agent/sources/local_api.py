@@ -15,16 +15,16 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sized
 
 from auditlog.syslog.status import SyslogStatus
 
-from policy_agent.errors import AgentError, one_line, printable
+from policy_agent.errors import AgentError, PolicyRejected, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.apply_intent import StoreIntent
 from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
-from policy_agent.engine import PolicyEngine, PolicyRejected
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
+from policy_agent.policy.model import Namespace, Pod, Policy, Tier
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,27 @@ STATUS_OP = "status"
 TRACE_OP = "trace"
 
 
+class ApiEngine(Protocol):
+    """What the local API needs of the policy engine (policy_agent/engine.py): its tiers and rules, and
+    changes kept through a persist hook."""
+
+    @property
+    def registry(self) -> Sized: ...
+
+    @property
+    def tiers(self) -> dict[str, Tier]: ...
+
+    async def apply(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
+                    tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
+                    persist: StoreIntent | None = None) -> None: ...
+
+    async def delete(self, namespaces: Iterable[Namespace] = (), pods: Iterable[Pod] = (),
+                     tiers: Iterable[Tier] = (), policies: Iterable[Policy] = (), *,
+                     persist: StoreIntent | None = None) -> None: ...
+
+
 class LocalApi:
-    def __init__(self, socket_path: Path, engine: PolicyEngine, store: AppliedStore | None = None,
+    def __init__(self, socket_path: Path, engine: ApiEngine, store: AppliedStore | None = None,
                  syslog_status: Callable[[], SyslogStatus] | None = None,
                  status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
                  trace: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None) -> None:

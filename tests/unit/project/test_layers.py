@@ -47,16 +47,10 @@ SUBPACKAGE_RULES: dict[str, tuple[str, ...]] = {
 }
 # (importing module, forbidden prefix it imports) -> why it is still there.
 KNOWN_CROSS_IMPORTS: dict[tuple[str, str], str] = {
-    ("policy_agent.traceflow.service", "policy_agent.policy_packetins"):
-        "being broken in issue 20 (the Reject builder moves to policy/reject.py)",
-    ("policy_agent.sources.local_api", "policy_agent.engine"):
-        "open: the local API takes PolicyEngine and catches ApplyFailed/PolicyRejected; it needs a Protocol in "
-        "sources/ and the two exceptions in a module below the engine",
 }
 
 # --- cycles: the modules of one strongly connected set -> why it is still there ---
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"packetin.messages", "packetin.flow_encoder"}): "being broken in issue 20",
 }
 
 # --- size (STYLE.md: a module answers one question) ---
