@@ -49,7 +49,7 @@ from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceService
 
 if TYPE_CHECKING:  # imported where they start: `npaudit` without CNI or Kubernetes never loads them
-    from policy_agent.http_endpoints import HttpListener
+    from policy_agent.http.endpoints import HttpListener
 
     from kubernetes.client import ApiClient
 

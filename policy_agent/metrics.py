@@ -24,7 +24,7 @@ from packetin.model import Category
 from policy_agent.ovs.supervisor import SupervisorStats
 
 if TYPE_CHECKING:
-    from policy_agent.http_endpoints import ListenerStats
+    from policy_agent.http.endpoints import ListenerStats
 
 
 def category_name(cat: int) -> str:
@@ -319,7 +319,7 @@ class MeterCollector:
 
 
 class HttpListenerSource(Protocol):
-    """The metrics/probe listener as this collector sees it (policy_agent.http_endpoints.HttpListener)."""
+    """The metrics/probe listener as this collector sees it (policy_agent.http.endpoints.HttpListener)."""
 
     def snapshot(self) -> ListenerStats: ...
 

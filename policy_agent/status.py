@@ -19,7 +19,7 @@ from policy_agent.ovs.coverage import vswitchd_ctl_path
 from policy_agent.ovs.unixctl import vswitchd_version
 
 if TYPE_CHECKING:
-    from policy_agent.http_endpoints import HttpListener, LimitSettings
+    from policy_agent.http.endpoints import HttpListener, LimitSettings
 
     from policy_agent.agent import Agent
 
@@ -108,7 +108,7 @@ def readiness(agent: Agent) -> list[str]:
 def serve_endpoints(listen: str, registry: CollectorRegistry, readiness: Callable[[], list[str]],
                     limits: LimitSettings) -> HttpListener:
     """/metrics, /readyz and /healthz on `listen` (HOST:PORT), served from a thread until shut down."""
-    from policy_agent.http_endpoints import serve
+    from policy_agent.http.endpoints import serve
 
     host, _, port = listen.rpartition(":")
     try:

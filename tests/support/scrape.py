@@ -22,7 +22,7 @@ from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category
 from policy_agent.config.offload import OffloadConfig
-from policy_agent.http_endpoints import ListenerStats
+from policy_agent.http.endpoints import ListenerStats
 from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
 from policy_agent.metrics import (AuditCollector, HttpListenerCollector, MeterCollector, OvsSupervisorCollector,
                                   SyslogCollector, build_registry)
@@ -79,7 +79,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
-    # Registered by the listener itself when metrics.listen is set (policy_agent/http_endpoints.py).
+    # Registered by the listener itself when metrics.listen is set (policy_agent/http/endpoints.py).
     registry.register(HttpListenerCollector(_Listener()))  # type: ignore[arg-type]
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))
     # Only with meters.per_rule on (policy_agent/limits/meter_sync.py).

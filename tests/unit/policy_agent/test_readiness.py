@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from policy_agent.config import loader as config_mod
 from policy_agent.agent import Agent
-from policy_agent.http_endpoints import serve
+from policy_agent.http.endpoints import serve
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from policy_agent.http_endpoints import (BadRequest, HttpListener, ListenerStats, make_app, parse_head, run_app,
+from policy_agent.http.endpoints import (BadRequest, HttpListener, ListenerStats, make_app, parse_head, run_app,
                                          serve)
-from policy_agent.http_limits import (ANSWER_TIMEOUT, WAITING, WRITING, AcceptBackoff, Admission, Budget,
+from policy_agent.http.limits import (ANSWER_TIMEOUT, WAITING, WRITING, AcceptBackoff, Admission, Budget,
                                       ConnectionTable, ListenerLimits, descriptor_budget)
 
 LIMITS = ListenerLimits(max_connections=3, fd_reserve=0, request_timeout=10.0, idle_timeout=3.0)

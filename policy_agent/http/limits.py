@@ -1,6 +1,6 @@
 """The metrics listener's limits, decided without I/O: the descriptor budget, which connections stay, backoff.
 
-Every method takes `now`; the listener's loop (policy_agent.http_endpoints) does the I/O.
+Every method takes `now`; the listener's loop (policy_agent.http.endpoints) does the I/O.
 """
 
 from __future__ import annotations

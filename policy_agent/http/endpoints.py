@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from packetin.ratelimited_log import RateLimitedLog
 from policy_agent.errors import one_line
-from policy_agent.http_limits import (WAITING, WRITING, AcceptBackoff, Budget, ConnectionTable, LimitSettings,
+from policy_agent.http.limits import (WAITING, WRITING, AcceptBackoff, Budget, ConnectionTable, LimitSettings,
                                       ListenerLimits, descriptor_budget)
 
 log = logging.getLogger(__name__)
