@@ -33,7 +33,7 @@ LAYERS = ("meters", "packetin", "auditlog", "policy_agent")
 FEATURE_PACKAGES = ("policy_agent.cni", "policy_agent.sources", "policy_agent.traceflow", "policy_agent.bundle",
                     "policy_agent.limits", "policy_agent.cli")
 TOP_LEVEL_FEATURES = ("policy_agent.agent", "policy_agent.engine", "policy_agent.policy_packetins",
-                      "policy_agent.demo", "policy_agent.status", "policy_agent.http.endpoints", "policy_agent.cli")
+                      "policy_agent.demo", "policy_agent.status", "policy_agent.http", "policy_agent.cli")
 # importer prefix -> what it must not import. policy_agent.config (the typed configuration),
 # errors, rpc and metrics are shared by all.
 SUBPACKAGE_RULES: dict[str, tuple[str, ...]] = {
