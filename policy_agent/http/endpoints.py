@@ -254,8 +254,8 @@ class HttpListener:
                 return
             sock.setblocking(False)
             if sock.fileno() >= self._budget.refuse_fd:
+                self._count("descriptors_short")  # before the close: whoever sees it closed sees it counted
                 sock.close()
-                self._count("descriptors_short")
                 self._pause("reserve", f"a connection got descriptor {self._budget.refuse_fd} or above "
                             "(the agent's reserve: its own work comes first)")
                 return
@@ -263,8 +263,8 @@ class HttpListener:
             key, self._next_key = self._next_key, self._next_key + 1
             admission = self._table.admit(key, self._clock())
             if not admission.admitted:
-                sock.close()
                 self._count("refused")
+                sock.close()
                 continue
             if admission.evict is not None:
                 self._close(self._conns[admission.evict], "evicted")
