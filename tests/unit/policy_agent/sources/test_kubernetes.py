@@ -67,7 +67,7 @@ class FakeEngine:
 
 # --- helpers ------------------------------------------------------------------------------
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 5.0) -> Any:
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
     """asyncio.run with a hard cap, so a hang fails the test instead of the suite."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
@@ -127,7 +127,7 @@ class Rig:
     async def __aenter__(self) -> Rig:
         self.source.start()
         # The first client call of a process builds the client's validators (about 1 s).
-        await asyncio.wait_for(self.source.synced.wait(), 3.0)
+        await asyncio.wait_for(self.source.synced.wait(), 20.0)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
