@@ -323,3 +323,14 @@ class Demux:
                 self._drain(sub, _CONSUMER_SLICE)
                 if sub.queue:
                     await asyncio.sleep(0)  # let the reader in between slices
+
+
+def chain_handlers(first: Handler, then: Handler | None) -> Handler:
+    """One subscriber calling `first`, then `then` (a debug tap) when there is one."""
+    if then is None:
+        return first
+
+    def both(pin: PacketIn) -> None:
+        first(pin)
+        then(pin)
+    return both

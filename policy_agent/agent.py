@@ -18,9 +18,9 @@ from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
-from packetin.demux import Demux, Handler
+from packetin.demux import Demux, Handler, chain_handlers
 from packetin.gctune import settle_heap
-from packetin.model import Category, PacketIn
+from packetin.model import Category
 from packetin.reader import InputPressure
 from policy_agent import status
 from policy_agent.audit_trail import AuditTrail
@@ -124,7 +124,7 @@ class Agent:
                                                 suppress=self.traceflow.suppress,
                                                 may_suppress=self.traceflow.may_suppress)
         self._handlers[Category.POLICY] = self.policy_packetins
-        self._handlers[Category.TRACEFLOW] = _chain(self.traceflow, self._handlers.get(Category.TRACEFLOW))
+        self._handlers[Category.TRACEFLOW] = chain_handlers(self.traceflow, self._handlers.get(Category.TRACEFLOW))
         # The ways Pods and policy arrive, made in start().
         self.api: LocalApi | None = None
         self.cni: CniServer | None = None
@@ -289,13 +289,3 @@ def _make_state_dir(state_dir: Path) -> None:
     except OSError as exc:
         raise AgentError(f"state_dir {state_dir}: cannot create ({exc.strerror}: {exc.filename})") from exc
 
-
-def _chain(first: Handler, then: Handler | None) -> Handler:
-    """`first`, then the debug tap when there is one."""
-    if then is None:
-        return first
-
-    def both(pin: PacketIn) -> None:
-        first(pin)
-        then(pin)
-    return both

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auditlog.atomic_file import write_atomically
+
 ROUND_FILE = "round"
 _ROUND_MAX = 0xFFFFFFFF  # the cookie's round field (tables.ROUND_MASK): 1 .. 2^32-1, then 1 again
 
@@ -18,9 +20,8 @@ def read_round(state_dir: Path) -> int:
 
 
 def write_round(state_dir: Path, round_: int) -> None:
-    tmp = state_dir / (ROUND_FILE + ".tmp")
-    tmp.write_text(f"{round_}\n")
-    tmp.replace(state_dir / ROUND_FILE)
+    """Whole or not at all, and on disk before any flow carries the round (a crash must not reuse it)."""
+    write_atomically(state_dir / ROUND_FILE, f"{round_}\n".encode(), mode=0o640)
 
 
 def next_round(state_dir: Path) -> tuple[int, int]:
