@@ -24,7 +24,7 @@ from tests.support.siem_nodes import by_node_seq, logs_json, stats_json, write_n
 from tests.support.syslog_forwarders import forwarders  # noqa: F401 (fixture)
 from tests.support.certs import Pki, make_pki
 from tests.support.syslog_ng import SyslogNgReceiver, fetch
-from tests.support.syslog_receiver import wait_for
+from tests.support.waiting import wait_for
 
 NODES = {"node-a": "tcp", "node-b": "tls"}
 TOTAL = 400

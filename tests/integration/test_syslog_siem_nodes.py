@@ -26,7 +26,7 @@ from tests.support.siem_nodes import by_node_seq, logs_json, stats_json, write_n
 from tests.support.syslog_forwarders import forwarders, record  # noqa: F401 (fixture)
 from tests.support.certs import Pki, make_pki
 from tests.support.rsyslog import Receiver
-from tests.support.syslog_receiver import wait_for
+from tests.support.waiting import wait_for
 
 NODES = {"node-a": "tcp", "node-b": "tls"}
 TOTAL = 600
