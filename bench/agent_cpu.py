@@ -21,8 +21,10 @@ Per rate, over the send plus a tail (--tail, the aggregation window closing and 
 written): the agent's CPU per thread (user and sys from /proc/<pid>/task/*/stat, run time from
 schedstat), voluntary and involuntary context switches; packet-ins OVS emitted (controller flows'
 n_packets minus meter band drops), records written, coarsened records, packet-ins in records and
-their fraction of the emitted; µs of agent CPU per emitted packet-in (and with the idle agent's
-CPU over the same time taken off).
+their fraction of the emitted, the fraction of them at full detail (not in coarsened records);
+µs of agent CPU per emitted packet-in (and with the idle agent's CPU over the same time taken off).
+Where the agent enters overload (coarsened records: ports dropped from the key) the µs figure is
+no longer the full-detail path's: read it with full_detail_fraction beside it.
 
 The floor: the agent is stopped (SIGTERM; fail_mode=secure keeps the flows, the embedded OVS keeps
 running) and bench/_of_floor.py reads the bridge's .mgmt socket at the same rates. If no packet-in
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -185,8 +188,10 @@ def send(exe: Path, netns: str, ip: str, rate: int, seconds: float, keys: int) -
     return json.loads(out)
 
 
-def emitted_now(cluster: Cluster) -> tuple[int, int]:
-    return cluster.controller_flow_packets(), cluster.meter_band_drops()
+def emitted_now(cluster: Cluster) -> tuple[int, int, int]:
+    """(controller flows' n_packets, meter band drops, OVS's rconn_overflow: packet-ins lost in its queues)."""
+    overflow = re.search(r"^rconn_overflow\s.*total: (\d+)", cluster.ovs_appctl("coverage/show"), re.M)
+    return cluster.controller_flow_packets(), cluster.meter_band_drops(), int(overflow.group(1)) if overflow else 0
 
 
 def per_packet_in_us(seconds: float, packet_ins: int) -> float | None:
@@ -197,13 +202,13 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
                idle_cpu_per_s: float) -> dict:
     pid = cluster.agent.pid  # type: ignore[union-attr]
     _, records0 = settled(cluster)
-    flows0, meter0 = emitted_now(cluster)
+    flows0, meter0, overflow0 = emitted_now(cluster)
     before, t0 = sample_threads(pid), time.monotonic()
     sent = send(exe, netns, ip, rate, args.seconds, args.keys)
     time.sleep(args.tail)
     after, elapsed = sample_threads(pid), time.monotonic() - t0
     _, records1 = settled(cluster, timeout=120)
-    flows, meter = emitted_now(cluster)
+    flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
         raise RuntimeError(f"the agent exited during the run:\n{cluster.log()[-3000:]}")
     emitted = (flows - flows0) - (meter - meter0)
@@ -212,11 +217,13 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
     run_s = cpu["total"]["run_s"]
     return {"rate": rate, "sender": sent, "sent_per_s": round(sent["sent"] / sent["seconds"]),
             "measured_s": round(elapsed, 3), "packet_ins_ovs_emitted": emitted, "meter_band_dropped": meter - meter0,
+            "lost_in_ovs_rconn_overflow": overflow - overflow0,
             "records": records["records"], "coarsened_records": records["coarsened_records"],
             "packet_ins_in_records": records["packets"],
             "packet_ins_in_coarsened_records": records["coarsened_packets"],
             "in_records_vs_emitted": round(records["packets"] / emitted, 4) if emitted else None,
-            "cpu": cpu, "cpu_percent_of_a_core": round(100 * run_s / elapsed, 1),
+            "full_detail_fraction": round(1 - records["coarsened_packets"] / records["packets"], 4)
+            if records["packets"] else None, "cpu": cpu, "cpu_percent_of_a_core": round(100 * run_s / elapsed, 1),
             "us_per_packet_in": per_packet_in_us(run_s, emitted),
             "us_per_packet_in_idle_taken_off": per_packet_in_us(run_s - idle_cpu_per_s * elapsed, emitted),
             "us_per_record": per_packet_in_us(run_s, records["records"])}
@@ -246,19 +253,20 @@ class FloorReader:
 def floor_rate(cluster: Cluster, reader: FloorReader, exe: Path, netns: str, ip: str, rate: int,
                args: argparse.Namespace) -> dict:
     time.sleep(1.0)  # anything of the phase before read
-    flows0, meter0 = emitted_now(cluster)
+    flows0, meter0, overflow0 = emitted_now(cluster)
     counted0 = reader.counts()[0]
     before, t0 = sample_threads(reader.proc.pid), time.monotonic()
     sent = send(exe, netns, ip, rate, args.seconds, args.keys)
     time.sleep(args.tail)
     after, elapsed = sample_threads(reader.proc.pid), time.monotonic() - t0
     counted = reader.counts()[0] - counted0
-    flows, meter = emitted_now(cluster)
+    flows, meter, overflow = emitted_now(cluster)
     emitted = (flows - flows0) - (meter - meter0)
     cpu = usage(before, after)
     run_s = cpu["total"]["run_s"]
     return {"rate": rate, "sender": sent, "sent_per_s": round(sent["sent"] / sent["seconds"]),
             "measured_s": round(elapsed, 3), "packet_ins_ovs_emitted": emitted, "packet_ins_counted": counted,
+            "lost_in_ovs_rconn_overflow": overflow - overflow0,
             "counted_vs_emitted": round(counted / emitted, 4) if emitted else None, "cpu": cpu,
             "cpu_percent_of_a_core": round(100 * run_s / elapsed, 1),
             "us_per_packet_in": per_packet_in_us(run_s, counted)}
@@ -284,6 +292,8 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
             "agent_cpu_percent": a["cpu_percent_of_a_core"], "floor_cpu_percent": f["cpu_percent_of_a_core"] if f
             else None, "emitted_per_s": round(a["packet_ins_ovs_emitted"] / a["sender"]["seconds"]),
             "in_records_vs_emitted": a["in_records_vs_emitted"], "coarsened_records": a["coarsened_records"],
+            "full_detail_fraction": a["full_detail_fraction"],
+            "floor_counted_vs_emitted": f["counted_vs_emitted"] if f else None,
             "agent_switches_per_packet_in": round((a["cpu"]["total"]["voluntary_switches"]
                                                    + a["cpu"]["total"]["involuntary_switches"])
                                                   / a["packet_ins_ovs_emitted"], 2)
