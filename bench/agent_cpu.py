@@ -30,7 +30,11 @@ The floor: the agent is stopped (SIGTERM; fail_mode=secure keeps the flows, the 
 running) and bench/_of_floor.py reads the bridge's .mgmt socket at the same rates. If no packet-in
 reaches it with the agent gone, the agent is started again and the floor reader runs beside it
 (both reported, nothing subtracted). The machine is 2 cores shared with other work: the
-figures are comparable within one run only. Run as root.
+figures are comparable within one run only.
+
+--py-spy PATH (py-spy from PyPI) samples the agent at --profile-rate (from outside, not pausing it; the
+thread holding the GIL only) and adds the share of samples per function, self and inclusive, to that
+rate's phase. Run as root.
 """
 
 from __future__ import annotations
@@ -171,6 +175,30 @@ def usage(before: dict[int, ThreadSample], after: dict[int, ThreadSample], hz: i
             "threads_gone": len(set(before) - set(after))}
 
 
+def profile_summary(collapsed: str, top: int = 25) -> dict:
+    """py-spy's raw output (one "frame;frame;...;leaf count" line per stack, root first) as the share of
+    samples per function: self (the leaf) and inclusive (anywhere in the stack, once per stack), top first.
+    A frame is "function (file:line)"; the line is dropped so a function's lines add up."""
+    self_: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        self_[frames[-1]] = self_.get(frames[-1], 0) + n
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + n
+
+    def ranked(counts: dict[str, int]) -> list[list]:
+        return [[f, round(n / total, 4)] for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+
+    return {"samples": total, "self": ranked(self_) if total else [], "inclusive": ranked(inclusive) if total else []}
+
+
 # --- the run ---------------------------------------------------------------------------------------------
 
 
@@ -203,10 +231,24 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
     pid = cluster.agent.pid  # type: ignore[union-attr]
     _, records0 = settled(cluster)
     flows0, meter0, overflow0 = emitted_now(cluster)
+    profiler = None
+    if args.py_spy and rate == args.profile_rate:  # sampled from outside, not pausing the agent; the thread holding
+        # the GIL only (--gil): a thread waiting in a syscall or for a lock is not sampled
+        raw = Path(tempfile.mkdtemp(prefix="npab-agentcpu-prof-", dir="/tmp")) / "stacks.txt"
+        profiler = subprocess.Popen([args.py_spy, "record", "--nonblocking", "--gil", "--threads", "--format", "raw",
+                                     "--rate", "500", "--duration", str(int(args.seconds + args.tail)),
+                                     "--output", str(raw), "--pid", str(pid)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
     before, t0 = sample_threads(pid), time.monotonic()
     sent = send(exe, netns, ip, rate, args.seconds, args.keys)
     time.sleep(args.tail)
     after, elapsed = sample_threads(pid), time.monotonic() - t0
+    profile = None
+    if profiler is not None:
+        _, err = profiler.communicate(timeout=120)
+        profile = profile_summary(raw.read_text()) if raw.exists() else {"error": err[-2000:]}
+        subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
     flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
@@ -226,7 +268,8 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             if records["packets"] else None, "cpu": cpu, "cpu_percent_of_a_core": round(100 * run_s / elapsed, 1),
             "us_per_packet_in": per_packet_in_us(run_s, emitted),
             "us_per_packet_in_idle_taken_off": per_packet_in_us(run_s - idle_cpu_per_s * elapsed, emitted),
-            "us_per_record": per_packet_in_us(run_s, records["records"])}
+            "us_per_record": per_packet_in_us(run_s, records["records"]),
+            **({"profile_py_spy": profile} if profile is not None else {})}
 
 
 class FloorReader:
@@ -310,6 +353,8 @@ def main() -> int:
     ap.add_argument("--tail", type=float, default=1.5, help="seconds measured after the send (window close, write)")
     ap.add_argument("--keys", type=int, default=4, help="source ports (sockets) of the sender")
     ap.add_argument("--meter-rate", type=int, default=1_000_000, help="policy_deny meter rate and burst, pps")
+    ap.add_argument("--py-spy", default="", help="py-spy executable: profile the agent at --profile-rate")
+    ap.add_argument("--profile-rate", type=int, default=5000, help="the rate profiled when --py-spy is given")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
 

@@ -115,3 +115,16 @@ def test_floor_handshake_is_hello_set_config_and_the_packet_in2_format() -> None
     assert floor.scan(data) == (0, 3, [], len(data))
     assert data[:2] == b"\x06\x00" and data[8:10] == b"\x06\x09" and data[16:20] == b"\x00\x00\xff\xff"
     assert struct.unpack("!III", data[28:40]) == (0x2320, 16, 2)
+
+
+def test_profile_summary_shares_self_and_inclusive_per_function_lines_merged() -> None:
+    raw = ("thread (1): Main;run (loop.py:10);submit (writer.py:5);notify (threading.py:370) 6\n"
+           "thread (1): Main;run (loop.py:10);submit (writer.py:7) 2\n"
+           "thread (1): Main;run (loop.py:12);run (loop.py:10);decode (wire.py:40) 2\n"
+           "not a stack line\n")
+    got = bench.profile_summary(raw, top=3)
+    assert got["samples"] == 10
+    assert got["self"] == [["notify (threading.py)", 0.6], ["decode (wire.py)", 0.2], ["submit (writer.py)", 0.2]]
+    # A function twice in one stack (recursion) counts once for that stack.
+    assert got["inclusive"][:2] == [["run (loop.py)", 1.0], ["thread (1): Main", 1.0]]
+    assert bench.profile_summary("") == {"samples": 0, "self": [], "inclusive": []}
