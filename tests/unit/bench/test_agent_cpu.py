@@ -99,6 +99,23 @@ def test_floor_counts_the_same_whatever_the_reads_cut(chunk: int) -> None:
     assert (counted, other, bytes(pending)) == (packet_ins, others, b"")
 
 
+# Three NXT_PACKET_IN2 recorded from a real OVS 3.1 (the decoder's tests read the same file).
+RECORDED = (ROOT / "tests" / "unit" / "data" / "ovs31_packet_in2_stream.bin").read_bytes()
+
+
+@pytest.mark.parametrize("chunk", [1, 13, 4096])
+def test_floor_counts_packet_ins_recorded_from_ovs_between_other_messages(chunk: int) -> None:
+    built, packet_ins, others, _ = _stream()
+    data = RECORDED + built + RECORDED
+    pending, counted, other = bytearray(), 0, 0
+    for i in range(0, len(data), chunk):
+        pending += data[i:i + chunk]
+        n, o, _, used = floor.scan(pending)
+        counted, other = counted + n, other + o
+        del pending[:used]
+    assert (counted, other, bytes(pending)) == (3 + packet_ins + 3, others, b"")
+
+
 def test_floor_leaves_a_cut_message_for_the_next_read() -> None:
     one = message(frame("10.246.0.2", "10.246.0.3", "udp", 2000))
     assert floor.scan(one + one[:20]) == (1, 0, [], len(one))
