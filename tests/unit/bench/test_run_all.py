@@ -110,6 +110,9 @@ SHAPES = {
                                       "flood": {"client_p99_ms": 40.0, "met": True}}},
     "megaflow_purge": {"baseline_unixctl_version_ms": {"p50": 0.2, "max": 0.4, "n": 25},
                        "purge": {"0": {"purge_ms": {"p50": 0.3}}, "5000": {"purge_ms": {"p50": 4.1}}}},
+    "agent_cpu": {"agent": [], "floor_phases": [], "summary": {"floor_mode": "agent stopped", "by_rate": {
+        "5000": {"agent_us_per_packet_in": 68.0, "floor_us_per_packet_in": 20.0, "agent_vs_floor": 3.4,
+                 "in_records_vs_emitted": 1.0, "full_detail_fraction": 1.0}}}},
     "soak_flood": {"rss_mb": {"max": 120.5, "samples": 60}, "targets_met": True,
                    "accounting": {"agent": {"difference": 0}, "ovs_vs_agent": {"difference": 0}}},
 }

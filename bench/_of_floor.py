@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""The floor of bench/agent_cpu.py: a bare OpenFlow reader that only counts packet-ins.
+
+Run as `python bench/_of_floor.py <unix socket>` (the bridge's .mgmt socket): it sends OFPT_HELLO
+(OpenFlow 1.5), OFPT_SET_CONFIG with miss_send_len 0xffff (a .mgmt client gets no packet-ins
+before it, DESIGN.md §10) and NXT_SET_PACKET_IN_FORMAT NXT_PACKET_IN2 (the agent's format, so both
+read the same bytes), prints "ready", then reads in a loop, counting whole messages, answering
+echo requests. On SIGUSR1 it prints "<packet-ins> <other messages>" on a line. Nothing but the
+standard library, and nothing per packet-in beyond finding the next header: this is what any
+controller pays to receive the packet-ins, the agent's cost is above it.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+import sys
+
+OFP_VERSION = 0x06
+OFPT_HELLO, OFPT_ECHO_REQUEST, OFPT_ECHO_REPLY, OFPT_EXPERIMENTER = 0, 2, 3, 4
+OFPT_SET_CONFIG, OFPT_PACKET_IN = 9, 10
+NX_VENDOR, NXT_SET_PACKET_IN_FORMAT, NXT_PACKET_IN2, NXPIF_NXT_PACKET_IN2 = 0x2320, 16, 30, 2
+_HEADER = struct.Struct("!BBHI")
+_EXPERIMENTER = struct.Struct("!II")
+
+
+def handshake() -> bytes:
+    """HELLO, SET_CONFIG (flags 0, miss_send_len 0xffff), SET_PACKET_IN_FORMAT NXT_PACKET_IN2."""
+    return (_HEADER.pack(OFP_VERSION, OFPT_HELLO, 8, 1)
+            + _HEADER.pack(OFP_VERSION, OFPT_SET_CONFIG, 12, 2) + struct.pack("!HH", 0, 0xFFFF)
+            + _HEADER.pack(OFP_VERSION, OFPT_EXPERIMENTER, 20, 3)
+            + struct.pack("!III", NX_VENDOR, NXT_SET_PACKET_IN_FORMAT, NXPIF_NXT_PACKET_IN2))
+
+
+def scan(buf: bytes | bytearray) -> tuple[int, int, list[bytes], int]:
+    """The whole messages at the start of `buf`: (packet-ins (OFPT_PACKET_IN or NXT_PACKET_IN2),
+    other messages, echo replies owed (each echo request's reply, ready to send), bytes consumed).
+    A message cut off at the end is left for the next read."""
+    packet_ins = others = 0
+    replies: list[bytes] = []
+    pos, end = 0, len(buf)
+    while end - pos >= 8:
+        version, mtype, length, xid = _HEADER.unpack_from(buf, pos)
+        if length < 8:
+            raise ValueError(f"OpenFlow message of length {length} at offset {pos}")
+        if end - pos < length:
+            break
+        if mtype == OFPT_PACKET_IN or (mtype == OFPT_EXPERIMENTER and length >= 16
+                                       and _EXPERIMENTER.unpack_from(buf, pos + 8) == (NX_VENDOR, NXT_PACKET_IN2)):
+            packet_ins += 1
+        else:
+            others += 1
+            if mtype == OFPT_ECHO_REQUEST:
+                replies.append(_HEADER.pack(version, OFPT_ECHO_REPLY, length, xid) + bytes(buf[pos + 8:pos + length]))
+        pos += length
+    return packet_ins, others, replies, pos
+
+
+def main() -> int:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    sock.sendall(handshake())
+    counts = [0, 0]
+
+    def report(signum: int, frame: object) -> None:
+        print(f"{counts[0]} {counts[1]}", flush=True)
+
+    signal.signal(signal.SIGUSR1, report)
+    print("ready", flush=True)
+    pending = bytearray()
+    while True:
+        chunk = sock.recv(1 << 18)
+        if not chunk:
+            return 0
+        pending += chunk
+        packet_ins, others, replies, used = scan(pending)
+        counts[0] += packet_ins
+        counts[1] += others
+        del pending[:used]
+        for reply in replies:
+            sock.sendall(reply)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
