@@ -64,9 +64,11 @@ def test_a_start_that_cannot_work_is_one_line(ovs_env: OvsEnv, tmp_path: Path, c
     assert res.stderr.endswith(errors[0] + "\n"), res.stderr  # the last word
 
 
-def test_a_failed_start_stops_the_ovs_and_namespace_it_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failing", ["metrics port", "audit path"])
+def test_a_failed_start_stops_the_ovs_and_namespace_it_started(tmp_path: Path, failing: str) -> None:
     """The agent starts its own embedded OVS (a fresh run_dir and namespace), then cannot listen on the
-    metrics port: it exits 1 and leaves neither daemon of that start running nor its namespace."""
+    metrics port (or open its audit file): it exits 1 and leaves neither daemon of that start running nor
+    its namespace."""
     from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists, pid_alive
 
     run_dir, netns = tmp_path / "ovs", f"npat-fs-{os.getpid()}"
@@ -75,10 +77,17 @@ def test_a_failed_start_stops_the_ovs_and_namespace_it_started(tmp_path: Path) -
     held.bind(("127.0.0.1", 0))
     held.listen(1)
     listen = f"127.0.0.1:{held.getsockname()[1]}"
+    audit = tmp_path / "audit" / "audit.jsonl"
+    expected = f"metrics.listen {listen}: cannot listen"
+    if failing == "audit path":
+        held.close()
+        listen, audit = "", tmp_path / "file" / "audit.jsonl"
+        (tmp_path / "file").write_text("")
+        expected = f"error: audit log {audit}: "
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"ovs:\n  run_dir: {run_dir}\n  netns: {netns}\n  bridge: {BRIDGE}\n"
                    f"metrics:\n  listen: '{listen}'\nstate_dir: {tmp_path / 'state'}\n"
-                   f"audit:\n  path: {tmp_path / 'audit' / 'audit.jsonl'}\n")
+                   f"audit:\n  path: {audit}\n")
     pids: dict[str, int] = {}
     agent = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config", str(cfg)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -91,7 +100,7 @@ def test_a_failed_start_stops_the_ovs_and_namespace_it_started(tmp_path: Path) -
             time.sleep(0.01)
         _, stderr = agent.communicate(timeout=60)
         assert agent.returncode == 1, stderr
-        assert f"metrics.listen {listen}: cannot listen" in stderr, stderr
+        assert expected in stderr, stderr
         assert set(pids) == {"ovsdb-server", "ovs-vswitchd"}, (pids, stderr)  # that start did bring OVS up
         assert not [d for d, pid in pids.items() if pid_alive(pid)], stderr
         assert not netns_exists(netns), stderr
