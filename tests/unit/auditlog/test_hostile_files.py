@@ -8,6 +8,7 @@ chunks, never held whole, and reported (verify: a break of its own kind naming f
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -129,3 +130,35 @@ def test_the_block_reader_skips_exactly_the_lines_over_the_cap(seed: int, monkey
     assert blocks.overlong == len(long_at) + (len(tail) > 10)
     assert blocks.overlong_lines == (long_at + ([61] if len(tail) > 10 else []))[:5]
     assert blocks.pending == (tail if len(tail) <= 10 else b"")
+
+
+def test_follow_skips_an_over_long_line_without_holding_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A followed live file that gains a line over the cap: the records around it come out, the line is
+    dropped as it is read (never more than the cap held) and a note says so."""
+    from auditlog import follow
+    from auditlog.follow import Follower, position_at_end
+    from auditlog.query import Query
+
+    monkeypatch.setattr(follow, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(follow, "MAX_LINE_BYTES", 256)
+    live = tmp_path / "audit.jsonl"
+    live.write_bytes(b"")
+    follower = Follower(live, Query(()), position_at_end(live))
+    held: list[int] = []
+    take = follower._take
+
+    def spy(block: bytes, skip_seen: bool) -> list[tuple[bytes, object]]:
+        held.append(len(follower._pending))
+        return take(block, skip_seen)
+
+    monkeypatch.setattr(follower, "_take", spy)
+    records = [json.dumps({"npaudit": {"seq": i}}).encode() for i in (1, 2)]
+    with open(live, "ab") as f:
+        f.write(records[0] + b"\n" + b"x" * 5000)
+        f.flush()
+        assert [line for line, _ in follower.poll()] == [records[0]]
+        f.write(b"y" * 5000 + b"\n" + records[1] + b"\n")
+    assert [line for line, _ in follower.poll()] == [records[1]]
+    assert max(held) <= 256 + 64
+    assert follower.notes == ["skipped a line longer than 256 bytes: not an audit record"]
+    follower.close()
