@@ -282,6 +282,8 @@ def parse_line(line: str | bytes) -> tuple[dict[str, Any], int, str]:
         record = json.loads(line)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ChainError(UNPARSEABLE, f"not a JSON line ({exc})") from exc
+    except RecursionError as exc:  # no record nests more than a few levels
+        raise ChainError(UNPARSEABLE, "not an audit record (JSON nested too deeply to read)") from exc
     if not isinstance(record, dict):
         raise ChainError(UNPARSEABLE, "not a JSON object")
     meta = record.get("npaudit")

@@ -80,12 +80,31 @@ def open_audit_file(path: Path) -> IO[bytes]:
     return _or_compressed(path, _open_sniffed)
 
 
+# The longest line a reader takes (without its newline). The writer's records are a few KiB (the longest,
+# an aggregate with every rule name and peer at their caps, well under 1 MiB); a longer line is not the
+# writer's, and holding it whole would let a small gzip that inflates to a GiB without a newline take
+# that much memory.
+MAX_LINE_BYTES = 4 << 20
+
+
+class LineTooLong(Exception):
+    """A line longer than MAX_LINE_BYTES: where it starts (line number, uncompressed offset)."""
+
+    def __init__(self, path: Path, line: int, offset: int) -> None:
+        super().__init__(f"{path} line {line}: longer than {MAX_LINE_BYTES} bytes")
+        self.path, self.line, self.offset = path, line, offset
+
+
 def iter_lines(path: Path, opener: Callable[[Path], IO[bytes]] = open_audit_file
                ) -> Iterator[tuple[int, int, bytes]]:
-    """(offset, line number, raw bytes including its b"\\n") of each line; offsets are uncompressed."""
-    offset = 0
+    """(offset, line number, raw bytes including its b"\\n") of each line; offsets are uncompressed.
+    LineTooLong at a line longer than MAX_LINE_BYTES, read no further than that."""
+    offset, lineno = 0, 0
     with opener(path) as f:
-        for lineno, raw in enumerate(f, 1):
+        while raw := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise LineTooLong(path, lineno, offset)
             yield offset, lineno, raw
             offset += len(raw)
 
@@ -273,7 +292,7 @@ def _window(path: Path) -> tuple[list[tuple[int, bytes]], bool, int, bool]:
     if path.name.endswith(".gz"):
         lines: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=_TAIL_LINES)
         size = 0
-        with suppress(*GZIP_ERRORS):  # a short gzip stream: what was read is what there is
+        with suppress(*GZIP_ERRORS, LineTooLong):  # a short gzip stream: what was read is what there is
             for offset, _, raw in iter_lines(path):
                 lines.append((offset, raw))
                 size = offset + len(raw)
@@ -306,7 +325,7 @@ def scan_tail(path: Path) -> Tail:
             break
     if last is None and not whole:
         # No record in the window (a long run of garbage): read the whole file.
-        with suppress(*GZIP_ERRORS):
+        with suppress(*GZIP_ERRORS, LineTooLong):
             for offset, _, raw in iter_lines(path):
                 if (found := _parses(raw)) is not None:
                     last, damage_offset = found, offset + len(raw)

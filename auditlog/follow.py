@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import IO, Callable
 
-from auditlog.fileset import PinnedFiles, pin_files
+from auditlog.fileset import MAX_LINE_BYTES, PinnedFiles, pin_files
 from auditlog.logread import BLOCK_BYTES, Position, line_blocks, line_seq
 from auditlog.query import Match, Query
 
@@ -52,6 +52,7 @@ class Follower:
         self._query = query
         self._file = start.file
         self._pending = start.pending
+        self._skipping = False  # in a line longer than MAX_LINE_BYTES: its bytes are dropped up to its newline
         self._seq = start.seq
         self.notes: list[str] = []  # records that were gone before they could be read
 
@@ -81,7 +82,7 @@ class Follower:
         out += self._read_new(self._file)
         drained = _identity(self._file)
         self._file.close()
-        self._file, self._pending = None, b""
+        self._file, self._pending, self._skipping = None, b"", False
         return out + self._reopen(drained)
 
     def _moved(self) -> bool:
@@ -95,11 +96,19 @@ class Follower:
         """Matches among the complete lines of `f` from where it stands to its end."""
         out: list[Match] = []
         while chunk := f.read(BLOCK_BYTES):
+            if self._skipping:
+                first = chunk.find(b"\n")
+                if first < 0:
+                    continue
+                self._skipping, chunk = False, chunk[first + 1:]
             data = self._pending + chunk
             cut = data.rfind(b"\n")
             self._pending = data[cut + 1:]
             if cut >= 0:
                 out += self._take(data[:cut + 1], skip_seen)
+            if len(self._pending) > MAX_LINE_BYTES:  # not a record: never held whole
+                self._pending, self._skipping = b"", True
+                self.notes.append(f"skipped a line longer than {MAX_LINE_BYTES} bytes: not an audit record")
         return out
 
     def _take(self, block: bytes, skip_seen: bool) -> list[Match]:
@@ -139,10 +148,10 @@ class Follower:
                         out += self._take(block, skip_seen=True)
             if live is not None:
                 f = pinned.open(live)
-                if not rotated and line_seq(f.readline()) == 1:
+                if not rotated and line_seq(f.readline(MAX_LINE_BYTES)) == 1:
                     self._seq = None  # a new chain in a new set (the old files were removed)
                 f.seek(0)
-                self._file, self._pending = f, b""
+                self._file, self._pending, self._skipping = f, b"", False
                 out += self._read_new(f, skip_seen=self._seq is not None)
         finally:
             pinned.close()
@@ -157,7 +166,7 @@ class Follower:
             with pinned.open(path) as f:
                 if _identity(f) == drained:
                     return wanted[::-1]
-                first = line_seq(f.readline())
+                first = line_seq(f.readline(MAX_LINE_BYTES))
             wanted.append(path)
             if first is not None and first <= seq + 1:
                 return wanted[::-1]

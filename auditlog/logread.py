@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import heapq
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
 from auditlog.chain import SEQ_KEY
 from auditlog.copy_lines import CopyLines
-from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, pin_files, set_lock_path, split_name
+from auditlog.fileset import DEFAULT_BASE, GZIP_ERRORS, MAX_LINE_BYTES, pin_files, set_lock_path, split_name
 from auditlog.query import Match, Query, record_time
 
 __all__ = ["BLOCK_BYTES", "LogReader", "Position", "line_blocks", "line_seq"]
@@ -45,30 +46,58 @@ class Position:
 
 class _Blocks:
     """Runs of complete lines (each ending in b"\\n") of one open file; the partial line after
-    the last newline is kept in `pending`, and `last_seq` is that of the last complete line."""
+    the last newline is kept in `pending`, and `last_seq` is that of the last complete line.
+    A line longer than MAX_LINE_BYTES is skipped as it is read, never held: `overlong` counts
+    them and `overlong_lines` has the line numbers of the first few."""
 
     def __init__(self, f: IO[bytes]) -> None:
         self.file = f
         self.pending = b""
         self.last_seq: int | None = None
         self.truncated = False
+        self.overlong = 0
+        self.overlong_lines: list[int] = []
+        self._lines = 0  # complete lines read so far, over-long ones included
 
     def __iter__(self) -> Iterator[bytes]:
-        f, rest = self.file, b""
+        f = self.file
+        parts: list[bytes] = []  # the line being read, while it is not complete
+        held, skipping = 0, False
         try:
             while chunk := f.read(BLOCK_BYTES):
+                first = chunk.find(b"\n")
+                if skipping or (first < 0 and held + len(chunk) > MAX_LINE_BYTES) \
+                        or (first >= 0 and held + first > MAX_LINE_BYTES):
+                    if not skipping:  # the line being read is over-long: drop what is held of it
+                        skipping, parts, held = True, [], 0
+                        self._overlong(self._lines + 1)
+                    if first < 0:
+                        continue
+                    skipping = False
+                    self._lines += 1
+                    chunk, first = chunk[first + 1:], 0
+                    if not chunk:
+                        continue
                 cut = chunk.rfind(b"\n")
                 if cut < 0:
-                    rest += chunk
+                    parts.append(chunk)
+                    held += len(chunk)
                     continue
-                block, rest = rest + chunk[:cut + 1], chunk[cut + 1:]
+                block = b"".join([*parts, chunk[:cut + 1]])
+                parts, held = [chunk[cut + 1:]], len(chunk) - cut - 1
+                self._lines += block.count(b"\n")
                 start = block.rfind(b"\n", 0, len(block) - 1) + 1
                 self.last_seq = line_seq(block[start:]) or self.last_seq
-                self.pending = rest
+                self.pending = parts[0]
                 yield block
         except GZIP_ERRORS:
             self.truncated = True  # a short gzip stream: what was read is what there is
-        self.pending = rest
+        self.pending = b"" if skipping else b"".join(parts)
+
+    def _overlong(self, line: int) -> None:
+        self.overlong += 1
+        if len(self.overlong_lines) < 5:
+            self.overlong_lines.append(line)
 
 
 def line_blocks(f: IO[bytes]) -> Iterator[bytes]:
@@ -102,6 +131,8 @@ class LogReader:
 
     def select(self, query: Query, last: int | None = None) -> Iterator[Match]:
         """The matching lines, oldest first; with `last`, only the newest `last` of them."""
+        if last is not None:
+            last = min(last, sys.maxsize)  # more than any file holds: all of them (a deque takes no more)
         if len(self.sets) == 1:
             files = next(iter(self.sets.values()))
             if last is None:
@@ -153,6 +184,10 @@ class LogReader:
                               f"{copy.test_messages - before[1]} `npaudit syslog test` messages")
         if blocks.truncated:
             self.notes.append(f"{path}: gzip stream cut short; read what it holds")
+        if blocks.overlong:
+            lines = ", ".join(map(str, blocks.overlong_lines)) + (", ..." if blocks.overlong > 5 else "")
+            self.notes.append(f"{path}: skipped {blocks.overlong} lines longer than {MAX_LINE_BYTES} bytes "
+                              f"(line {lines}): not audit records")
         if live:
             # Kept open for --follow: it continues from here, even if the file is renamed meanwhile.
             self.end = Position(f, blocks.pending, blocks.last_seq or self._seen_seq)

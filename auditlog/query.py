@@ -258,7 +258,10 @@ def parse_time(option: str, text: str, now: dt.datetime) -> dt.datetime:
     value = text.strip()
     if _RELATIVE.fullmatch(value):
         seconds = sum(int(n) * _UNIT_SECONDS[u] for n, u in re.findall(r"(\d+)([smhd])", value))
-        return now - dt.timedelta(seconds=seconds)
+        try:
+            return now - dt.timedelta(seconds=seconds)
+        except OverflowError as exc:  # before year 1: no record is that old
+            raise QueryError(f"{option} '{text}': reaches back before the year 1") from exc
     try:
         when = isoparse(value)
     except (ValueError, OverflowError) as exc:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence, TypedDict
 
 from auditlog.chain import CHAIN_MISMATCH, GENESIS, SEQ_GAP, ChainError, check_record, parse_line, seals
-from auditlog.fileset import (DEFAULT_BASE, GZIP_ERRORS, iter_lines, open_audit_file, pin_files,
-                              split_name)
+from auditlog.fileset import (DEFAULT_BASE, GZIP_ERRORS, MAX_LINE_BYTES, LineTooLong, iter_lines, open_audit_file,
+                              pin_files, split_name)
 from auditlog.loss_records import PACKET_INS, RECORDS, is_loss_record
 from auditlog.loss_note import pending_loss
 from auditlog.syslog.rfc5424 import TEST_PARAM, decode_message
@@ -33,6 +33,7 @@ REORDERED = "reordered"          # a record out of place, or repeated
 TRUNCATED = "truncated"          # a line cut short (no newline at the end of a file) or a short gzip
 UNPARSEABLE = "unparseable"      # a line that is not JSON
 UNSEALED = "unsealed"            # a JSON line without npaudit.seq / npaudit.chain
+OVERLONG = "overlong"            # a line longer than fileset.MAX_LINE_BYTES: not a record, and not read whole
 BEYOND_WINDOW = verify_nodes.BEYOND_WINDOW  # a seq seen before, older than the duplicate window: undecidable
 
 
@@ -180,6 +181,12 @@ class _Walk:
                 if self.pending is None:
                     self.pending = _Damage(fi, lineno + 1, offset, TRUNCATED,
                                            f"the gzip data ends early or is corrupt ({exc})")
+            except LineTooLong as exc:  # read no further: its bytes are never held whole
+                if self.pending is not None:
+                    return self._damage_break(self.pending)
+                return Break(OVERLONG, file=path, line=exc.line,
+                             detail=f"a line longer than {MAX_LINE_BYTES} bytes (at byte {exc.offset}): not an "
+                                    "audit record; the files are not read past it")
         d = self.pending
         if d is not None and self._being_written(d, offset):
             self.warnings.append(f"{self.files[d.file_index]} line {d.line}: the live file is being written; "
@@ -356,7 +363,7 @@ class _Walk:
         for index in range(fi, len(self.files)):
             if self.set_of[index] != file_set:
                 continue
-            with suppress(*GZIP_ERRORS):
+            with suppress(*GZIP_ERRORS, LineTooLong):
                 for _, n, raw in iter_lines(self.files[index], self.opener):
                     if index > fi or n > lineno:
                         yield self.files[index], n, raw

@@ -26,7 +26,7 @@ from policy_agent import status
 from policy_agent.audit_trail import AuditTrail
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
-from policy_agent.errors import AgentError
+from policy_agent.errors import AgentError, one_line
 from policy_agent.limits import admission
 from policy_agent.limits.losses import LossAccounting
 from policy_agent.limits.meter_sync import build_rule_meters
@@ -137,7 +137,23 @@ class Agent:
         self.settlement: Settlement | None = None  # of an apply a crash interrupted, at start (apply_intent.py)
 
     async def start(self, ready_timeout: float = 30.0) -> None:
-        """Bring up OVS (when embedded), the bridge, the channel and the subscribers, then policy."""
+        """Bring up OVS (when embedded), the bridge, the channel and the subscribers, then policy.
+        A start that fails stops what it started, the OVS daemons and namespace it brought up included."""
+        try:
+            await self._start(ready_timeout)
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _abort_start(self) -> None:
+        try:
+            await self.stop()
+        except Exception as exc:  # a part that never started may not stop cleanly: OVS is undone regardless
+            log.warning("stopping after a failed start: %s", one_line(exc))
+            log.debug("stopping after a failed start", exc_info=True)
+        await self.switch.undo_start()
+
+    async def _start(self, ready_timeout: float) -> None:
         cfg = self.config
         self.started = (time.time(), time.monotonic())
         await asyncio.to_thread(_make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once

@@ -76,6 +76,9 @@ class TlsOptions:
 
 def parse_endpoint(url: str) -> Endpoint:
     """The Endpoint of "udp://host:port", "tcp://…" or "tls://…"; SyslogConfigError naming the URL otherwise."""
+    # urlsplit drops tabs and line breaks silently: a URL holding one is not the URL it reads as.
+    if any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
+        raise SyslogConfigError(f"syslog destination {url!r}: must not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -85,7 +88,9 @@ def parse_endpoint(url: str) -> Endpoint:
         raise SyslogConfigError(f"syslog destination {url!r}: scheme must be one of {', '.join(SCHEMES)}")
     if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         raise SyslogConfigError(f"syslog destination {url!r}: expected {parts.scheme}://host:port")
-    return Endpoint(parts.scheme, parts.hostname, port or DEFAULT_PORTS[parts.scheme])
+    if port == 0:
+        raise SyslogConfigError(f"syslog destination {url!r}: port must be 1..65535, got 0")
+    return Endpoint(parts.scheme, parts.hostname, DEFAULT_PORTS[parts.scheme] if port is None else port)
 
 
 def tls_context(options: TlsOptions) -> ssl.SSLContext:

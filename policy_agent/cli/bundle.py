@@ -53,6 +53,14 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         collected = collect(planned, HostCollector(), options.max_bytes, progress)
         redactor = Redactor(secrets.token_bytes(32)) if args.redact else None  # the key dies with this process
         files, manifest = assemble(planned, collected, cfg, options, redactor)
+    except BundleRefused as exc:
+        print(f"npaudit bundle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # what the bundle was to hold could not be read (not root, most often)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"npaudit bundle: cannot read {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
         write_bundle(output, files, manifest, now=now, min_free=cfg.bundle.min_free_mb * _MIB)
     except BundleRefused as exc:
         print(f"npaudit bundle: {exc}", file=sys.stderr)

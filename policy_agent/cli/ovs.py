@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from policy_agent.cli.common import load_config, setup_logging
@@ -39,6 +40,11 @@ def cmd_ovs(args: argparse.Namespace) -> int:
             ovs.down(purge=args.purge)
     except OvsError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the daemons, their run directory or the namespace are root's
+        where = f"{exc.filename}: " if exc.filename else ""
+        hint = " (npaudit ovs needs root)" if os.geteuid() != 0 else ""
+        print(f"error: ovs {args.action}: {where}{exc.strerror or exc}{hint}", file=sys.stderr)
         return 1
     print(json.dumps(ovs.status(), indent=2))
     if args.action == "status":

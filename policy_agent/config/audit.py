@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config.checks import QUEUE_MAX, absolute_path, bounded, checked
+from policy_agent.config.checks import QUEUE_MAX, bounded, checked, file_path
 from policy_agent.config.overload import OverloadConfig
 
 
@@ -12,7 +12,7 @@ from policy_agent.config.overload import OverloadConfig
 class AuditConfig:
     # Write policy audit records (category 0 packet-ins) as JSON lines.
     enabled: bool = True
-    path: str = field(default="/var/log/npaudit/audit.jsonl", metadata=checked(absolute_path))
+    path: str = field(default="/var/log/npaudit/audit.jsonl", metadata=checked(file_path))
     # Size rotation (MiB, at most 1048576 = 1 TiB), gzip of rotated files, keep this many
     # (at most 10000) and this many days (at most 36500).
     max_size_mb: int = field(default=100, metadata=checked(bounded(1, 1 << 20)))

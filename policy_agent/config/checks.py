@@ -25,9 +25,32 @@ _OR_NONE = ' (or "" for none)'
 
 def absolute_path(v: str, *, optional: bool = False) -> str | None:
     # The agent runs from / under systemd: a relative path would land somewhere nobody looks.
-    if (optional and v == "") or v.startswith("/"):
+    if optional and v == "":
         return None
-    return f"must be an absolute path{_OR_NONE if optional else ''}, got {v!r}"
+    if not v.startswith("/"):
+        return f"must be an absolute path{_OR_NONE if optional else ''}, got {v!r}"
+    # No file system takes a NUL; a line break would forge lines of the logs that name the path.
+    if any(unicodedata.category(c) == "Cc" for c in v):
+        return f"must not contain NUL, control characters or line breaks, got {v!r}"
+    return None
+
+
+def file_path(v: str, *, optional: bool = False) -> str | None:
+    """An absolute path naming a file: not "/" nor a directory spelled with a trailing "/", "." or ".."."""
+    problem = absolute_path(v, optional=optional)
+    if problem or v == "":
+        return problem
+    if v.endswith("/") or v.rsplit("/", 1)[1] in (".", ".."):
+        return f"must name a file (not a directory), got {v!r}"
+    return None
+
+
+def optional_path(v: str) -> str | None:
+    return absolute_path(v, optional=True)
+
+
+def optional_file(v: str) -> str | None:
+    return file_path(v, optional=True)
 
 
 # Linux IFNAMSIZ is 16 including the NUL; OVS makes an interface of the bridge's name.

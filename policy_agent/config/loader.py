@@ -211,7 +211,8 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
             errors.append(f"{full}: must be {_type_name(kind)}, got {type(value).__name__} {value!r}")
             continue
         check = f.metadata.get("check")
-        problem = check(coerced) if check else None
+        # The field's own bounds first; a field without any still takes no number that overflows C.
+        problem = (check(coerced) if check else None) or _size_limit(coerced)
         if problem:
             errors.append(f"{full}: {problem}")
             continue
@@ -220,6 +221,9 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
 
 
 _INVALID = object()
+INT_MAX = (1 << 63) - 1
+# Seconds (about 31 years) or a rate: a timeout beyond it overflows threading's waits (PY_TIMEOUT_MAX).
+FLOAT_MAX = 1e9
 
 
 def _tuple_of(kind: Any) -> Any:
@@ -261,6 +265,17 @@ def _type_name(kind: Any) -> str:
     if inner is not None:
         return f"{_type_name(inner)} or null"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(kind, str(kind))
+
+
+def _size_limit(value: Any) -> str | None:
+    """Why a number of the right type is still refused (its size), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > INT_MAX:  # a C long: counts and sizes reach syscalls and structs
+        return f"must be at most {INT_MAX} in size, got {value}"
+    if isinstance(value, float) and abs(value) > FLOAT_MAX:
+        return f"must be at most {FLOAT_MAX:g} in size, got {value}"
+    return None
 
 
 def _syslog_errors(config: AgentConfig) -> list[str]:

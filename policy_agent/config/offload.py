@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from policy_agent.config.checks import absolute_path, bounded
+from policy_agent.config.checks import bounded, optional_file
 
 # meters/ebpf/maps.py bounds what the program's bucket arithmetic takes.
 _MAX_RATE = 1_000_000
@@ -41,4 +41,4 @@ class OffloadConfig:
     mode: str = field(default="native", metadata={"check": lambda v: None if v in ("native", "generic")
                                                    else f"must be one of native, generic; got {v!r}"})
     # The program's C source ("" = the one shipped in meters/ebpf/xdp_offload.c).
-    source: str = field(default="", metadata={"check": lambda v: absolute_path(v, optional=True)})
+    source: str = field(default="", metadata={"check": optional_file})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config.checks import QUEUE_MAX, U32_MAX, bounded, checked, positive
+from policy_agent.config.checks import QUEUE_MAX, U32_MAX, bounded, checked, optional_file, positive
 from policy_agent.config.overload import FairShareConfig
 
 
@@ -25,8 +25,8 @@ class PacketInConfig:
     traceflow: CategoryLimits = CategoryLimits(rate=500.0, burst=500.0, queue_size=1024)
     fair_share: FairShareConfig = FairShareConfig()  # within the policy category (config/overload.py)
     # Debug tap: write one JSON line per delivered packet-in to this path
-    # ("-" = stdout, "" = off). Not the audit log.
-    tap: str = ""
+    # ("-" = stdout, "" = off; else an absolute path). Not the audit log.
+    tap: str = field(default="", metadata=checked(lambda v: None if v == "-" else optional_file(v)))
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policy_agent.config.checks import absolute_path, bounded, checked, listen_address, positive
+from policy_agent.config.checks import bounded, checked, listen_address, optional_file, optional_path, positive
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     # A directory of manifests the agent loads at start and re-reads when a file
     # changes ("" = none). `npaudit apply -f` works in either case.
-    manifest_dir: str = field(default="", metadata=checked(lambda v: absolute_path(v, optional=True)))
+    manifest_dir: str = field(default="", metadata=checked(optional_path))
     poll_interval: float = field(default=2.0, metadata=checked(positive))
 
 
@@ -20,8 +20,8 @@ class KubernetesConfig:
     # Take Namespaces, this node's Pods, NetworkPolicies, Antrea policies and
     # Tiers from the Kubernetes API (list + watch) instead of standalone manifests.
     enabled: bool = False
-    # kubeconfig file; "" = in-cluster service account (KUBERNETES_SERVICE_HOST).
-    kubeconfig: str = ""
+    # kubeconfig file (an absolute path); "" = in-cluster service account (KUBERNETES_SERVICE_HOST).
+    kubeconfig: str = field(default="", metadata=checked(optional_file))
     # Seconds to wait for the first full list before serving CNI.
     sync_timeout: float = field(default=60.0, metadata=checked(positive))
     # Seconds CNI ADD waits for its Pod object (labels) to arrive from the API:

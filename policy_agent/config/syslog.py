@@ -6,13 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policy_agent.config.checks import checked, one_of, positive
+from policy_agent.config.checks import bounded, checked, one_of, optional_file, optional_path
 
 if TYPE_CHECKING:
     from auditlog.syslog.forwarder import Destination
 
 # Linux keeps a socket's receive buffer size in an int.
 RECEIVE_BUFFER_MAX = (1 << 31) - 1
+# Far above any useful batch or window, far below what the sender's arithmetic and buffers take.
+COUNT_MAX = 10_000_000
+BYTES_MAX = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -25,21 +28,21 @@ class SyslogDestinationConfig:
     framing: str = field(default="octet-counting", metadata=checked(one_of("octet-counting", "lf")))
     # tls only: CA file the server must chain to ("" = the system's trust store), optional client
     # certificate and key, and the name the server certificate must carry ("" = the URL's host).
-    ca: str = ""
-    cert: str = ""
-    key: str = ""
+    ca: str = field(default="", metadata=checked(optional_file))
+    cert: str = field(default="", metadata=checked(optional_file))
+    key: str = field(default="", metadata=checked(optional_file))
     server_name: str = ""
     # udp only: longest datagram; a longer record is sent with a JSON stub as MSG (counted).
-    udp_max_bytes: int = 2048
+    udp_max_bytes: int = field(default=2048, metadata=checked(bounded(1024, 65507)))
     # One send: at most this many records and about this many bytes of them.
-    batch_records: int = field(default=1000, metadata=checked(positive))
-    batch_bytes: int = field(default=1 << 20, metadata=checked(positive))
+    batch_records: int = field(default=1000, metadata=checked(bounded(1, COUNT_MAX)))
+    batch_bytes: int = field(default=1 << 20, metadata=checked(bounded(1, BYTES_MAX)))
     # tcp/tls: batches sent ahead while earlier ones are not yet acknowledged by the receiver's
     # TCP, at most this many and about this many bytes (one batch always goes). A dropped
     # connection resends from the last batch the receiver must have read: duplicates at most
     # the window plus a receive buffer (auditlog/syslog/window.py), never loss.
-    window_batches: int = field(default=4, metadata=checked(positive))
-    window_bytes: int = field(default=8 << 20, metadata=checked(positive))
+    window_batches: int = field(default=4, metadata=checked(bounded(1, COUNT_MAX)))
+    window_bytes: int = field(default=8 << 20, metadata=checked(bounded(1, BYTES_MAX)))
     # tcp/tls: bytes the receiver may hold acknowledged by its TCP and not yet read. A batch is
     # delivered once this many bytes after it were acknowledged too. null = this host's
     # net.ipv4.tcp_rmem maximum (exact for a receiver on this host, a guess for another);
@@ -50,9 +53,8 @@ class SyslogDestinationConfig:
     # The checkpoint (what was delivered) is saved once this many seconds or records have passed
     # since the last save, whenever the forwarder is idle or retrying, and at shutdown; a crash
     # sends at most that much again (duplicates, never loss). It never runs ahead of delivery.
-    checkpoint_interval: float = field(default=1.0, metadata=checked(
-        lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
-    checkpoint_records: int = field(default=50_000, metadata=checked(positive))
+    checkpoint_interval: float = field(default=1.0, metadata=checked(bounded(0, 86400)))
+    checkpoint_records: int = field(default=50_000, metadata=checked(bounded(1, COUNT_MAX)))
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class SyslogConfig:
     destinations: tuple[SyslogDestinationConfig, ...] = ()
     # Where each destination's checkpoint is kept; "" = <state_dir>/syslog. On a tmpfs
     # state_dir a reboot forgets it and the files on disk are sent again (duplicates, no loss).
-    checkpoint_dir: str = ""
+    checkpoint_dir: str = field(default="", metadata=checked(optional_path))
     # Each destination's forwarder in a child process of its own (its own GIL, restarted if it
     # dies); false: a thread of the agent, sharing the GIL with the audit pipeline, which a
     # distinct-flow flood can then outrun (bench/syslog_throughput.py, the sustained phase).

@@ -150,13 +150,16 @@ class EmbeddedOvs:
     def _in_netns(self, cmd: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
 
-    def up(self, timeout: float = 15.0) -> None:
-        """Start whatever is not running; idempotent."""
+    def up(self, timeout: float = 15.0, started: list[str] | None = None) -> None:
+        """Start whatever is not running; idempotent. What this call started ("netns", then the daemons'
+        names) is appended to `started` as it happens, so a caller can undo a start that fails later."""
+        started = [] if started is None else started
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o750)
         if self.netns and not netns_exists(self.netns):
             _run(["ip", "netns", "add", self.netns])
             (self.run_dir / _NETNS_MARK).write_text(self.netns)
+            started.append("netns")
             _run(["ip", "netns", "exec", self.netns, "ip", "link", "set", "lo", "up"])
         if not self.db_file.exists():
             schema = next((s for s in SCHEMA_CANDIDATES if Path(s).exists()), None)
@@ -171,6 +174,7 @@ class EmbeddedOvs:
                   f"--unixctl={self.run_dir / 'ovsdb-server.ctl'}",
                   f"--log-file={self.run_dir / 'ovsdb-server.log'}",
                   "--no-chdir", "--detach"], env=env)
+            started.append("ovsdb-server")
             self._wait_for(self.db_sock, "ovsdb-server", timeout)
         _run(["ovs-vsctl", f"--db={self.db_remote}", "--no-wait", "init"], env=env)
         if self.pid("ovs-vswitchd") is None:
@@ -180,6 +184,7 @@ class EmbeddedOvs:
                 f"--unixctl={self.run_dir / 'ovs-vswitchd.ctl'}",
                 f"--log-file={self.run_dir / 'ovs-vswitchd.log'}",
                 "--no-chdir", "--detach"]), env=env)
+            started.append("ovs-vswitchd")
             self._wait_for(self.run_dir / "ovs-vswitchd.ctl", "ovs-vswitchd", timeout)
         log.info("embedded OVS up in %s (netns %s): ovsdb-server %s, ovs-vswitchd %s",
                  self.run_dir, self.netns or "-", self.pid("ovsdb-server"), self.pid("ovs-vswitchd"))
@@ -214,6 +219,17 @@ class EmbeddedOvs:
         for daemon in reversed(daemons):
             self.stop_daemon(daemon, timeout=stop_timeout)
         self.up()
+
+    def undo(self, started: Sequence[str]) -> None:
+        """Stop what one up() started (its `started` list): those daemons, then the namespace it made."""
+        for daemon in ("ovs-vswitchd", "ovsdb-server"):
+            if daemon in started:
+                self.stop_daemon(daemon)
+        mark = self.run_dir / _NETNS_MARK
+        if "netns" in started and mark.exists():
+            if netns_exists(self.netns):
+                _run(["ip", "netns", "delete", self.netns])
+            mark.unlink(missing_ok=True)
 
     def down(self, purge: bool = False) -> None:
         """Stop both daemons; remove the namespace if we created it; `purge` deletes run_dir."""

@@ -29,6 +29,7 @@ class NodeSwitch:
         self.embedded = EmbeddedOvs(Path(config.run_dir), config.netns) if config.mode == "embedded" else None
         # The namespace OVS runs in, where Pod ports are plugged and XDP attached ('' = the agent's own).
         self.netns = config.netns if self.embedded is not None else ""
+        self._started: list[str] = []  # what start() brought up itself (namespace, daemons): undo_start() stops it
         self.ovsdb: Ovsdb | None = None
         self.datapath_type: str | None = None
         # Embedded: restarts a dead daemon; external: reports it (the channel reconnects when it returns).
@@ -39,7 +40,7 @@ class NodeSwitch:
     async def start(self) -> None:
         """The daemons up (embedded), OVSDB connected, the datapath type chosen, the bridge as configured."""
         if self.embedded is not None:
-            await asyncio.to_thread(self.embedded.up)
+            await asyncio.to_thread(self.embedded.up, started=self._started)
         self.ovsdb = await asyncio.to_thread(Ovsdb, self.config.db_remote)
         self.datapath_type = await asyncio.to_thread(self.ovsdb.choose_datapath_type, self.config.datapath_type)
         await self.ensure_bridge()
@@ -62,6 +63,15 @@ class NodeSwitch:
                 await asyncio.to_thread(self.ovsdb.wait_socket, Path(self._openflow_target))
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.ensure, self.ovsdb)
+
+    async def undo_start(self) -> None:
+        """After a failed start of the agent: the OVSDB connection closed, and the daemons and namespace this
+        start brought up stopped (those that ran before it keep running)."""
+        await self.close()
+        if self.embedded is not None and self._started:
+            started, self._started = self._started, []
+            log.warning("start failed: stopping what it started (%s)", ", ".join(started))
+            await asyncio.to_thread(self.embedded.undo, started)
 
     async def close(self) -> None:
         """The OVSDB connection closed; the daemons keep running."""

@@ -22,7 +22,7 @@ from auditlog.syslog.status import SyslogStatus
 from policy_agent.errors import AgentError, PolicyRejected, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.apply_intent import StoreIntent
-from policy_agent.rpc import FrameError, read_message, recv_message, send_message, write_message
+from policy_agent.rpc import ConnectionClosed, FrameError, read_message, recv_message, send_message, write_message
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 from policy_agent.policy.model import Namespace, Pod, Policy, Tier
 
@@ -92,6 +92,9 @@ class LocalApi:
             try:
                 request = await read_message(reader)
                 response = await self.handle(request)
+            except ConnectionClosed as exc:  # a client that went away: nobody to answer
+                log.info("local API client hung up before its request was whole: %s", one_line(exc))
+                return
             except FrameError as exc:
                 response = {"ok": False, "errors": [str(exc)]}
             except Exception as exc:  # the client gets one line, never a connection closed on it
@@ -101,8 +104,11 @@ class LocalApi:
             if not response.get("ok"):  # names from the request can hold lone surrogates or control characters
                 response["errors"] = [printable(str(line)) for line in response.get("errors", [])]
             await write_message(writer, response)
-        except Exception:  # one bad client must not take the API down
-            log.warning("local API request failed", exc_info=True)
+        except ConnectionError as exc:  # hung up before the reply: one line, no traceback (a client can do it at will)
+            log.info("local API client hung up before its reply: %s", one_line(exc))
+        except Exception as exc:  # one bad client must not take the API down
+            log.warning("local API request failed: %s", one_line(exc))
+            log.debug("local API request failed", exc_info=True)
         finally:
             writer.close()
 

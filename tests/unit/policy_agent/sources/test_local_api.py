@@ -94,3 +94,33 @@ def test_apply_prints_control_characters_from_names_escaped(sock_dir: Path,
 ])
 def test_printable_escapes_what_a_terminal_or_utf8_cannot_take(raw: str, shown: str) -> None:
     assert printable(raw) == shown
+
+
+def test_a_client_that_hangs_up_is_one_log_line_without_a_traceback(sock_dir: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Clients that close mid-frame or right after their request: each costs the log at most one line."""
+    path = sock_dir / "api.sock"
+    body = json.dumps({"op": "status"}).encode("ascii")
+    sends = [struct.pack(">I", 100) + b"x" * 10, struct.pack(">I", len(body)) + body, b"\x00\x00"] * 5
+
+    def clients() -> None:
+        for data in sends:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(path))
+                sock.sendall(data)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+
+    async def main() -> None:
+        api = LocalApi(path, _Engine())  # type: ignore[arg-type]
+        await api.start()
+        try:
+            await asyncio.to_thread(clients)
+            await asyncio.sleep(0.5)  # the server's side of the last connections
+        finally:
+            await api.close()
+
+    caplog.set_level("DEBUG", logger="policy_agent.sources.local_api")
+    asyncio.run(main())
+    records = [r for r in caplog.records if r.name == "policy_agent.sources.local_api" and r.levelname != "DEBUG"]
+    assert 10 <= len(records) <= len(sends), [r.getMessage() for r in records]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records), [r.getMessage() for r in records]
