@@ -44,6 +44,14 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def quiet_stdout() -> None:
+    """After stdout's reader went away: point stdout at /dev/null (the Python docs' recipe), so the
+    flush of what is still buffered at exit cannot fail again and print a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def open_private(path: str) -> TextIO:
     """Append to `path`, created (or narrowed to) 0600: the debug tap holds packet bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

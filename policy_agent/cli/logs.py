@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from policy_agent.cli.common import load_config
+from policy_agent.cli.common import load_config, quiet_stdout
 
 
 class _LogsFilter(argparse.Action):
@@ -50,7 +50,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the way out of --follow
         return 0
     except BrokenPipeError:  # `npaudit logs | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        quiet_stdout()
         return 0
 
 

@@ -34,7 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one verb; when stdout's reader goes away (`npaudit logs | head -1`), stop quietly."""
+    finished: list[int] = []
+    try:
+        try:
+            finished.append(_dispatch(sys.argv[1:] if argv is None else argv))
+        finally:
+            sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at interpreter exit
+    except BrokenPipeError:
+        # The reader has what it wanted: exit 0, or the status of a verb that had finished and
+        # only its last output failed to reach the reader (verify keeps its own verdict itself).
+        from policy_agent.cli.common import quiet_stdout
+
+        quiet_stdout()
+        return finished[0] if finished else 0
+    return finished[0]
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["cni"]:  # a runtime starts this for every Pod: import as little as possible
         from policy_agent.cni.plugin import run
 

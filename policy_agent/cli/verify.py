@@ -8,6 +8,7 @@ from pathlib import Path
 
 from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
 from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES
+from policy_agent.cli.common import quiet_stdout
 
 HELP = "check the audit log's hash chain (live and rotated files); exit 1 on a break"
 
@@ -40,4 +41,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2
-    return report(result, sys.stdout, as_json=args.json)
+    try:
+        return report(result, sys.stdout, as_json=args.json)
+    except BrokenPipeError:  # `npaudit verify | head -1`: the verdict is the exit status all the same
+        quiet_stdout()
+        return 0 if result.ok else 1
