@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 if TYPE_CHECKING:
     from policy_agent.config.loader import AgentConfig
 
+# Where a verb finds its config without --config: this variable, else this file when it exists.
+CONFIG_ENV = "NPAUDIT_CONFIG"
+DEFAULT_CONFIG = Path("/etc/npaudit/npaudit.yaml")
+CONFIG_HELP = f"(default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} when it exists, else built-in defaults)"
+
 # One request to the agent's local API (policy_agent.sources.local_api.call), injectable in tests.
 ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 
@@ -21,10 +26,21 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def load_config(path: str | None) -> AgentConfig:
-    """The config at `path` (no path: the defaults); exit status 2 with one line per error otherwise."""
+def config_path(given: str | None) -> str | None:
+    """--config, else $NPAUDIT_CONFIG, else /etc/npaudit/npaudit.yaml when it exists; None: the defaults."""
+    if given:
+        return given
+    if os.environ.get(CONFIG_ENV):
+        return os.environ[CONFIG_ENV]  # named explicitly: a missing file is an error, not the defaults
+    return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None
+
+
+def load_config(given: str | None) -> AgentConfig:
+    """The config named by --config (`given`), $NPAUDIT_CONFIG or the default path, else the built-in
+    defaults; exit status 2 with one line per error otherwise."""
     from policy_agent.config import loader
 
+    path = config_path(given)
     try:
         # No file: the defaults, still with the node name from NODE_NAME when that is set.
         return loader.loads("", "<defaults>") if path is None else loader.load(path)
@@ -32,6 +48,17 @@ def load_config(path: str | None) -> AgentConfig:
         for line in exc.errors:
             print(f"config error: {line}", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def audit_paths(paths: list[Path], config: str | None, base: str) -> tuple[list[Path], str]:
+    """The audit files to read and the live file's name to look for in a directory: `paths` and
+    `base` as given, else audit.path of the config (see config_path), else /var/log/npaudit."""
+    if paths:
+        return paths, base
+    from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
+
+    live = Path(load_config(config).audit.path) if config_path(config) else DEFAULT_DIR / DEFAULT_BASE
+    return [live.parent], live.name
 
 
 def version() -> str:

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any, Callable, TextIO
 
-from policy_agent.cli.common import ApiCall, ask_status, dig, duration, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
 from policy_agent.config.loader import AgentConfig
 
 EbpfProbe = Callable[[], tuple[bool, str]]
@@ -26,7 +26,7 @@ HELP = ("the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, au
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help=HELP, description=HELP,
                         epilog="exit status: 0 the agent answered; 1 no agent answers (one line on stderr)")
-    st.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")
+    st.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
     st.add_argument("--no-ebpf-probe", dest="ebpf_probe", action="store_false",
                     help="skip probing the eBPF tier here (the probe compiles and loads it: a few seconds)")
