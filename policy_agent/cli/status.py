@@ -1,9 +1,10 @@
 """`npaudit status`: the running agent's state.
 
 It asks the running agent over its local API (one read-only op), which says
-whether its eBPF tier runs; when it does not, status probes here (in this process,
-on this host) whether it could, since the probe compiles and loads the program and
-must not disturb the agent's own output.
+whether its eBPF tier runs; when it does not and --probe-kernel asks, status probes
+here (in this process, on this host) whether it could: the probe compiles and loads
+the program (seconds, most of what `status` took when it probed by default) and must
+not disturb the agent's own output.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         epilog="exit status: 0 the agent answered; 1 no agent answers (one line on stderr)")
     st.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    st.add_argument("--probe-kernel", dest="ebpf_probe", action="store_true",
+                    help="when the agent's eBPF tier does not run, find out here whether it could (compiles "
+                         "and loads the XDP program: a few seconds)")
     st.add_argument("--no-ebpf-probe", dest="ebpf_probe", action="store_false",
-                    help="skip probing the eBPF tier here (the probe compiles and loads it: a few seconds)")
+                    help="no probe (the default now; kept for scripts that pass it)")
     st.set_defaults(func=lambda args: run_status(load_config(args.config), args.output,
                                                  probe=_probe_ebpf if args.ebpf_probe else None))
 
