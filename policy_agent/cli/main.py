@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
-    from policy_agent.cli import (agent, apply, bundle, check_config, demo, logs, ovs, stats, status, syslog, trace,
-                                  verify)
+    from policy_agent.cli import (agent, apply, bundle, check_config, completion, demo, logs, ovs, stats, status,
+                                  syslog, trace, verify)
     from policy_agent.cli.common import version
 
     p = argparse.ArgumentParser(prog="npaudit", description="Network-policy audit trail for Open vSwitch")
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands `cni` to the plugin before any parsing.
     sub.add_parser("cni", help="CNI plugin (ADD/DEL/CHECK/VERSION from CNI_* env and stdin), "
                                "forwarded to the agent's CNI socket")
-    for verb in (verify, syslog, logs, status, stats, bundle, trace, demo):
+    for verb in (verify, syslog, logs, status, stats, bundle, trace, demo, completion):
         verb.add_parser(sub)
     return p
 
