@@ -18,9 +18,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from policy_agent.cli.main import build_parser
-
-    script = bash_script(build_parser())
+    script = bash_script(args.build_parser())  # main's, with every verb (it imports this module)
     if args.shell == "zsh":
         script = "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n" + script
     sys.stdout.write(script)
