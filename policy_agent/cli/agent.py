@@ -8,13 +8,13 @@ import os
 import sys
 from typing import TextIO
 
-from policy_agent.cli.common import load_config, open_private, setup_logging
+from policy_agent.cli.common import CONFIG_HELP, load_config, open_private, setup_logging
 from policy_agent.errors import AgentError, one_line, printable
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a = sub.add_parser("agent", help="run the node agent in the foreground (SIGTERM stops it)")
-    a.add_argument("--config", help="YAML config (default: built-in defaults, see config/npaudit.yaml)")
+    a.add_argument("--config", help=f"YAML config, see config/npaudit.yaml {CONFIG_HELP}")
     a.add_argument("--tap", help="write one JSON line per packet-in to this path ('-' = stdout)")
     a.set_defaults(func=cmd_agent)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy_agent.cli.common import load_config
+from policy_agent.cli.common import CONFIG_HELP, load_config
 from policy_agent.errors import AgentError, printable
 
 # `npaudit apply|delete` exit status when the agent went away before answering.
@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    f"{EXIT_OUTCOME_UNKNOWN} outcome unknown: the agent went away before "
                                    "answering (its next start keeps what OVS enforced; `npaudit status` says which)")
         ap.add_argument("-f", "--filename", required=True)
-        ap.add_argument("--config", help="the agent's config (for its state_dir)")
+        ap.add_argument("--config", help=f"the agent's config (for its state_dir) {CONFIG_HELP}")
         ap.set_defaults(func=cmd_apply, op=op)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, TextIO
 
-from policy_agent.cli.common import load_config, version
+from policy_agent.cli.common import CONFIG_HELP, load_config, version
 
 EXIT_USAGE = 2
 _MIB = 1 << 20
@@ -46,7 +46,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     options = BundleOptions(now=now, max_bytes=int(max_mb * _MIB), since=since,
                             include_audit=args.include_audit, redact=args.redact)
-    output = Path(args.output or f"npaudit-bundle-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz")
+    if args.old_output:
+        print("npaudit bundle: -o/--output FILE is deprecated, use --output-file FILE", file=sys.stderr)
+    output = Path(args.output_file or args.old_output or f"npaudit-bundle-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz")
     try:
         planned = plan(cfg, options, version=version(), node=cfg.node_name or socket.gethostname())
         progress = _progress_bar(sys.stderr) if sys.stderr.isatty() else None
@@ -81,7 +83,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "left out and why). Audit records only with --include-audit and "
                                    "bundle.allow_audit_logs: true in the config.",
                        epilog="exit status: 0 written; 1 could not write; 2 refused or bad option")
-    b.add_argument("-o", "--output", help="the tar.gz to write (default npaudit-bundle-<UTC time>.tar.gz)")
+    b.add_argument("--output-file", metavar="FILE",
+                   help="the tar.gz to write (default npaudit-bundle-<UTC time>.tar.gz)")
+    # -o is an output format in every other verb (as in kubectl); as a file name here it still works.
+    b.add_argument("-o", "--output", dest="old_output", metavar="FILE",
+                   help="deprecated spelling of --output-file (-o is an output format elsewhere)")
     b.add_argument("--since", help="audit records from this time on: 30s, 10m, 2h, 7d or RFC 3339")
     b.add_argument("--include-audit", "--include-audit-logs", dest="include_audit", action="store_true",
                    help="add audit records (also needs bundle.allow_audit_logs: true)")
@@ -89,5 +95,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="replace IPs, Pod, namespace, node, label, policy and rule names with keyed pseudonyms")
     b.add_argument("--max-size", type=float, metavar="MB",
                    help="most MiB of content before compression (default bundle.max_size_mb)")
-    b.add_argument("--config", help="the agent's config (default: built-in defaults)")
+    b.add_argument("--config", help=f"the agent's config {CONFIG_HELP}")
     b.set_defaults(func=cmd_bundle)

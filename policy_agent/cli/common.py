@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 if TYPE_CHECKING:
     from policy_agent.config.loader import AgentConfig
 
+# Where a verb finds its config without --config: this variable, else this file when it exists.
+CONFIG_ENV = "NPAUDIT_CONFIG"
+DEFAULT_CONFIG = Path("/etc/npaudit/npaudit.yaml")
+CONFIG_HELP = f"(default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} when it exists, else built-in defaults)"
+
 # One request to the agent's local API (policy_agent.sources.local_api.call), injectable in tests.
 ApiCall = Callable[[Path, dict[str, Any]], dict[str, Any]]
 
@@ -21,10 +26,21 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def load_config(path: str | None) -> AgentConfig:
-    """The config at `path` (no path: the defaults); exit status 2 with one line per error otherwise."""
+def config_path(given: str | None) -> str | None:
+    """--config, else $NPAUDIT_CONFIG, else /etc/npaudit/npaudit.yaml when it exists; None: the defaults."""
+    if given:
+        return given
+    if os.environ.get(CONFIG_ENV):
+        return os.environ[CONFIG_ENV]  # named explicitly: a missing file is an error, not the defaults
+    return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None
+
+
+def load_config(given: str | None) -> AgentConfig:
+    """The config named by --config (`given`), $NPAUDIT_CONFIG or the default path, else the built-in
+    defaults; exit status 2 with one line per error otherwise."""
     from policy_agent.config import loader
 
+    path = config_path(given)
     try:
         # No file: the defaults, still with the node name from NODE_NAME when that is set.
         return loader.loads("", "<defaults>") if path is None else loader.load(path)
@@ -34,14 +50,43 @@ def load_config(path: str | None) -> AgentConfig:
         raise SystemExit(2) from exc
 
 
+def audit_paths(paths: list[Path], config: str | None, base: str) -> tuple[list[Path], str]:
+    """The audit files to read and the live file's name to look for in a directory: `paths` and
+    `base` as given, else audit.path of the config (see config_path), else /var/log/npaudit."""
+    if paths:
+        return paths, base
+    from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
+
+    live = Path(load_config(config).audit.path) if config_path(config) else DEFAULT_DIR / DEFAULT_BASE
+    return [live.parent], live.name
+
+
 def version() -> str:
     """The installed npaudit's version."""
+    # The installed distribution's directory names it: a listing of sys.path is far cheaper than
+    # importing importlib.metadata (email, zipfile, csv...), which `npaudit --version` paid before.
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("npaudit-") and name.endswith(".dist-info"):
+                return name[len("npaudit-"):-len(".dist-info")]
     from importlib.metadata import PackageNotFoundError, version as dist_version
 
     try:
         return dist_version("npaudit")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def quiet_stdout() -> None:
+    """After stdout's reader went away: point stdout at /dev/null (the Python docs' recipe), so the
+    flush of what is still buffered at exit cannot fail again and print a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def open_private(path: str) -> TextIO:

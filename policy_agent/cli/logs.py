@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from policy_agent.cli.common import load_config
+from policy_agent.cli.common import CONFIG_HELP, audit_paths, quiet_stdout
 
 
 class _LogsFilter(argparse.Action):
@@ -31,16 +31,13 @@ class _LogsNot(argparse.Action):
 
 def cmd_logs(args: argparse.Namespace) -> int:
 
-    from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
+    from auditlog.fileset import DEFAULT_BASE
     from auditlog.logs_command import EXIT_USAGE, LogsRequest, run_logs
 
     if getattr(args, "negate_next", False):
         print("npaudit logs: --not must be followed by a filter", file=sys.stderr)
         return EXIT_USAGE
-    paths, base = args.paths, DEFAULT_BASE
-    if not paths:
-        live = Path(load_config(args.config).audit.path) if args.config else DEFAULT_DIR / DEFAULT_BASE
-        paths, base = [live.parent], live.name
+    paths, base = audit_paths(args.paths, args.config, DEFAULT_BASE)
     request = LogsRequest(paths=paths, base=base, filters=args.filters or (), since=args.since,
                           until=args.until, last=args.last, follow=args.follow, output=args.output)
     tty = sys.stdout.isatty()
@@ -50,7 +47,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the way out of --follow
         return 0
     except BrokenPipeError:  # `npaudit logs | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        quiet_stdout()
         return 0
 
 
@@ -85,8 +82,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog="Times: 30s, 10m, 2h, 7d (before now) or RFC 3339 (a time without offset is UTC). "
                "Exit status 0 (also when nothing matched), 2 for a bad filter, time or path.")
     lg.add_argument("paths", nargs="*", type=Path,
-                    help="audit files or directories (default: audit.path of --config, else /var/log/npaudit)")
-    lg.add_argument("--config", help="the agent's config (for audit.path)")
+                    help="audit files or directories (default: audit.path of the config, else /var/log/npaudit)")
+    lg.add_argument("--config", help=f"the agent's config (for audit.path) {CONFIG_HELP}")
     for name, short, metavar, text in _LOGS_FILTERS:
         lg.add_argument(*([short] if short else []), f"--{name}", dest=name, action=_LogsFilter,
                         metavar=metavar, help=text + " (repeatable)")

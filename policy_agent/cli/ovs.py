@@ -6,13 +6,13 @@ import argparse
 import os
 import sys
 
-from policy_agent.cli.common import load_config, setup_logging
+from policy_agent.cli.common import CONFIG_HELP, load_config, setup_logging
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     o = sub.add_parser("ovs", help="manage the embedded Open vSwitch")
     o.add_argument("action", choices=["up", "down", "status"])
-    o.add_argument("--config")
+    o.add_argument("--config", help=f"the agent's config {CONFIG_HELP}")
     o.add_argument("--run-dir", help="override ovs.run_dir")
     o.add_argument("--netns", help="override ovs.netns ('' = current namespace)")
     o.add_argument("--purge", action="store_true", help="with down: delete the run directory too")

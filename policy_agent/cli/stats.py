@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from auditlog.stats import GROUPS, count_records
-from policy_agent.cli.common import ApiCall, ask_status, dig, duration, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
 from policy_agent.config.loader import AgentConfig
 
 EXIT_USAGE = 2
@@ -25,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                "record. Agent counters are since the agent started. Exit status 0; 2 for a bad "
                                "time or path.")
     sa.add_argument("paths", nargs="*", type=Path,
-                    help="audit files or directories (default: audit.path of --config, else /var/log/npaudit)")
-    sa.add_argument("--config", help="the agent's config (for audit.path and the API socket)")
+                    help="audit files or directories (default: audit.path of the config, else /var/log/npaudit)")
+    sa.add_argument("--config", help=f"the agent's config (for audit.path and the API socket) {CONFIG_HELP}")
     sa.add_argument("--since", metavar="TIME", help="records at or after TIME (default: all in the files)")
     sa.add_argument("--until", metavar="TIME", help="records at or before TIME")
     sa.add_argument("--top", type=int, default=10, metavar="N", help="table rows per policy, rule and Pod")

@@ -1,9 +1,10 @@
 """`npaudit status`: the running agent's state.
 
 It asks the running agent over its local API (one read-only op), which says
-whether its eBPF tier runs; when it does not, status probes here (in this process,
-on this host) whether it could, since the probe compiles and loads the program and
-must not disturb the agent's own output.
+whether its eBPF tier runs; when it does not and --probe-kernel asks, status probes
+here (in this process, on this host) whether it could: the probe compiles and loads
+the program (seconds, most of what `status` took when it probed by default) and must
+not disturb the agent's own output.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import sys
 from typing import Any, Callable, TextIO
 
-from policy_agent.cli.common import ApiCall, ask_status, dig, duration, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
 from policy_agent.config.loader import AgentConfig
 
 EbpfProbe = Callable[[], tuple[bool, str]]
@@ -26,10 +27,13 @@ HELP = ("the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, au
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help=HELP, description=HELP,
                         epilog="exit status: 0 the agent answered; 1 no agent answers (one line on stderr)")
-    st.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")
+    st.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    st.add_argument("--probe-kernel", dest="ebpf_probe", action="store_true",
+                    help="when the agent's eBPF tier does not run, find out here whether it could (compiles "
+                         "and loads the XDP program: a few seconds)")
     st.add_argument("--no-ebpf-probe", dest="ebpf_probe", action="store_false",
-                    help="skip probing the eBPF tier here (the probe compiles and loads it: a few seconds)")
+                    help="no probe (the default now; kept for scripts that pass it)")
     st.set_defaults(func=lambda args: run_status(load_config(args.config), args.output,
                                                  probe=_probe_ebpf if args.ebpf_probe else None))
 

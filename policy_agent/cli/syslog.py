@@ -22,7 +22,7 @@ from auditlog.syslog.errors import SyslogError
 from auditlog.syslog.forwarder import Destination, make_destination, send_test_message
 from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.syslog.transport import parse_endpoint
-from policy_agent.cli.common import ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
 from policy_agent.config.loader import AgentConfig, syslog_destination
 
 SendTest = Callable[[Destination, float, str], None]
@@ -39,11 +39,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sp = sub.add_parser("syslog", help="operate the syslog forwarder: status, test")
     actions = sp.add_subparsers(dest="syslog_command", required=True)
     st = actions.add_parser("status", help=STATUS_HELP, description=STATUS_HELP)
-    st.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")
+    st.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
     st.set_defaults(func=lambda args: run_status(load_config(args.config), args.output))
     te = actions.add_parser("test", help=TEST_HELP, description=TEST_HELP)
-    te.add_argument("--config", help="the config whose syslog.destinations are tested")
+    te.add_argument("--config", help=f"the config whose syslog.destinations are tested {CONFIG_HELP}")
     te.add_argument("--destination", metavar="URL",
                     help="test only this destination (udp://, tcp:// or tls://HOST:PORT); its settings come from "
                          "the config when it is listed there, else the defaults (TLS: the system's trust store)")

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from policy_agent.cli.common import ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
 from policy_agent.config.loader import AgentConfig
 
 
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="trace the next real packet matching --from/--to/--protocol/--port (and --source-port "
                         "when given) instead of injecting one; it is forwarded, committed and audited as ever")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p.add_argument("--config", help="the agent's config (for its state_dir, where the API socket is)")
+    p.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     p.set_defaults(func=lambda args: run_trace(load_config(args.config), request_of(args), args.output))
 
 

@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from auditlog.fileset import DEFAULT_BASE, DEFAULT_DIR
 from auditlog.verify_nodes import DEFAULT_WINDOW_BYTES, break_json
+from policy_agent.cli.common import CONFIG_HELP, audit_paths, quiet_stdout
 
 if TYPE_CHECKING:
     from auditlog.verify import VerifyResult
@@ -21,11 +22,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     v = sub.add_parser("verify", help=HELP,
                        description="Check npaudit.seq and npaudit.chain across live and rotated (gzip) audit files.",
                        epilog="exit status: 0 intact; 1 at the first break; 2 nothing to read")
-    v.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_DIR],
-                   help=f"audit files and/or directories (default {DEFAULT_DIR})")
+    v.add_argument("paths", nargs="*", type=Path,
+                   help=f"audit files and/or directories (default: audit.path of the config, else {DEFAULT_DIR})")
+    v.add_argument("--config", help=f"the agent's config (for audit.path) {CONFIG_HELP}")
     v.add_argument("--base", default=DEFAULT_BASE,
                    help=f"live file name to look for in a directory (default {DEFAULT_BASE})")
-    v.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    v.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                   help="text (default), or json: the result as one JSON object")
+    v.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
     v.add_argument("--from-syslog", action="store_true",
                    help="every line is a forwarded RFC 5424 message: check the record in its MSG "
                    "(without this, lines starting with '<' are taken as such messages)")
@@ -40,12 +44,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from auditlog.verify import verify
 
     try:
-        result = verify(args.paths, base=args.base, syslog=True if args.from_syslog else None,
+        paths, base = audit_paths(args.paths, args.config, args.base)
+        result = verify(paths, base=base, syslog=True if args.from_syslog else None,
                         duplicate_window=args.duplicate_window)
     except (OSError, ValueError) as exc:
         print(f"npaudit verify: {exc}", file=sys.stderr)
         return 2
-    return report(result, sys.stdout, as_json=args.json)
+    try:
+        return report(result, sys.stdout, as_json=args.output == "json")
+    except BrokenPipeError:  # `npaudit verify | head -1`: the verdict is the exit status all the same
+        quiet_stdout()
+        return 0 if result.ok else 1
 
 
 def to_json(result: VerifyResult) -> dict[str, Any]:

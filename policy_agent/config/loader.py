@@ -156,7 +156,7 @@ def load(path: str | Path, *, environ: Mapping[str, str] = os.environ) -> AgentC
 
 def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = os.environ) -> AgentConfig:
     try:
-        data = yaml.safe_load(text)
+        data = _strict_load(text)
     except yaml.YAMLError as exc:  # its text spans several lines: keep the problem and where
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -175,6 +175,45 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
     if errors:
         raise ConfigError(errors)
     return config
+
+
+def _strict_load(text: str) -> Any:
+    """yaml.safe_load, but a key given twice in one mapping is a ConfigError naming it: YAML would keep
+    the last silently, so a setting written twice (a merge, a paste) would be half ignored."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicates: list[str] = []
+        _find_duplicate_keys(node, "", duplicates, set())
+        if duplicates:
+            raise ConfigError(duplicates)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _find_duplicate_keys(node: yaml.Node, path: str, out: list[str], seen_nodes: set[int]) -> None:
+    if id(node) in seen_nodes:  # an alias: checked where its anchor stands (and it may be recursive)
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _find_duplicate_keys(item, f"{path}[{i}]", out, seen_nodes)
+    elif isinstance(node, yaml.MappingNode):
+        first_line: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = f"{path}.{key.value}" if path else str(key.value)
+            line = key.start_mark.line + 1
+            if (key.tag, key.value) in first_line:
+                out.append(f"{name}: duplicate key (line {first_line[key.tag, key.value]}, again at line {line}); "
+                           "YAML would keep only the last: give it once")
+            else:
+                first_line[key.tag, key.value] = line
+            _find_duplicate_keys(value, name, out, seen_nodes)
 
 
 def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:

@@ -170,7 +170,7 @@ def test_audit_flag_without_the_config_allowing_it_is_refused_with_one_line(node
     cfg = node / "npaudit.yaml"
     cfg.write_text(f"state_dir: {node}/state\nmetrics: {{listen: ''}}\n")
     out = node / "b.tar.gz"
-    assert main(["bundle", "--config", str(cfg), "--include-audit", "-o", str(out)]) == 2
+    assert main(["bundle", "--config", str(cfg), "--include-audit", "--output-file", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bundle.allow_audit_logs" in err
     assert not out.exists()
