@@ -20,10 +20,13 @@ from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, Handler
 from packetin.gctune import settle_heap
-from packetin.model import Category, PacketIn
+from packetin.model import Category
 from packetin.reader import InputPressure
 from policy_agent import status
+from policy_agent.agent_parts import chain as _chain
+from policy_agent.agent_parts import make_state_dir as _make_state_dir
 from policy_agent.audit_trail import AuditTrail
+from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError
@@ -67,6 +70,7 @@ class Agent:
         self.config = config
         self._handlers = dict(handlers or {})
         self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
+        self.subnet = NodeSubnet(config.node_network.pod_cidr, config.node_network.gateway)  # CNI IPAM's range
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
                                  openflow_target=config.openflow_target, gateway=self.gateway)
         self.demux = Demux()
@@ -84,6 +88,7 @@ class Agent:
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
+        self.registry.register(SubnetCollector(self.subnet))
         self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
@@ -215,7 +220,8 @@ class Agent:
         if self.switch.ovsdb is None:
             raise AgentError("CNI needs the OVSDB connection made in start()")
         hooks = OffloadPodHooks(engine, self.offload)
-        pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks)
+        pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks,
+                             subnet=self.subnet)
         for info in await asyncio.to_thread(pods.pods):  # their policy and forwarding flows, in this round
             await hooks.pod_added(info)
         return CniServer(self.config.cni_socket, pods)
@@ -225,7 +231,7 @@ class Agent:
 
         kc = self.config.kubernetes
         self._k8s_api = await asyncio.to_thread(api_client_from_config, kc.kubeconfig or None)
-        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node)
+        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node, subnet=self.subnet)
         self.k8s.start()
         try:
             await asyncio.wait_for(self.k8s.synced.wait(), kc.sync_timeout)
@@ -280,22 +286,3 @@ class Agent:
         finally:
             root.removeHandler(self.problems)
 
-
-def _make_state_dir(state_dir: Path) -> None:
-    try:
-        state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise AgentError(f"state_dir {state_dir}: exists and is not a directory") from exc
-    except OSError as exc:
-        raise AgentError(f"state_dir {state_dir}: cannot create ({exc.strerror}: {exc.filename})") from exc
-
-
-def _chain(first: Handler, then: Handler | None) -> Handler:
-    """`first`, then the debug tap when there is one."""
-    if then is None:
-        return first
-
-    def both(pin: PacketIn) -> None:
-        first(pin)
-        then(pin)
-    return both
