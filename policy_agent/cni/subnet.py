@@ -94,6 +94,10 @@ class NodeSubnet:
             return
         self.set(cidr, source=f"Node {name} spec.podCIDR")
 
+    def node_missing(self, name: str) -> None:
+        self.count(NO_POD_CIDR, "Node %s not found in the Kubernetes API (is NODE_NAME the node's name?): "
+                   "new Pods get no address until it appears", name)
+
     def count(self, reason: str, fmt: str, *args: object) -> None:
         self.problems[reason] += 1
         log.error(fmt, *args)

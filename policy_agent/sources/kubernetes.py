@@ -23,13 +23,12 @@ from typing import Any, Callable, Mapping, TypedDict
 from kubernetes import client, config
 from kubernetes.config import incluster_config
 
-from policy_agent.cni.subnet import NodeSubnet
 from policy_agent.errors import AgentError
 from policy_agent.policy import kinds
 from policy_agent.policy.kinds import ApiResource
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
-from policy_agent.sources.kubernetes_node import NodeFeed
+from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink
 from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
@@ -120,7 +119,7 @@ class KubernetesSource:
     def __init__(self, api_client: client.ApiClient, engine: PolicySink, *, node_name: str,
                  resync_backoff_max: float = 30.0, list_page_size: int = 500,
                  clock: Clock = time.monotonic, wait: Wait = threading.Event.wait,
-                 rand: Callable[[], float] = random.random, subnet: NodeSubnet | None = None) -> None:
+                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None) -> None:
         """`subnet`: when given, this node's Node object is watched too and its podCIDR kept there."""
         if not node_name:
             raise ValueError("node_name is required: only this node's Pods are watched")

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
-from policy_agent.cni.subnet import NO_POD_CIDR, NodeSubnet
 from policy_agent.sources.kubernetes_watch import Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait
 
-log = logging.getLogger(__name__)
+
+class NodeSink(Protocol):
+    """What takes this node's Node object (cni/subnet.py's NodeSubnet; agent.py wires it)."""
+
+    def from_node(self, name: str, node: Mapping[str, Any]) -> None: ...
+
+    def node_missing(self, name: str) -> None: ...
 
 
 class NodeFeed:
     """One watch of the Node named `node_name` (field selector metadata.name), feeding `subnet`."""
 
-    def __init__(self, list_node: Callable[..., object], node_name: str, subnet: NodeSubnet,
+    def __init__(self, list_node: Callable[..., object], node_name: str, subnet: NodeSink,
                  on_failure: Callable[[], None], *, backoff_max: float, page_size: int, clock: Clock,
                  wait: Wait, rand: Callable[[], float]) -> None:
         self.node_name = node_name
@@ -35,9 +39,7 @@ class NodeFeed:
                 if mine:
                     self.subnet.from_node(self.node_name, mine[0])
                 else:
-                    self.subnet.count(NO_POD_CIDR, "Node %s not found in the Kubernetes API (is NODE_NAME "
-                                      "the node's name?): new Pods get no address until it appears",
-                                      self.node_name)
+                    self.subnet.node_missing(self.node_name)
                 self.listed.set()
             elif isinstance(item, Event) and item.type in ("ADDED", "MODIFIED") and _name(item.obj) == self.node_name:
                 self.subnet.from_node(self.node_name, item.obj)
