@@ -23,7 +23,9 @@ from packetin.gctune import settle_heap
 from packetin.model import Category
 from packetin.reader import InputPressure
 from policy_agent import status
+from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
+from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
 from policy_agent.errors import AgentError, one_line
@@ -67,6 +69,7 @@ class Agent:
         self.config = config
         self._handlers = dict(handlers or {})
         self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
+        self.subnet = NodeSubnet(config.node_network.pod_cidr, config.node_network.gateway)  # CNI IPAM's range
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
                                  openflow_target=config.openflow_target, gateway=self.gateway)
         self.demux = Demux()
@@ -84,6 +87,7 @@ class Agent:
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
+        self.registry.register(SubnetCollector(self.subnet))
         self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
@@ -156,7 +160,7 @@ class Agent:
     async def _start(self, ready_timeout: float) -> None:
         cfg = self.config
         self.started = (time.time(), time.monotonic())
-        await asyncio.to_thread(_make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once
+        await asyncio.to_thread(make_state_dir, Path(cfg.state_dir))  # before OVS: a bad one fails at once
         await self.switch.start()
         admission.subscribe(self.demux, self._handlers, cfg.packetin, direction=self.rules.direction,
                             now=time.monotonic())
@@ -231,7 +235,8 @@ class Agent:
         if self.switch.ovsdb is None:
             raise AgentError("CNI needs the OVSDB connection made in start()")
         hooks = OffloadPodHooks(engine, self.offload)
-        pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks)
+        pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks,
+                             subnet=self.subnet)
         for info in await asyncio.to_thread(pods.pods):  # their policy and forwarding flows, in this round
             await hooks.pod_added(info)
         return CniServer(self.config.cni_socket, pods)
@@ -241,7 +246,7 @@ class Agent:
 
         kc = self.config.kubernetes
         self._k8s_api = await asyncio.to_thread(api_client_from_config, kc.kubeconfig or None)
-        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node)
+        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node, subnet=self.subnet)
         self.k8s.start()
         try:
             await asyncio.wait_for(self.k8s.synced.wait(), kc.sync_timeout)
@@ -295,13 +300,4 @@ class Agent:
                 await self.stop()
         finally:
             root.removeHandler(self.problems)
-
-
-def _make_state_dir(state_dir: Path) -> None:
-    try:
-        state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise AgentError(f"state_dir {state_dir}: exists and is not a directory") from exc
-    except OSError as exc:
-        raise AgentError(f"state_dir {state_dir}: cannot create ({exc.strerror}: {exc.filename})") from exc
 

@@ -39,6 +39,7 @@ from packetin.tasks import wait_event
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError, ApplyFailed, PolicyRejected  # the engine's own two are raised here
 from policy_agent.ovs import tables
+from policy_agent.cluster.pod_directory import pod_directory, with_remote
 from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
@@ -327,7 +328,7 @@ class PolicyEngine:
         return items <= LOOP_COMPILE_ITEMS
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
-        """(namespace, name) of the running Pod with this address (auditlog's PodDirectory)."""
+        """(namespace, name) of the Pod with this address, on any node; None: unknown (auditlog's PodDirectory)."""
         return self._by_ip.get(ip)
 
     # --- the transaction ---------------------------------------------------------------
@@ -342,10 +343,12 @@ class PolicyEngine:
         cur, last = self._objects, self._compiled.state if self._compiled is not None else None
         if last is not None and objs.namespaces is cur.namespaces and objs.policies is cur.policies \
                 and objs.pods is cur.pods and objs.tiers is cur.tiers:
-            return replace(last, endpoints=tuple(objs.endpoints.values()), meters=self._meters())
+            return replace(last, endpoints=with_remote(objs.endpoints.values(), objs.pods.values()),
+                           meters=self._meters())
         tiers = dict(STANDARD_TIERS)
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
-        return ClusterState(namespaces=dict(objs.namespaces), endpoints=tuple(objs.endpoints.values()),
+        return ClusterState(namespaces=dict(objs.namespaces),
+                            endpoints=with_remote(objs.endpoints.values(), objs.pods.values()),
                             policies=tuple(objs.policies.values()), tiers=tiers, meters=self._meters(),
                             round_=self.round_, pods=tuple(objs.pods.values()),
                             rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
@@ -469,7 +472,7 @@ class PolicyEngine:
 
     def _swap(self, nxt: _Objects, plan: _Plan) -> None:
         self._objects = nxt
-        self._by_ip = {ep.ip: key for key, ep in nxt.endpoints.items()}
+        self._by_ip = pod_directory(nxt.endpoints.values(), nxt.pods.values())  # one swap: never a stale name
         for key in plan.gone:  # in place: nothing else holds the dict (a plan only looks it up)
             del self._policy_flows[key]
         self._policy_flows.update(plan.put)

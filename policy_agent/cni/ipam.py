@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from policy_agent.cni.state import PodInterfaceInfo
-from policy_agent.cni.wire import CURRENT_VERSION, ERR_INTERNAL, ERR_INVALID_CONFIG, CniError
+from policy_agent.cni.subnet import NodeSubnet
+from policy_agent.cni.wire import CURRENT_VERSION, ERR_INTERNAL, ERR_INVALID_CONFIG, ERR_TRY_AGAIN_LATER, CniError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _IPAM_TIMEOUT = 30.0
@@ -31,20 +32,28 @@ class IpamLease:
 
 
 class Ipam:
-    """Runs the IPAM plugin named by a netconf's ipam.type from `bin_dir`; its dataDir defaults to `data_dir`."""
+    """Runs the IPAM plugin named by a netconf's ipam.type from `bin_dir`; its dataDir defaults to `data_dir`,
+    its range (when the netconf names none) to the node's Pod subnet."""
 
-    def __init__(self, bin_dir: Path, data_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, data_dir: Path, subnet: NodeSubnet | None = None) -> None:
         self.bin_dir = Path(bin_dir)
         self.data_dir = Path(data_dir)
+        self.subnet = subnet
 
     def netconf(self, netconf: Mapping[str, Any]) -> dict[str, Any]:
-        """The netconf for the IPAM plugin: ours verbatim, dataDir under data_dir unless given."""
+        """The netconf for the IPAM plugin: ours verbatim, dataDir under data_dir unless given, and the
+        node's Pod subnet as host-local's range when it names no ranges."""
         ipam = netconf.get("ipam")
         kind = ipam.get("type") if isinstance(ipam, dict) else None
         # The type names a binary we execute: a plain file name inside bin_dir only.
         if not isinstance(kind, str) or not _SAFE_NAME.match(kind):
             raise CniError(ERR_INVALID_CONFIG, "network configuration needs ipam.type naming an IPAM plugin")
         conf = copy.deepcopy(dict(netconf))
+        if self.subnet is not None:
+            try:
+                conf["ipam"] = self.subnet.ipam(conf["ipam"])
+            except LookupError as exc:
+                raise CniError(ERR_TRY_AGAIN_LATER, f"no address range for the Pod: {exc}") from exc
         conf["ipam"].setdefault("dataDir", str(self.data_dir))
         return conf
 

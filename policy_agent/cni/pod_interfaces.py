@@ -12,6 +12,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from policy_agent.cni.subnet import NodeSubnet
 from policy_agent.cni.ipam import Ipam, IpamLease, build_result, parse_ipam_result, versioned
 from policy_agent.cni.netdev import Netdevs, host_ifname, mac_for_ip
 from policy_agent.cni.ofports import OfportPool
@@ -99,11 +100,11 @@ class PodInterfaces:
     """The CniHandler: ADD, DEL and CHECK of Pod interfaces on `bridge`, state under `state_dir`."""
 
     def __init__(self, ovsdb: Ovsdb, bridge: str, ovs_netns: str, state_dir: Path, hooks: PodHooks,
-                 ipam_bin_dir: Path = Path("/usr/lib/cni")) -> None:
+                 ipam_bin_dir: Path = Path("/usr/lib/cni"), subnet: NodeSubnet | None = None) -> None:
         state_dir = Path(state_dir)
         self._netdevs = Netdevs(ovsdb, bridge, ovs_netns)
         # host-local's dataDir unless the network configuration names one.
-        self._ipam = Ipam(ipam_bin_dir, state_dir / "ipam")
+        self._ipam = Ipam(ipam_bin_dir, state_dir / "ipam", subnet)
         self._states = ContainerStates(state_dir / "containers")
         # Numbers held: every recorded Pod's (READY or ATTACHED) and whatever OVSDB shows.
         self._ofports = OfportPool(lambda: self._recorded_ofports() | self._netdevs.ofports_in_use())
@@ -224,6 +225,8 @@ class PodInterfaces:
                 try:
                     (host_mac, pod_index), lease = await _all(made, phases.timed("ipam", _blocking(address)))
                     phases.mark("ipam|veth")
+                    if self._ipam.subnet is not None:
+                        self._ipam.subnet.check_address(f"{namespace}/{name}", str(lease.address.ip))
                     info = PodInterfaceInfo(
                         namespace=namespace, name=name, container_id=req.container_id, netns=req.netns,
                         ifname=req.ifname, ip=str(lease.address.ip), prefix_len=lease.address.network.prefixlen,

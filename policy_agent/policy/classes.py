@@ -98,10 +98,13 @@ def assign_ids(keys: Iterable[ClassKey], cache: dict[ClassKey, int]) -> dict[Cla
 
 
 def pod_class_flows(ep: Endpoint, class_id: int, cookie: int) -> tuple[messages.FlowSpec, ...]:
-    """The two flows that load a Pod's class for its new connections (none for class 0)."""
+    """The two flows that load a Pod's class for its new connections (none for class 0). A Pod of
+    another node (no port here) is known by its source address, below every local port's flow:
+    the classifier lets a local Pod send only from its own address, so no Pod here can claim it."""
     if not class_id:
         return ()
-    return (messages.FlowSpec.make(tables.T_SRC_CLASS, _CLASS_PRIORITY, {"in_port": ep.ofport},
+    src = {"in_port": ep.ofport} if ep.ofport else {"eth_type": ETH_TYPE_IPV4, "ipv4_src": ep.ip}
+    return (messages.FlowSpec.make(tables.T_SRC_CLASS, _CLASS_PRIORITY - (0 if ep.ofport else 10), src,
                                    [messages.SetField(REG_SRC_CLASS_FIELD, class_id)], goto=tables.T_DST_CLASS,
                                    cookie=cookie),
             messages.FlowSpec.make(tables.T_DST_CLASS, _CLASS_PRIORITY, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": ep.ip},

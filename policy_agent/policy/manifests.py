@@ -6,6 +6,7 @@ other; the checks of one field's value live in validation.py.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -265,7 +266,33 @@ def _pod(doc: dict[Any, Any], errs: Errs) -> Pod:
             proto = protocol(port.get("protocol"), f"{ppath}.protocol", errs)
             if port_number is not None:
                 ports.append(ContainerPort(name=pname, port=port_number, protocol=proto))
-    return Pod(namespace=namespace, name=name, labels=labels, ports=tuple(ports))
+    node = string((spec or {}).get("nodeName"), "spec.nodeName", errs) or ""
+    return Pod(namespace=namespace, name=name, labels=labels, ports=tuple(ports), ips=pod_ips(doc, errs),
+               node=node)
+
+
+def pod_ips(doc: dict[Any, Any], errs: Errs) -> tuple[str, ...]:
+    """The IPv4 addresses of status.podIPs (else status.podIP), as the API server reports them."""
+    status = doc.get("status")
+    if status is None:
+        return ()
+    if not isinstance(status, dict):
+        errs.append(("status", f"must be a mapping, got {type_name(status)}"))
+        return ()
+    given: list[tuple[str, Any]] = [(f"status.podIPs[{i}].ip", e.get("ip") if isinstance(e, dict) else e)
+                                    for i, e in items_of(status.get("podIPs"), "status.podIPs", errs)]
+    if not given and status.get("podIP") not in (None, ""):
+        given = [("status.podIP", status.get("podIP"))]
+    ips: list[str] = []
+    for path, value in given:
+        try:
+            ip = ipaddress.ip_address(value if isinstance(value, str) else "")
+        except ValueError:
+            errs.append((path, f"must be an IP address, got {show(value)}"))
+            continue
+        if ip.version == 4 and str(ip) not in ips:
+            ips.append(str(ip))
+    return tuple(ips)
 
 
 def _tier(doc: dict[Any, Any], errs: Errs) -> Tier:

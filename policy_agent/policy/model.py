@@ -197,6 +197,9 @@ class Pod:
     name: str
     labels: tuple[tuple[str, str], ...] = ()
     ports: tuple[ContainerPort, ...] = ()  # for named ports
+    # From the object (status.podIP(s), spec.nodeName): where the Pod runs, on any node (pod_directory.py).
+    ips: tuple[str, ...] = ()
+    node: str = ""
 
     @property
     def key(self) -> tuple[str, str]:

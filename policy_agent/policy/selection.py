@@ -18,6 +18,12 @@ class Endpoint:
     ofport: int
 
 
+@dataclass(frozen=True)
+class RemotePod(Pod):
+    """A Pod that does not run on this node (pod_directory.with_remote): its Endpoint has no port
+    (ofport 0). Rules match it as a peer by its address; no rule applies to it here (its node does)."""
+
+
 class Selection(Protocol):
     """Which running Pods a policy's selectors pick (each list sorted by Pod key)."""
 
@@ -52,7 +58,9 @@ def scope(policy: Policy) -> str | None:
 
 
 def in_applied(ns_labels: NsLabels, where: str | None, applied: tuple[AppliedTo, ...], pod: Pod) -> bool:
-    """Is `pod` selected by any of `applied` (of a policy whose scope is `where`)?"""
+    """Is `pod` selected by any of `applied` (of a policy whose scope is `where`)? Never a RemotePod."""
+    if isinstance(pod, RemotePod):
+        return False
     if where is not None and pod.namespace != where:
         return False
     for at in applied:

@@ -28,6 +28,7 @@ from policy_agent.policy import kinds
 from policy_agent.policy.kinds import ApiResource
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
+from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink
 from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
@@ -118,7 +119,8 @@ class KubernetesSource:
     def __init__(self, api_client: client.ApiClient, engine: PolicySink, *, node_name: str,
                  resync_backoff_max: float = 30.0, list_page_size: int = 500,
                  clock: Clock = time.monotonic, wait: Wait = threading.Event.wait,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None) -> None:
+        """`subnet`: when given, this node's Node object is watched too and its podCIDR kept there."""
         if not node_name:
             raise ValueError("node_name is required: only this node's Pods are watched")
         self._engine = engine
@@ -147,6 +149,12 @@ class KubernetesSource:
             self._feeds[api.name] = _Feed(res, queue, watcher)
         self.stats: dict[str, dict[str, int]] = {
             name: {"applied": 0, "deleted": 0, "invalid": 0, "relists": 0, "errors": 0} for name in self._feeds}
+        self.node: NodeFeed | None = None
+        if subnet is not None:
+            self.stats["nodes"] = {"errors": 0}
+            self.node = NodeFeed(core.list_node, node_name, subnet, functools.partial(self._count, "nodes", "errors"),
+                                 backoff_max=resync_backoff_max, page_size=list_page_size, clock=clock, wait=wait,
+                                 rand=rand)
         self.synced = asyncio.Event()
         self.skipped: set[str] = set()  # resources the server does not serve right now
         self._tasks: list[asyncio.Task[None]] = []
@@ -159,10 +167,13 @@ class KubernetesSource:
         for name, feed in self._feeds.items():
             self._tasks.append(loop.create_task(self._consume(feed), name=f"k8s-{name}"))
             feed.watcher.start(loop)
+        if self.node is not None:
+            self._tasks.append(loop.create_task(self._node_listed(self.node), name="k8s-nodes"))
+            self.node.watcher.start(loop)
 
     async def close(self, timeout: float = 0.8) -> None:
         """Stop the watches (their sockets are shut down, so no read blocks) and the consumers."""
-        watchers = [f.watcher for f in self._feeds.values()]
+        watchers = [f.watcher for f in self._feeds.values()] + ([self.node.watcher] if self.node is not None else [])
         for w in watchers:
             w.stop()
         for task in self._tasks:
@@ -181,6 +192,21 @@ class KubernetesSource:
         except asyncio.TimeoutError:
             # A thread inside a list call ends at its read timeout; it is a daemon.
             log.debug("kubernetes source closed with watch threads still finishing")
+
+    async def _node_listed(self, node: NodeFeed) -> None:
+        consumer = asyncio.ensure_future(node.consume())
+        try:
+            await node.listed.wait()
+            self._maybe_synced()
+            await consumer
+        finally:
+            consumer.cancel()
+
+    def _maybe_synced(self) -> None:
+        if all(f.listed.is_set() for f in self._feeds.values()) and not self.synced.is_set() \
+                and (self.node is None or self.node.listed.is_set()):
+            log.info("kubernetes: initial list of every resource applied")
+            self.synced.set()
 
     def _count(self, resource: str, what: str, n: int = 1) -> None:
         self.stats[resource][what] += n
@@ -269,9 +295,7 @@ class KubernetesSource:
         finally:
             # Listed even when the engine failed: what waits on it must not wait forever.
             feed.listed.set()
-            if all(f.listed.is_set() for f in self._feeds.values()) and not self.synced.is_set():
-                log.info("kubernetes: initial list of every resource applied")
-                self.synced.set()
+            self._maybe_synced()
         return res.arg == "tiers" and bool(changed)
 
     async def _retry_rejected(self) -> None:

@@ -199,8 +199,11 @@ class Cluster:
         return json.dumps({
             "cniVersion": "1.0.0", "name": "npaudit", "type": "npaudit",
             "agentSocket": str(self.state / "cni.sock"),
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
-                     "dataDir": str(self.dir / "ipam"), **({"routes": [{"dst": "0.0.0.0/0"}]} if self.gateway else {})}
+            # With the gateway the range is the agent's node_network.pod_cidr, handed to host-local as the shipped
+            # conflist expects; without it the netconf names its own.
+            "ipam": {"type": "host-local", "dataDir": str(self.dir / "ipam"),
+                     **({"routes": [{"dst": "0.0.0.0/0"}]} if self.gateway else
+                        {"ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]]})}
         }).encode()
 
     def cni(self, command: str, pod: PodHandle) -> subprocess.CompletedProcess[bytes]:

@@ -23,6 +23,7 @@ NETPOL = "/apis/networking.k8s.io/v1/networkpolicies"
 TIERS = "/apis/crd.antrea.io/v1beta1/tiers"
 ACNP = "/apis/crd.antrea.io/v1beta1/clusternetworkpolicies"
 ANP = "/apis/crd.antrea.io/v1beta1/networkpolicies"
+NODES = "/api/v1/nodes"  # none recorded: a test sets the Nodes it needs (set_items)
 RECORDED = {NAMESPACES: "namespaces.json", PODS: "pods.json", NETPOL: "networkpolicies.json",
             TIERS: "tiers.json", ACNP: "clusternetworkpolicies.json", ANP: "antreanetworkpolicies.json"}
 
@@ -33,10 +34,11 @@ class FakeApiServer:
 
     def __init__(self) -> None:
         self.lists = {path: json.loads((DATA / name).read_text()) for path, name in RECORDED.items()}
+        self.lists[NODES] = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": []}
         self.missing: set[str] = set()            # paths answered 404 (CRD not installed)
         self.fail_lists: dict[str, int] = {}      # path -> how many list calls answer 503
         self.requests: list[tuple[str, dict[str, str]]] = []
-        self._streams = {path: queue.Queue[Any]() for path in RECORDED}
+        self._streams = {path: queue.Queue[Any]() for path in self.lists}
         self._closing = threading.Event()
         self._lock = threading.Lock()
         server = self
@@ -106,7 +108,7 @@ class FakeApiServer:
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         query = {k: v.lower() if k == "watch" else v for k, v in query.items()}
         self.requests.append((url.path, query))
-        if url.path not in RECORDED or url.path in self.missing:
+        if url.path not in self.lists or url.path in self.missing:
             return self._reply(h, 404, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                                         "message": "the server could not find the requested resource",
                                         "reason": "NotFound", "details": {}, "code": 404})
@@ -166,10 +168,12 @@ class FakeApiServer:
 
 
 def _selected(obj: dict[str, Any], selector: str | None) -> bool:
-    """The one field selector the source uses: spec.nodeName=<node>."""
+    """The field selectors the source uses: spec.nodeName=<node> (Pods), metadata.name=<node> (its Node)."""
     if not selector:
         return True
     field, _, value = selector.partition("=")
+    if field == "metadata.name":
+        return (obj.get("metadata") or {}).get("name") == value
     if field != "spec.nodeName":
         raise AssertionError(f"unexpected field selector {selector!r}")
     return (obj.get("spec") or {}).get("nodeName") == value

@@ -30,6 +30,7 @@ from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.limits.meter_sync import RuleMeters, RuleMetersCollector
 from policy_agent.traceflow.collector import TraceCollector
+from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.traceflow.service import TraceStats
 
 
@@ -79,6 +80,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
+    registry.register(SubnetCollector(NodeSubnet("10.244.0.0/24")))
     # Registered by the listener itself when metrics.listen is set (policy_agent/http/endpoints.py).
     registry.register(HttpListenerCollector(_Listener()))  # type: ignore[arg-type]
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))

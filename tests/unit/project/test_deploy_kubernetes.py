@@ -23,6 +23,7 @@ from kubernetes import client
 from policy_agent.config import loader as config
 from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
+from policy_agent.cni.subnet import NodeSubnet
 from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesSource
 from tests.support.fake_apiserver import FakeApiServer
@@ -192,7 +193,8 @@ def test_the_conflist_passes_the_cni_plugins_netconf_checks(command: str) -> Non
     assert wire.netconf_version(netconf, command) == wire.CURRENT_VERSION
     # The socket the plugin dials is the one the agent of the ConfigMap serves.
     assert plugin.agent_socket(netconf) == str(_agent_config().cni_socket)
-    assert Ipam(Path("/usr/lib/cni"), Path("/tmp/ipam")).netconf(netconf)["ipam"]["type"] == "host-local"
+    ipam = Ipam(Path("/usr/lib/cni"), Path("/tmp/ipam"), NodeSubnet("10.244.3.0/24")).netconf(netconf)["ipam"]
+    assert ipam["type"] == "host-local" and ipam["ranges"] == [[{"subnet": "10.244.3.0/24", "gateway": "10.244.3.1"}]]
 
 
 # --- RBAC: exactly what the Kubernetes source asks the API server for -----------------------
@@ -248,12 +250,12 @@ def _requested(srv: _RecordingApiServer) -> dict[tuple[str, str], set[str]]:
     api = client.ApiClient(cfg)
 
     async def run() -> None:
-        source = KubernetesSource(api, _NullEngine(), node_name="node-a")
+        source = KubernetesSource(api, _NullEngine(), node_name="node-a", subnet=NodeSubnet())
         source.start()
         try:
             await asyncio.wait_for(source.synced.wait(), 5)
             deadline = time.monotonic() + 5
-            while sum("watch" in v for v in srv.verbs.values()) < len(kinds.RESOURCES):
+            while sum("watch" in v for v in srv.verbs.values()) < len(kinds.RESOURCES) + 1:  # + its Node
                 if time.monotonic() > deadline:
                     raise AssertionError(f"not every resource was watched: {dict(srv.verbs)}")
                 await asyncio.sleep(0.01)
@@ -277,5 +279,5 @@ def test_the_cluster_role_grants_exactly_what_the_kubernetes_source_requests(
                 granted[(group, kind)] |= set(rule["verbs"])
     requested = _requested(api_server)
     assert dict(granted) == requested
-    # And the source requests what the kinds module names, so a new kind lands here.
-    assert set(requested) == {(r.group, r.plural) for r in kinds.RESOURCES}
+    # And the source requests what the kinds module names, so a new kind lands here; and its Node.
+    assert set(requested) == {(r.group, r.plural) for r in kinds.RESOURCES} | {("", "nodes")}

@@ -31,7 +31,7 @@ LAYERS = ("meters", "packetin", "auditlog", "policy_agent")
 
 # --- policy_agent's subpackages (dotted prefixes: "policy_agent.cli" is cli.py or cli/ and all in it) ---
 FEATURE_PACKAGES = ("policy_agent.cni", "policy_agent.sources", "policy_agent.traceflow", "policy_agent.bundle",
-                    "policy_agent.limits", "policy_agent.cli")
+                    "policy_agent.limits", "policy_agent.cli", "policy_agent.cluster", "policy_agent.http")
 TOP_LEVEL_FEATURES = ("policy_agent.agent", "policy_agent.engine", "policy_agent.policy_packetins",
                       "policy_agent.demo", "policy_agent.status", "policy_agent.http", "policy_agent.cli")
 # importer prefix -> what it must not import. policy_agent.config (the typed configuration),

@@ -97,7 +97,7 @@ def test_pod_with_container_ports_and_default_namespace() -> None:
     """)
     assert s.pods == (Pod(namespace="default", name="web-1", labels=(("app", "web"), ("pod", "a")),
                           ports=(ContainerPort("http", 8080, "TCP"), ContainerPort("", 9090, "UDP"),
-                                 ContainerPort("dns", 53, "SCTP"))),)
+                                 ContainerPort("dns", 53, "SCTP")), node="n1"),)
 
 
 def test_tier() -> None:
