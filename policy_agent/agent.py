@@ -141,8 +141,8 @@ class Agent:
         self.settlement: Settlement | None = None  # of an apply a crash interrupted, at start (apply_intent.py)
 
     async def start(self, ready_timeout: float = 30.0) -> None:
-        """Bring up OVS (when embedded), the bridge, the channel and the subscribers, then policy.
-        A start that fails stops what it started, the OVS daemons and namespace it brought up included."""
+        """OVS (when embedded), the bridge, the channel, the subscribers, then policy; a failed start stops what
+        it started, the OVS daemons and namespace it brought up included."""
         try:
             await self._start(ready_timeout)
         except BaseException:
@@ -153,8 +153,7 @@ class Agent:
         try:
             await self.stop()
         except Exception as exc:  # a part that never started may not stop cleanly: OVS is undone regardless
-            log.warning("stopping after a failed start: %s", one_line(exc))
-            log.debug("stopping after a failed start", exc_info=True)
+            log.warning("stopping after a failed start: %s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
         await self.switch.undo_start()
 
     async def _start(self, ready_timeout: float) -> None:
@@ -267,10 +266,9 @@ class Agent:
     async def stop(self) -> None:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
         await self.switch.supervisor.close()  # first: no OVS restart while the agent goes
-        if self.manifests is not None:
-            await self.manifests.close()
-        if self.k8s is not None:
-            await self.k8s.close()
+        for source in (self.manifests, self.k8s):
+            if source is not None:
+                await source.close()
         if self._k8s_api is not None:
             await asyncio.to_thread(self._k8s_api.close)
         for server in (self.api, self.cni):
@@ -284,8 +282,7 @@ class Agent:
         if self.trail is not None:
             await self.trail.close()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.close()
             self._metrics_server = None
         await self.switch.close()
 

@@ -197,6 +197,11 @@ class HttpListener:
             self._thread.join(5)
         self._jobs.put(None)
 
+    def close(self) -> None:
+        """Stop serving, then close the socket and every connection (shutdown, then server_close)."""
+        self.shutdown()
+        self.server_close()
+
     def server_close(self) -> None:
         for conn in list(self._conns.values()):
             self._drop(conn)
