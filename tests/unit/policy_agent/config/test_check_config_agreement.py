@@ -21,7 +21,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from policy_agent.agent import Agent, _make_state_dir
+from policy_agent.agent import Agent
+from policy_agent.state_dir import make_state_dir as _make_state_dir
 from policy_agent.cli.check_config import cmd_check_config
 from policy_agent.config import loader
 from policy_agent.config.loader import AgentConfig
