@@ -2,7 +2,7 @@
 
 os-ken builds an object tree per flow_mod and walks it to serialise; this packs
 the same bytes with struct from a FlowSpec (bench/flow_encoder.py has the ratio).
-tests/unit/test_flow_encoder.py checks both agree on every flow the compiler and
+tests/unit/packetin/test_flow_encoder.py checks both agree on every flow the compiler and
 the fixed tables emit and on generated specs. Pure: spec in, bytes out. A field,
 value or action outside the covered shapes raises Unsupported, and the caller
 (messages.FlowMod) lets os-ken encode that flow instead.

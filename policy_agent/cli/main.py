@@ -7,7 +7,7 @@ import sys
 
 # `npaudit cni` is exec'd for every Pod start and goes through this module: the top
 # imports only what that path needs; the verbs are imported by build_parser
-# (tests/unit/test_rpc.py holds the cni path to its list).
+# (tests/unit/policy_agent/test_rpc.py holds the cni path to its list).
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import argparse

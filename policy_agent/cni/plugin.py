@@ -12,7 +12,7 @@ from policy_agent.cni.wire import (
 )
 
 # Exec'd once per Pod start: load only what VERSION needs; ADD/DEL/CHECK import _socket
-# (tests/unit/test_rpc.py holds both paths to their module lists).
+# (tests/unit/policy_agent/test_rpc.py holds both paths to their module lists).
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any, Mapping, TextIO
