@@ -23,6 +23,7 @@ import yaml
 # `from policy_agent.config.loader import X`.
 from policy_agent.config.audit import AuditConfig
 from policy_agent.config.checks import absolute_path, checked, one_of, record_name
+from policy_agent.config.cluster import ClusterConfig
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.overload import FairShareConfig, OverloadConfig
 from policy_agent.config.ovs import OpenFlowConfig, OvsConfig
@@ -72,6 +73,7 @@ class AgentConfig:
     metrics: MetricsConfig = MetricsConfig()
     bundle: BundleConfig = BundleConfig()
     node_network: NodeNetworkConfig = NodeNetworkConfig()  # Pod subnet, gateway port (policy_agent/config/node.py)
+    cluster: ClusterConfig = ClusterConfig()  # the other nodes and the way to them (policy_agent/config/cluster.py)
 
     @property
     def api_socket(self) -> Path:
@@ -171,7 +173,8 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
         errors += [problem] if problem else []
         config = dataclasses.replace(config, node_name=env_node)
     if not errors:
-        errors += config.audit.overload.problems() + config.node_network.problems() + _syslog_errors(config)
+        errors += config.audit.overload.problems() + config.node_network.problems() \
+            + config.cluster.problems(config.node_network.pod_cidr) + _syslog_errors(config)
     if errors:
         raise ConfigError(errors)
     return config
