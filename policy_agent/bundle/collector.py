@@ -174,6 +174,9 @@ def plan(cfg: AgentConfig, options: BundleOptions, *, version: str, node: str) -
         Item("ovs/coverage.txt", Command(("ovs-appctl", "-t", str(vswitchd_ctl_path(rundir)),
                                           "--timeout=5", "coverage/show"))),
         Item("state/applied.yaml", FileCopy(state / "applied.yaml")),
+        # Present only when an apply was interrupted (sources/apply_intent.py): what it was about to
+        # make the store, and what the next start settles; absent says no apply is pending.
+        Item("state/applied.intent.yaml", FileCopy(state / "applied.intent")),
         Item("state/cni", DirectoryCopy(state / "cni" / "containers", "*.json")),
         # The agent logs to stderr: under the shipped unit that is its journal; in a Pod, `kubectl logs`.
         Item("agent/agent.log", Command(("journalctl", "--unit", AGENT_UNIT, "--lines", "5000", "--no-pager",
@@ -213,7 +216,7 @@ def learn_names(redactor: Any, cfg: AgentConfig, node: str, files: Iterable[tupl
                 if "namespace" in found and "name" in found:
                     redactor.learn("namespace", found["namespace"])
                     redactor.learn("pod", found["name"])
-        elif name == "state/applied.yaml":
+        elif name in ("state/applied.yaml", "state/applied.intent.yaml"):
             try:
                 docs = list(yaml.safe_load_all(data))
             except yaml.YAMLError:

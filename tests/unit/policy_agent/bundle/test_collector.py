@@ -294,3 +294,23 @@ def test_with_redact_no_pod_address_or_name_survives_in_any_encoding_and_every_j
             pod_names += [d["metadata"]["name"] for d in yaml.safe_load_all(data) if d and d.get("kind") == "Pod"]
     assert len(pod_names) == 2 and all(name.startswith("pod-") for name in pod_names)  # "true" too
     assert json.loads(members["manifest.json"])["redaction"]["enabled"] is True
+
+
+def test_an_interrupted_applys_intent_is_collected_and_its_names_are_redacted(node: Path) -> None:
+    import yaml
+
+    intent = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pending-ledger", "namespace": "vault-ns"},
+              "status": {"podIP": "10.77.4.4"}}
+    (node / "state" / "applied.intent").write_text("# generation 8\n" + yaml.safe_dump(intent))
+    members = _members(_bundle(node))
+    assert b"pending-ledger" in members["state/applied.intent.yaml"]  # what the next start settles
+    redacted = _members(_bundle(node, redact=True))
+    raw = b"".join(redacted.values())
+    assert b"pending-ledger" not in raw and b"vault-ns" not in raw and b"10.77.4.4" not in raw
+    assert [d["kind"] for d in yaml.safe_load_all(redacted["state/applied.intent.yaml"])] == ["Pod"]
+
+
+def test_without_an_interrupted_apply_the_manifest_says_there_is_no_intent(node: Path) -> None:
+    manifest = json.loads(_members(_bundle(node))["manifest.json"])
+    assert "state/applied.intent.yaml" not in {e["name"] for e in manifest["files"]}
+    assert "state/applied.intent.yaml" in json.dumps(manifest)  # named as unavailable, with why
