@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from policy_agent.errors import AgentError
+
 HELP = "a cluster of N nodes on this machine (namespaces, embedded OVS, agents): up, down, status, apply, pod add"
 
 
@@ -52,17 +54,17 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _fail(exc: Exception) -> int:
+def _fail(exc: BaseException) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 1
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from policy_agent.cluster.local_run import ClusterError, up
+    from policy_agent.cluster.local_run import up
 
     try:
         plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say)
-    except ClusterError as exc:
+    except (AgentError, OSError) as exc:
         return _fail(exc)
     print(f"cluster up: {len(plan.nodes)} nodes ready in {plan.dir}; `npaudit cluster down --dir {plan.dir}` "
           "stops it")
@@ -70,11 +72,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from policy_agent.cluster.local_run import ClusterError, down
+    from policy_agent.cluster.local_run import down
 
     try:
         down(args.dir, _say)
-    except ClusterError as exc:
+    except (AgentError, OSError) as exc:
         return _fail(exc)
     print("cluster down")
     return 0
@@ -82,11 +84,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Exit 0 when every node is ready, 1 otherwise (or with no cluster in DIR)."""
-    from policy_agent.cluster.local_run import ClusterError, status
+    from policy_agent.cluster.local_run import status
 
     try:
         plan, nodes = status(args.dir)
-    except ClusterError as exc:
+    except (AgentError, OSError) as exc:
         return _fail(exc)
     if args.output == "json":
         print(json.dumps({"dir": plan.dir, "encapsulation": plan.encapsulation, "underlay_netns": plan.underlay_netns,
@@ -105,22 +107,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from policy_agent.cli.apply import ManifestInputError, read_manifests
-    from policy_agent.cluster.local_run import ClusterError, apply_shared
+    from policy_agent.cli.apply import read_manifests
+    from policy_agent.cluster.local_run import apply_shared
 
     try:
         target = apply_shared(args.dir, args.filename, read_manifests(args.filename))
-    except (ClusterError, ManifestInputError) as exc:
+    except (AgentError, OSError) as exc:  # ManifestInputError is one
         return _fail(exc)
     print(f"written to {target}: every node's manifest directory picks it up")
     return 0
 
 
 def cmd_pod_add(args: argparse.Namespace) -> int:
-    from policy_agent.cluster.local_run import ClusterError, add_pod
+    from policy_agent.cluster.local_run import add_pod
 
     try:
         add_pod(args.dir, args.node, args.pod, args.label, _say)
-    except ClusterError as exc:
+    except (AgentError, OSError) as exc:
         return _fail(exc)
     return 0

@@ -313,9 +313,8 @@ def apply_shared(directory: Path, source: str, text: str) -> Path:
 def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: Say) -> PodPlan:
     """A Pod on one node: its object (labels, spec.nodeName) applied to that node's agent first, so the
     Pod's policy is in OVS before its port forwards; its network namespace wired by that node's
-    `npaudit cni`; then its object with status.podIP published in DIR/shared for every node."""
-    from policy_agent.sources.local_api import call
-
+    `npaudit cni`; then its object with status.podIP published in DIR/shared for every node. A failure
+    undoes what this call made."""
     plan = load_record(directory.resolve())
     try:
         pod = plan_pod(plan, node_name, ref, labels)
@@ -324,25 +323,56 @@ def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: S
     node = plan.node(pod.node)
     if agent_pid(node) is None:
         raise ClusterError(f"node {node.name}: no agent running (`npaudit cluster status --dir {plan.dir}`)")
-    plan = replace(plan, pods=(*plan.pods, pod))
-    save_record(plan)  # before its namespace exists
+    save_record(replace(plan, pods=(*plan.pods, pod)))  # before its namespace exists
+    try:
+        pod = replace(pod, ip=_wire_pod(node, pod))
+    except BaseException:
+        _undo_pod(directory, node, pod, say)
+        raise
+    plan = load_record(directory.resolve())
+    save_record(replace(plan, pods=tuple(pod if p.netns == pod.netns else p for p in plan.pods)))
+    write_atomically(plan.shared_dir / pod.manifest_name, yaml.safe_dump(pod_object(pod)).encode(), mode=0o644)
+    say(f"Pod {pod.ref} on {node.name}: {pod.ip}, network namespace {pod.netns}")
+    return pod
+
+
+def _wire_pod(node: NodePlan, pod: PodPlan) -> str:
+    """The Pod's object to its node's agent, then its namespace through that node's `npaudit cni`; its address."""
+    from policy_agent.sources.local_api import call
+
     _add_netns(pod.netns)
     reply = call(node.state_dir / "api.sock", {"op": "apply", "manifests": yaml.safe_dump(pod_object(pod)),
                                                 "source": f"cluster pod add {pod.ref}"})
     if not reply.get("ok"):
         raise ClusterError(f"node {node.name} refused Pod {pod.ref}: {'; '.join(map(str, reply.get('errors', [])))}")
-    env = dict(os.environ, CNI_COMMAND="ADD", CNI_CONTAINERID=pod.container_id,
-               CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
-               CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
-    res = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=node.netconf_path.read_bytes(),
-                         env=env, capture_output=True, timeout=120)
+    res = _cni(node, pod, "ADD")
     if res.returncode != 0:
         raise ClusterError(f"CNI ADD of {pod.ref} on {node.name} failed: {res.stdout.decode(errors='replace')}"
                            f"{res.stderr.decode(errors='replace')}")
-    ip = json.loads(res.stdout)["ips"][0]["address"].split("/")[0]
-    pod = replace(pod, ip=ip)
+    return str(json.loads(res.stdout)["ips"][0]["address"].split("/")[0])
+
+
+def _cni(node: NodePlan, pod: PodPlan, command: str) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=pod.container_id,
+               CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
+               CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=node.netconf_path.read_bytes(),
+                          env=env, capture_output=True, timeout=120)
+
+
+def _undo_pod(directory: Path, node: NodePlan, pod: PodPlan, say: Say) -> None:
+    """After a failed `pod add`: its port and address given back, its object off the node, its namespace
+    deleted, its entry out of the record (so the same Pod can be added again)."""
+    from policy_agent.sources.local_api import call
+
+    say(f"Pod {pod.ref}: undoing what was made")
+    if agent_pid(node) is not None:
+        _cni(node, pod, "DEL")
+        try:
+            call(node.state_dir / "api.sock", {"op": "delete", "manifests": yaml.safe_dump(pod_object(pod)),
+                                               "source": f"cluster pod add {pod.ref} (undone)"})
+        except (OSError, AgentError):
+            pass
+    _delete_netns(pod.netns, say)
     plan = load_record(directory.resolve())
-    save_record(replace(plan, pods=tuple(pod if p.netns == pod.netns else p for p in plan.pods)))
-    write_atomically(plan.shared_dir / pod.manifest_name, yaml.safe_dump(pod_object(pod)).encode(), mode=0o644)
-    say(f"Pod {pod.ref} on {node.name}: {ip}, network namespace {pod.netns}")
-    return pod
+    save_record(replace(plan, pods=tuple(p for p in plan.pods if p.netns != pod.netns)))
