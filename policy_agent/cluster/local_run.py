@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -293,17 +294,11 @@ def apply_shared(directory: Path, source: str, text: str) -> Path:
         others = [f for f in sorted(plan.shared_dir.iterdir()) if f.suffix in (".yaml", ".yml", ".json")
                   and f.name != target.name]
         if others:
-            staged = plan.shared_dir / f".check-{secrets.token_hex(4)}"
-            staged.mkdir()
-            try:
+            with tempfile.TemporaryDirectory(prefix=".check-", dir=plan.path) as staged:
                 for f in others:
-                    (staged / f.name).write_bytes(f.read_bytes())
-                (staged / target.name).write_text(text)
+                    (Path(staged) / f.name).write_bytes(f.read_bytes())
+                (Path(staged) / target.name).write_text(text)
                 load_path(staged)  # the whole set, as a node loads it
-            finally:
-                for f in staged.iterdir():
-                    f.unlink()
-                staged.rmdir()
     except ManifestError as exc:
         raise ClusterError("rejected, nothing written:\n" + "\n".join(exc.errors)) from exc
     write_atomically(target, text.encode(), mode=0o644)
