@@ -282,25 +282,31 @@ def status(directory: Path) -> tuple[ClusterPlan, list[NodeStatus]]:
 # --- the shared policy source and Pods ----------------------------------------------------------
 
 
-def apply_shared(directory: Path, source: str, text: str) -> Path:
-    """Write `text` (manifests, validated with what DIR/shared holds already, as every node will read the
-    set) into DIR/shared whole or not at all; every node's manifest directory picks it up."""
+def check_shared_set(plan: ClusterPlan, name: str, text: str, source: str) -> None:
+    """ClusterError unless DIR/shared with `text` as its file `name` loads as one set, as every node loads
+    it: a set that does not (a duplicate object, a Tier priority taken) would be refused by every node."""
     from policy_agent.policy.manifests import ManifestError, load_path, load_text
 
-    plan = load_record(directory.resolve())
-    target = plan.shared_dir / shared_name(source)
     try:
         load_text(text, source)
         others = [f for f in sorted(plan.shared_dir.iterdir()) if f.suffix in (".yaml", ".yml", ".json")
-                  and f.name != target.name]
+                  and f.name != name]
         if others:
             with tempfile.TemporaryDirectory(prefix=".check-", dir=plan.path) as staged:
                 for f in others:
                     (Path(staged) / f.name).write_bytes(f.read_bytes())
-                (Path(staged) / target.name).write_text(text)
-                load_path(staged)  # the whole set, as a node loads it
+                (Path(staged) / name).write_text(text)
+                load_path(staged)
     except ManifestError as exc:
         raise ClusterError("rejected, nothing written:\n" + "\n".join(exc.errors)) from exc
+
+
+def apply_shared(directory: Path, source: str, text: str) -> Path:
+    """Write `text` (manifests, validated with what DIR/shared holds already, as every node will read the
+    set) into DIR/shared whole or not at all; every node's manifest directory picks it up."""
+    plan = load_record(directory.resolve())
+    target = plan.shared_dir / shared_name(source)
+    check_shared_set(plan, target.name, text, source)
     write_atomically(target, text.encode(), mode=0o644)
     return target
 
@@ -316,6 +322,7 @@ def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: S
     except PlanError as exc:
         raise ClusterError(str(exc)) from exc
     node = plan.node(pod.node)
+    check_shared_set(plan, pod.manifest_name, yaml.safe_dump(pod_object(pod)), pod.ref)
     if agent_pid(node) is None:
         raise ClusterError(f"node {node.name}: no agent running (`npaudit cluster status --dir {plan.dir}`)")
     save_record(replace(plan, pods=(*plan.pods, pod)))  # before its namespace exists

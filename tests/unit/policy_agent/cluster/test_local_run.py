@@ -95,3 +95,12 @@ def test_cluster_apply_refuses_what_would_break_the_whole_shared_set(plan: Clust
     with pytest.raises(ClusterError, match="priority"):
         apply_shared(plan.path, "t2.yaml", tier % "two")  # valid alone; a duplicate priority with t1
     assert sorted(p.name for p in plan.shared_dir.iterdir()) == ["apply-t1.yaml"]
+
+
+def test_a_pod_the_shared_source_holds_already_is_refused_before_anything_is_made(plan: ClusterPlan) -> None:
+    from policy_agent.cluster.local_run import add_pod
+
+    apply_shared(plan.path, "pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: x}\n")
+    with pytest.raises(ClusterError, match="rejected"):
+        add_pod(plan.path, "n1", "x/a", [], lambda line: None)
+    assert load_record(plan.path).pods == ()  # nothing recorded, so nothing made
