@@ -103,17 +103,45 @@ def _connect(netns: str, ip: str, port: int) -> str:
     return res.stdout.strip() or res.stderr.strip()[-200:]
 
 
+# Connects to each IP:PORT of argv[2:] until every one answered once or argv[1] seconds passed; prints
+# those that never did.
+WARM = ("import socket, sys, time\n"
+        "left = set(sys.argv[2:]); deadline = time.monotonic() + float(sys.argv[1])\n"
+        "while left and time.monotonic() < deadline:\n"
+        "    for t in sorted(left):\n"
+        "        ip, port = t.rsplit(':', 1); s = socket.socket(); s.settimeout(1.0)\n"
+        "        try:\n            s.connect((ip, int(port))); left.discard(t)\n"
+        "        except OSError:\n            pass\n"
+        "        finally:\n            s.close()\n"
+        "    time.sleep(0.2)\n"
+        "print(' '.join(sorted(left)))\n")
+
+
+def _warm_up(pods: dict[str, PodPlan], seconds: float = 30.0) -> list[str]:
+    """Connect every Pod to every other (port 80), all sources at once; the `src -> ip:port` never reached."""
+    procs = {ref: subprocess.Popen(["ip", "netns", "exec", pod.netns, sys.executable, "-c", WARM, str(seconds),
+                                    *(f"{o.ip}:80" for r, o in pods.items() if r != ref)],
+                                   stdout=subprocess.PIPE, text=True)
+             for ref, pod in pods.items()}
+    out = []
+    for ref, proc in procs.items():
+        left, _ = proc.communicate(timeout=seconds + 60)
+        out += [f"{ref} -> {t}" for t in left.split()]
+    return out
+
+
 def _npaudit(say: Callable[[str], None], *args: str) -> int:
     say(f"$ npaudit {' '.join(args)}")
     return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", *args], timeout=120).returncode
 
 
-def _policies_everywhere(plan: ClusterPlan, count: int, timeout: float) -> bool:
+def _known_everywhere(plan: ClusterPlan, policies: int, pods: int, timeout: float) -> bool:
+    """Whether every node came to hold `policies` policies and `pods` Pods (the shared source's) in time."""
     from policy_agent.cluster.local_run import status
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all((n.policies or 0) >= count for n in status(plan.path)[1]):
+        if all((n.policies or 0) >= policies and (n.pods or 0) >= pods for n in status(plan.path)[1]):
             return True
         time.sleep(0.3)
     return False
@@ -128,12 +156,6 @@ def run_cluster_demo(nodes: int, output_dir: Path | None, keep: bool, say: Calla
     servers: list[subprocess.Popen[bytes]] = []
     try:
         where = placement(nodes)
-        text = shared_manifests()
-        apply_shared(plan.path, "demo-samples.yaml", text)
-        expected_policies = sum(1 for d in yaml.safe_load_all(text) if isinstance(d, dict)
-                                and d.get("kind") in ("ClusterNetworkPolicy", "NetworkPolicy"))
-        if not _policies_everywhere(plan, expected_policies, 60.0):
-            failed.append("the shared policies did not reach every node")
         pods: dict[str, PodPlan] = {}
         for ref, node_name in where.items():
             pods[ref] = add_pod(plan.path, node_name, ref, [f"pod={ref.split('/')[1]}"], say)
@@ -142,7 +164,18 @@ def run_cluster_demo(nodes: int, output_dir: Path | None, keep: bool, say: Calla
             servers.append(proc)
             if proc.stdout is not None:
                 proc.stdout.readline()
-        time.sleep(2 * 0.5 + 0.5)  # two polls of the shared directory: every node knows every Pod's address
+        # Before any policy: every Pod reaches every other (retried while a tunnel resolves its peer's
+        # underlay address), so what follows shows the policies, not the tunnels warming up.
+        unreachable = _warm_up(pods)
+        if unreachable:
+            say("not reached before any policy: " + ", ".join(unreachable))
+            failed.append(f"{len(unreachable)} Pods unreachable before any policy")
+        text = shared_manifests()
+        apply_shared(plan.path, "demo-samples.yaml", text)
+        expected_policies = sum(1 for d in yaml.safe_load_all(text) if isinstance(d, dict)
+                                and d.get("kind") in ("ClusterNetworkPolicy", "NetworkPolicy"))
+        if not _known_everywhere(plan, expected_policies, len(pods), 60.0):
+            failed.append("the shared policies and Pods did not reach every node")
         for p in PROBES:
             got = _connect(pods[p.source].netns, pods[p.destination].ip, p.port)
             hop = f"{where[p.source]} -> {where[p.destination]}"
