@@ -120,6 +120,13 @@ def test_three_nodes_up_status_apply_pods_and_down(local: LocalCluster, tmp_path
     assert drops[0]["npaudit"]["destination"]["pod"] == {"namespace": "x", "name": "a"}
     assert local.audit_records("n2") == [] and local.audit_records("n3") == []
 
+    # `npaudit trace --config` asks that node's agent: the drop is decided by the shared policy.
+    res = npaudit("trace", "--from", "y/b", "--to", "x/a", "--protocol", "udp", "--port", "53", "-o", "json",
+                  "--config", local.config("n1"))
+    assert res.returncode == 1 and "drop-udp-x-from-y" in res.stdout, res.stdout + res.stderr
+    res = npaudit("trace", "--from", "y/b", "--to", "x/a", "--port", "80", "-o", "json", "--config", local.config("n1"))
+    assert res.returncode == 0 and json.loads(res.stdout)["outcome"]["result"] == "delivered", res.stdout + res.stderr
+
     # Down: every pid it started gone, every namespace it made gone, files left; a second down is fine.
     pids = [n["pid"] for n in local.status()["nodes"]]
     ovs_pids = [int(p.read_text()) for node in NODES for p in (local.dir / node / "ovs").glob("*.pid")]
