@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     d = verb("down", "stop exactly what `up` started (agents, OVS, namespaces); DIR's files stay; idempotent")
     d.set_defaults(func=cmd_down)
     s = verb("status", "nodes, Pod subnets, underlay addresses, agent pid alive, ready")
+    s.epilog = "exit status: 0 every node ready; 1 a node is not (or DIR holds no cluster)"
     s.add_argument("-o", "--output", choices=("table", "json"), default="table")
     s.set_defaults(func=cmd_status)
     a = verb("apply", "write manifests into the shared source (DIR/shared), which every node watches")
