@@ -38,6 +38,8 @@ VERBS: dict[str, tuple[str | None, str]] = {
                        "the outcome"),
     "demo": ("demo", "private OVS, two Pods, logged flows, real traffic, live packet-ins"),
     "completion": ("completion", "print a shell completion script: source <(npaudit completion bash)"),
+    "cluster": ("cluster", "a cluster of N nodes on this machine (namespaces, embedded OVS, agents): up, down, "
+                           "status, apply, pod add"),
 }
 
 
@@ -86,6 +88,10 @@ def _verb_module(module: str) -> ModuleType:
         from policy_agent.cli import check_config
 
         return check_config
+    if module == "cluster":
+        from policy_agent.cli import cluster
+
+        return cluster
     if module == "completion":
         from policy_agent.cli import completion
 

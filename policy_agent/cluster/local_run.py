@@ -1,0 +1,380 @@
+"""A cluster on one machine, made and unmade: what `npaudit cluster up|down|status|apply|pod add` do.
+
+The plan (policy_agent/cluster/local.py) is recorded in DIR/cluster.json before anything is made;
+`down` reads that record and stops exactly what it names: agents by the pids in their pid files
+(checked to still be that agent), OVS daemons by their run directories' pid files, namespaces by
+their recorded names. Nothing is created outside those namespaces: every veth and bridge lives in
+the underlay namespace or a node's, and the host's interfaces and routes are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from auditlog.atomic_file import write_atomically
+from policy_agent.cluster.local import (
+    NODE_UNDERLAY_IF, RECORD, UNDERLAY_BRIDGE, ClusterPlan, NodePlan, PlanError, PodPlan, netconf, node_config_yaml,
+    plan_cluster, plan_pod, pod_object, shared_name, teardown)
+from policy_agent.errors import AgentError
+from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists, pid_alive
+
+Say = Callable[[str], None]
+
+
+class ClusterError(AgentError):
+    """`npaudit cluster` could not do what it was asked; the text is the line to print."""
+
+
+def _run(cmd: list[str], timeout: float = 60) -> None:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise ClusterError(f"{' '.join(cmd)}: {res.stderr.strip() or f'exit {res.returncode}'}")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 now (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def load_record(directory: Path) -> ClusterPlan:
+    path = directory / RECORD
+    try:
+        return ClusterPlan.from_json(path.read_text())
+    except FileNotFoundError as exc:
+        raise ClusterError(f"no cluster in {directory} ({RECORD} not found)") from exc
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"{path}: {exc}") from exc
+
+
+def save_record(plan: ClusterPlan) -> None:
+    write_atomically(plan.record_path, plan.to_json().encode(), mode=0o644)
+
+
+def _add_netns(name: str) -> None:
+    _run(["ip", "netns", "add", name])
+    _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+def agent_pid(node: NodePlan) -> int | None:
+    """The pid in the node's pid file while that process is still this node's agent (a pid reused by
+    another process is not ours: its command line would not name this node's config)."""
+    try:
+        pid = int(node.pid_path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not pid_alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if str(node.config_path).encode() in cmdline and b"agent" in cmdline else None
+
+
+def start_agent(node: NodePlan) -> int:
+    """`npaudit agent --config DIR/<node>/npaudit.yaml`, detached (a session of its own), output to its log."""
+    with open(node.log_path, "ab") as log, open(os.devnull, "rb") as null:
+        proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config",
+                                 str(node.config_path)], stdin=null, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    node.pid_path.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def readiness(node: NodePlan, timeout: float = 2.0) -> tuple[bool, str]:
+    """(ready, why not) from the agent's own /readyz (status.readiness: OpenFlow, policy flows, CNI)."""
+    try:
+        with urllib.request.urlopen(f"http://{node.metrics_listen}/readyz", timeout=timeout) as resp:
+            return resp.status == 200, ""
+    except urllib.error.HTTPError as exc:
+        return False, exc.read().decode(errors="replace").strip()[:200] or f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return False, f"/readyz: {getattr(exc, 'reason', exc)}"
+
+
+def _log_tail(node: NodePlan, lines: int = 15) -> str:
+    try:
+        return "\n".join(node.log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = {n.name: n for n in plan.nodes}
+    why: dict[str, str] = {}
+    while waiting:
+        for name, node in list(waiting.items()):
+            if agent_pid(node) is None:
+                raise ClusterError(f"node {name}: the agent exited; {node.log_path} ends:\n{_log_tail(node)}")
+            ok, why[name] = readiness(node)
+            if ok:
+                say(f"node {name} ready")
+                del waiting[name]
+        if waiting and time.monotonic() > deadline:
+            raise ClusterError("not ready within %gs: %s" % (
+                timeout, "; ".join(f"{n}: {why.get(n) or 'no answer'}" for n in waiting)))
+        time.sleep(0.2)
+
+
+# --- up / down ---------------------------------------------------------------------------------
+
+
+def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say) -> ClusterPlan:
+    """Make the cluster and return once every node's agent is ready; on any failure undo what was made
+    (files stay) and raise."""
+    directory = directory.resolve()
+    if (directory / RECORD).exists():
+        raise ClusterError(f"{directory} holds a cluster already ({RECORD}): `npaudit cluster down --dir "
+                           f"{directory}` and remove it, or choose another --dir")
+    try:
+        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes))
+    except PlanError as exc:
+        raise ClusterError(str(exc)) from exc
+    taken = [name for name in plan.namespaces() if netns_exists(name)]
+    if taken:
+        raise ClusterError(f"network namespace {taken[0]} exists already; try again (a new tag is drawn)")
+    directory.mkdir(parents=True, exist_ok=True)
+    save_record(plan)  # before anything is made: `down` undoes a failed `up` from it
+    try:
+        _make(plan, say)
+        wait_ready(plan, timeout, say)
+    except BaseException:
+        say("up failed: stopping what it started (files stay)")
+        down(directory, say)
+        raise
+    return plan
+
+
+def _make(plan: ClusterPlan, say: Say) -> None:
+    plan.shared_dir.mkdir(exist_ok=True)
+    ul = plan.underlay_netns
+    _add_netns(ul)
+    _run(["ip", "-n", ul, "link", "add", UNDERLAY_BRIDGE, "type", "bridge"])
+    _run(["ip", "-n", ul, "link", "set", UNDERLAY_BRIDGE, "up"])
+    for node in plan.nodes:
+        for d in (node.path, node.state_dir, node.audit_path.parent, node.ipam_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        write_atomically(node.config_path, node_config_yaml(plan, node).encode(), mode=0o644)
+        write_atomically(node.netconf_path, (json.dumps(netconf(plan, node), indent=2) + "\n").encode(), mode=0o644)
+        _add_netns(node.netns)  # pre-created: the agent's embedded OVS runs in it and leaves it to us
+        _run(["ip", "-n", ul, "link", "add", node.underlay_port, "type", "veth", "peer", "name", NODE_UNDERLAY_IF,
+              "netns", node.netns])
+        _run(["ip", "-n", ul, "link", "set", node.underlay_port, "master", UNDERLAY_BRIDGE, "up"])
+        _run(["ip", "-n", node.netns, "link", "set", NODE_UNDERLAY_IF, "up"])
+        pid = start_agent(node)
+        say(f"node {node.name}: agent pid {pid}, Pod subnet {node.pod_cidr}, underlay {node.address}, "
+            f"netns {node.netns}")
+
+
+def _stop_pid(pid: int, timeout: float = 20.0) -> None:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            time.sleep(0.05)
+
+
+def down(directory: Path, say: Say) -> None:
+    """Stop what the record names, in teardown order; what is already gone is skipped (idempotent)."""
+    plan = load_record(directory.resolve())
+    plan_down = teardown(plan)
+    for name in plan_down.pod_netns:
+        _delete_netns(name, say)
+    for node in plan.nodes:
+        pid = agent_pid(node)
+        if pid is not None:
+            say(f"node {node.name}: stopping agent {pid}")
+            try:
+                _stop_pid(pid)
+            except ProcessLookupError:
+                pass
+    for run_dir, netns in plan_down.ovs_run_dirs:
+        ovs = EmbeddedOvs(Path(run_dir), netns)
+        if ovs.pid("ovs-vswitchd") is not None or ovs.pid("ovsdb-server") is not None:
+            say(f"stopping OVS of {run_dir}")
+        ovs.stop_daemon("ovs-vswitchd")
+        ovs.stop_daemon("ovsdb-server")
+    for name in (*plan_down.node_netns, plan_down.underlay_netns):
+        _delete_netns(name, say)
+
+
+def _delete_netns(name: str, say: Say) -> None:
+    if netns_exists(name):
+        say(f"deleting network namespace {name}")
+        _run(["ip", "netns", "delete", name])
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    pod_cidr: str
+    address: str
+    netns: str
+    config: str
+    pid: int | None
+    ready: bool
+    waiting: str
+    policies: int | None
+    pods: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pod_cidr": self.pod_cidr, "address": self.address, "netns": self.netns,
+                "config": self.config, "pid": self.pid, "alive": self.pid is not None, "ready": self.ready,
+                "waiting": self.waiting, "policies": self.policies, "pods": self.pods}
+
+
+def status(directory: Path) -> tuple[ClusterPlan, list[NodeStatus]]:
+    from policy_agent.config.loader import ConfigError, load
+    from policy_agent.sources.local_api import STATUS_OP, call
+
+    plan = load_record(directory.resolve())
+    out = []
+    for node in plan.nodes:
+        pid = agent_pid(node)
+        ready, why = readiness(node) if pid is not None else (False, "agent not running")
+        policies = pods = None
+        if pid is not None:
+            try:
+                reply = call(load(node.config_path).api_socket, {"op": STATUS_OP}, timeout=10)
+                counts = (reply.get("status") or {}).get("policy") or {}
+                policies, pods = counts.get("policies"), counts.get("pods")
+            except (OSError, ConfigError, AgentError):
+                pass
+        out.append(NodeStatus(node.name, node.pod_cidr, node.address, node.netns, str(node.config_path), pid,
+                              ready, why, policies, pods))
+    return plan, out
+
+
+# --- the shared policy source and Pods ----------------------------------------------------------
+
+
+def check_shared_set(plan: ClusterPlan, name: str, text: str, source: str) -> None:
+    """ClusterError unless DIR/shared with `text` as its file `name` loads as one set, as every node loads
+    it: a set that does not (a duplicate object, a Tier priority taken) would be refused by every node."""
+    from policy_agent.policy.manifests import ManifestError, load_path, load_text
+
+    try:
+        load_text(text, source)
+        others = [f for f in sorted(plan.shared_dir.iterdir()) if f.suffix in (".yaml", ".yml", ".json")
+                  and f.name != name]
+        if others:
+            with tempfile.TemporaryDirectory(prefix=".check-", dir=plan.path) as staged:
+                for f in others:
+                    (Path(staged) / f.name).write_bytes(f.read_bytes())
+                (Path(staged) / name).write_text(text)
+                load_path(staged)
+    except ManifestError as exc:
+        raise ClusterError("rejected, nothing written:\n" + "\n".join(exc.errors)) from exc
+
+
+def apply_shared(directory: Path, source: str, text: str) -> Path:
+    """Write `text` (manifests, validated with what DIR/shared holds already, as every node will read the
+    set) into DIR/shared whole or not at all; every node's manifest directory picks it up."""
+    plan = load_record(directory.resolve())
+    target = plan.shared_dir / shared_name(source)
+    check_shared_set(plan, target.name, text, source)
+    write_atomically(target, text.encode(), mode=0o644)
+    return target
+
+
+def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: Say) -> PodPlan:
+    """A Pod on one node: its object (labels, spec.nodeName) applied to that node's agent first, so the
+    Pod's policy is in OVS before its port forwards; its network namespace wired by that node's
+    `npaudit cni`; then its object with status.podIP published in DIR/shared for every node. A failure
+    undoes what this call made."""
+    plan = load_record(directory.resolve())
+    try:
+        pod = plan_pod(plan, node_name, ref, labels)
+    except PlanError as exc:
+        raise ClusterError(str(exc)) from exc
+    node = plan.node(pod.node)
+    check_shared_set(plan, pod.manifest_name, yaml.safe_dump(pod_object(pod)), pod.ref)
+    if agent_pid(node) is None:
+        raise ClusterError(f"node {node.name}: no agent running (`npaudit cluster status --dir {plan.dir}`)")
+    save_record(replace(plan, pods=(*plan.pods, pod)))  # before its namespace exists
+    try:
+        pod = replace(pod, ip=_wire_pod(node, pod))
+    except BaseException:
+        _undo_pod(directory, node, pod, say)
+        raise
+    plan = load_record(directory.resolve())
+    save_record(replace(plan, pods=tuple(pod if p.netns == pod.netns else p for p in plan.pods)))
+    write_atomically(plan.shared_dir / pod.manifest_name, yaml.safe_dump(pod_object(pod)).encode(), mode=0o644)
+    say(f"Pod {pod.ref} on {node.name}: {pod.ip}, network namespace {pod.netns}")
+    return pod
+
+
+def _wire_pod(node: NodePlan, pod: PodPlan) -> str:
+    """The Pod's object to its node's agent, then its namespace through that node's `npaudit cni`; its address."""
+    from policy_agent.sources.local_api import call
+
+    _add_netns(pod.netns)
+    reply = call(node.state_dir / "api.sock", {"op": "apply", "manifests": yaml.safe_dump(pod_object(pod)),
+                                                "source": f"cluster pod add {pod.ref}"})
+    if not reply.get("ok"):
+        raise ClusterError(f"node {node.name} refused Pod {pod.ref}: {'; '.join(map(str, reply.get('errors', [])))}")
+    res = _cni(node, pod, "ADD")
+    if res.returncode != 0:
+        raise ClusterError(f"CNI ADD of {pod.ref} on {node.name} failed: {res.stdout.decode(errors='replace')}"
+                           f"{res.stderr.decode(errors='replace')}")
+    return str(json.loads(res.stdout)["ips"][0]["address"].split("/")[0])
+
+
+def _cni(node: NodePlan, pod: PodPlan, command: str) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=pod.container_id,
+               CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
+               CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=node.netconf_path.read_bytes(),
+                          env=env, capture_output=True, timeout=120)
+
+
+def _undo_pod(directory: Path, node: NodePlan, pod: PodPlan, say: Say) -> None:
+    """After a failed `pod add`: its port and address given back, its object off the node, its namespace
+    deleted, its entry out of the record (so the same Pod can be added again)."""
+    from policy_agent.sources.local_api import call
+
+    say(f"Pod {pod.ref}: undoing what was made")
+    if agent_pid(node) is not None:
+        _cni(node, pod, "DEL")
+        try:
+            call(node.state_dir / "api.sock", {"op": "delete", "manifests": yaml.safe_dump(pod_object(pod)),
+                                               "source": f"cluster pod add {pod.ref} (undone)"})
+        except (OSError, AgentError):
+            pass
+    _delete_netns(pod.netns, say)
+    plan = load_record(directory.resolve())
+    save_record(replace(plan, pods=tuple(p for p in plan.pods if p.netns != pod.netns)))

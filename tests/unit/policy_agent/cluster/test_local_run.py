@@ -1,0 +1,106 @@
+"""`npaudit cluster` machinery that needs no namespaces: the agent pid check `down` relies on, `down` of a
+record whose things are gone, and the shared source's all-or-nothing writes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from policy_agent.cluster.local import ClusterPlan, plan_cluster
+from policy_agent.cluster.local_run import ClusterError, agent_pid, apply_shared, down, load_record, save_record
+
+POLICY = """apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+"""
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> ClusterPlan:
+    p = plan_cluster(tmp_path, 2, "geneve", "0f0f0f", [9201, 9202])
+    p.shared_dir.mkdir()
+    for node in p.nodes:
+        node.path.mkdir()
+    save_record(p)
+    return p
+
+
+@pytest.fixture
+def lookalike(plan: ClusterPlan) -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose command line names node n1's config after `agent`, as the real agent's does."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "agent", "--config",
+                             str(plan.nodes[0].config_path)])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_record_is_read_back(plan: ClusterPlan) -> None:
+    assert load_record(plan.path) == plan
+    with pytest.raises(ClusterError, match="no cluster"):
+        load_record(plan.path / "elsewhere")
+
+
+def test_a_pid_file_names_the_agent_only_while_that_process_runs_it(plan: ClusterPlan,
+                                                                   lookalike: subprocess.Popen[bytes]) -> None:
+    n1, n2 = plan.nodes
+    n1.pid_path.write_text(f"{lookalike.pid}\n")
+    assert agent_pid(n1) == lookalike.pid
+    n2.pid_path.write_text(f"{lookalike.pid}\n")  # a pid that is not n2's agent (reused, or a stale file)
+    assert agent_pid(n2) is None
+    import os
+
+    n2.pid_path.write_text(f"{os.getpid()}\n")
+    assert agent_pid(n2) is None
+    lookalike.kill()
+    lookalike.wait()
+    assert agent_pid(n1) is None
+
+
+def test_down_leaves_alone_a_process_a_pid_file_names_that_is_not_the_agent(
+        plan: ClusterPlan, lookalike: subprocess.Popen[bytes]) -> None:
+    plan.nodes[1].pid_path.write_text(f"{lookalike.pid}\n")
+    said: list[str] = []
+    down(plan.path, said.append)
+    down(plan.path, said.append)  # again: nothing left to do, no error
+    assert lookalike.poll() is None
+    assert said == []  # no namespace of the record exists, no agent or OVS runs
+    assert (plan.path / "cluster.json").exists()  # files stay
+
+
+def test_cluster_apply_writes_the_file_whole(plan: ClusterPlan) -> None:
+    target = apply_shared(plan.path, "/somewhere/deny.yaml", POLICY)
+    assert target == plan.shared_dir / "apply-deny.yaml" and target.read_text() == POLICY
+    assert sorted(p.name for p in plan.shared_dir.iterdir()) == ["apply-deny.yaml"]  # no temporary left
+    again = POLICY.replace("Ingress", "Egress")
+    assert apply_shared(plan.path, "deny.yaml", again).read_text() == again  # the same source replaces its file
+
+
+def test_cluster_apply_refuses_a_bad_manifest_and_writes_nothing(plan: ClusterPlan) -> None:
+    with pytest.raises(ClusterError, match="podSelector|spec"):
+        apply_shared(plan.path, "bad.yaml", POLICY.replace("podSelector: {}", "podSelector: 3"))
+    assert list(plan.shared_dir.iterdir()) == []
+
+
+def test_cluster_apply_refuses_what_would_break_the_whole_shared_set(plan: ClusterPlan) -> None:
+    tier = "apiVersion: crd.antrea.io/v1beta1\nkind: Tier\nmetadata: {name: %s}\nspec: {priority: 15}\n"
+    apply_shared(plan.path, "t1.yaml", tier % "one")
+    with pytest.raises(ClusterError, match="priority"):
+        apply_shared(plan.path, "t2.yaml", tier % "two")  # valid alone; a duplicate priority with t1
+    assert sorted(p.name for p in plan.shared_dir.iterdir()) == ["apply-t1.yaml"]
+
+
+def test_a_pod_the_shared_source_holds_already_is_refused_before_anything_is_made(plan: ClusterPlan) -> None:
+    from policy_agent.cluster.local_run import add_pod
+
+    apply_shared(plan.path, "pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: x}\n")
+    with pytest.raises(ClusterError, match="rejected"):
+        add_pod(plan.path, "n1", "x/a", [], lambda line: None)
+    assert load_record(plan.path).pods == ()  # nothing recorded, so nothing made
