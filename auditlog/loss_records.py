@@ -6,6 +6,12 @@ without these records a reader of the trail alone could not tell it is
 incomplete. `LossRecorder.tick` is handed cumulative counts at each window's
 end and returns (and submits) one record naming what changed in the window,
 or nothing when nothing did. Pure apart from the submit callable; `now` is passed in.
+
+A loss record may also say which logged rules the losses hit (`npaudit.loss.by_rule`: each
+rule's packets its OVS flows matched that no record of it holds). That is an attribution of
+the same packet-ins `by_reason` counts, never added to the totals; it may come a window
+after the reasons it attributes (policy_agent/limits/rule_losses.py says why), so the two
+agree summed over the trail, not record by record.
 """
 
 from __future__ import annotations
@@ -46,11 +52,24 @@ def _phrase(key: LossKey, n: int) -> str:
         key.reason, f"{what} lost ({key.reason}, {key.source})")
 
 
+def _rule_phrase(item: Mapping[str, Any]) -> str:
+    rule = item["rule"]
+    name = " ".join(str(rule[k]) for k in ("ruleset", "name") if rule.get(k)) or f"rule id {rule.get('id')}"
+    tier = f", tier {rule['category']}" if rule.get("category") else ""
+    return f"{item['count']} of rule {name} (id {rule.get('id')}{tier})"
+
+
 def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
-                context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The record saying `counts` (by kind, each > 0) went missing between epoch times `start` and `end`."""
+                context: Mapping[str, Any] | None = None,
+                by_rule: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The record saying `counts` (by kind, each > 0) went missing between epoch times `start` and `end`;
+    `by_rule`: [{"rule": {id, name, ruleset, category}, "count": n}] for the logged rules they hit."""
     items = sorted(counts.items(), key=lambda kv: (_PATH_ORDER.get(kv[0].reason, 9), kv[0]))
     first, last = utc_stamp(start), utc_stamp(end)
+    phrases = [_phrase(key, n) for key, n in items]
+    if by_rule:
+        phrases.append("packets logged rules matched in OVS that no record of theirs holds: "
+                       + ", ".join(_rule_phrase(item) for item in by_rule))
     record: dict[str, Any] = dict(context or {})
     record.update({
         "@timestamp": last,
@@ -58,12 +77,14 @@ def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
         "event": {"action": ACTION, "category": ["network"], "dataset": DATASET, "end": last,
                   "id": uuid.uuid4().hex, "kind": "metric", "start": first, "type": ["info"]},
         "message": f"the audit trail is incomplete between {first} and {last}: "
-                   + "; ".join(_phrase(key, n) for key, n in items),
+                   + "; ".join(phrases),
         "npaudit": {"loss": {
             PACKET_INS: sum(n for key, n in items if key.unit == PACKET_INS),
             RECORDS: sum(n for key, n in items if key.unit == RECORDS),
             "by_reason": [{**key._asdict(), "count": n} for key, n in items]}},
     })
+    if by_rule:
+        record["npaudit"]["loss"]["by_rule"] = by_rule
     return record
 
 
@@ -80,31 +101,42 @@ class LossRecorder:
     """
 
     def __init__(self, submit: Callable[[RecordText], bool], *, now: float,
-                 context: Mapping[str, Any] | None = None) -> None:
+                 context: Mapping[str, Any] | None = None,
+                 describe: Callable[[int], Mapping[str, str]] = lambda rule_id: {"id": str(rule_id)}) -> None:
         self._submit = submit
         self._context = dict(context or {})
+        self._describe = describe  # rule id -> the record's rule object (id, name, ruleset, category)
         self._start = now
         self._last: dict[LossKey, int] = {}
+        self._rules_pending: dict[int, int] = {}  # rule losses not yet in a written record
         self.written = 0
         self.refused = 0
 
-    def tick(self, counts: Mapping[LossKey, int], now: float) -> dict[str, Any] | None:
-        """End the window at `now` with these cumulative counts; the record submitted, or None."""
+    def tick(self, counts: Mapping[LossKey, int], now: float,
+             rules: Mapping[int, int] | None = None) -> dict[str, Any] | None:
+        """End the window at `now` with these cumulative counts and the loss newly stated per rule id;
+        the record submitted, or None."""
+        pending = self._rules_pending
+        for rule_id, n in (rules or {}).items():
+            if n > 0:
+                pending[rule_id] = pending.get(rule_id, 0) + n
         delta = {}
         for key, n in counts.items():
             before = self._last.get(key, 0)
             grew = n - before if n >= before else n  # a counter that started again counts from zero
             if grew > 0:
                 delta[key] = grew
-        if not delta:
+        if not delta and not pending:
             self._last.update(counts)
             self._start = now
             return None
-        record = loss_record(delta, self._start, now, self._context)
+        by_rule = [{"rule": dict(self._describe(rule_id)), "count": n} for rule_id, n in sorted(pending.items())]
+        record = loss_record(delta, self._start, now, self._context, by_rule)
         if not self._submit(RecordText.of(record)):
             self.refused += 1
             return None
         self.written += 1
+        pending.clear()
         self._last.update(counts)
         self._start = now
         return record

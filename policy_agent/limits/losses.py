@@ -6,6 +6,10 @@ overflow counters, the demux's admission drops and the records a full writer
 refused, the loss records written into the audit trail (auditlog/loss_records.py).
 Nothing here runs on the packet-in path: it only reads counters.
 
+Each window also reads the packet counts of every logged rule's flows (one OFPMP_FLOW_DESC
+request, policy_agent/limits/rule_flows.py) and states, per rule, what its flows matched
+that its records do not hold (policy_agent/limits/rule_losses.py).
+
 With per-rule fair meters (policy_agent/limits/meter_sync.py) each rule's meter counts
 under its class (policy_allow, policy_deny): the `meter` label stays bounded. Their
 meters are read once more just before they are deleted, so their drops stay exact.
@@ -29,6 +33,8 @@ from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
+from policy_agent.limits.rule_flows import RuleFlowTotals, parse_logged_flows, policy_flows_request
+from policy_agent.limits.rule_losses import RuleLossLedger
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,9 @@ class LossAccounting:
     `submit` is the audit writer's (None: no audit log, meter statistics only);
     `admission` returns the demux's counters and `writer_full` the records the
     pipeline could not queue; `ovs_losses` reads ovs-vswitchd's coverage
-    counters (blocking: run in a thread).
+    counters (blocking: run in a thread). `rule_seen` returns, per rule id, the packet-ins
+    the audit pipeline took less those of records it could not write; `describe` turns a
+    rule id into the loss record's rule object. Without `rule_seen` no per-rule loss is stated.
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -92,6 +100,8 @@ class LossAccounting:
                  writer_full: Callable[[], int] = lambda: 0,
                  submit: Callable[[RecordText], bool] | None = None,
                  context: Mapping[str, Any] | None = None,
+                 rule_seen: Callable[[], Mapping[int, int]] | None = None,
+                 describe: Callable[[int], Mapping[str, str]] | None = None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -104,7 +114,13 @@ class LossAccounting:
         self.meters_read = False  # True once a reply came: before that the meter counts are unknown
         self.read_errors = 0
         self.ovs = Restartable()
-        self.recorder = None if submit is None else LossRecorder(submit, now=wall_clock(), context=context)
+        self.recorder = None if submit is None else LossRecorder(
+            submit, now=wall_clock(), context=context,
+            describe=describe or (lambda rule_id: {"id": str(rule_id)}))
+        self._rule_seen = rule_seen
+        self.rule_flows = RuleFlowTotals()
+        # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
+        self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
         self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
         self._task: asyncio.Task[None] | None = None
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
@@ -148,6 +164,27 @@ class LossAccounting:
             self.meters_read = True
             self._present = [r.meter_id for r in readings]
 
+    async def read_rule_flows(self) -> bool:
+        """One OFPMP_FLOW_DESC request over the policy flows into `rule_flows`; False if not read (logged)."""
+        if not self._channel.ready:
+            return False
+        try:
+            parts = await self._channel.multipart(policy_flows_request())
+            flows = await asyncio.to_thread(parse_logged_flows, parts)
+        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "flow-stats", "OVS flow statistics of the logged rules not read: %s",
+                             str(exc) or type(exc).__name__)
+            return False
+        self.rule_flows.update(flows)
+        return True
+
+    def rule_losses(self) -> dict[int, int]:
+        """Per rule id: the loss newly stated this window (after read_rule_flows)."""
+        if self._rule_seen is None or not self.rule_flows.read:
+            return {}
+        return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono())
+
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
         counts = {LossKey(METER_CATEGORIES.get(meter_id, "policy"), METER, meter_name(meter_id)): d.packets
@@ -162,13 +199,16 @@ class LossAccounting:
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""
         self._present = []
+        rules: dict[int, int] = {}
+        if self._rule_seen is not None and await self.read_rule_flows():
+            rules = self.rule_losses()
         await self.read_meters()
         if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
             await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
         if self.recorder is None:
             return None
-        return self.recorder.tick(self.counts(), self._wall())
+        return self.recorder.tick(self.counts(), self._wall(), rules)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="loss-accounting")
