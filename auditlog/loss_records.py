@@ -1,7 +1,8 @@
 """Loss records: audit records, chained like every other, stating what never became a record.
 
-Packet-ins dropped by an OVS meter, by ovs-vswitchd's controller queue or at the
-agent's admission, and records a full writer refused, cannot be tied to a flow;
+Frames lost on a port before ovs-vswitchd read them or dropped by its datapath
+before the pipeline, packet-ins dropped by an OVS meter, by ovs-vswitchd's controller
+queue or at the agent's admission, and records a full writer refused, cannot be tied to a flow;
 without these records a reader of the trail alone could not tell it is
 incomplete. `LossRecorder.tick` is handed cumulative counts at each window's
 end and returns (and submits) one record naming what changed in the window,
@@ -30,8 +31,13 @@ METER = "meter"                      # an OVS meter band dropped the packet-in (
 OVS_QUEUE = "ovs_queue_overflow"     # ovs-vswitchd dropped it before sending (source: its coverage counter)
 ADMISSION = "admission"              # the agent's demux dropped it (source: rate_limit or queue_full)
 WRITER_FULL = "writer_full"          # a whole record the writer's full queue refused
-PACKET_INS, RECORDS = "packet_ins", "records"  # units
-_PATH_ORDER = {METER: 0, OVS_QUEUE: 1, ADMISSION: 2, WRITER_FULL: 3}  # where along the way a loss happens
+# Before the pipeline (category "all", unit frames): no rule has seen these, so they have no packet-in.
+PORT_RX_DROPPED = "port_rx_dropped"            # the kernel dropped the frame on the port (source: the port)
+PORT_SOCKET_OVERFLOW = "port_socket_overflow"  # ovs-vswitchd's packet socket on the port was full (source: the port)
+DATAPATH_DROP = "datapath_drop"                # the userspace datapath dropped it before the pipeline (its counter)
+PACKET_INS, RECORDS, FRAMES = "packet_ins", "records", "frames"  # units
+_PATH_ORDER = {PORT_RX_DROPPED: 0, PORT_SOCKET_OVERFLOW: 1, DATAPATH_DROP: 2,
+               METER: 3, OVS_QUEUE: 4, ADMISSION: 5, WRITER_FULL: 6}  # where along the way a loss happens
 
 
 class LossKey(NamedTuple):
@@ -48,7 +54,11 @@ def _phrase(key: LossKey, n: int) -> str:
     return {METER: f"{what} dropped by OVS meter {key.source}",
             OVS_QUEUE: f"{n} packet-ins (any category) dropped by ovs-vswitchd ({key.source})",
             ADMISSION: f"{what} dropped at the agent's admission ({key.source})",
-            WRITER_FULL: f"{what} dropped because the audit writer's queue was full"}.get(
+            WRITER_FULL: f"{what} dropped because the audit writer's queue was full",
+            PORT_RX_DROPPED: f"{n} frames dropped by the kernel on port {key.source} before ovs-vswitchd read them",
+            PORT_SOCKET_OVERFLOW: f"{n} frames ovs-vswitchd never read off port {key.source} (its packet socket "
+                                  "was full)",
+            DATAPATH_DROP: f"{n} packets ovs-vswitchd's datapath dropped before the pipeline ({key.source})"}.get(
         key.reason, f"{what} lost ({key.reason}, {key.source})")
 
 
@@ -81,6 +91,7 @@ def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
         "npaudit": {"loss": {
             PACKET_INS: sum(n for key, n in items if key.unit == PACKET_INS),
             RECORDS: sum(n for key, n in items if key.unit == RECORDS),
+            **({FRAMES: frames} if (frames := sum(n for key, n in items if key.unit == FRAMES)) else {}),
             "by_reason": [{**key._asdict(), "count": n} for key, n in items]}},
     })
     if by_rule:

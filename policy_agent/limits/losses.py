@@ -23,8 +23,8 @@ import time
 from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import RecordText
-from auditlog.loss_records import (ADMISSION, METER, OVS_QUEUE, RECORDS, WRITER_FULL, LossKey,
-                                   LossRecorder)
+from auditlog.loss_records import (ADMISSION, DATAPATH_DROP, FRAMES, METER, OVS_QUEUE, PORT_RX_DROPPED,
+                                   PORT_SOCKET_OVERFLOW, RECORDS, WRITER_FULL, LossKey, LossRecorder)
 from meters.ovs import MeterSupport
 from meters.rule_meters import RuleMeterRange
 from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
@@ -35,10 +35,12 @@ from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
 from policy_agent.limits.rule_flows import RuleFlowTotals, parse_logged_flows, policy_flows_request
 from policy_agent.limits.rule_losses import RuleLossLedger
+from policy_agent.ovs.port_stats import RX_DROPPED, SOCKET_DROPPED, PortDropTotals
 
 log = logging.getLogger(__name__)
 
 ADMISSION_SOURCES = {DROPPED_RATE: "rate_limit", DROPPED_QUEUE: "queue_full"}
+PORT_REASONS = {RX_DROPPED: PORT_RX_DROPPED, SOCKET_DROPPED: PORT_SOCKET_OVERFLOW}
 
 
 class MeterChannel(Protocol):
@@ -92,6 +94,9 @@ class LossAccounting:
     counters (blocking: run in a thread). `rule_seen` returns, per rule id, the packet-ins
     the audit pipeline took less those of records it could not write; `describe` turns a
     rule id into the loss record's rule object. Without `rule_seen` no per-rule loss is stated.
+    `port_drops` reads the frames lost on ports before ovs-vswitchd read them ("<port> <kind>":
+    count, ovs/port_stats.py) and `datapath_drops` the datapath's drop counters before the
+    pipeline (coverage); both blocking, run in a thread; None: not read.
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -102,6 +107,8 @@ class LossAccounting:
                  context: Mapping[str, Any] | None = None,
                  rule_seen: Callable[[], Mapping[int, int]] | None = None,
                  describe: Callable[[int], Mapping[str, str]] | None = None,
+                 port_drops: Callable[[], Mapping[str, int]] | None = None,
+                 datapath_drops: Callable[[], Mapping[str, int | None]] | None = None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -118,6 +125,9 @@ class LossAccounting:
             submit, now=wall_clock(), context=context,
             describe=describe or (lambda rule_id: {"id": str(rule_id)}))
         self._rule_seen = rule_seen
+        self._port_drops, self._datapath_drops = port_drops, datapath_drops
+        self.ports = PortDropTotals()
+        self.datapath = Restartable()
         self.rule_flows = RuleFlowTotals()
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
         self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
@@ -185,11 +195,28 @@ class LossAccounting:
             return {}
         return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono())
 
+    async def read_before_pipeline(self) -> None:
+        """The ports' and the datapath's drops (frames no rule saw); a failure is logged (rate-limited)."""
+        if self._datapath_drops is not None:
+            self.datapath.update(await asyncio.to_thread(self._datapath_drops))
+        if self._port_drops is None:
+            return
+        try:
+            self.ports.update(await asyncio.to_thread(self._port_drops))
+        except (OSError, ValueError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "port-drops", "frames lost on ports before ovs-vswitchd read them "
+                             "not read: %s", str(exc) or type(exc).__name__)
+
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
         counts = {LossKey(METER_CATEGORIES.get(meter_id, "policy"), METER, meter_name(meter_id)): d.packets
                   for meter_id, d in self.meters.totals().items()}
         counts.update({LossKey("all", OVS_QUEUE, name): n for name, n in self.ovs.totals.items()})
+        for source, n in self.ports.totals.items():
+            port, _, kind = source.rpartition(" ")
+            counts[LossKey("all", PORT_REASONS[kind], port, FRAMES)] = n
+        counts.update({LossKey("all", DATAPATH_DROP, name, FRAMES): n for name, n in self.datapath.totals.items()})
         for category, outcomes in self._admission().items():
             for outcome, source in ADMISSION_SOURCES.items():
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)
@@ -206,6 +233,7 @@ class LossAccounting:
         if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
             await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
+        await self.read_before_pipeline()
         if self.recorder is None:
             return None
         return self.recorder.tick(self.counts(), self._wall(), rules)
