@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from typing import Any, Iterator
 
@@ -21,37 +20,10 @@ import pytest
 
 from tests.support.cluster import Cluster
 from tests.support.e2e_scenarios import SCHEMA
-from tests.support.rule_flows import logged_rule_flow_packets
+from tests.support.rule_flows import RULES, TWO_LOGGED_DROPS, logged_rule_flow_packets
 
 SENT, PPS = 2000, 2000
 
-MANIFESTS = "---\n".join(
-    [f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    kubernetes.io/metadata.name: {ns}\n"
-     for ns in ("one", "two", "target")]
-    + [f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    pod: {name}\n"
-       for ns, name in (("one", "a"), ("two", "b"), ("target", "t"))]
-) + textwrap.dedent("""
-    ---
-    apiVersion: crd.antrea.io/v1beta1
-    kind: ClusterNetworkPolicy
-    metadata: {name: rule-losses}
-    spec:
-      tier: securityops
-      priority: 3
-      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: target}}}]
-      ingress:
-      - name: drop-from-one
-        action: Drop
-        enableLogging: true
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: one}}}]
-        ports: [{protocol: UDP, port: 53}]
-      - name: drop-from-two
-        action: Drop
-        enableLogging: true
-        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: two}}}]
-        ports: [{protocol: UDP, port: 54}]
-""")
-RULES = ("drop-from-one", "drop-from-two")
 
 # Paced UDP sender: argv ip port count pps; prints the datagrams that left.
 SENDER = r"""
@@ -104,7 +76,7 @@ def account(records: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, in
 
 def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: Cluster) -> None:
     cluster = two_rules
-    cluster.apply(MANIFESTS)
+    cluster.apply(TWO_LOGGED_DROPS)
     cluster.add_pod("one", "a", server=False)
     cluster.add_pod("two", "b", server=False)
     target = cluster.add_pod("target", "t")

@@ -1,10 +1,42 @@
-"""Packets each logged rule's flows matched, as an independent client (ovs-ofctl) reads them from OVS."""
+"""Packets each logged rule's flows matched, as an independent client (ovs-ofctl) reads them from OVS, and a
+policy of two logged Drop rules to flood."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 
 from tests.support.cluster import Cluster
+
+# Namespaces one, two, target with Pods a, b, t; one policy whose two logged Drop rules take UDP 53 from
+# namespace one and UDP 54 from namespace two into target.
+TWO_LOGGED_DROPS = "---\n".join(
+    [f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    kubernetes.io/metadata.name: {ns}\n"
+     for ns in ("one", "two", "target")]
+    + [f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    pod: {name}\n"
+       for ns, name in (("one", "a"), ("two", "b"), ("target", "t"))]
+) + textwrap.dedent("""
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {name: rule-losses}
+    spec:
+      tier: securityops
+      priority: 3
+      appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: target}}}]
+      ingress:
+      - name: drop-from-one
+        action: Drop
+        enableLogging: true
+        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: one}}}]
+        ports: [{protocol: UDP, port: 53}]
+      - name: drop-from-two
+        action: Drop
+        enableLogging: true
+        from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: two}}}]
+        ports: [{protocol: UDP, port: 54}]
+""")
+RULES = ("drop-from-one", "drop-from-two")
 
 _USERDATA = re.compile(r"userdata=([0-9a-f.]+)")
 _PACKETS = re.compile(r"n_packets=(\d+)")
