@@ -66,14 +66,16 @@ def _rule_phrase(item: Mapping[str, Any]) -> str:
     rule = item["rule"]
     name = " ".join(str(rule[k]) for k in ("ruleset", "name") if rule.get(k)) or f"rule id {rule.get('id')}"
     tier = f", tier {rule['category']}" if rule.get("category") else ""
-    return f"{item['count']} of rule {name} (id {rule.get('id')}{tier})"
+    meter = f", {item['meter']} by its own meter" if "meter" in item else ""
+    return f"{item['count']} of rule {name} (id {rule.get('id')}{tier}{meter})"
 
 
 def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
                 context: Mapping[str, Any] | None = None,
                 by_rule: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The record saying `counts` (by kind, each > 0) went missing between epoch times `start` and `end`;
-    `by_rule`: [{"rule": {id, name, ruleset, category}, "count": n}] for the logged rules they hit."""
+    `by_rule`: [{"rule": {id, name, ruleset, category}, "count": n, "meter": m (of n, by the rule's own
+    meter, when it has one)}] for the logged rules they hit."""
     items = sorted(counts.items(), key=lambda kv: (_PATH_ORDER.get(kv[0].reason, 9), kv[0]))
     first, last = utc_stamp(start), utc_stamp(end)
     phrases = [_phrase(key, n) for key, n in items]
@@ -119,18 +121,21 @@ class LossRecorder:
         self._describe = describe  # rule id -> the record's rule object (id, name, ruleset, category)
         self._start = now
         self._last: dict[LossKey, int] = {}
-        self._rules_pending: dict[int, int] = {}  # rule losses not yet in a written record
+        self._rules_pending: dict[int, list[int | None]] = {}  # rule id -> [count, meter] not yet written
         self.written = 0
         self.refused = 0
 
     def tick(self, counts: Mapping[LossKey, int], now: float,
-             rules: Mapping[int, int] | None = None) -> dict[str, Any] | None:
-        """End the window at `now` with these cumulative counts and the loss newly stated per rule id;
-        the record submitted, or None."""
+             rules: Mapping[int, tuple[int, int | None]] | None = None) -> dict[str, Any] | None:
+        """End the window at `now` with these cumulative counts and the loss newly stated per rule id
+        (count, the part its own meter dropped or None); the record submitted, or None."""
         pending = self._rules_pending
-        for rule_id, n in (rules or {}).items():
+        for rule_id, (n, meter) in (rules or {}).items():
             if n > 0:
-                pending[rule_id] = pending.get(rule_id, 0) + n
+                held = pending.setdefault(rule_id, [0, None])
+                held[0] = (held[0] or 0) + n
+                if meter is not None:
+                    held[1] = (held[1] or 0) + meter
         delta = {}
         for key, n in counts.items():
             before = self._last.get(key, 0)
@@ -141,7 +146,8 @@ class LossRecorder:
             self._last.update(counts)
             self._start = now
             return None
-        by_rule = [{"rule": dict(self._describe(rule_id)), "count": n} for rule_id, n in sorted(pending.items())]
+        by_rule = [{"rule": dict(self._describe(rule_id)), "count": n, **({"meter": m} if m is not None else {})}
+                   for rule_id, (n, m) in sorted(pending.items())]
         record = loss_record(delta, self._start, now, self._context, by_rule)
         if not self._submit(RecordText.of(record)):
             self.refused += 1

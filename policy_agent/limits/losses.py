@@ -34,7 +34,7 @@ from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
 from policy_agent.limits.rule_flows import RuleFlowTotals, parse_logged_flows, policy_flows_request
-from policy_agent.limits.rule_losses import RuleLossLedger
+from policy_agent.limits.rule_losses import RuleLoss, RuleLossLedger
 from policy_agent.ovs.port_stats import RX_DROPPED, SOCKET_DROPPED, PortDropTotals
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class RuleMeterSource(Protocol):
     range: RuleMeterRange
 
     def class_of(self, meter_id: int) -> int | None: ...
+
+    def meter_of_rule(self) -> dict[int, int]: ...
 
     async def sweep(self, present: list[int]) -> None: ...
 
@@ -131,6 +133,8 @@ class LossAccounting:
         self.rule_flows = RuleFlowTotals()
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
         self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
+        self._own_raw: dict[int, int] = {}  # per-rule meter id -> its drops as last read
+        self.own_meter_drops: dict[int, int] = {}  # per-rule meter id -> its drops since the first reading
         self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
         self._task: asyncio.Task[None] | None = None
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
@@ -171,8 +175,25 @@ class LossAccounting:
                                  str(exc) or type(exc).__name__)
                 return
             self.meters.update(readings, self._mono(), self._fold)
+            self._own_meters(readings)
             self.meters_read = True
             self._present = [r.meter_id for r in readings]
+
+    def _own_meters(self, readings: list[Any]) -> None:
+        """Each per-rule meter's drops (for the split of its rule's loss): the first reading is the
+        baseline; a meter made since counts in full; one that went down was made again."""
+        rm = self.rule_meters
+        if rm is None:
+            return
+        looked_before = self.meters_read
+        for r in readings:
+            if r.meter_id not in rm.range or rm.class_of(r.meter_id) is None:
+                continue
+            before = self._own_raw.get(r.meter_id)
+            raw = r.dropped_packets
+            grew = (raw if looked_before else 0) if before is None else (raw - before if raw >= before else raw)
+            self.own_meter_drops[r.meter_id] = self.own_meter_drops.get(r.meter_id, 0) + grew
+            self._own_raw[r.meter_id] = raw
 
     async def read_rule_flows(self) -> bool:
         """One OFPMP_FLOW_DESC request over the policy flows into `rule_flows`; False if not read (logged)."""
@@ -189,11 +210,15 @@ class LossAccounting:
         self.rule_flows.update(flows)
         return True
 
-    def rule_losses(self) -> dict[int, int]:
-        """Per rule id: the loss newly stated this window (after read_rule_flows)."""
+    def rule_losses(self) -> dict[int, RuleLoss]:
+        """Per rule id: the loss newly stated this window (after read_rule_flows and read_meters)."""
         if self._rule_seen is None or not self.rule_flows.read:
             return {}
-        return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono())
+        meters = None
+        if self.rule_meters is not None and self.meters_read:
+            own = self.own_meter_drops
+            meters = {rule_id: own.get(meter, 0) for rule_id, meter in self.rule_meters.meter_of_rule().items()}
+        return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono(), meters)
 
     async def read_before_pipeline(self) -> None:
         """The ports' and the datapath's drops (frames no rule saw); a failure is logged (rate-limited)."""
@@ -226,10 +251,9 @@ class LossAccounting:
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""
         self._present = []
-        rules: dict[int, int] = {}
-        if self._rule_seen is not None and await self.read_rule_flows():
-            rules = self.rule_losses()
-        await self.read_meters()
+        flows_read = self._rule_seen is not None and await self.read_rule_flows()
+        await self.read_meters()  # just after the flows: a rule's own meter drops as of the same moment
+        rules = self.rule_losses() if flows_read else {}
         if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
             await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))

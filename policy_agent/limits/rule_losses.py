@@ -15,12 +15,24 @@ once traffic to the rule has stopped for `settle` seconds it is exact (the flows
 counted what they count now). What a rule lost in the last `settle` seconds before the
 agent stops is not stated (its packet-ins may still be in the demux queue the agent
 drains after the last window).
+
+With per-rule meters (meters.per_rule) a rule's own meter drops are known exactly, and the
+loss splits: `meter`, the meter's drops as read with the settled flows, and the rest (OVS's
+controller queue, admission, a refused record), a lower bound of its own: flows - meter drops
+- seen. Both only grow; once the rule is quiet both are exact.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping, Protocol
+from typing import Mapping, NamedTuple, Protocol
+
+
+class RuleLoss(NamedTuple):
+    """A rule's loss newly stated in a window; `meter`: the part its own meter dropped (None: not known)."""
+
+    packets: int
+    meter: int | None = None
 
 
 class RuleLossLedger:
@@ -28,18 +40,23 @@ class RuleLossLedger:
 
     def __init__(self, settle: float) -> None:
         self.settle = settle
-        self._snapshots: deque[tuple[float, dict[int, int]]] = deque()  # (monotonic time, flow totals)
+        # (monotonic time, flow totals, own-meter drops) per reading
+        self._snapshots: deque[tuple[float, dict[int, int], dict[int, int]]] = deque()
         self._seen_base: dict[int, int] | None = None
         self.stated: dict[int, int] = {}  # rule id -> loss stated so far (cumulative)
+        self.stated_meter: dict[int, int] = {}  # of that, what its own meter dropped (rules with one)
 
-    def tick(self, flows: Mapping[int, int], seen: Mapping[int, int], now: float) -> dict[int, int]:
-        """Flow totals read now (RuleFlowTotals.totals, 0-based at the first reading) and `seen` now
-        (cumulative since the agent started); returns {rule id: loss newly stated}."""
+    def tick(self, flows: Mapping[int, int], seen: Mapping[int, int], now: float,
+             meters: Mapping[int, int] | None = None) -> dict[int, RuleLoss]:
+        """Flow totals read now (RuleFlowTotals.totals, 0-based at the first reading), `seen` now
+        (cumulative since the agent started) and the drops of the rules' own meters read just after
+        the flows (0-based at the first reading); returns {rule id: loss newly stated}."""
+        snapshot = (now, dict(flows), dict(meters or {}))
         if self._seen_base is None:  # the flows' first reading is their baseline: seen's too
             self._seen_base = dict(seen)
-            self._snapshots.append((now, dict(flows)))
+            self._snapshots.append(snapshot)
             return {}
-        self._snapshots.append((now, dict(flows)))
+        self._snapshots.append(snapshot)
         settled = None
         while self._snapshots and now - self._snapshots[0][0] >= self.settle:
             settled = self._snapshots.popleft()
@@ -48,12 +65,21 @@ class RuleLossLedger:
         if settled is None:
             return {}
         base, out = self._seen_base, {}
-        for rule_id, matched in settled[1].items():
-            lost = matched - (seen.get(rule_id, 0) - base.get(rule_id, 0))
+        _, matched_by_rule, metered = settled
+        for rule_id, matched in matched_by_rule.items():
+            took = seen.get(rule_id, 0) - base.get(rule_id, 0)
             before = self.stated.get(rule_id, 0)
-            if lost > before:
-                out[rule_id] = lost - before
-                self.stated[rule_id] = lost
+            if rule_id not in metered:
+                if matched - took > before:
+                    out[rule_id] = RuleLoss(matched - took - before)
+                    self.stated[rule_id] = matched - took
+                continue
+            meter_before = self.stated_meter.get(rule_id, 0)
+            meter = max(meter_before, metered[rule_id])
+            after = max(before - meter_before, matched - metered[rule_id] - took)  # after the meter
+            if meter + after > before:
+                out[rule_id] = RuleLoss(meter + after - before, meter - meter_before)
+                self.stated[rule_id], self.stated_meter[rule_id] = meter + after, meter
         return out
 
 

@@ -43,13 +43,15 @@ print(sent)
 """
 
 
-@pytest.fixture
-def two_rules() -> Iterator[Cluster]:
-    """The default meters, read (with the rules' flows) every half second."""
-    c = Cluster(extra_config="meters:\n  stats_interval: 0.5\n")
+@pytest.fixture(params=[False, True], ids=["class-meter", "per-rule-meters"])
+def two_rules(request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, bool]]:
+    """The default meter rates, read (with the rules' flows) every half second; one meter for the class,
+    or one per rule (meters.per_rule: then each rule's loss also says what its own meter dropped)."""
+    c = Cluster(extra_config="meters:\n  stats_interval: 0.5\n"
+                             f"  per_rule: {{enabled: {str(request.param).lower()}}}\n")
     try:
         c.start()
-        yield c
+        yield c, request.param
     finally:
         c.close()
 
@@ -59,8 +61,10 @@ def rule_ids(records: list[dict[str, Any]]) -> dict[str, int]:
             if r["event"]["action"] != "audit-loss" and r.get("rule", {}).get("name") in RULES}
 
 
-def account(records: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
-    """({rule name: packets in its records}, {rule name: loss the trail states for it})."""
+def account(records: list[dict[str, Any]], metered: dict[str, int] | None = None
+            ) -> tuple[dict[str, int], dict[str, int]]:
+    """({rule name: packets in its records}, {rule name: loss the trail states for it}); `metered` gets
+    {rule name: the part of it the rule's own meter dropped}."""
     recorded = dict.fromkeys(RULES, 0)
     stated = dict.fromkeys(RULES, 0)
     for r in records:
@@ -69,13 +73,15 @@ def account(records: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, in
                 name = item["rule"].get("name")
                 if name in stated:
                     stated[name] += item["count"]
+                    if metered is not None and "meter" in item:
+                        metered[name] = metered.get(name, 0) + item["meter"]
         elif r.get("rule", {}).get("name") in recorded:
             recorded[r["rule"]["name"]] += r["npaudit"]["aggregate"]["packets"]
     return recorded, stated
 
 
-def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: Cluster) -> None:
-    cluster = two_rules
+def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: tuple[Cluster, bool]) -> None:
+    cluster, per_rule = two_rules
     cluster.apply(TWO_LOGGED_DROPS)
     cluster.add_pod("one", "a", server=False)
     cluster.add_pod("two", "b", server=False)
@@ -102,6 +108,14 @@ def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: Cl
     for name in RULES:
         assert stated[name] > 0, f"the deny meter dropped packet-ins of {name}: its loss must be stated"
         assert recorded[name] + stated[name] == matched[name], (name, recorded, stated, matched)
+
+    metered: dict[str, int] = {}
+    account(cluster.audit_records(), metered)
+    if per_rule:  # each rule's own meter: its part is exactly what OVS says that meter dropped
+        assert sum(metered.values()) == cluster.meter_band_drops() and set(metered) == set(RULES), metered
+        assert all(0 < metered[n] <= stated[n] for n in RULES), (metered, stated)
+    else:
+        assert metered == {}, "with one meter per class a rule's meter drops are not known apart"
 
     cluster.stop_agent()
     records = cluster.audit_records()

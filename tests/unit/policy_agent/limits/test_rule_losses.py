@@ -12,9 +12,12 @@ import pytest
 from auditlog.chain import RecordText
 from auditlog.loss_records import LossKey, LossRecorder, loss_record
 from packetin.errors import DecodeError
+from meters.ovs import METER_POLICY_DENY, MeterSupport
+from meters.rule_meters import RuleMeterRange
+from os_ken.ofproto import ofproto_v1_5 as ofp
 from policy_agent.limits.losses import LossAccounting
 from policy_agent.limits.rule_flows import FlowCount, RuleFlowTotals, parse_logged_flows, policy_flows_request
-from policy_agent.limits.rule_losses import RuleLossLedger, describe_rule
+from policy_agent.limits.rule_losses import RuleLoss, RuleLossLedger, describe_rule
 from tests.support.clock import ManualClock
 
 # An OFPMP_FLOW_DESC reply of OVS 3.1 (netdev) to policy_flows_request(): two logged Drop rules of table 40,
@@ -96,11 +99,33 @@ def test_the_ledger_never_states_packet_ins_still_in_flight_and_is_exact_once_th
     # At 1.0 the flows as read at 0.0 are settled: nothing to state; in flight at 0.5 is not stated.
     assert ledger.tick({1: 1500, 2: 400}, {1: 403, 2: 300}, now=1.0) == {}
     # At 1.5 the flows as of 0.5 (1000, 400) against what has been seen by now: 1000-500, 400-390.
-    assert ledger.tick({1: 1500, 2: 400}, {1: 503, 2: 390}, now=1.5) == {1: 500, 2: 10}
+    assert ledger.tick({1: 1500, 2: 400}, {1: 503, 2: 390}, now=1.5) == {1: RuleLoss(500), 2: RuleLoss(10)}
     # Seen catches up on rule 1's last packet-ins: never stated twice, never taken back.
-    assert ledger.tick({1: 1500, 2: 400}, {1: 903, 2: 390}, now=2.0) == {1: 100}
+    assert ledger.tick({1: 1500, 2: 400}, {1: 903, 2: 390}, now=2.0) == {1: RuleLoss(100)}
     assert ledger.tick({1: 1500, 2: 400}, {1: 903, 2: 390}, now=3.0) == {}
     assert ledger.stated == {1: 1500 - 900, 2: 400 - 390}  # quiet: flows - seen, exactly
+
+
+def test_a_rule_with_its_own_meter_splits_its_loss_into_the_meters_drops_and_the_rest() -> None:
+    ledger = RuleLossLedger(settle=1.0)
+    ledger.tick({5: 0}, {}, now=0.0, meters={5: 0})
+    # At 1.0 the flows matched 1000; its meter had dropped 600; 300 of the 400 it passed are seen so far.
+    assert ledger.tick({5: 1000}, {5: 300}, now=1.0, meters={5: 600}) == {}
+    # Settled against the reading at 1.0: 600 by the meter, 1000-600-350 = 50 lost after it (so far).
+    assert ledger.tick({5: 1000}, {5: 350}, now=2.0, meters={5: 600}) == {5: RuleLoss(650, 600)}
+    # The rest of what it passed arrives but for 10 (admission dropped them): the rest shrinks to 10 only
+    # in truth; what was stated stays, and nothing more is stated.
+    assert ledger.tick({5: 1000}, {5: 390}, now=3.0, meters={5: 600}) == {}
+    assert (ledger.stated, ledger.stated_meter) == ({5: 650}, {5: 600})
+
+
+def test_a_rule_with_its_own_meter_is_exact_once_quiet() -> None:
+    ledger = RuleLossLedger(settle=1.0)
+    ledger.tick({5: 0}, {}, now=0.0, meters={5: 0})
+    ledger.tick({5: 1000}, {5: 100}, now=1.0, meters={5: 600})  # most of what passed still in flight
+    assert ledger.tick({5: 1000}, {5: 390}, now=2.0, meters={5: 600}) == {5: RuleLoss(610, 600)}
+    assert ledger.tick({5: 1000}, {5: 390}, now=3.0, meters={5: 600}) == {}
+    assert ledger.stated == {5: 1000 - 390}
 
 
 def test_a_rule_is_described_as_audit_records_name_it() -> None:
@@ -130,25 +155,73 @@ def test_a_refused_record_keeps_the_rules_losses_for_the_next_window() -> None:
         return room[0]
 
     recorder = LossRecorder(submit, now=0.0, describe=lambda r: {"id": str(r), "name": f"r{r}"})
-    assert recorder.tick({}, 1.0, {4: 10}) is None
+    assert recorder.tick({}, 1.0, {4: RuleLoss(10, 7)}) is None
     room[0] = True
-    record = recorder.tick({}, 2.0, {4: 5, 6: 1})
+    record = recorder.tick({}, 2.0, {4: RuleLoss(5, 0), 6: RuleLoss(1)})
     assert record is not None and record["npaudit"]["loss"]["by_reason"] == []
-    assert record["npaudit"]["loss"]["by_rule"] == [{"rule": {"id": "4", "name": "r4"}, "count": 15},
+    assert record["npaudit"]["loss"]["by_rule"] == [{"rule": {"id": "4", "name": "r4"}, "count": 15, "meter": 7},
                                                     {"rule": {"id": "6", "name": "r6"}, "count": 1}]
+    assert "15 of rule r4 (id 4, 7 by its own meter)" in record["message"]
     assert recorder.tick({}, 3.0, {}) is None  # stated once
 
 
-class FlowChannel:
-    """Answers flow description requests with `flows` (a reply) and meter requests with nothing."""
+def meter_reply(drops: dict[int, int]) -> bytes:
+    """OFPMP_METER reply: each meter id with its band's dropped packets."""
+    body = b"".join(struct.pack("!IH6xIQQIIQQ", m, 56, 0, 0, 0, 1, 0, n, 0) for m, n in drops.items())
+    return struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16 + len(body), 1,
+                       ofp.OFPMP_METER_STATS, 0) + body
 
-    def __init__(self) -> None:
+
+class FlowChannel:
+    """Answers flow description requests with `flows` (a reply) and meter statistics requests with `meters`."""
+
+    def __init__(self, meters: bool = False) -> None:
         self.ready = True
-        self.meter_support = None
+        self.meter_support = MeterSupport(max_meter=64, band_types=1 << ofp.OFPMBT_DROP, max_bands=1) \
+            if meters else None
         self.flows = with_counts(0, 0)
+        self.meters: dict[int, int] = {}
 
     async def multipart(self, msg: Any) -> list[bytes]:
-        return [self.flows]
+        return [meter_reply(self.meters) if type(msg).__name__ == "OFPMeterStatsRequest" else self.flows]
+
+
+class OwnMeters:
+    """Per-rule meters: rule A has meter 100 (deny class), rule B none."""
+
+    range = RuleMeterRange(100, 10)
+
+    def class_of(self, meter_id: int) -> int | None:
+        return METER_POLICY_DENY if meter_id == 100 else None
+
+    def meter_of_rule(self) -> dict[int, int]:
+        return {RULE_A: 100}
+
+    async def sweep(self, present: list[int]) -> None:
+        return None
+
+
+def test_with_per_rule_meters_a_rules_loss_says_what_its_own_meter_dropped() -> None:
+    channel, mono, wall = FlowChannel(meters=True), ManualClock(0.0), ManualClock(1_700_000_000.0)
+    records: list[dict[str, Any]] = []
+    seen = {RULE_A: 0, RULE_B: 0}
+    acc = LossAccounting(channel, interval=1.0, admission=lambda: {}, ovs_losses=lambda: {},
+                         submit=lambda t: records.append(t.record()) or True, rule_seen=lambda: dict(seen),
+                         mono_clock=mono, wall_clock=wall)
+    acc.rule_meters = OwnMeters()
+
+    async def windows() -> None:
+        for now, counts, took, dropped in ((1.0, (0, 0), (0, 0), 0), (2.0, (2000, 300), (900, 200), 1000),
+                                           (4.0, (2000, 300), (990, 250), 1000)):
+            mono.now, wall.now = now, 1_700_000_000.0 + now
+            channel.flows, channel.meters = with_counts(*counts), {METER_POLICY_DENY: 0, 100: dropped}
+            seen[RULE_A], seen[RULE_B] = took
+            await acc.tick()
+
+    asyncio.run(windows())
+    stated = {item["rule"]["id"]: item for r in records for item in r["npaudit"]["loss"].get("by_rule", ())}
+    assert stated == {str(RULE_A): {"rule": {"id": str(RULE_A)}, "count": 1010, "meter": 1000},
+                      str(RULE_B): {"rule": {"id": str(RULE_B)}, "count": 50}}
 
 
 def test_each_window_states_the_loss_of_each_rule_its_flows_show() -> None:
