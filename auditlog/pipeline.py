@@ -111,6 +111,9 @@ class AuditPipeline:
         self._timer_until: float | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0, "coarsened": 0}
+        # Per rule id: packet-ins taken, and packets of records the writer refused (rule_seen).
+        self.rule_packet_ins: dict[int, int] = {}
+        self.rule_refused: dict[int, int] = {}
         self._drops = RateLimitedLog(log, 10.0)
 
     def __call__(self, pin: PacketIn) -> None:
@@ -131,10 +134,13 @@ class AuditPipeline:
         if summary.truncated:
             stats["decode_truncated"] += 1
         stats["packet_ins"] += 1
+        rule_id = pin.rule_id
+        by_rule = self.rule_packet_ins
+        by_rule[rule_id] = by_rule.get(rule_id, 0) + 1
         disposition = pin.reg7 & DISPOSITION_BITS  # PacketIn.disposition, without the property call per packet
         # aggregate_key(pin, summary), spelled out: this runs once per packet-in.
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
-        key = (pin.rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
+        key = (rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
         aggregate = disposition != _ALLOW
         emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, aggregate)
         if emissions:  # nothing else opens or closes a window: no need to look at the timer otherwise
@@ -149,6 +155,8 @@ class AuditPipeline:
         if summary.truncated:
             stats["decode_truncated"] += 1
         stats["packet_ins"] += 1
+        by_rule = self.rule_packet_ins
+        by_rule[pin.rule_id] = by_rule.get(pin.rule_id, 0) + 1
         key, prefix = self._coarse_key(pin, summary)
         emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
@@ -172,6 +180,8 @@ class AuditPipeline:
         stats = self.stats
         stats["decode_truncated"] += truncated
         stats["packet_ins"] += len(lasts)
+        by_rule = self.rule_packet_ins
+        by_rule[sample.rule_id] = by_rule.get(sample.rule_id, 0) + len(lasts)
         key, prefix = self._coarse_key(sample, summary)
         emissions = self._agg.add_many(key, (sample, summary), len(lasts), sample.total_len, sample.received_at,
                                        lambda: _second(group))
@@ -272,6 +282,8 @@ class AuditPipeline:
                 stats["records"] += 1
             else:
                 stats["writer_full"] += 1
+                rule_id = cast(int, key[1] if isinstance(level, str) else key[0])  # both keys hold the rule id
+                self.rule_refused[rule_id] = self.rule_refused.get(rule_id, 0) + e.packets
                 self._drops.log(logging.ERROR, "writer-full",
                                 "audit writer queue full: a record of %d packet(s) was dropped "
                                 "(%d so far; npaudit_audit_records_total{outcome=\"dropped_writer_full\"})",
@@ -319,6 +331,11 @@ class AuditPipeline:
     @property
     def aggregator(self) -> Aggregator:
         return self._agg
+
+    def rule_seen(self) -> dict[int, int]:
+        """Per rule id: packet-ins taken less the OVS-seen packets of records the writer refused, since start."""
+        refused = self.rule_refused
+        return {rule_id: n - refused.get(rule_id, 0) for rule_id, n in self.rule_packet_ins.items()}
 
     def snapshot(self) -> PipelineStats:
         overload = self._overload.stats(self._clock()) if self._overload is not None else None

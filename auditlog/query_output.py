@@ -61,7 +61,7 @@ def _loss_fields(record: Record) -> dict[str, str]:
     items = get_field(record, "npaudit", "loss", "by_reason")
     what = "; ".join(f"{i.get('category')} {i.get('reason')} {i.get('source')} {i.get('count')}"
                      for i in (items if isinstance(items, list) else []) if isinstance(i, dict))
-    total = sum(n for unit in ("packet_ins", "records")
+    total = sum(n for unit in ("packet_ins", "records", "frames")
                 if type(n := get_field(record, "npaudit", "loss", unit)) is int)
     return {"TIME": safe_text(record.get("@timestamp", "")), "SOURCE": "-", "DESTINATION": "-", "PROTO": "",
             "DISPOSITION": "LOSS", "DIRECTION": "", "TIER": "", "POLICY": safe_text(what), "RULE": "",

@@ -32,10 +32,12 @@ from policy_agent.errors import AgentError, one_line
 from policy_agent.limits import admission
 from policy_agent.limits.losses import LossAccounting
 from policy_agent.limits.meter_sync import build_rule_meters
+from policy_agent.limits.rule_losses import describe_rule
 from policy_agent.limits.offload_cache import DropOffload, OffloadCollector, OffloadPodHooks
 from policy_agent.metrics import MeterCollector, OvsSupervisorCollector, build_registry, category_name
 from policy_agent.ovs import tables
-from policy_agent.ovs.coverage import CoverageReader
+from policy_agent.ovs.coverage import DATAPATH_DROP_COUNTERS, CoverageReader
+from policy_agent.ovs.port_stats import read_port_drops
 from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
@@ -108,7 +110,12 @@ class Agent:
             admission=lambda: {category_name(c): n for c, n in self.demux.stats().items()},
             writer_full=(lambda: audit.snapshot().writer_full) if audit is not None else lambda: 0,
             submit=writer.submit if writer is not None else None,
-            context=writer.state_fields if writer is not None else None)
+            context=writer.state_fields if writer is not None else None,
+            rule_seen=audit.rule_seen if audit is not None else None,
+            describe=lambda rule_id: describe_rule(rule_id, self.rules.get(rule_id)),
+            port_drops=lambda: read_port_drops(self.switch.netns or None),
+            datapath_drops=CoverageReader(config.ovs.ovs_rundir, DATAPATH_DROP_COUNTERS,
+                                          "datapath drops before the pipeline go unstated").read)
         self.registry.register(MeterCollector(self.losses))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.

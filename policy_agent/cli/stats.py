@@ -29,10 +29,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sa.add_argument("--config", help=f"the agent's config (for audit.path and the API socket) {CONFIG_HELP}")
     sa.add_argument("--since", metavar="TIME", help="records at or after TIME (default: all in the files)")
     sa.add_argument("--until", metavar="TIME", help="records at or before TIME")
+    sa.add_argument("--rule", metavar="RULE",
+                    help="only the records of RULE (its rule.id, its name, or \"ruleset name\" as the rule table "
+                         "shows it), with what loss records state it lost: packets that hit it = packets in its "
+                         "records + its stated loss")
     sa.add_argument("--top", type=int, default=10, metavar="N", help="table rows per policy, rule and Pod")
     sa.add_argument("-o", "--output", choices=("table", "json"), default="table")
     sa.set_defaults(func=lambda args: run_stats(load_config(args.config), args.paths, since=args.since,
-                                                until=args.until, output=args.output, top=args.top,
+                                                until=args.until, output=args.output, top=args.top, rule=args.rule,
                                                 now=dt.datetime.now(dt.timezone.utc)))
 
 
@@ -52,7 +56,7 @@ def agent_counters(status: dict[str, Any]) -> dict[str, Any]:
 
 def run_stats(cfg: AgentConfig, paths: list[Path], *, since: str | None, until: str | None, output: str,
               now: dt.datetime, top: int = 10, api: ApiCall | None = None, out: TextIO | None = None,
-              err: TextIO | None = None) -> int:
+              err: TextIO | None = None, rule: str | None = None) -> int:
     """Count the audit files over the window, add the agent's counters if it answers, print table or JSON."""
     from auditlog.fileset import DEFAULT_BASE
     from auditlog.logread import LogReader
@@ -68,7 +72,7 @@ def run_stats(cfg: AgentConfig, paths: list[Path], *, since: str | None, until: 
         end = parse_time("--until", until, now) if until is not None else None
         query = Query(since=start, until=end)
         with LogReader(paths, base) as reader:
-            counts = count_records(reader.select(query))
+            counts = count_records(reader.select(query), rule=rule)
             notes = list(reader.notes)
     except (QueryError, OSError) as exc:
         where = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else exc
@@ -109,9 +113,19 @@ def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") 
         if len(groups) > len(shown):
             lines.append(f"... {len(groups) - len(shown)} more (--top, or -o json for all)")
     stated = files.get("losses_stated") or {}
+    account = files.get("rule")
+    if account is not None:
+        lines.append("")
+        lines.append(f"rule {safe_text(account['selector'])}: packets that hit it {account['packets_hit']} = "
+                     f"{account['packets_in_records']} in its records + {account['stated_loss']} stated lost "
+                     f"(rules: {', '.join(safe_text(r) for r in account['rules']) or 'none found'})")
     lines.append("")
     lines.append("losses stated by loss records in the files: "
                  + (", ".join(f"{safe_text(k)} {n}" for k, n in stated.items()) or "none"))
+    by_rule = files.get("rule_losses_stated") or {}
+    if by_rule and account is None:
+        lines.append("  the same losses by logged rule (packets its flows matched that no record holds): "
+                     + ", ".join(f"{safe_text(k)} {n}" for k, n in by_rule.items()))
     lines.append("")
     agent = report.get("agent")
     if agent is None:

@@ -56,6 +56,7 @@ class MetersConfig:
     policy_deny: MeterLimit = MeterLimit()  # Drop, Reject, Pass
     traceflow: MeterLimit = MeterLimit(rate=500, burst=200)  # at most 9 copies per trace
     # Seconds between reads of the meters' drop counts (npaudit_meter_dropped_*); each read
-    # ends a window whose losses (meter, OVS queue, admission, writer) go into a loss record.
+    # ends a window whose losses (meter, OVS queue, admission, writer; a port's and the datapath's
+    # drops before the pipeline; per logged rule, from its flow counts) go into a loss record.
     stats_interval: float = field(default=5.0, metadata=checked(bounded(0.1, 3600)))
     per_rule: PerRuleMeters = PerRuleMeters()

@@ -6,6 +6,10 @@ overflow counters, the demux's admission drops and the records a full writer
 refused, the loss records written into the audit trail (auditlog/loss_records.py).
 Nothing here runs on the packet-in path: it only reads counters.
 
+Each window also reads the packet counts of every logged rule's flows (one OFPMP_FLOW_DESC
+request, policy_agent/limits/rule_flows.py) and states, per rule, what its flows matched
+that its records do not hold (policy_agent/limits/rule_losses.py).
+
 With per-rule fair meters (policy_agent/limits/meter_sync.py) each rule's meter counts
 under its class (policy_allow, policy_deny): the `meter` label stays bounded. Their
 meters are read once more just before they are deleted, so their drops stay exact.
@@ -19,8 +23,8 @@ import time
 from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import RecordText
-from auditlog.loss_records import (ADMISSION, METER, OVS_QUEUE, RECORDS, WRITER_FULL, LossKey,
-                                   LossRecorder)
+from auditlog.loss_records import (ADMISSION, DATAPATH_DROP, FRAMES, METER, OVS_QUEUE, PORT_RX_DROPPED,
+                                   PORT_SOCKET_OVERFLOW, RECORDS, WRITER_FULL, LossKey, LossRecorder)
 from meters.ovs import MeterSupport
 from meters.rule_meters import RuleMeterRange
 from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
@@ -29,10 +33,14 @@ from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
+from policy_agent.limits.rule_flows import RuleFlowTotals, parse_logged_flows, policy_flows_request
+from policy_agent.limits.rule_losses import RuleLoss, RuleLossLedger
+from policy_agent.ovs.port_stats import RX_DROPPED, SOCKET_DROPPED, PortDropTotals
 
 log = logging.getLogger(__name__)
 
 ADMISSION_SOURCES = {DROPPED_RATE: "rate_limit", DROPPED_QUEUE: "queue_full"}
+PORT_REASONS = {RX_DROPPED: PORT_RX_DROPPED, SOCKET_DROPPED: PORT_SOCKET_OVERFLOW}
 
 
 class MeterChannel(Protocol):
@@ -74,6 +82,8 @@ class RuleMeterSource(Protocol):
 
     def class_of(self, meter_id: int) -> int | None: ...
 
+    def meter_of_rule(self) -> dict[int, int]: ...
+
     async def sweep(self, present: list[int]) -> None: ...
 
 
@@ -83,7 +93,12 @@ class LossAccounting:
     `submit` is the audit writer's (None: no audit log, meter statistics only);
     `admission` returns the demux's counters and `writer_full` the records the
     pipeline could not queue; `ovs_losses` reads ovs-vswitchd's coverage
-    counters (blocking: run in a thread).
+    counters (blocking: run in a thread). `rule_seen` returns, per rule id, the packet-ins
+    the audit pipeline took less those of records it could not write; `describe` turns a
+    rule id into the loss record's rule object. Without `rule_seen` no per-rule loss is stated.
+    `port_drops` reads the frames lost on ports before ovs-vswitchd read them ("<port> <kind>":
+    count, ovs/port_stats.py) and `datapath_drops` the datapath's drop counters before the
+    pipeline (coverage); both blocking, run in a thread; None: not read.
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -92,6 +107,10 @@ class LossAccounting:
                  writer_full: Callable[[], int] = lambda: 0,
                  submit: Callable[[RecordText], bool] | None = None,
                  context: Mapping[str, Any] | None = None,
+                 rule_seen: Callable[[], Mapping[int, int]] | None = None,
+                 describe: Callable[[int], Mapping[str, str]] | None = None,
+                 port_drops: Callable[[], Mapping[str, int]] | None = None,
+                 datapath_drops: Callable[[], Mapping[str, int | None]] | None = None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -104,7 +123,18 @@ class LossAccounting:
         self.meters_read = False  # True once a reply came: before that the meter counts are unknown
         self.read_errors = 0
         self.ovs = Restartable()
-        self.recorder = None if submit is None else LossRecorder(submit, now=wall_clock(), context=context)
+        self.recorder = None if submit is None else LossRecorder(
+            submit, now=wall_clock(), context=context,
+            describe=describe or (lambda rule_id: {"id": str(rule_id)}))
+        self._rule_seen = rule_seen
+        self._port_drops, self._datapath_drops = port_drops, datapath_drops
+        self.ports = PortDropTotals()
+        self.datapath = Restartable()
+        self.rule_flows = RuleFlowTotals()
+        # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
+        self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
+        self._own_raw: dict[int, int] = {}  # per-rule meter id -> its drops as last read
+        self.own_meter_drops: dict[int, int] = {}  # per-rule meter id -> its drops since the first reading
         self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
         self._task: asyncio.Task[None] | None = None
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
@@ -145,14 +175,73 @@ class LossAccounting:
                                  str(exc) or type(exc).__name__)
                 return
             self.meters.update(readings, self._mono(), self._fold)
+            self._own_meters(readings)
             self.meters_read = True
             self._present = [r.meter_id for r in readings]
+
+    def _own_meters(self, readings: list[Any]) -> None:
+        """Each per-rule meter's drops (for the split of its rule's loss): the first reading is the
+        baseline; a meter made since counts in full; one that went down was made again."""
+        rm = self.rule_meters
+        if rm is None:
+            return
+        looked_before = self.meters_read
+        for r in readings:
+            if r.meter_id not in rm.range or rm.class_of(r.meter_id) is None:
+                continue
+            before = self._own_raw.get(r.meter_id)
+            raw = r.dropped_packets
+            grew = (raw if looked_before else 0) if before is None else (raw - before if raw >= before else raw)
+            self.own_meter_drops[r.meter_id] = self.own_meter_drops.get(r.meter_id, 0) + grew
+            self._own_raw[r.meter_id] = raw
+
+    async def read_rule_flows(self) -> bool:
+        """One OFPMP_FLOW_DESC request over the policy flows into `rule_flows`; False if not read (logged)."""
+        if not self._channel.ready:
+            return False
+        try:
+            parts = await self._channel.multipart(policy_flows_request())
+            flows = await asyncio.to_thread(parse_logged_flows, parts)
+        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "flow-stats", "OVS flow statistics of the logged rules not read: %s",
+                             str(exc) or type(exc).__name__)
+            return False
+        self.rule_flows.update(flows)
+        return True
+
+    def rule_losses(self) -> dict[int, RuleLoss]:
+        """Per rule id: the loss newly stated this window (after read_rule_flows and read_meters)."""
+        if self._rule_seen is None or not self.rule_flows.read:
+            return {}
+        meters = None
+        if self.rule_meters is not None and self.meters_read:
+            own = self.own_meter_drops
+            meters = {rule_id: own.get(meter, 0) for rule_id, meter in self.rule_meters.meter_of_rule().items()}
+        return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono(), meters)
+
+    async def read_before_pipeline(self) -> None:
+        """The ports' and the datapath's drops (frames no rule saw); a failure is logged (rate-limited)."""
+        if self._datapath_drops is not None:
+            self.datapath.update(await asyncio.to_thread(self._datapath_drops))
+        if self._port_drops is None:
+            return
+        try:
+            self.ports.update(await asyncio.to_thread(self._port_drops))
+        except (OSError, ValueError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "port-drops", "frames lost on ports before ovs-vswitchd read them "
+                             "not read: %s", str(exc) or type(exc).__name__)
 
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
         counts = {LossKey(METER_CATEGORIES.get(meter_id, "policy"), METER, meter_name(meter_id)): d.packets
                   for meter_id, d in self.meters.totals().items()}
         counts.update({LossKey("all", OVS_QUEUE, name): n for name, n in self.ovs.totals.items()})
+        for source, n in self.ports.totals.items():
+            port, _, kind = source.rpartition(" ")
+            counts[LossKey("all", PORT_REASONS[kind], port, FRAMES)] = n
+        counts.update({LossKey("all", DATAPATH_DROP, name, FRAMES): n for name, n in self.datapath.totals.items()})
         for category, outcomes in self._admission().items():
             for outcome, source in ADMISSION_SOURCES.items():
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)
@@ -162,13 +251,16 @@ class LossAccounting:
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""
         self._present = []
-        await self.read_meters()
+        flows_read = self._rule_seen is not None and await self.read_rule_flows()
+        await self.read_meters()  # just after the flows: a rule's own meter drops as of the same moment
+        rules = self.rule_losses() if flows_read else {}
         if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
             await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
+        await self.read_before_pipeline()
         if self.recorder is None:
             return None
-        return self.recorder.tick(self.counts(), self._wall())
+        return self.recorder.tick(self.counts(), self._wall(), rules)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="loss-accounting")

@@ -67,6 +67,10 @@ class RuleMeters:
     def in_use(self) -> int:
         return len(self._plan.own)
 
+    def meter_of_rule(self) -> dict[int, int]:
+        """rule id -> its own meter id, in the plan in force."""
+        return {rule_id: meter for rule_id, (meter, _) in self._plan.own.items()}
+
     def class_of(self, meter_id: int) -> int | None:
         """The class meter a per-rule meter copies; None for one not ours (or not per-rule)."""
         return self._classes.get(meter_id)

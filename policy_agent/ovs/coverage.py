@@ -17,6 +17,11 @@ from policy_agent.ovs import unixctl
 log = logging.getLogger(__name__)
 
 PACKET_IN_LOSS_COUNTERS = ("rconn_overflow", "packet_in_overflow")
+# Packets the userspace datapath received and dropped before the OpenFlow pipeline saw them (dpif-netdev):
+# a failed upcall, a lock it could not take, a frame it could not parse, a port it does not know.
+# On this datapath a thread too busy to keep up loses frames on the port instead (ovs/port_stats.py).
+DATAPATH_DROP_COUNTERS = ("datapath_drop_upcall_error", "datapath_drop_lock_error",
+                          "datapath_drop_rx_invalid_packet", "datapath_drop_invalid_port")
 
 
 def vswitchd_ctl_path(ovs_rundir: Path) -> Path:
@@ -38,11 +43,15 @@ def vswitchd_ctl_path(ovs_rundir: Path) -> Path:
 class CoverageReader:
     """Reads named coverage counters; None for a counter that cannot be read (said once)."""
 
-    def __init__(self, ovs_rundir: Path) -> None:
+    def __init__(self, ovs_rundir: Path, names: tuple[str, ...] = PACKET_IN_LOSS_COUNTERS,
+                 missing: str = "npaudit_ovs_packetin_lost_total will be missing") -> None:
         self.ovs_rundir = ovs_rundir
+        self.names = names
+        self._missing = missing  # what the one warning says goes without them
         self._warned = False
 
-    def read(self, names: tuple[str, ...] = PACKET_IN_LOSS_COUNTERS) -> dict[str, int | None]:
+    def read(self, names: tuple[str, ...] | None = None) -> dict[str, int | None]:
+        names = self.names if names is None else names
         out: dict[str, int | None] = dict.fromkeys(names)
         ctl = vswitchd_ctl_path(self.ovs_rundir)  # each time: a restarted vswitchd has a new pid
         for name in names:
@@ -60,6 +69,5 @@ class CoverageReader:
     def _warn(self, what: str) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("OVS packet-in loss counters unavailable: %s; "
-                        "npaudit_ovs_packetin_lost_total will be missing", what)
+            log.warning("OVS coverage counters %s unavailable: %s; %s", ", ".join(self.names), what, self._missing)
 
