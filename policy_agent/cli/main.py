@@ -34,6 +34,8 @@ VERBS: dict[str, tuple[str | None, str]] = {
     "stats": ("stats", "counts over a window of the audit files (by disposition, policy, rule, Pod), plus the "
                        "running agent's packet-in drops, meter drops and packets the eBPF offload dropped"),
     "bundle": ("bundle", "write a support bundle (tar.gz with manifest.json)"),
+    "get": ("get", "list what the running agent has in force: policies, rules with their ids and tiers, Pods "
+                   "(classes, flows)"),
     "trace": ("trace", "trace one packet from a Pod through the OVS pipeline: each table, the deciding rule, "
                        "the outcome"),
     "demo": ("demo", "private OVS, two Pods, logged flows, real traffic, live packet-ins"),
@@ -94,6 +96,10 @@ def _verb_module(module: str) -> ModuleType:
         from policy_agent.cli import demo
 
         return demo
+    if module == "get":
+        from policy_agent.cli import get
+
+        return get
     if module == "logs":
         from policy_agent.cli import logs
 

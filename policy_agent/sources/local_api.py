@@ -1,5 +1,5 @@
 """The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode,
-`npaudit syslog status`, `npaudit status|stats`, `npaudit trace`.
+`npaudit syslog status`, `npaudit status|stats`, `npaudit trace`, `npaudit get`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
@@ -22,6 +22,7 @@ from auditlog.syslog.status import SyslogStatus
 from policy_agent.errors import AgentError, PolicyRejected, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.apply_intent import StoreIntent
+from policy_agent.sources.inventory import GET_OP, InventoryEngine, answer
 from policy_agent.rpc import ConnectionClosed, FrameError, read_message, recv_message, send_message, write_message
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 from policy_agent.policy.model import Namespace, Pod, Policy, Tier
@@ -118,13 +119,17 @@ class LocalApi:
             return await asyncio.to_thread(self.syslog_status)
         if op == STATUS_OP:
             return await self.status()
+        if op == GET_OP:  # what is in force (npaudit get): read on the loop, between changes
+            if not isinstance(self._engine, InventoryEngine):
+                return {"ok": False, "errors": ["this agent lists nothing"]}
+            return answer(self._engine, request)
         if op == TRACE_OP:  # one packet through the pipeline (policy_agent/traceflow)
             if self._trace is None:
                 return {"ok": False, "errors": ["this agent runs no traces"]}
             return await self._trace(request)
         if op not in ("apply", "delete"):
-            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP}, {SYSLOG_STATUS_OP} or "
-                                            f"{TRACE_OP}, got {op!r}"]}
+            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP}, {SYSLOG_STATUS_OP}, "
+                                            f"{GET_OP} or {TRACE_OP}, got {op!r}"]}
         text = request.get("manifests")
         if not isinstance(text, str):
             return {"ok": False, "errors": ["manifests: must be a string"]}
