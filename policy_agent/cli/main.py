@@ -29,6 +29,8 @@ VERBS: dict[str, tuple[str | None, str]] = {
     "verify": ("verify", "check the audit log's hash chain (live and rotated files); exit 1 on a break"),
     "syslog": ("syslog", "operate the syslog forwarder: status, test"),
     "logs": ("logs", "show audit records, filtered, and follow them (like hubble observe)"),
+    "observe": ("logs", "`logs` with hubble observe's spellings (--verdict, --from-pod, --to-pod, "
+                        "--traffic-direction, ...)"),
     "status": ("status", "the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, audit chain head, "
                          "syslog, recent problems"),
     "stats": ("stats", "counts over a window of the audit files (by disposition, policy, rule, Pod), plus the "
