@@ -9,7 +9,10 @@ import sys
 from typing import Any, TextIO
 
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
-from policy_agent.config.loader import AgentConfig
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
+if TYPE_CHECKING:
+    from policy_agent.config.loader import AgentConfig
 
 HELP = "list what the running agent has in force: policies, rules with their ids and tiers, Pods (classes, flows)"
 # kubectl's names and short names for the kinds (singular, plural, short), and ours for rules.
@@ -64,7 +67,7 @@ def request_of(args: Any) -> dict[str, Any]:
 
 def run_get(cfg: AgentConfig, request: dict[str, Any], output: str = "table", *, api: ApiCall | None = None,
             out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from policy_agent.sources.local_api import call
+    from policy_agent.rpc import call
 
     out, err = out or sys.stdout, err or sys.stderr
     try:

@@ -78,6 +78,8 @@ _LOGS_FILTERS = (  # (option, its short form, metavar, help)
 # hubble observe's spellings of the same filters.
 _HUBBLE_ALIASES = {"traffic-direction": "direction", "node-name": "node"}
 HELP = "show audit records, filtered, and follow them (like hubble observe)"
+# auditlog.query_output.FORMATS, spelled here so that parsing `logs` imports no record machinery.
+FORMATS = ("table", "compact", "json")
 OBSERVE_HELP = "`logs` with hubble observe's spellings (--verdict, --from-pod, --to-pod, --traffic-direction, ...)"
 
 
@@ -88,8 +90,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], verb: str, text: str) -> None:
-    from auditlog.query_output import FORMATS
-
     lg = sub.add_parser(
         verb, help=text,
         description="Show audit records of the live and rotated (gzip) files, oldest first. Filters repeat "

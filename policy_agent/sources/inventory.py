@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from policy_agent.policy.rules import RuleInfo
     from policy_agent.policy.selection import Endpoint
 
-GET_OP = "get"
 KINDS = ("policies", "rules", "pods")
 
 
