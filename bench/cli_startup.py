@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +30,36 @@ VERBS = ("agent", "check-config", "ovs", "apply", "delete", "verify", "syslog", 
          "bundle", "get", "trace", "demo", "completion")
 
 
-def commands(config: Path) -> dict[str, list[str]]:
+POLICY = """apiVersion: crd.antrea.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {name: bench-one-rule}
+spec:
+  priority: 5
+  appliedTo: [{podSelector: {matchLabels: {app: web}}}]
+  ingress: [{action: Drop, name: r1, ports: [{protocol: TCP, port: 80}]}]
+"""
+
+
+def stub_agent(path: Path) -> None:
+    """A local API socket at `path` answering every request "ok" at once, in a daemon thread: what is left of
+    `npaudit apply`'s wall time is the command's own (bench/cni_latency.py's apply_wall_ms minus agent_side_ms)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    reply = json.dumps({"ok": True, "apply": {"policies": 1}, "rules": 1000}).encode()
+
+    def serve() -> None:
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                (length,) = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))
+                conn.recv(length, socket.MSG_WAITALL)
+                conn.sendall(struct.pack(">I", len(reply)) + reply)
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def commands(config: Path, stub_config: Path, policy: Path) -> dict[str, list[str]]:
+    """`config`: no agent answers there; `stub_config`: its api_socket is stub_agent's."""
     return {
         "python_floor": [sys.executable, "-c", "pass"],
         "version": [*CLI, "--version"],
@@ -35,6 +67,7 @@ def commands(config: Path) -> dict[str, list[str]]:
         **{f"{verb.replace('-', '_')}_help": [*CLI, verb, "--help"] for verb in VERBS},
         "status_no_agent": [*CLI, "status", "--config", str(config)],
         "get_rules_no_agent": [*CLI, "get", "rules", "--config", str(config)],
+        "apply_one_policy_stub_agent": [*CLI, "apply", "-f", str(policy), "--config", str(stub_config)],
     }
 
 
@@ -49,10 +82,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
     medians = {}
-    with tempfile.TemporaryDirectory(prefix="npaudit-startup-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="npaudit-startup-", dir="/tmp") as tmp:  # AF_UNIX paths are short
         config = Path(tmp) / "agent.yaml"
-        config.write_text(f"state_dir: {tmp}\n")  # no agent answers there
-        for name, argv in commands(config).items():
+        config.write_text(f"state_dir: {tmp}\n")
+        policy = Path(tmp) / "policy.yaml"
+        policy.write_text(POLICY)
+        no_agent = Path(tmp) / "none"
+        no_agent.mkdir()
+        (no_agent / "agent.yaml").write_text(f"state_dir: {no_agent}\n")  # no agent answers there
+        stub_agent(Path(tmp) / "api.sock")  # the config's api_socket
+        for name, argv in commands(no_agent / "agent.yaml", config, policy).items():
             wall_ms(argv)  # warm the page cache
             medians[name] = round(statistics.median(wall_ms(argv) for _ in range(args.runs)), 1)
     over = {k: round(v - medians["python_floor"], 1) for k, v in medians.items() if k != "python_floor"}
