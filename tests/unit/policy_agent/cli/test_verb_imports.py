@@ -14,10 +14,10 @@ from tests.support.cli_imports import code_imports, modules_imported, under
 OPENFLOW = ("os_ken", "packetin.channel", "packetin.messages", "meters.ovs")
 MACHINERY = (*OPENFLOW, "yaml", "prometheus_client", "bcc", "policy_agent.config.loader", "policy_agent.agent",
              "policy_agent.engine", "policy_agent.policy", "policy_agent.sources", "auditlog.query",
-             "auditlog.syslog.forwarder", "orjson", "dateutil")
+             "auditlog.syslog.forwarder", "orjson", "dateutil", "asyncio")
 
 
-@pytest.mark.parametrize("verb", ["logs", "observe", "status", "get", "trace", "stats", "syslog", "apply"])
+@pytest.mark.parametrize("verb", ["agent", "logs", "observe", "status", "get", "trace", "stats", "syslog", "apply"])
 def test_a_verbs_help_loads_none_of_its_machinery(verb: str) -> None:
     modules, res = modules_imported([verb, "--help"])
     assert "usage: npaudit" in res.stdout
