@@ -106,11 +106,10 @@ def _pod_filter(value: str, sides: Sequence[str]) -> _Parsed:
     return _Parsed(test, _plain(prefix) or _plain(namespace))
 
 
-def _namespace_filter(value: str) -> _Parsed:
+def _namespace_filter(value: str, sides: Sequence[str] = ("source", "destination")) -> _Parsed:
     if not value or "/" in value:
         raise QueryError(f"'{value}': not a namespace name")
-    return _Parsed(lambda r: any((_pod(r, s) or (None,))[0] == value for s in ("source", "destination")),
-                   _plain(value))
+    return _Parsed(lambda r: any((_pod(r, s) or (None,))[0] == value for s in sides), _plain(value))
 
 
 def _ip_filter(value: str, sides: Sequence[str]) -> _Parsed:
@@ -130,12 +129,11 @@ def _ip_filter(value: str, sides: Sequence[str]) -> _Parsed:
     return _Parsed(test, _plain(str(network.network_address)) if single else None)
 
 
-def _port_filter(value: str) -> _Parsed:
+def _port_filter(value: str, sides: Sequence[str] = ("source", "destination")) -> _Parsed:
     if not value.isdigit() or int(value) > 65535:
         raise QueryError(f"'{value}': not a port (0-65535)")
     port = int(value)
-    return _Parsed(lambda r: get_field(r, "source", "port") == port or get_field(r, "destination", "port") == port,
-                   str(port).encode())
+    return _Parsed(lambda r: any(get_field(r, side, "port") == port for side in sides), str(port).encode())
 
 
 _TRANSPORTS = {name for name in map(transport_name, range(256)) if name}
@@ -160,6 +158,18 @@ def _choice_filter(value: str, choices: dict[str, str], keys: Sequence[str]) -> 
 
 
 _DISPOSITIONS = {"allow": "Allow", "drop": "Drop", "reject": "Reject", "pass": "Pass"}
+# hubble observe --verdict: what Cilium calls FORWARDED and DROPPED (a Reject drops the packet too); our
+# dispositions are accepted as well.
+_VERDICTS = {"forwarded": ("Allow",), "dropped": ("Drop", "Reject"),
+             **{name: (disposition,) for name, disposition in _DISPOSITIONS.items()}}
+
+
+def _verdict_filter(value: str) -> _Parsed:
+    wanted = _VERDICTS.get(value.lower())
+    if wanted is None:
+        raise QueryError(f"'{value}': not a verdict (FORWARDED, DROPPED, or allow, drop, reject, pass)")
+    return _Parsed(lambda r: get_field(r, "npaudit", "disposition") in wanted,
+                   f'"{wanted[0]}"'.encode() if len(wanted) == 1 else None)
 _DIRECTIONS = {"ingress": "ingress", "egress": "egress"}
 
 
@@ -201,6 +211,8 @@ _PARSERS: dict[str, Callable[[str], _Parsed]] = {
     "from-pod": lambda v: _pod_filter(v, ("source",)),
     "to-pod": lambda v: _pod_filter(v, ("destination",)),
     "namespace": _namespace_filter,
+    "from-namespace": lambda v: _namespace_filter(v, ("source",)),
+    "to-namespace": lambda v: _namespace_filter(v, ("destination",)),
     "policy": _policy_filter,
     "rule": _rule_filter,
     "tier": _tier_filter,
@@ -210,6 +222,9 @@ _PARSERS: dict[str, Callable[[str], _Parsed]] = {
     "from-ip": lambda v: _ip_filter(v, ("source",)),
     "to-ip": lambda v: _ip_filter(v, ("destination",)),
     "port": _port_filter,
+    "from-port": lambda v: _port_filter(v, ("source",)),
+    "to-port": lambda v: _port_filter(v, ("destination",)),
+    "verdict": _verdict_filter,
     "protocol": _protocol_filter,
     "label": lambda v: _text_filter(v, ("labels", "log_label")),
     "node": lambda v: _text_filter(v, ("observer", "hostname")),

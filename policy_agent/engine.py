@@ -219,6 +219,11 @@ class PolicyEngine:
         return self._objects.policies
 
     @property
+    def compiled(self) -> incremental.Snapshot | None:
+        """The compiled state in force (None before the first sync): what `npaudit get` reads."""
+        return self._compiled
+
+    @property
     def endpoints(self) -> dict[tuple[str, str], Endpoint]:
         return self._objects.endpoints
 

@@ -1,7 +1,10 @@
-"""Framing for the agent's unix sockets (CNI, local API): a 4-byte big-endian length, then UTF-8 JSON.
+"""Framing for the agent's unix sockets (CNI, local API): a 4-byte big-endian length, then UTF-8 JSON; and the
+local API's client side (its op names and `call`), which every verb that asks the agent uses.
 
 Imports only the standard library, and of it only json and struct at load time: `npaudit cni`
-is exec'd once per Pod and loads this module (asyncio is imported by the agent's servers).
+is exec'd once per Pod and loads this module (asyncio is imported by the agent's servers), and a
+verb asking the agent must not load the agent's side of the API (sources/local_api.py: the policy
+model, manifests, the applied store) just to send a request.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import asyncio
     import _socket  # the C module: the CNI plugin uses it without `socket` (start-up time)
+    from pathlib import Path
     from typing import Any, Mapping
 
 # 1 MiB is far above any real netconf or manifest request and caps what a peer can make us buffer.
@@ -111,3 +115,33 @@ def send_message(sock: _socket.socket, message: Mapping[str, Any]) -> None:
 def recv_message(sock: _socket.socket) -> dict[str, Any]:
     length = frame_length(_recv_exactly(sock, _LEN.size))
     return decode_body(_recv_exactly(sock, length))
+
+
+# ---- the local API's client (the CLI, the bundle) ----
+
+SYSLOG_STATUS_OP = "syslog-status"
+STATUS_OP = "status"
+TRACE_OP = "trace"
+GET_OP = "get"
+
+
+class OutcomeUnknown(AgentError):
+    """The agent took the request but the connection ended before its reply: the change may
+    or may not be in force."""
+
+
+def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """One request to the agent's local API. OSError: the agent was not reached, nothing happened.
+    OutcomeUnknown: it went away (or stayed silent) after the request was sent."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        send_message(sock, request)
+        try:
+            return recv_message(sock)
+        except (OSError, FrameError) as exc:
+            raise OutcomeUnknown(f"agent at {socket_path} closed the connection before replying "
+                                 f"({exc}): outcome unknown; the agent's next start keeps the change if OVS "
+                                 "enforced it, drops it if not (`npaudit status` says which)") from exc

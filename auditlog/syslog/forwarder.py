@@ -21,7 +21,10 @@ makes the forwarder read the files again from the newest confirmed batch and
 send everything after it again: duplicates at most the window plus about
 `receive_buffer_bytes`, never loss; a crash of the agent re-sends what was
 confirmed since the last save as well. UDP has no acknowledgement: there the
-guarantee ends at the local socket. `step` is the logic (clock passed in,
+guarantee ends at the local socket. RELP (relp.py) acknowledges each message
+from the receiver's process: a batch is confirmed when all of it was answered
+and the checkpoint saved at once, so a crash re-sends at most the window.
+`step` is the logic (clock passed in,
 returns how long to wait); the thread only calls it.
 """
 
@@ -107,6 +110,10 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
             raise SyslogConfigError(f"syslog destination {url}: udp_max_bytes must be in "
                                     f"{MIN_UDP_MAX_BYTES}..65507, got {udp_max_bytes}")
         chosen = Framing.DATAGRAM
+    elif endpoint.scheme == "relp":  # each RELP frame carries its length: "DATALEN SP DATA" is octet-counting
+        if framing not in (None, Framing.OCTET_COUNTING.value):
+            raise SyslogConfigError(f"syslog destination {url}: framing {framing!r} does not apply to relp")
+        chosen = Framing.OCTET_COUNTING
     else:
         names = (Framing.OCTET_COUNTING.value, Framing.LF.value)
         if framing not in (None, *names):
@@ -213,9 +220,12 @@ class Forwarder:
         self._backoff = Backoff(backoff_base, backoff_cap, rand)
         self._encoder = FrameEncoder(destination.header, destination.framing, destination.max_bytes)
         self._unsaved = _Unsaved()
+        # RELP: each batch is saved as soon as the receiver answered all of it, so a crash re-sends at most
+        # the window (what was sent and not answered); elsewhere saves are spaced out (the docstring).
+        self._save_each = destination.endpoint.scheme == "relp"
         self._tailer: Tailer | None = None
         unread = destination.receive_buffer_bytes
-        if destination.endpoint.scheme == "udp":
+        if destination.endpoint.scheme in ("udp", "relp"):  # relp: an answered message is the receiver's
             unread = 0
         elif unread is None:
             unread = receive_buffer_bound()
@@ -355,7 +365,8 @@ class Forwarder:
         unsaved.records += sum(batch.records for batch in batches)
         unsaved.end = self._confirmed = batches[-1].end
         since = now - (now if unsaved.saved_at is None else unsaved.saved_at)
-        if unsaved.records >= self.destination.checkpoint_records or since >= self.destination.checkpoint_interval:
+        if (self._save_each or unsaved.records >= self.destination.checkpoint_records
+                or since >= self.destination.checkpoint_interval):
             self._save(now)
 
     def _failed(self, now: float, exc: SyslogError) -> float:

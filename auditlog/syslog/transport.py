@@ -1,6 +1,6 @@
 """Senders to one syslog receiver over UDP, TCP or TLS, and the jittered backoff between reconnects.
 
-Syslog has no application acknowledgement (RFC 6587), so a stream sender
+Syslog over TCP has no application acknowledgement (RFC 6587), so a stream sender
 reports delivery from the receiver's TCP: `send` hands frames to the kernel
 without waiting, and `unacked` says how many of the bytes sent on the
 connection the receiver's TCP has not acknowledged yet (the caller keeps
@@ -10,7 +10,9 @@ acknowledged). A connection the receiver has closed is an error, never
 byte may still be unread in the receiver's receive buffer (window.py), so
 `finish` ends a connection by asking the receiver to read to the end, and
 `receive_buffer_bound` says how much it can hold unread. TLS verifies the
-server (CA, host name) and never falls back to plain TCP.
+server (CA, host name) and never falls back to plain TCP. RELP (relp.py) has
+application acknowledgements: there "acknowledged" means the receiver's process
+took the message.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from auditlog.syslog.errors import SyslogConfigError, SyslogTLSError, SyslogTransportError
+from auditlog.syslog.relp import RelpSender
 
-SCHEMES = ("udp", "tcp", "tls")
-DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}  # RFC 5426, RFC 6587 common practice, RFC 5425
+SCHEMES = ("udp", "tcp", "tls", "relp")
+# RFC 5426, RFC 6587 common practice, RFC 5425; relp: rsyslog's imrelp examples (RELP has no assigned port).
+DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514, "relp": 2514}
 ACK_POLL = 0.002  # seconds between looks at the send queue while waiting for the receiver's ACKs
 # RFC 8446 5.1 / RFC 5246 6.2.1: the most plaintext one TLS record carries.
 TLS_MAX_RECORD_PLAINTEXT = 1 << 14
@@ -75,7 +79,8 @@ class TlsOptions:
 
 
 def parse_endpoint(url: str) -> Endpoint:
-    """The Endpoint of "udp://host:port", "tcp://…" or "tls://…"; SyslogConfigError naming the URL otherwise."""
+    """The Endpoint of "udp://host:port", "tcp://…", "tls://…" or "relp://…"; SyslogConfigError naming the URL
+    otherwise."""
     # urlsplit drops tabs and line breaks silently: a URL holding one is not the URL it reads as.
     if any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
         raise SyslogConfigError(f"syslog destination {url!r}: must not contain spaces or control characters")
@@ -376,5 +381,7 @@ def open_sender(endpoint: Endpoint, tls: TlsOptions | None = None, timeout: floa
         return UdpSender(endpoint)
     if endpoint.scheme == "tcp":
         return StreamSender(endpoint, timeout=timeout)
+    if endpoint.scheme == "relp":
+        return RelpSender(endpoint, timeout=timeout)
     options = tls or TlsOptions()
     return StreamSender(endpoint, tls=tls_context(options), server_name=options.server_name, timeout=timeout)

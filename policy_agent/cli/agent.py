@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from policy_agent.cli.common import CONFIG_HELP, load_config, open_private, setup_logging
 from policy_agent.errors import AgentError, one_line, printable
+
+if TYPE_CHECKING:
+    import asyncio  # loaded when the agent runs, not to parse its options
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,7 @@ def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
     import json
     import logging
 

@@ -63,7 +63,7 @@ def read_manifests(filename: str) -> str:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from policy_agent.rpc import FrameError
-    from policy_agent.sources.local_api import OutcomeUnknown, call
+    from policy_agent.rpc import OutcomeUnknown, call
 
     cfg = load_config(args.config)
     try:

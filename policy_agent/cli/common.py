@@ -102,7 +102,7 @@ def open_private(path: str) -> TextIO:
 
 def ask_status(cfg: AgentConfig, api: ApiCall | None) -> tuple[dict[str, Any] | None, str]:
     """The running agent's status snapshot, or None and one line saying why there is none."""
-    from policy_agent.sources.local_api import STATUS_OP, call
+    from policy_agent.rpc import STATUS_OP, call
 
     try:
         reply = (api or call)(cfg.api_socket, {"op": STATUS_OP})

@@ -56,26 +56,42 @@ _LOGS_FILTERS = (  # (option, its short form, metavar, help)
     ("from-pod", None, "[NS/]NAME", "source Pod, name prefix"),
     ("to-pod", None, "[NS/]NAME", "destination Pod, name prefix"),
     ("namespace", "-n", "NS", "namespace of the source or destination Pod"),
+    ("from-namespace", None, "NS", "namespace of the source Pod"),
+    ("to-namespace", None, "NS", "namespace of the destination Pod"),
     ("policy", None, "POLICY", "rule.ruleset: Kind:ns/name, ns/name or name"),
     ("rule", None, "RULE", "rule name or id"),
     ("tier", None, "TIER", "rule tier (rule.category), any case"),
     ("disposition", None, "D", "allow, drop, reject or pass (any case)"),
+    ("verdict", None, "VERDICT", "as hubble spells it: FORWARDED (allow) or DROPPED (drop and reject); also "
+                                 "allow, drop, reject, pass"),
     ("direction", None, "DIR", "ingress or egress"),
     ("ip", None, "CIDR", "source or destination address in CIDR (or one address)"),
     ("from-ip", None, "CIDR", "source address in CIDR"),
     ("to-ip", None, "CIDR", "destination address in CIDR"),
     ("port", None, "PORT", "source or destination port"),
+    ("from-port", None, "PORT", "source port"),
+    ("to-port", None, "PORT", "destination port"),
     ("protocol", None, "PROTO", "tcp, udp, icmp, ipv6-icmp, sctp or an IANA number"),
     ("label", None, "LABEL", "the rule's log label (labels.log_label)"),
     ("node", None, "NODE", "observer.hostname"),
 )
+# hubble observe's spellings of the same filters.
+_HUBBLE_ALIASES = {"traffic-direction": "direction", "node-name": "node"}
+HELP = "show audit records, filtered, and follow them (like hubble observe)"
+# auditlog.query_output.FORMATS, spelled here so that parsing `logs` imports no record machinery.
+FORMATS = ("table", "compact", "json")
+OBSERVE_HELP = "`logs` with hubble observe's spellings (--verdict, --from-pod, --to-pod, --traffic-direction, ...)"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from auditlog.query_output import FORMATS
+    """`logs`, and `observe`: the same verb under hubble's name."""
+    for verb, text in (("logs", HELP), ("observe", OBSERVE_HELP)):
+        _add_parser(sub, verb, text)
 
+
+def _add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], verb: str, text: str) -> None:
     lg = sub.add_parser(
-        "logs", help="show audit records, filtered, and follow them (like hubble observe)",
+        verb, help=text,
         description="Show audit records of the live and rotated (gzip) files, oldest first. Filters repeat "
                     "and combine: values of one kind are ORed, kinds are ANDed; --not negates the next filter, "
                     "and a record is hidden when it matches all the negated kinds (as in hubble observe).",
@@ -84,9 +100,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     lg.add_argument("paths", nargs="*", type=Path,
                     help="audit files or directories (default: audit.path of the config, else /var/log/npaudit)")
     lg.add_argument("--config", help=f"the agent's config (for audit.path) {CONFIG_HELP}")
-    for name, short, metavar, text in _LOGS_FILTERS:
-        lg.add_argument(*([short] if short else []), f"--{name}", dest=name, action=_LogsFilter,
-                        metavar=metavar, help=text + " (repeatable)")
+    for name, short, metavar, what in _LOGS_FILTERS:
+        aliases = [f"--{alias}" for alias, kind in _HUBBLE_ALIASES.items() if kind == name]
+        lg.add_argument(*([short] if short else []), f"--{name}", *aliases, dest=name, action=_LogsFilter,
+                        metavar=metavar, help=what + " (repeatable)")
     lg.add_argument("--not", action=_LogsNot, nargs=0, help="negate the next filter")
     lg.add_argument("--since", metavar="TIME", help="records at or after TIME")
     lg.add_argument("--until", metavar="TIME", help="records at or before TIME")

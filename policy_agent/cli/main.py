@@ -29,11 +29,15 @@ VERBS: dict[str, tuple[str | None, str]] = {
     "verify": ("verify", "check the audit log's hash chain (live and rotated files); exit 1 on a break"),
     "syslog": ("syslog", "operate the syslog forwarder: status, test"),
     "logs": ("logs", "show audit records, filtered, and follow them (like hubble observe)"),
+    "observe": ("logs", "`logs` with hubble observe's spellings (--verdict, --from-pod, --to-pod, "
+                        "--traffic-direction, ...)"),
     "status": ("status", "the running agent: OpenFlow, OVS, meters, eBPF tier, traces, policy, audit chain head, "
                          "syslog, recent problems"),
     "stats": ("stats", "counts over a window of the audit files (by disposition, policy, rule, Pod), plus the "
                        "running agent's packet-in drops, meter drops and packets the eBPF offload dropped"),
     "bundle": ("bundle", "write a support bundle (tar.gz with manifest.json)"),
+    "get": ("get", "list what the running agent has in force: policies, rules with their ids and tiers, Pods "
+                   "(classes, flows)"),
     "trace": ("trace", "trace one packet from a Pod through the OVS pipeline: each table, the deciding rule, "
                        "the outcome"),
     "demo": ("demo", "private OVS, two Pods, logged flows, real traffic, live packet-ins"),
@@ -100,6 +104,10 @@ def _verb_module(module: str) -> ModuleType:
         from policy_agent.cli import demo
 
         return demo
+    if module == "get":
+        from policy_agent.cli import get
+
+        return get
     if module == "logs":
         from policy_agent.cli import logs
 

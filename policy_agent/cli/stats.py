@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from auditlog.stats import GROUPS, count_records
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
-from policy_agent.config.loader import AgentConfig
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
+if TYPE_CHECKING:
+    from policy_agent.config.loader import AgentConfig
 
 EXIT_USAGE = 2
 HELP = ("counts over a window of the audit files (by disposition, policy, rule, Pod), plus the running "
@@ -61,6 +63,7 @@ def run_stats(cfg: AgentConfig, paths: list[Path], *, since: str | None, until: 
     from auditlog.fileset import DEFAULT_BASE
     from auditlog.logread import LogReader
     from auditlog.query import Query, QueryError, format_timestamp, parse_time
+    from auditlog.stats import count_records
 
     out, err = out or sys.stdout, err or sys.stderr
     base = DEFAULT_BASE
@@ -95,6 +98,8 @@ def run_stats(cfg: AgentConfig, paths: list[Path], *, since: str | None, until: 
 def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") -> str:
     """The report as aligned sections: totals, each grouping's top rows, then the agent's counters."""
     from auditlog.query_output import safe_text
+
+    from auditlog.stats import GROUPS
 
     files, window = report["files"], report["window"]
     lines = [f"window   {window['since'] or 'start of the files'} .. {window['until'] or 'now'}"

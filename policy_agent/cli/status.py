@@ -16,7 +16,10 @@ import sys
 from typing import Any, Callable, TextIO
 
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
-from policy_agent.config.loader import AgentConfig
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
+if TYPE_CHECKING:
+    from policy_agent.config.loader import AgentConfig
 
 EbpfProbe = Callable[[], tuple[bool, str]]
 

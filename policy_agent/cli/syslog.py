@@ -16,16 +16,16 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
-from auditlog.syslog.errors import SyslogError
-from auditlog.syslog.forwarder import Destination, make_destination, send_test_message
-from auditlog.syslog.status import SyslogStatus, SyslogStatusError
-from auditlog.syslog.transport import parse_endpoint
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
-from policy_agent.config.loader import AgentConfig, syslog_destination
 
-SendTest = Callable[[Destination, float, str], None]
+if TYPE_CHECKING:  # the forwarder's modules load only when a subcommand runs, not to parse its options
+    from auditlog.syslog.forwarder import Destination
+    from auditlog.syslog.status import SyslogStatus
+    from policy_agent.config.loader import AgentConfig
+
+SendTest = Callable[["Destination", float, str], None]
 
 STATUS_HELP = "per destination: connected, last seq sent vs the writer's, backlog, last error (asks the running agent)"
 TEST_HELP = ("send one marked test message (MSGID TEST, not an audit record, not in the hash chain) to each "
@@ -45,8 +45,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     te = actions.add_parser("test", help=TEST_HELP, description=TEST_HELP)
     te.add_argument("--config", help=f"the config whose syslog.destinations are tested {CONFIG_HELP}")
     te.add_argument("--destination", metavar="URL",
-                    help="test only this destination (udp://, tcp:// or tls://HOST:PORT); its settings come from "
-                         "the config when it is listed there, else the defaults (TLS: the system's trust store)")
+                    help="test only this destination (udp://, tcp://, tls:// or relp://HOST:PORT); its settings come "
+                         "from the config when it is listed there, else the defaults (TLS: the system's trust store)")
     te.add_argument("--timeout", type=float, default=10.0, help="seconds to connect and be acknowledged")
     te.set_defaults(func=lambda args: run_test(load_config(args.config), args.destination, timeout=args.timeout))
 
@@ -56,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run_status(cfg: AgentConfig, output: str = "table", *, api: ApiCall | None = None,
                out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print the running agent's syslog status; 1 when no agent answers or its reply is unusable."""
-    from policy_agent.sources.local_api import SYSLOG_STATUS_OP, call  # the engine with it: only when asked
+    from auditlog.syslog.status import SyslogStatus, SyslogStatusError
+    from policy_agent.rpc import SYSLOG_STATUS_OP, call
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
@@ -111,6 +112,10 @@ class Outcome:
 
 def chosen_destinations(cfg: AgentConfig, url: str | None) -> tuple[list[Destination], str]:
     """The destinations to test and a note; SyslogError naming the URL or the config entry that is wrong."""
+    from auditlog.syslog.forwarder import make_destination
+    from auditlog.syslog.transport import parse_endpoint
+    from policy_agent.config.loader import syslog_destination
+
     configured = [syslog_destination(d, cfg.node) for d in cfg.syslog.destinations]
     if url is None:
         return configured, ""
@@ -124,6 +129,9 @@ def chosen_destinations(cfg: AgentConfig, url: str | None) -> tuple[list[Destina
 def run_test(cfg: AgentConfig, url: str | None = None, *, timeout: float = 10.0, send: SendTest | None = None,
              clock: Callable[[], float] = time.time, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Send a test message to each chosen destination; 0 if all were delivered, 1 otherwise (or if there was none)."""
+    from auditlog.syslog.errors import SyslogError
+    from auditlog.syslog.forwarder import send_test_message
+
     out, err = out or sys.stdout, err or sys.stderr
     try:
         destinations, note = chosen_destinations(cfg, url)
@@ -143,8 +151,9 @@ def run_test(cfg: AgentConfig, url: str | None = None, *, timeout: float = 10.0,
         except SyslogError as exc:
             outcomes.append(Outcome(dest.name, str(exc), note))
             continue
-        ack = "sent (UDP: no acknowledgement, look at the receiver)" if dest.endpoint.scheme == "udp" else \
-            "acknowledged by the receiver's TCP"
+        ack = {"udp": "sent (UDP: no acknowledgement, look at the receiver)",
+               "relp": "acknowledged by the receiver (RELP rsp 200)"}.get(dest.endpoint.scheme,
+                                                                         "acknowledged by the receiver's TCP")
         outcomes.append(Outcome(dest.name, None, "; ".join(n for n in (ack, note) if n)))
     print(f"test message id {test_id} (MSGID TEST, [npaudit@32473 test=\"true\" id=\"{test_id}\"])", file=out)
     print(outcome_table(outcomes), file=out)

@@ -8,7 +8,10 @@ import sys
 from typing import Any, TextIO
 
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
-from policy_agent.config.loader import AgentConfig
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
+if TYPE_CHECKING:
+    from policy_agent.config.loader import AgentConfig
 
 
 EXIT_DELIVERED, EXIT_STOPPED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_RUN = 0, 1, 2, 3, 4
@@ -50,7 +53,7 @@ def request_of(args: Any) -> dict[str, Any]:
 
 def run_trace(cfg: AgentConfig, request: dict[str, Any], output: str = "table", *, api: ApiCall | None = None,
               out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from policy_agent.sources.local_api import call
+    from policy_agent.rpc import call
 
     out, err = out or sys.stdout, err or sys.stderr
     try:

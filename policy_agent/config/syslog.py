@@ -20,7 +20,7 @@ BYTES_MAX = 1 << 32
 
 @dataclass(frozen=True)
 class SyslogDestinationConfig:
-    # udp://HOST:PORT, tcp://HOST:PORT or tls://HOST:PORT (ports default to 514, 514, 6514).
+    # udp://HOST:PORT, tcp://HOST:PORT, tls://HOST:PORT or relp://HOST:PORT (514, 514, 6514, 2514).
     url: str = field(default="", metadata=checked(lambda v: None if v else "is required"))
     # Facility name (local0..local7, daemon, ...) or number 0..23; severity comes from the disposition.
     facility: str = "local0"

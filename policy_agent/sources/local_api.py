@@ -1,5 +1,5 @@
 """The agent's local API on a unix socket (mode 0600): `npaudit apply|delete -f` in standalone mode,
-`npaudit syslog status`, `npaudit status|stats`, `npaudit trace`.
+`npaudit syslog status`, `npaudit status|stats`, `npaudit trace`, `npaudit get`.
 
 Framed by policy_agent.rpc (4-byte length + JSON), like the CNI socket. A request is one
 transaction: the set is validated as a whole (against the Tiers the agent already has), the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Protocol, Sized
 
@@ -22,7 +21,11 @@ from auditlog.syslog.status import SyslogStatus
 from policy_agent.errors import AgentError, PolicyRejected, one_line, printable
 from policy_agent.sources.applied_store import AppliedStore
 from policy_agent.sources.apply_intent import StoreIntent
-from policy_agent.rpc import ConnectionClosed, FrameError, read_message, recv_message, send_message, write_message
+from policy_agent.sources.inventory import InventoryEngine, answer
+# The client side (op names, call, OutcomeUnknown) lives in rpc.py; imported from here too.
+from policy_agent.rpc import (GET_OP, STATUS_OP, SYSLOG_STATUS_OP, TRACE_OP, ConnectionClosed, FrameError,
+                              read_message, write_message)
+from policy_agent.rpc import OutcomeUnknown as OutcomeUnknown, call as call  # noqa: F401  (re-exported)
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_text
 from policy_agent.policy.model import Namespace, Pod, Policy, Tier
 
@@ -34,9 +37,6 @@ def counts(objs: ObjectSet) -> dict[str, int]:
             "policies": len(objs.policies)}
 
 
-SYSLOG_STATUS_OP = "syslog-status"
-STATUS_OP = "status"
-TRACE_OP = "trace"
 
 
 class ApiEngine(Protocol):
@@ -118,13 +118,17 @@ class LocalApi:
             return await asyncio.to_thread(self.syslog_status)
         if op == STATUS_OP:
             return await self.status()
+        if op == GET_OP:  # what is in force (npaudit get): read on the loop, between changes
+            if not isinstance(self._engine, InventoryEngine):
+                return {"ok": False, "errors": ["this agent lists nothing"]}
+            return answer(self._engine, request)
         if op == TRACE_OP:  # one packet through the pipeline (policy_agent/traceflow)
             if self._trace is None:
                 return {"ok": False, "errors": ["this agent runs no traces"]}
             return await self._trace(request)
         if op not in ("apply", "delete"):
-            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP}, {SYSLOG_STATUS_OP} or "
-                                            f"{TRACE_OP}, got {op!r}"]}
+            return {"ok": False, "errors": [f"op: must be apply, delete, {STATUS_OP}, {SYSLOG_STATUS_OP}, "
+                                            f"{GET_OP} or {TRACE_OP}, got {op!r}"]}
         text = request.get("manifests")
         if not isinstance(text, str):
             return {"ok": False, "errors": ["manifests: must be a string"]}
@@ -161,23 +165,3 @@ class LocalApi:
         if store is None:
             raise AgentError("the local API keeps changes only with an applied store")
         return StoreIntent(store, op, text, lambda: self._engine.tiers)
-
-
-class OutcomeUnknown(AgentError):
-    """The agent took the request but the connection ended before its reply: the change may
-    or may not be in force."""
-
-
-def call(socket_path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Client side (the CLI). OSError: the agent was not reached, nothing happened.
-    OutcomeUnknown: it went away (or stayed silent) after the request was sent."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(str(socket_path))
-        send_message(sock, request)
-        try:
-            return recv_message(sock)
-        except (OSError, FrameError) as exc:
-            raise OutcomeUnknown(f"agent at {socket_path} closed the connection before replying "
-                                 f"({exc}): outcome unknown; the agent's next start keeps the change if OVS "
-                                 "enforced it, drops it if not (`npaudit status` says which)") from exc

@@ -58,7 +58,7 @@ def test_each_shipped_rsyslog_config_passes_rsyslogs_own_validation(name: str, t
     assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr
 
 
-@pytest.mark.parametrize("scheme", ["tcp", "tls", "udp"])
+@pytest.mark.parametrize("scheme", ["tcp", "tls", "udp", "relp"])
 def test_the_receiver_config_writes_each_forwarded_record_as_the_node_wrote_it(
         scheme: str, receiver: Receiver, pki: Pki, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     live = tmp_path / "log" / "audit.jsonl"

@@ -128,15 +128,17 @@ class Receiver:
         tls_dir.mkdir(parents=True)
         for src, dst in ((pki.ca, "ca.pem"), (pki.cert, "server.pem"), (pki.key, "server.key")):
             shutil.copy(src, tls_dir / dst)
-        self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port()}
+        self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port(),
+                      "relp": free_port()}
         conf = templated("rsyslog-receiver.conf", workdir / "rsyslog.conf", {
             "/var/log/npaudit-siem/": f"{self.out}/",
             "/etc/rsyslog.d/npaudit-tls/": f"{tls_dir}/",
             'input(type="imudp" port="514"': f'input(type="imudp" address="127.0.0.1" port="{self.ports["udp"]}"',
             'input(type="imtcp" port="514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}"',
             'input(type="imtcp" port="6514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}"',
+            'input(type="imrelp" port="2514"': f'input(type="imrelp" address="127.0.0.1" port="{self.ports["relp"]}"',
         })
-        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"]))
+        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"], self.ports["relp"]))
 
     def url(self, scheme: str) -> str:
         return f"{scheme}://127.0.0.1:{self.ports[scheme]}"
@@ -166,3 +168,31 @@ class Receiver:
         except FileNotFoundError:
             pass
         return n
+
+
+class ForwardedCopies:
+    """rsyslogd -n with imrelp and imtcp on 127.0.0.1, each writing every message it received as an RFC 5424
+    line (RSYSLOG_SyslogProtocol23Format) into <input>.log: the forwarded copies `npaudit verify --from-syslog`
+    reads."""
+
+    INPUTS = ("relp", "tcp")
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.dir = workdir
+        self.ports = {name: free_port() for name in self.INPUTS}
+        conf = workdir / "rsyslog.conf"
+        conf.write_text(
+            f'global(workDirectory="{workdir}" maxMessageSize="128k")\n'
+            'module(load="imrelp")\nmodule(load="imtcp")\n'
+            + "".join(f'ruleset(name="{name}") {{ action(type="omfile" file="{self.path(name)}" '
+                      'template="RSYSLOG_SyslogProtocol23Format") }\n' for name in self.INPUTS)
+            + "".join(f'input(type="im{name}" address="127.0.0.1" port="{self.ports[name]}" ruleset="{name}")\n'
+                      for name in self.INPUTS))
+        self.daemon = RsyslogDaemon(workdir, conf, tuple(self.ports.values()))
+
+    def url(self, name: str) -> str:
+        return f"{name}://127.0.0.1:{self.ports[name]}"
+
+    def path(self, name: str) -> Path:
+        return self.dir / f"{name}.log"
