@@ -45,6 +45,9 @@ from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.writer import AuditWriter
 from packetin.model import Category, PacketIn
+from policy_agent.config.overload import OverloadConfig
+
+MARKS = OverloadConfig()  # the agent's default overload marks
 
 # (name, from stamp, to stamp): the hand-offs, in path order.
 HANDOFFS = (("socket_read", "sent", "read"),          # sender -> kernel -> OVS upcall -> agent read
@@ -158,7 +161,7 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
         demux_fill: list[Any] = []
         overload = Overload(lambda: max(demux_fill[0].queue_fill(Category.POLICY) if demux_fill else 0.0,
                                         writer.queue_fill()),
-                            high_mark=0.05, peers_mark=0.25, low_mark=0.01)  # the agent's defaults
+                            high_mark=MARKS.high_mark, peers_mark=MARKS.peers_mark, low_mark=MARKS.low_mark)
         pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload)
 
         def handler(pin: PacketIn) -> None:
