@@ -38,12 +38,24 @@ _ALLOW = int(Disposition.ALLOW)
 _CHECK_EVERY = 64
 # Seconds between looks at the backlog while coarse and idle (no window open).
 _RECHECK = 0.5
+# Seconds the window timer waits at least between two ticks: with a new key every packet-in,
+# a window closes every packet-in, and one tick per window would cost an event-loop wake-up
+# each. A window's aggregate record is written at most this late; "first" records never wait.
+_TICK_GRAIN = 0.01
 
 
 class RecordSink(Protocol):
     """Where the pipeline's records go (AuditWriter): never blocks, False when it refuses one."""
 
     def submit(self, record: RecordText) -> bool: ...
+
+
+class BatchingSink(RecordSink, Protocol):
+    """A sink that can take the records of one batch of packet-ins as one hand-over (AuditWriter)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,12 @@ def group_lasts(raws: list[bytes], summary: PacketSummary) -> tuple[list[int | N
     return lasts, len(raws) if summary.truncated else 0
 
 
+def tick_delay(deadline: float, now: float, ticked: float) -> float:
+    """Seconds the window timer waits before closing the windows due by `deadline`: until then, but
+    not sooner than _TICK_GRAIN after its last tick at `ticked` (nor longer, should the clock step back)."""
+    return max(deadline - now, min(_TICK_GRAIN, ticked + _TICK_GRAIN - now))
+
+
 def _second(group: PacketInGroup) -> tuple[PacketIn, PacketSummary]:
     pin = decode_packet_in2(group.raws[1], group.sample.received_at)
     return pin, decode_frame(pin.packet)
@@ -99,6 +117,9 @@ class AuditPipeline:
         self._distinct: dict[tuple, set[tuple]] = {}
         self._directions: dict[int, str] = {}
         self._writer = writer
+        # Records of one batch of packet-ins (begin_batch .. end_batch) go to the writer as one batch.
+        self._batching = cast("BatchingSink", writer) if hasattr(writer, "hold") and hasattr(writer, "release") \
+            else None
         self._agg = aggregator
         self._clock = wall_clock
         # The packet-in just decoded: a later subscriber of the same packet-in (the eBPF offload)
@@ -109,6 +130,7 @@ class AuditPipeline:
         # closes sooner wakes it: not every packet-in, whose wake-up would cost the loop time
         # the writer thread then waits for (the GIL) before it writes the record.
         self._timer_until: float | None = None
+        self._ticked = -float("inf")  # wall clock of the timer's last tick
         self._task: asyncio.Task[None] | None = None
         self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0, "coarsened": 0}
         # Per rule id: packet-ins taken, and packets of records the writer refused (rule_seen).
@@ -230,6 +252,15 @@ class AuditPipeline:
                 self._directions[rule_id] = direction
         return direction
 
+    def begin_batch(self) -> None:
+        """The packet-ins up to `end_batch` came in one read: their records go to the writer together."""
+        if self._batching is not None:
+            self._batching.hold()
+
+    def end_batch(self) -> None:
+        if self._batching is not None:
+            self._batching.release()
+
     def decoded(self, pin: PacketIn) -> PacketSummary:
         """The frame of `pin` decoded: the pipeline's own decoding when it just took that packet-in."""
         last = self._decoded
@@ -310,16 +341,20 @@ class AuditPipeline:
                 await wake.wait()
                 wake.clear()
                 continue
-            delay = deadline - self._clock()
+            delay = tick_delay(deadline, self._clock(), self._ticked)
             if delay > 0:
                 if await wait_event(wake, delay):
                     wake.clear()
                     continue  # a new window may close sooner; recompute
             try:
-                now = self._clock()
+                now = self._ticked = self._clock()
                 if self._overload is not None:
                     self._level = self._overload.update(now)
-                self._emit(self._agg.tick(now))
+                self.begin_batch()
+                try:
+                    self._emit(self._agg.tick(now))
+                finally:
+                    self.end_batch()
             except Exception:  # keep closing windows whatever one record did
                 log.exception("closing aggregation windows failed")
 

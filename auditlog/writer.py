@@ -13,11 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from auditlog.chain import GENESIS, RecordText, chain_restart_record, records_lost_record
+from auditlog.chain import GENESIS, RecordText, records_lost_record
 from auditlog.compressor import FILE_MODE, Compressor
-from auditlog.fileset import audit_files, scan_tail, set_lock
+from auditlog.fileset import set_lock
 from auditlog.loss_note import LossNote
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
+from auditlog.writer_resume import resume_point
 from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
 from auditlog.writer_stats import LOSS_KEYS, STAT_KEYS, WriterEvents, WriterStats  # noqa: F401 (re-exported)
 from packetin.ratelimited_log import RateLimitedLog
@@ -60,6 +61,11 @@ class AuditWriter:
     thread. Either way records are sealed and written in submission order under one lock.
     `inline_gap=None`: every record goes through the thread.
 
+    Between `hold()` and `release()` (the caller's thread: the event loop, around one read's
+    packet-ins) submitted records are collected and `release` hands them over as one batch:
+    sealed and appended in one write by the caller itself when the writer is idle (as above),
+    else queued with one wake-up of the thread.
+
     Defaults: rotate at 100 MiB, keep 10 gzip files and nothing older than 28
     days (Antrea keeps 500 MB x 3 for 28 days); a 100k-record queue.
     """
@@ -85,6 +91,8 @@ class AuditWriter:
         self._inline_gap = inline_gap
         self._monotonic = monotonic
         self._last_submit = float("-inf")  # monotonic() of the previous submit
+        self._holding = 0  # hold() depth: while > 0, submit collects into _pending
+        self._pending: list[RecordText] = []  # submitted while held, not yet queued or written
         self._inline_from = float("-inf")  # no inline write before (monotonic): after a slow one
         # Held while records are taken off the queue, sealed and written: by the thread, or by
         # a submit writing inline (which never waits for it: a busy writer means the queue).
@@ -117,22 +125,25 @@ class AuditWriter:
 
     def queue_fill(self) -> float:
         """How full the queue is, 0.0 .. 1.0 (the audit overload mode watches it)."""
-        return len(self._queue) / self.queue_size
+        return (len(self._queue) + len(self._pending)) / self.queue_size
 
     def submit(self, record: RecordText) -> bool:
         """Queue `record` (the writer now owns it and sets npaudit.seq/chain); False if full or closed."""
         if self._closing:
             self._count("dropped_closed")
             return False
-        if len(self._queue) >= self.queue_size:
+        if len(self._queue) + len(self._pending) >= self.queue_size:
             self._count("dropped_queue_full")
             return False
+        if self._holding:
+            self._pending.append(record)
+            return True
         gap = self._inline_gap
         if gap is not None:
             now = self._monotonic()
             last, self._last_submit = self._last_submit, now
             idle = now - last >= gap and now >= self._inline_from and not self._queue
-            if idle and self._write_inline(record):
+            if idle and self._write_inline([record]):
                 return True
         self._queue.append(record)
         # Append before looking at the flag: the thread clears it before it drains.
@@ -140,8 +151,30 @@ class AuditWriter:
             self._wake.set()
         return True
 
-    def _write_inline(self, record: RecordText) -> bool:
-        """Seal and append `record` now, on the caller's thread; False (nothing done) unless the
+    def hold(self) -> None:
+        """Collect what `submit` is given until the matching `release` (calls nest; one thread only)."""
+        self._holding += 1
+
+    def release(self) -> int:
+        """End a `hold`: the records submitted since go out as one batch (written inline when the
+        writer is idle and inline writes are on, else queued with one wake-up). How many."""
+        self._holding = max(0, self._holding - 1)
+        pending = self._pending
+        if self._holding or not pending:
+            return 0
+        self._pending = []
+        if self._inline_gap is not None:
+            now = self._monotonic()
+            self._last_submit = now
+            if now >= self._inline_from and not self._queue and self._write_inline(pending):
+                return len(pending)
+        self._queue.extend(pending)
+        if not self._wake.is_set():
+            self._wake.set()
+        return len(pending)
+
+    def _write_inline(self, records: list[RecordText]) -> bool:
+        """Seal and append `records` now, on the caller's thread; False (nothing done) unless the
         writer is running and idle, nothing is queued or held, and the write is a plain append
         (no rotation due, no fsync). A failed write goes to the thread, which resynchronises
         with the disk and retries it as it does its own."""
@@ -157,7 +190,7 @@ class AuditWriter:
                 return False
             start = self._monotonic()
             try:
-                self._emit_records([record])
+                self._emit_records(records)
                 if (took := self._monotonic() - start) > INLINE_SLOW:
                     self._inline_from = start + took + INLINE_BACKOFF
                     self._errors.log(logging.INFO, "inline-slow", "audit log %s: a write took %.1f ms; records "
@@ -240,6 +273,8 @@ class AuditWriter:
         past it they stay plain (verify reads them; the next start compresses them).
         """
         deadline = time.monotonic() + timeout
+        self._queue.extend(self._pending)  # a hold never released: written like the rest
+        self._pending, self._holding = [], 0
         self._closing = True
         self._wake.set()
         if self._thread is not None:
@@ -450,29 +485,12 @@ class AuditWriter:
 
     def _resync(self) -> RecordText | None:
         """Take seq/chain from the newest record on disk; a chain-restart record if damage follows it."""
-        self._restart = None
-        damage: tuple[Path, int, int, int] | None = None  # path, offset, line, bytes
-        after_seq, after_chain = 0, GENESIS
-        for index, path in reversed(audit_files(self.path)):
-            tail = scan_tail(path)
-            if index == 0 and not tail.ends_with_newline:
-                with open(path, "ab") as f:  # end the torn line so the next record has a line of its own
-                    f.write(b"\n")
-            if tail.damage is not None:
-                damage = (path, tail.damage[0], tail.damage[1], tail.size - tail.damage[0])
-            if tail.last is not None:
-                after_seq, after_chain = tail.last
-                break
-        self._seq, self._chain = after_seq, after_chain
-        self._written_seq = after_seq
-        if damage is None:
-            return None
-        path, offset, line, nbytes = damage
-        restart = chain_restart_record(file=path.name, line=line, offset=offset, nbytes=nbytes,
-                                       context=self.state_fields, after_seq=after_seq, now=self._clock())
-        self._restart = RecordText.of(restart)
-        log.warning("audit log %s: %s", self.path, restart["message"])
-        self._counts["chain_restarts"] += 1
+        self._seq, self._chain, restart = resume_point(self.path, self.state_fields, self._clock)
+        self._written_seq = self._seq
+        self._restart = RecordText.of(restart) if restart is not None else None
+        if restart is not None:
+            log.warning("audit log %s: %s", self.path, restart["message"])
+            self._counts["chain_restarts"] += 1
         return self._restart
 
     def _prune(self) -> None:

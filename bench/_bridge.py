@@ -193,9 +193,9 @@ async def consumer_path(target: str, netns: str, handler: Any,
     queue big enough that nothing is dropped) -> handler, connected and the heap settled as
     the agent does; yields (channel, demux), closes both on the way out (the demux drains)."""
     from packetin.channel import ChannelSettings, OpenFlowChannel
-    from packetin.demux import Demux
+    from packetin.demux import INLINE_MAX, Demux
 
-    demux = Demux()
+    demux = Demux(inline_max=INLINE_MAX)  # as the agent's
     demux.subscribe(Category.POLICY, handler, rate=1e9, burst=1e9, queue_size=queue_size, now=time.monotonic(),
                     fair=fair)
     channel = OpenFlowChannel(ChannelSettings(target=target, netns=netns), demux.dispatch,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import statistics
 import time
@@ -45,6 +46,9 @@ from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
 from auditlog.writer import AuditWriter
 from packetin.model import Category, PacketIn
+from policy_agent.config.overload import OverloadConfig
+
+MARKS = OverloadConfig()  # the agent's default overload marks
 
 # (name, from stamp, to stamp): the hand-offs, in path order.
 HANDOFFS = (("socket_read", "sent", "read"),          # sender -> kernel -> OVS upcall -> agent read
@@ -111,9 +115,11 @@ def udp_dst_port(frame: bytes) -> int | None:
     return None
 
 
-def consume_floor(target: str, netns: str) -> None:
+def consume_floor(target: str, netns: str, append_path: str = "") -> None:
     """The floor: a bare OpenFlow reader (no agent code) stamping each packet-in as recv returns;
-    prints {"stamps": {port: {"read": time}}} at SIGTERM."""
+    with `append_path`, the file-append floor too: one short line per packet-in appended with one
+    write(2) (what a logger that neither aggregates nor chains does), stamped "written" when it
+    returned. Prints {"stamps": {port: {"read": time[, "written": time]}}} at SIGTERM."""
     from packetin.netns_socket import socket_in_netns
 
     host, _, port_text = target[4:].rpartition(":")
@@ -126,6 +132,7 @@ def consume_floor(target: str, netns: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     s.settimeout(0.2)
     framer = wire.Framer()
+    fd = os.open(append_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640) if append_path else -1
     cpu = time.process_time()
     print("ready", flush=True)
     while not stop:
@@ -143,6 +150,11 @@ def consume_floor(target: str, netns: str) -> None:
                 port = udp_dst_port(wire.decode_packet_in2(msg, now).packet)
                 if port is not None:
                     stamps[port] = {"read": now}
+                    if fd >= 0:
+                        os.write(fd, b'{"destination":{"port":%d},"read":%.6f}\n' % (port, now))
+                        stamps[port]["written"] = time.time()
+    if fd >= 0:
+        os.close(fd)
     print(json.dumps({"stamps": stamps, "cpu_s": time.process_time() - cpu}), flush=True)
 
 
@@ -158,7 +170,7 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
         demux_fill: list[Any] = []
         overload = Overload(lambda: max(demux_fill[0].queue_fill(Category.POLICY) if demux_fill else 0.0,
                                         writer.queue_fill()),
-                            high_mark=0.05, peers_mark=0.25, low_mark=0.01)  # the agent's defaults
+                            high_mark=MARKS.high_mark, peers_mark=MARKS.peers_mark, low_mark=MARKS.low_mark)
         pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload)
 
         def handler(pin: PacketIn) -> None:
@@ -202,12 +214,16 @@ def cpu_us_per_packet(rounds: list[Round]) -> float:
 
 
 def floor(rounds: list[Round]) -> dict:
-    """The bare reader's sender -> read, over every round."""
+    """The bare reader's sender -> read and, where it appended lines, sender -> line written (the
+    file-append floor), over every round."""
     lat = [(s["read"] - t) * 1000 for sent, _, stamps, _ in rounds for port, t in sent.items()
            if (s := stamps.get(str(port))) is not None]
+    written = [(s["written"] - t) * 1000 for sent, in_file, stamps, _ in rounds for port, t in sent.items()
+               if (s := stamps.get(str(port))) is not None and "written" in s and port in in_file]
     sent = sum(len(r[0]) for r in rounds)
     return {"packets": sent, "read": len(lat), "cpu_us_per_packet": cpu_us_per_packet(rounds),
-            **({"sent_to_read": _quantiles(lat)} if lat else {})}
+            **({"sent_to_read": _quantiles(lat)} if lat else {}),
+            **({"sent_to_written_file_append": _quantiles(written)} if written else {})}
 
 
 def breakdown(rounds: list[Round]) -> dict:

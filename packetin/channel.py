@@ -352,7 +352,7 @@ class OpenFlowChannel(BundleExchange):
             self._hello.set_exception(exc)
 
     def input_pressed(self) -> bool:
-        """True while reads come back with PRESSURE_MESSAGES or more (packetin/reader.py)."""
+        """True while reads keep coming back with PRESSURE_MESSAGES or more (packetin/reader.py)."""
         return self._reader.input_pressed()
 
     @property

@@ -4,8 +4,8 @@ Every NXT_PACKET_IN2 of a read is decoded (packetin/wire.py) and the batch hande
 packet-in sink on the event-loop thread; any other message goes to the channel's control
 handler. While the consumer says it is coarse (the audit pipeline in overload), the
 packet-ins a coarse record cannot tell apart are handed over as groups instead, only the
-first of each decoded (packetin/groups.py). The reader also measures input pressure: a
-read that brings many messages at once means OVS's queue towards us is filling.
+first of each decoded (packetin/groups.py). The reader also measures input pressure: reads
+that keep bringing many messages at once mean OVS's queue towards us stays full.
 """
 
 from __future__ import annotations
@@ -24,10 +24,15 @@ log = logging.getLogger(__name__)
 PacketInSink = Callable[[list[PacketIn], float], None]
 GroupSink = Callable[[list[PacketInGroup], float], None]
 
-# Input pressure: a read that brings at least this many messages means OVS's queue towards us
-# (the socket, then its rconn queue of ovs.controller_queue_size) filled while we were busy;
-# `input_pressed` says so until PRESSURE_HOLD seconds after the last such read.
+# Input pressure: reads that bring at least PRESSURE_MESSAGES messages one after another, at
+# least PRESSURE_READS of them over PRESSURE_SUSTAIN seconds or more, mean OVS's queue towards us
+# (the socket, then its rconn queue of ovs.controller_queue_size) stays full: we are not keeping
+# up. `input_pressed` says so until PRESSURE_HOLD seconds after the last such read. A lone full
+# read, or a few (the backlog of a while off the CPU on a busy node, read at once), is a
+# catch-up, not overload.
 PRESSURE_MESSAGES = 256
+PRESSURE_READS = 8
+PRESSURE_SUSTAIN = 0.1
 PRESSURE_HOLD = 0.5
 
 
@@ -71,15 +76,18 @@ class PacketInReader:
         self._group_sink = on_groups
         self._coarse = coarse
         self._pressed_at = -float("inf")
+        self._full_since: float | None = None  # the first of the current run of full reads
+        self._full_reads = 0  # reads in that run
         self.last_rx = 0.0
         self.packet_ins = 0
         self.malformed = 0
         self.reads = 0
-        self.pressed_reads = 0  # reads of PRESSURE_MESSAGES or more
+        self.pressed_reads = 0  # reads of PRESSURE_MESSAGES or more (full reads, pressure or not)
         self.grouped = 0  # packet-ins handed over in groups
 
     def input_pressed(self) -> bool:
-        """True while reads come back with PRESSURE_MESSAGES or more, and PRESSURE_HOLD after."""
+        """True while reads keep coming back with PRESSURE_MESSAGES or more (PRESSURE_READS of them
+        over PRESSURE_SUSTAIN), and PRESSURE_HOLD after."""
         return self._mono() - self._pressed_at < PRESSURE_HOLD
 
     def on_messages(self, msgs: list[bytes]) -> None:
@@ -87,8 +95,14 @@ class PacketInReader:
         self.last_rx = now
         self.reads += 1
         if len(msgs) >= PRESSURE_MESSAGES:
-            self._pressed_at = now
             self.pressed_reads += 1
+            if self._full_since is None:
+                self._full_since, self._full_reads = now, 0
+            self._full_reads += 1
+            if self._full_reads >= PRESSURE_READS and now - self._full_since >= PRESSURE_SUSTAIN:
+                self._pressed_at = now
+        else:
+            self._full_since = None
         if self._group_sink is not None and len(msgs) > 1 and self._coarse():
             self._grouped(msgs, now)
             return

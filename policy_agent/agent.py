@@ -18,7 +18,7 @@ from auditlog.syslog.status import SyslogStatus
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits, desired_meters
 from packetin.channel import ChannelSettings, OpenFlowChannel
-from packetin.demux import Demux, Handler, chain_handlers
+from packetin.demux import INLINE_MAX, Demux, Handler, chain_handlers
 from packetin.gctune import settle_heap
 from packetin.model import Category
 from packetin.reader import InputPressure
@@ -74,7 +74,8 @@ class Agent:
         self.subnet = NodeSubnet(config.node_network.pod_cidr, config.node_network.gateway)  # CNI IPAM's range
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
                                  openflow_target=config.openflow_target, gateway=self.gateway)
-        self.demux = Demux()
+        # A read of a few packet-ins into an empty channel is handled at once, without a task wake-up.
+        self.demux = Demux(inline_max=INLINE_MAX)
         self.channel = OpenFlowChannel(
             ChannelSettings(target=config.openflow_target, netns=config.openflow_netns,
                             echo_interval=config.openflow.echo_interval,

@@ -36,6 +36,8 @@ class PolicyPacketIns:
                  may_suppress: Callable[[], bool] | None = None) -> None:
         self._send = send
         self._logged = tuple(h for h in (audit, offload, tap) if h is not None)
+        # Logged handlers that take a batch of packet-ins (one read) as one: the audit pipeline.
+        self._batched = tuple(h for h in self._logged if hasattr(h, "begin_batch") and hasattr(h, "end_batch"))
         self._suppress = suppress  # True for a trace's packet (npaudit trace): neither answered nor logged
         # False when `suppress` cannot be True now (no recent trace): grouped packet-ins skip it.
         self._may_suppress = may_suppress
@@ -56,6 +58,15 @@ class PolicyPacketIns:
         if flags is None or flags & _LOG:
             for handler in self._logged:
                 handler(pin)
+
+    def begin_batch(self) -> None:
+        """The packet-ins up to `end_batch` are one read's: handlers that batch hand their output over once."""
+        for handler in self._batched:
+            handler.begin_batch()
+
+    def end_batch(self) -> None:
+        for handler in self._batched:
+            handler.end_batch()
 
     def handle_group(self, group: PacketInGroup) -> None:
         """Packet-ins the reader grouped in overload (packetin/groups.py; they share userdata,

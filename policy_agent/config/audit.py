@@ -22,8 +22,8 @@ class AuditConfig:
     window: float = field(default=1.0, metadata=checked(lambda v: None if v >= 0 else f"must be >= 0, got {v}"))
     # Records waiting for the writer thread (at most 10,000,000); a full queue drops and counts.
     queue_size: int = field(default=100000, metadata=checked(bounded(1, QUEUE_MAX)))
-    # A lone record at a low rate is written by the event loop itself (no writer-thread wake-up,
-    # ~0.3 ms less latency); false: always the writer thread. Off by itself on NFS, CIFS, Ceph,
+    # A read's records, or a lone record at a low rate, are written by the event loop itself (no
+    # writer-thread wake-up: less CPU and latency); false: always the writer thread. Off by itself on NFS, CIFS, Ceph,
     # FUSE and other filesystems whose writes can block while a server is away.
     inline_writes: bool = True
     overload: OverloadConfig = OverloadConfig()  # coarser records under load (config/overload.py)

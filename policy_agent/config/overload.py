@@ -24,13 +24,15 @@ class OverloadConfig:
     # Above high_mark (fill of the policy packet-in queue or of the writer queue, 0..1) the
     # audit pipeline aggregates with a coarser key, ports dropped (then peers, above
     # peers_mark) and writes fewer, wider records marked npaudit.aggregate.coarsened; full
-    # detail again below low_mark. OpenFlow reads of 256+ packet-ins (input pressure) count as
-    # high_mark for 0.5 s while the policy category's admission turns nothing away
+    # detail again below low_mark. OpenFlow reads of 256+ packet-ins one after another for 0.1 s
+    # (input pressure) count as high_mark for 0.5 s while the policy category's admission turns nothing away
     # (packetin/reader.py InputPressure). Every packet is still counted.
     enabled: bool = True
-    high_mark: float = field(default=0.05, metadata={"check": fraction})
-    peers_mark: float = field(default=0.25, metadata={"check": fraction})
-    low_mark: float = field(default=0.01, metadata={"check": fraction})
+    # Marks are fills of the queues, not rates: a backlog the agent works off (a catch-up after
+    # time off the CPU on a busy node) stays below high_mark; one that keeps growing passes it.
+    high_mark: float = field(default=0.25, metadata={"check": fraction})
+    peers_mark: float = field(default=0.5, metadata={"check": fraction})
+    low_mark: float = field(default=0.05, metadata={"check": fraction})
 
     def problems(self) -> list[str]:
         if not self.low_mark < self.high_mark <= self.peers_mark:

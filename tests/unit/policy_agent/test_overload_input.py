@@ -1,10 +1,10 @@
 """Overload triggered on input pressure (full OpenFlow reads), and the grouped hand-off it enables.
 
-The reader (packetin/reader.py) marks pressure on a read of PRESSURE_MESSAGES or more and holds
-it PRESSURE_HOLD seconds; Overload then keeps at least the ports level whatever the queues
-say. While the consumer is coarse the reader hands packet-ins over in groups; Rejects and
-possible trace packets still go one by one through the policy handler. Clocks are set by
-the test; nothing sleeps.
+The reader (packetin/reader.py) marks pressure when reads of PRESSURE_MESSAGES or more follow one
+another (PRESSURE_READS of them over PRESSURE_SUSTAIN seconds) and holds it PRESSURE_HOLD seconds; Overload then keeps at
+least the ports level whatever the queues say. While the consumer is coarse the reader hands
+packet-ins over in groups; Rejects and possible trace packets still go one by one through the
+policy handler. Clocks are set by the test; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from packetin import wire
 from packetin.groups import PacketInGroup
 from packetin.model import Flags, PacketIn
 from packetin.demux import Demux
-from packetin.reader import PRESSURE_HOLD, PRESSURE_MESSAGES, InputPressure, PacketInReader
+from packetin.reader import (PRESSURE_HOLD, PRESSURE_MESSAGES, PRESSURE_READS, PRESSURE_SUSTAIN, InputPressure,
+                             PacketInReader)
 from policy_agent.policy_packetins import PolicyPacketIns
 from tests.support.audit_overload import context, pin
 from tests.support.audit_pipeline import Writer
@@ -37,18 +38,45 @@ def reader(clock: ManualClock, coarse: bool = False) -> tuple[PacketInReader, li
     return r, singles, groups
 
 
-def test_a_full_read_is_input_pressure_until_the_hold_runs_out() -> None:
+def test_full_reads_sustained_are_input_pressure_until_the_hold_runs_out() -> None:
     clock = ManualClock(100.0)
     r, singles, _ = reader(clock)
     r.on_messages(FLOOD[:PRESSURE_MESSAGES - 1])
     assert not r.input_pressed()
+    for _ in range(PRESSURE_READS - 1):
+        r.on_messages(FLOOD[:PRESSURE_MESSAGES])
+        clock.now += PRESSURE_SUSTAIN * 0.6
+    assert not r.input_pressed(), "fewer than PRESSURE_READS full reads: a catch-up"
     r.on_messages(FLOOD[:PRESSURE_MESSAGES])
-    assert r.input_pressed() and r.pressed_reads == 1
+    assert r.input_pressed() and r.pressed_reads == PRESSURE_READS
     clock.now += PRESSURE_HOLD * 0.9
     assert r.input_pressed()
     clock.now += PRESSURE_HOLD * 0.2
     assert not r.input_pressed()
-    assert len(singles) == 2 * PRESSURE_MESSAGES - 1 and r.grouped == 0, "not coarse: one by one"
+    assert len(singles) == (PRESSURE_READS + 1) * PRESSURE_MESSAGES - 1 and r.grouped == 0, "not coarse: one by one"
+
+
+def test_many_full_reads_within_a_moment_are_no_pressure() -> None:
+    clock = ManualClock(100.0)
+    r, _, _ = reader(clock)
+    for _ in range(2 * PRESSURE_READS):
+        r.on_messages(FLOOD[:PRESSURE_MESSAGES])
+        clock.now += PRESSURE_SUSTAIN / (4 * PRESSURE_READS)
+    assert not r.input_pressed(), "full reads for less than PRESSURE_SUSTAIN"
+
+
+def test_a_catch_up_of_full_reads_ended_by_a_short_one_is_no_pressure() -> None:
+    """A busy node takes the agent off the CPU for a while: the backlog comes in a few full reads,
+    then reads are short again. That is no overload: full detail stays."""
+    clock = ManualClock(100.0)
+    r, _, _ = reader(clock)
+    for _ in range(PRESSURE_READS - 1):
+        r.on_messages(FLOOD[:PRESSURE_MESSAGES])
+        clock.now += PRESSURE_SUSTAIN
+    r.on_messages(FLOOD[:2])  # caught up
+    clock.now += PRESSURE_SUSTAIN
+    r.on_messages(FLOOD[:PRESSURE_MESSAGES])  # a new run starts from here
+    assert not r.input_pressed() and r.pressed_reads == PRESSURE_READS
 
 
 def test_input_pressure_holds_overload_at_ports_while_the_queues_look_empty() -> None:

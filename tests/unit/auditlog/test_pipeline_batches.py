@@ -1,0 +1,93 @@
+"""The records of one read's packet-ins reach the audit file as one batch (one write, no thread wake-up),
+and windows closing in a burst are closed together by the window timer, every record still exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auditlog.aggregate import Aggregator
+from auditlog.fileset import audit_files, iter_lines
+from auditlog.pipeline import AuditPipeline, tick_delay
+from auditlog.verify import verify
+from auditlog.writer import AuditWriter
+from packetin.demux import Demux
+from packetin.model import Category
+from policy_agent.policy_packetins import PolicyPacketIns
+from tests.support.audit_pipeline import Writer, context, pin, udp_to
+from tests.support.waiting import eventually
+
+HANG_GUARD = 5.0  # seconds: only ever reached when the behaviour is broken
+
+
+def lines_of(live: Path) -> list[dict[str, Any]]:
+    return [json.loads(raw) for _, p in audit_files(live) for _, _, raw in iter_lines(p)]
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Path:
+    return tmp_path / "audit" / "audit.jsonl"
+
+
+def test_one_reads_packet_ins_are_written_in_one_write_by_the_loop_thread(live):
+    async def run() -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
+        writer = AuditWriter(live, compress=False)
+        writer.start()
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=60.0))
+        demux = Demux(inline_max=64)
+        demux.subscribe(int(Category.POLICY), PolicyPacketIns(lambda msg: 0, audit=pipeline), rate=1e9, burst=1e9,
+                        queue_size=1000, now=0.0)
+        demux.start()
+        demux.dispatch([pin(udp_to(9), 99.0)], now=0.0)  # the first write (the thread's) learns the file's size
+        assert writer.flush_wait(HANG_GUARD)
+        writes: list[tuple[str, int]] = []
+        real = writer._emit
+        writer._emit = lambda text: (writes.append((threading.current_thread().name, text.count("\n") + 1)),  # type: ignore[method-assign]
+                                     real(text))[1]
+        demux.dispatch([pin(udp_to(port), 100.0) for port in (1, 2, 3, 1)], now=0.0)  # one read
+        await pipeline.close()
+        await demux.stop()
+        writer.close()
+        return writes, lines_of(live)
+
+    writes, records = asyncio.run(run())
+    assert writes[0] == (threading.main_thread().name, 3)  # three new keys' "first" records, one write
+    assert [r["destination"]["port"] for r in records] == [9, 1, 2, 3, 1]  # the repeat closed at close()
+    assert sum(r["npaudit"]["aggregate"]["packets"] for r in records) == 5
+    assert verify([live]).ok
+
+
+def test_windows_closing_within_the_tick_grain_close_in_one_tick_with_exact_counts():
+    async def run() -> tuple[Writer, int]:
+        writer = Writer()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=0.05), wall_clock=lambda: clock[0])
+        ticks = []
+        real_tick = pipeline._agg.tick
+        pipeline._agg.tick = lambda now: (ticks.append(now), real_tick(now))[1]  # type: ignore[method-assign]
+        pipeline.start()
+        for i, port in enumerate((1, 2, 3, 1, 2, 3)):  # six windows' worth, deadlines 1 ms apart
+            pipeline(pin(udp_to(port), 100.0 + (i % 3) * 0.001))
+        clock[0] = 100.2  # every window is due
+        await eventually(lambda: len(writer.records) == 6, HANG_GUARD, lambda: f"6 records in {writer.records}")
+        n = len(ticks)  # (close() flushes with one more)
+        await pipeline.close()
+        return writer, n
+
+    writer, ticks = asyncio.run(run())
+    assert ticks == 1  # not one wake-up per window
+    assert writer.packets() == 6
+
+
+def test_the_window_timer_waits_a_grain_after_a_tick_however_soon_the_next_window_closes():
+    grain = 0.01
+    assert tick_delay(deadline=100.0001, now=100.0, ticked=100.0) == pytest.approx(grain)  # not 0.1 ms
+    assert tick_delay(deadline=100.0001, now=100.004, ticked=100.0) == pytest.approx(0.006)
+    assert tick_delay(deadline=101.0, now=100.0, ticked=100.0) == pytest.approx(1.0)  # a far window: its deadline
+    assert tick_delay(deadline=99.0, now=100.0, ticked=50.0) < 0  # long since the last tick: at once
+    assert tick_delay(deadline=50.0, now=50.0, ticked=100.0) == pytest.approx(grain)  # clock stepped back: one grain
