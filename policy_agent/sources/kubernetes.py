@@ -1,4 +1,4 @@
-"""The Kubernetes API as a policy source: Namespaces, this node's Pods and policies kept in step with the engine.
+"""The Kubernetes API as a policy source: Namespaces, every node's Pods and policies kept in step with the engine.
 
 One watcher thread per resource (kubernetes_watch.py) lists and watches and feeds
 a bounded asyncio.Queue; one task per resource validates each object on its own
@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 from kubernetes import client, config
 from kubernetes.config import incluster_config
@@ -28,7 +28,8 @@ from policy_agent.policy import kinds
 from policy_agent.policy.kinds import ApiResource
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
-from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink
+from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink, PeersSink
+from policy_agent.sources.kubernetes_pods import pod_fields
 from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
@@ -119,18 +120,21 @@ class KubernetesSource:
     def __init__(self, api_client: client.ApiClient, engine: PolicySink, *, node_name: str,
                  resync_backoff_max: float = 30.0, list_page_size: int = 500,
                  clock: Clock = time.monotonic, wait: Wait = threading.Event.wait,
-                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None) -> None:
-        """`subnet`: when given, this node's Node object is watched too and its podCIDR kept there."""
+                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None,
+                 peers: PeersSink | None = None) -> None:
+        """`subnet`: when given, the Node objects are watched too: this node's podCIDR is kept there, and
+        the other nodes and every Pod's addresses go to `peers` (when given)."""
         if not node_name:
-            raise ValueError("node_name is required: only this node's Pods are watched")
+            raise ValueError("node_name is required: it names this node's Node object and Pods")
         self._engine = engine
         self.node_name = node_name
+        self._peers = peers
         core, net = client.CoreV1Api(api_client), client.NetworkingV1Api(api_client)
         crd = client.CustomObjectsApi(api_client).list_cluster_custom_object
-        pods = {"field_selector": f"spec.nodeName={node_name}"}
+        # Every node's Pods: rules match Pods on other nodes by address, records name them.
         calls: list[tuple[_Resource, Callable[..., object], dict[str, str]]] = [
             (_Resource(kinds.NAMESPACES, "namespaces"), core.list_namespace, {}),
-            (_Resource(kinds.PODS, "pods"), core.list_pod_for_all_namespaces, pods),
+            (_Resource(kinds.PODS, "pods"), core.list_pod_for_all_namespaces, {}),
             (_Resource(kinds.K8S_NETWORK_POLICIES, "policies"), net.list_network_policy_for_all_namespaces, {}),
             (_Resource(kinds.TIERS, "tiers"), crd, {}),
             (_Resource(kinds.ANTREA_CLUSTER_POLICIES, "policies", needs_tiers=True), crd, {}),
@@ -141,7 +145,7 @@ class KubernetesSource:
             api = res.api
             custom = api.group == kinds.ANTREA_GROUP
             call = ListCall(api.name, list_fn, args=(api.group, api.version, api.plural) if custom else (),
-                            kwargs=kwargs, crd=custom)
+                            kwargs=kwargs, crd=custom, trim=pod_fields if res.arg == "pods" else None)
             queue: asyncio.Queue[Item] = asyncio.Queue(QUEUE_SIZE)
             watcher = ResourceWatcher(call, queue, functools.partial(self._count, api.name, "errors"),
                                       backoff_max=resync_backoff_max, page_size=list_page_size,
@@ -154,7 +158,7 @@ class KubernetesSource:
             self.stats["nodes"] = {"errors": 0}
             self.node = NodeFeed(core.list_node, node_name, subnet, functools.partial(self._count, "nodes", "errors"),
                                  backoff_max=resync_backoff_max, page_size=list_page_size, clock=clock, wait=wait,
-                                 rand=rand)
+                                 rand=rand, peers=peers)
         self.synced = asyncio.Event()
         self.skipped: set[str] = set()  # resources the server does not serve right now
         self._tasks: list[asyncio.Task[None]] = []
@@ -237,8 +241,6 @@ class KubernetesSource:
         """One watch event; True when a Tier was applied."""
         res, doc = feed.res, self._complete(feed.res, ev.obj)
         key = _key(doc)
-        if ev.type in ("ADDED", "MODIFIED") and self._foreign_pod(res, doc):
-            ev = Event("DELETED", doc)  # cannot happen with the field selector; never keep it
         if ev.type in ("ADDED", "MODIFIED"):
             if self._standard_tier(res, doc):
                 return False
@@ -246,6 +248,7 @@ class KubernetesSource:
             if obj is None or feed.known.get(key) == obj:
                 return False
             feed.known[key] = obj
+            self._addresses([obj], ())
             await self._engine.apply(**_by_kind([obj]))
             self._count(res.name, "applied")
             return res.arg == "tiers"
@@ -253,6 +256,7 @@ class KubernetesSource:
             feed.rejected.pop(key, None)
             old = feed.known.pop(key, None)
             if old is not None:
+                self._addresses((), [old])
                 await self._engine.delete(**_by_kind([old]))
                 self._count(res.name, "deleted")
         return False
@@ -271,7 +275,7 @@ class KubernetesSource:
             self.skipped.discard(res.name)
             for raw in item.items:
                 doc = self._complete(res, raw)
-                if not self._foreign_pod(res, doc) and not self._standard_tier(res, doc):
+                if not self._standard_tier(res, doc):
                     docs[_key(doc)] = doc
         changed = []
         for key, doc in docs.items():
@@ -284,6 +288,7 @@ class KubernetesSource:
             del feed.rejected[k]
         if not first:
             self._count(res.name, "relists")
+        self._addresses(changed, gone)
         try:
             # New versions go in before stale objects leave, so enforcement has no gap.
             if changed:
@@ -350,9 +355,11 @@ class KubernetesSource:
         doc.setdefault("kind", res.api.kind)
         return doc
 
-    def _foreign_pod(self, res: _Resource, doc: dict[str, Any]) -> bool:
-        spec = s if isinstance(s := doc.get("spec"), dict) else {}
-        return res.arg == "pods" and spec.get("nodeName") != self.node_name
+    def _addresses(self, changed: Sequence[Model], gone: Sequence[Model]) -> None:
+        """Pods' addresses to `peers`, which checks them against the node subnets."""
+        if self._peers is not None:
+            self._peers.pods_changed([(o.key, o.ips) for o in changed if isinstance(o, Pod)],
+                                     [o.key for o in gone if isinstance(o, Pod)])
 
     @staticmethod
     def _standard_tier(res: _Resource, doc: dict[str, Any]) -> bool:
