@@ -38,6 +38,7 @@ from policy_agent.sources.sink import PolicySink
 log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1024            # per resource; a full queue blocks the watch thread (nothing is dropped)
+EVENT_BATCH = 512            # watch events of one resource taken into one engine change at most
 
 Key = tuple[str, str]        # (namespace or "", name)
 Model = Namespace | Pod | Tier | Policy
@@ -218,15 +219,28 @@ class KubernetesSource:
     # --- consumers (event loop) ------------------------------------------------------
 
     async def _consume(self, feed: _Feed) -> None:
+        pending: Item | None = None
         while True:
-            item = await feed.queue.get()
+            item = pending if pending is not None else await feed.queue.get()
+            pending = None
             if isinstance(item, (Snapshot, Absent)) and not feed.listed.is_set() and feed.res.needs_tiers:
                 # Antrea policies name Tiers: the first list of Tiers goes in before them.
                 await self._feeds[kinds.TIERS.name].listed.wait()
+            events: list[Event] = []
+            if isinstance(item, Event):
+                # The events already queued go to the engine together: one state change for a burst
+                # (a cluster's Pods churn), in the order they came.
+                events.append(item)
+                while len(events) < EVENT_BATCH and not feed.queue.empty():
+                    nxt = feed.queue.get_nowait()
+                    if not isinstance(nxt, Event):
+                        pending = nxt
+                        break
+                    events.append(nxt)
             try:
                 async with feed.lock:
                     if isinstance(item, Event):
-                        tiers_changed = await self._event(feed, item)
+                        tiers_changed = await self._events(feed, events)
                     else:
                         tiers_changed = await self._reconcile(feed, item)
                 if tiers_changed:
@@ -236,30 +250,40 @@ class KubernetesSource:
             except Exception:  # the engine failed; the next change will sync again
                 log.exception("kubernetes: %s: applying to the engine failed", feed.res.name)
                 self._count(feed.res.name, "errors")
+            del item, events  # a list of every Pod is not held while waiting for the next change
 
-    async def _event(self, feed: _Feed, ev: Event) -> bool:
-        """One watch event; True when a Tier was applied."""
-        res, doc = feed.res, self._complete(feed.res, ev.obj)
-        key = _key(doc)
-        if ev.type in ("ADDED", "MODIFIED"):
-            if self._standard_tier(res, doc):
-                return False
-            obj = self._validate(feed, doc)
-            if obj is None or feed.known.get(key) == obj:
-                return False
-            feed.known[key] = obj
-            self._addresses([obj], ())
-            await self._engine.apply(**_by_kind([obj]))
-            self._count(res.name, "applied")
-            return res.arg == "tiers"
-        if ev.type == "DELETED":
-            feed.rejected.pop(key, None)
-            old = feed.known.pop(key, None)
-            if old is not None:
-                self._addresses((), [old])
-                await self._engine.delete(**_by_kind([old]))
-                self._count(res.name, "deleted")
-        return False
+    async def _events(self, feed: _Feed, events: list[Event]) -> bool:
+        """Watch events in order, then their net change in one apply and one delete; True when a Tier
+        was applied."""
+        res = feed.res
+        before: dict[Key, Model | None] = {}  # what the engine holds, for each key the events touch
+        for ev in events:
+            doc = self._complete(res, ev.obj)
+            key = _key(doc)
+            if ev.type in ("ADDED", "MODIFIED"):
+                if self._standard_tier(res, doc):
+                    continue
+                obj = self._validate(feed, doc)
+                if obj is None or feed.known.get(key) == obj:
+                    continue
+                before.setdefault(key, feed.known.get(key))
+                feed.known[key] = obj
+            elif ev.type == "DELETED":
+                feed.rejected.pop(key, None)
+                if key in feed.known:
+                    before.setdefault(key, feed.known.get(key))
+                    del feed.known[key]
+        applied = [obj for key, old in before.items() if (obj := feed.known.get(key)) is not None and obj != old]
+        gone = [old for key, old in before.items() if old is not None and key not in feed.known]
+        self._addresses(applied, gone)
+        # New versions go in before stale objects leave, as after a relist.
+        if applied:
+            await self._engine.apply(**_by_kind(applied))
+            self._count(res.name, "applied", len(applied))
+        if gone:
+            await self._engine.delete(**_by_kind(gone))
+            self._count(res.name, "deleted", len(gone))
+        return res.arg == "tiers" and bool(applied)
 
     async def _reconcile(self, feed: _Feed, item: Snapshot | Absent) -> bool:
         """A full list (or absence): apply what is new or changed, delete what disappeared."""

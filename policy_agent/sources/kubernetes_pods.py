@@ -3,6 +3,7 @@ policy reads (name, namespace, labels, node, container ports, addresses) as it a
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 # A Pod in one of these phases has released its address (another Pod may hold it now).
@@ -17,6 +18,11 @@ def pod_fields(doc: dict[str, Any]) -> dict[str, Any]:
     meta = doc.get("metadata")
     if isinstance(meta, dict):
         out["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion") if k in meta}
+        _intern(out["metadata"], "namespace")
+        labels = meta.get("labels")
+        if isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            # Label keys and values repeat across a cluster's Pods: one copy of each.
+            out["metadata"]["labels"] = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
     elif meta is not None:
         out["metadata"] = meta  # not a mapping: the loader says so
     spec = doc.get("spec")
@@ -24,6 +30,7 @@ def pod_fields(doc: dict[str, Any]) -> dict[str, Any]:
     if isinstance(spec, dict):
         host_network = spec.get("hostNetwork") is True
         kept: dict[str, Any] = {k: spec[k] for k in ("nodeName",) if k in spec}
+        _intern(kept, "nodeName")
         containers = spec.get("containers")
         if isinstance(containers, list):
             kept["containers"] = [{"ports": c["ports"]} if isinstance(c, dict) and "ports" in c else
@@ -41,3 +48,8 @@ def pod_fields(doc: dict[str, Any]) -> dict[str, Any]:
     elif status is not None:
         out["status"] = status
     return out
+
+
+def _intern(d: dict[str, Any], key: str) -> None:
+    if isinstance(d.get(key), str):
+        d[key] = sys.intern(d[key])

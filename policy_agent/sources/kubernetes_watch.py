@@ -148,6 +148,7 @@ class ResourceWatcher:
                         log.warning("kubernetes: %s is served again; watching it", call.name)
                         absent = False
                     self._put(Snapshot(items))
+                    del items  # not kept while this thread watches: the consumer alone holds the list
                     self.resource_version = rv
                 if self._watch_once():
                     failures = 0

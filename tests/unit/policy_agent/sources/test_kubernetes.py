@@ -14,6 +14,7 @@ from typing import Any, Coroutine
 import pytest
 from kubernetes import client
 
+from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesConfigError, KubernetesSource, api_client_from_config
 from policy_agent.sources.kubernetes_watch import SHORT_WATCH, backoff_delay
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
@@ -249,6 +250,44 @@ def test_modified_replaces_and_unchanged_model_is_not_reapplied(server: FakeApiS
             frontend = ("web", "frontend-7d9c6b5f4-x2kqp")
             await until(lambda: dict(r.engine.pods[frontend].labels).get("version") == "v2")
             assert r.engine.calls[calls:] == [("apply", [r.engine.pods[frontend]])]
+
+    run(body())
+
+
+def test_a_burst_of_pod_events_reaches_the_engine_as_one_net_change(server: FakeApiServer) -> None:  # noqa: F811
+    def new_pod(name: str, rv: str) -> dict[str, Any]:
+        doc = bump(item(PODS, "frontend-7d9c6b5f4-m8zrt"), rv)
+        doc["metadata"]["name"] = name
+        return doc
+
+    async def body() -> None:
+        async with Rig(server) as r:
+            gate, engine_apply = asyncio.Event(), r.engine.apply
+
+            async def held_apply(**objects: Any) -> None:  # the engine busy with a change meanwhile
+                await gate.wait()
+                await engine_apply(**objects)
+
+            r.engine.apply = held_apply  # type: ignore[method-assign]
+            calls = len(r.engine.calls)
+            server.send(PODS, "ADDED", new_pod("p1", "49101"))
+            await until(lambda: r.source._feeds[kinds.PODS.name].queue.empty())  # p1 taken, its apply held
+            db, relabelled = bump(item(PODS, "postgres-0"), "49104"), bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49105")
+            db["metadata"]["labels"]["app"] = "db2"
+            relabelled["metadata"]["labels"]["version"] = "v2"
+            server.send(PODS, "ADDED", new_pod("p2", "49102"))
+            server.send(PODS, "DELETED", new_pod("p2", "49103"))       # came and went: nothing to do
+            server.send(PODS, "DELETED", item(PODS, "postgres-0"))     # gone and back: one apply, no delete
+            server.send(PODS, "ADDED", db)
+            server.send(PODS, "MODIFIED", relabelled)
+            server.send(PODS, "ADDED", new_pod("p3", "49106"))
+            await until(lambda: r.source._feeds[kinds.PODS.name].queue.qsize() == 6)
+            gate.set()
+            await until(lambda: ("web", "p3") in r.engine.pods)
+            assert [(op, sorted(o.name for o in objs)) for op, objs in r.engine.calls[calls:]] == [
+                ("apply", ["p1"]), ("apply", ["frontend-7d9c6b5f4-x2kqp", "p3", "postgres-0"])]
+            assert dict(r.engine.pods[("db", "postgres-0")].labels)["app"] == "db2"
+            assert ("web", "p2") not in r.engine.pods
 
     run(body())
 
