@@ -109,15 +109,23 @@ class RecordText:
     starts with FORMAT_MEMBER and ends with ``"seq":``. Sealing is then one hash
     and two string joins, no encoding (auditlog.record builds these directly;
     tests prove the text canonical). `seq` is 0 until sealed.
+
+    Two facts ride along for the metrics, outside the text: `verdict`
+    (disposition, direction, tier) of a policy record, None for the writer's own
+    records; `received`, the wall-clock time of the packet-in a record was written
+    for at once (first packet of a flow, an Allow), 0.0 for records that waited for
+    an aggregation window.
     """
 
-    __slots__ = ("head", "mid", "tail", "seq")
+    __slots__ = ("head", "mid", "tail", "seq", "verdict", "received")
 
     def __init__(self, head: str, mid: str, tail: str) -> None:
         self.head = head
         self.mid = mid
         self.tail = tail
         self.seq = 0
+        self.verdict: tuple[str, str, str] | None = None
+        self.received = 0.0
 
     def body(self, seq: int) -> str:
         """The JCS text with npaudit.seq = seq and no chain: what the chain hashes."""

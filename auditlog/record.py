@@ -134,7 +134,7 @@ class _RuleParts:
     """The text of everything a record takes from its rule and disposition, made once per rule."""
 
     __slots__ = ("rule", "event_head", "event_tail", "labels", "direction", "network_direction",
-                 "disposition", "priority", "tier", "rule_text", "namespace")
+                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict")
 
     def __init__(self, rule: RuleView | None, pin: PacketIn) -> None:
         self.rule = rule
@@ -181,6 +181,8 @@ class _RuleParts:
         if rule_id:  # reg6 is known from the packet even when the registry has no such rule
             fields["id"] = str(rule_id)
         self.rule_text = f',"rule":{canonical(fields)}' if fields else ""
+        # The labels of npaudit_policy_verdicts_total: the record's disposition, direction and tier.
+        self.verdict = (name, self.direction, _text(rule.tier) if rule is not None and rule.tier else "")
 
 
 class RecordEncoder:
@@ -347,7 +349,9 @@ class RecordEncoder:
             source = "}"
         tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
                 f'{related}{rp.rule_text}{source}')
-        return RecordText(head, mid, tail)
+        text = RecordText(head, mid, tail)
+        text.verdict = rp.verdict
+        return text
 
 
 def _cache(cache: dict[Any, Any], key: Any, value: Any) -> Any:
