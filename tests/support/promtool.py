@@ -53,6 +53,13 @@ def check_rules(binary: Path, *rule_files: Path) -> subprocess.CompletedProcess[
                           timeout=120)
 
 
+def check_config(binary: Path, prometheus_yml: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool check config` over a prometheus.yml (scrape configs, service discovery, the rule files it
+    names)."""
+    return subprocess.run([str(binary), "check", "config", str(prometheus_yml)], capture_output=True, text=True,
+                          timeout=120)
+
+
 def run_rule_tests(binary: Path, *test_files: Path) -> subprocess.CompletedProcess[str]:
     """`promtool test rules`: alert rules evaluated over given series, expected alerts compared."""
     return subprocess.run([str(binary), "test", "rules", *map(str, test_files)], capture_output=True, text=True,
