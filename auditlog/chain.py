@@ -99,6 +99,11 @@ def encode(value: Any) -> str:
     return ascii_form(canonical(value))
 
 
+# observer of every record kind (policy records, loss records, the writer's chain restarts): the
+# switch that matched the packets; the vendor is who makes the record.
+OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
+
+
 class RecordText:
     """A record already in canonical (JCS) form, with its seq and chain left open.
 
@@ -223,6 +228,7 @@ def utc_stamp(t: float) -> str:
 def _restart(reason: str, now: float, context: Mapping[str, Any] | None, message: str,
              detail: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = copy.deepcopy(dict(context or {}))
+    record["observer"] = {**record.get("observer", {}), **OBSERVER}
     record.update({
         "@timestamp": utc_stamp(now),
         "ecs": {"version": ECS_VERSION},

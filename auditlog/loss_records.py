@@ -14,7 +14,7 @@ import logging
 import uuid
 from typing import Any, Callable, Mapping, NamedTuple
 
-from auditlog.chain import DATASET, ECS_VERSION, RecordText, utc_stamp
+from auditlog.chain import DATASET, ECS_VERSION, OBSERVER, RecordText, utc_stamp
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,15 @@ def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
     items = sorted(counts.items(), key=lambda kv: (_PATH_ORDER.get(kv[0].reason, 9), kv[0]))
     first, last = utc_stamp(start), utc_stamp(end)
     record: dict[str, Any] = dict(context or {})
+    record["observer"] = {**record.get("observer", {}), **OBSERVER}
     record.update({
         "@timestamp": last,
         "ecs": {"version": ECS_VERSION},
         "event": {"action": ACTION, "category": ["network"], "dataset": DATASET, "end": last,
                   "id": uuid.uuid4().hex, "kind": "metric", "start": first, "type": ["info"]},
+        # ECS log.level (a keyword SIEMs filter on; event.severity is a number whose scale is the source's):
+        # a window that lost packet-ins or records leaves the trail incomplete.
+        "log": {"level": "warning"},
         "message": f"the audit trail is incomplete between {first} and {last}: "
                    + "; ".join(_phrase(key, n) for key, n in items),
         "npaudit": {"loss": {
