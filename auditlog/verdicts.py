@@ -48,11 +48,12 @@ class VerdictTally:
         verdicts, buckets = self._verdicts, self._bucket_counts
         total = 0.0
         for record in records:
-            verdict = record.verdict
+            # getattr: a record type without these facts (a caller's own) is simply not counted.
+            verdict = getattr(record, "verdict", None)
             if verdict is None:  # the writer's own records (chain restart, losses): no verdict
                 continue
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
-            received = record.received
+            received = getattr(record, "received", 0.0)
             if received:
                 # A clock step back would make it negative: counted in the first bucket, summed as 0.
                 latency = max(0.0, now - received)
