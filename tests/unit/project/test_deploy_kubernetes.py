@@ -34,7 +34,7 @@ DEPLOY = ROOT / "config" / "deploy"
 K8S = DEPLOY / "kubernetes"
 CONFLIST = DEPLOY / "cni" / "10-npaudit.conflist"
 # Not a Kubernetes object: a job for prometheus.yml's scrape_configs.
-SCRAPE_CONFIG = K8S / "prometheus-scrape-config.yaml"
+SCRAPE_CONFIG = K8S / "monitoring" / "prometheus-scrape-config.yaml"
 
 
 def _docs() -> list[dict[str, Any]]:
