@@ -8,7 +8,7 @@ APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
 	iproute2 iptables iputils-ping ethtool rsyslog rsyslog-openssl rsyslog-relp procps python3-venv python3-dev gcc jq nodejs
 KREL  := $(shell uname -r)
 
-.PHONY: all setup system venv syslog-ng lint test test-unit test-integration demo bench clean
+.PHONY: all setup system venv syslog-ng promtool lint test test-unit test-integration demo bench clean
 
 all: test
 
@@ -43,19 +43,24 @@ venv: system $(VENV)/.stamp
 syslog-ng: venv
 	@$(PY) -m tests.support.syslog_ng >/dev/null
 
+# promtool for the metrics and alert-rule tests: Debian's prometheus package would start a Prometheus
+# server, so its .deb is downloaded and unpacked into .cache/promtool (never installed); nothing to do once there.
+promtool: venv
+	@$(PY) -m tests.support.promtool >/dev/null
+
 # Types (mypy over the production packages) and lint (ruff over the whole tree); configured in
 # pyproject.toml. `test` runs it first, so a lint failure fails `make test` and CI.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: setup syslog-ng lint
+test: setup syslog-ng promtool lint
 	$(PY) -m pytest -q tests
 
-test-unit: setup
+test-unit: setup promtool
 	$(PY) -m pytest -q tests/unit
 
-test-integration: setup syslog-ng
+test-integration: setup syslog-ng promtool
 	$(PY) -m pytest -q tests/integration tests/e2e
 
 demo: setup

@@ -99,6 +99,11 @@ def encode(value: Any) -> str:
     return ascii_form(canonical(value))
 
 
+# observer of every record kind (policy records, loss records, the writer's chain restarts): the
+# switch that matched the packets; the vendor is who makes the record.
+OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
+
+
 class RecordText:
     """A record already in canonical (JCS) form, with its seq and chain left open.
 
@@ -109,15 +114,23 @@ class RecordText:
     starts with FORMAT_MEMBER and ends with ``"seq":``. Sealing is then one hash
     and two string joins, no encoding (auditlog.record builds these directly;
     tests prove the text canonical). `seq` is 0 until sealed.
+
+    Two facts ride along for the metrics, outside the text: `verdict`
+    (disposition, direction, tier) of a policy record, None for the writer's own
+    records; `received`, the wall-clock time of the packet-in a record was written
+    for at once (first packet of a flow, an Allow), 0.0 for records that waited for
+    an aggregation window.
     """
 
-    __slots__ = ("head", "mid", "tail", "seq")
+    __slots__ = ("head", "mid", "tail", "seq", "verdict", "received")
 
     def __init__(self, head: str, mid: str, tail: str) -> None:
         self.head = head
         self.mid = mid
         self.tail = tail
         self.seq = 0
+        self.verdict: tuple[str, str, str] | None = None
+        self.received = 0.0
 
     def body(self, seq: int) -> str:
         """The JCS text with npaudit.seq = seq and no chain: what the chain hashes."""
@@ -215,6 +228,7 @@ def utc_stamp(t: float) -> str:
 def _restart(reason: str, now: float, context: Mapping[str, Any] | None, message: str,
              detail: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = copy.deepcopy(dict(context or {}))
+    record["observer"] = {**record.get("observer", {}), **OBSERVER}
     record.update({
         "@timestamp": utc_stamp(now),
         "ecs": {"version": ECS_VERSION},

@@ -21,7 +21,7 @@ import logging
 import uuid
 from typing import Any, Callable, Mapping, NamedTuple
 
-from auditlog.chain import DATASET, ECS_VERSION, RecordText, utc_stamp
+from auditlog.chain import DATASET, ECS_VERSION, OBSERVER, RecordText, utc_stamp
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,15 @@ def loss_record(counts: Mapping[LossKey, int], start: float, end: float,
         phrases.append("packets logged rules matched in OVS that no record of theirs holds: "
                        + ", ".join(_rule_phrase(item) for item in by_rule))
     record: dict[str, Any] = dict(context or {})
+    record["observer"] = {**record.get("observer", {}), **OBSERVER}
     record.update({
         "@timestamp": last,
         "ecs": {"version": ECS_VERSION},
         "event": {"action": ACTION, "category": ["network"], "dataset": DATASET, "end": last,
                   "id": uuid.uuid4().hex, "kind": "metric", "start": first, "type": ["info"]},
+        # ECS log.level (a keyword SIEMs filter on; event.severity is a number whose scale is the source's):
+        # a window that lost packet-ins or records leaves the trail incomplete.
+        "log": {"level": "warning"},
         "message": f"the audit trail is incomplete between {first} and {last}: "
                    + "; ".join(phrases),
         "npaudit": {"loss": {

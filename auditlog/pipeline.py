@@ -309,6 +309,8 @@ class AuditPipeline:
                 # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).
                 record = encode(pin, summary, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes,
                                 e.first, e.last, e.offloaded_packets)
+            if e.kind != "aggregate":  # written at once: its packet-in's latency is the record's
+                record.received = pin.received_at
             if submit(record):
                 stats["records"] += 1
             else:

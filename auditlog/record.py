@@ -10,14 +10,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, SEQ_KEY, TIMESTAMP_KEY, RecordText
+from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, OBSERVER, SEQ_KEY, TIMESTAMP_KEY, RecordText
+from auditlog.community_id import flow_community_id
 from auditlog.jcs import SAFE_INTEGER, canonical, number
 from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 from packetin.registers import DISPOSITION_BITS
 
 __all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
-           "ACTIONS", "DISPOSITIONS"]
+           "ACTIONS", "DISPOSITIONS", "OBSERVER"]
 
 # reg7[0..3] -> (npaudit.disposition, event.action, the verdict word of event.type).
 # Pass hands the packet to the next policy layer: it is neither allowed nor denied
@@ -32,8 +33,6 @@ _BY_ACTION_NAME = {v[0]: k for k, v in _BY_DISPOSITION.items()}
 DISPOSITIONS = tuple(v[0] for v in _BY_DISPOSITION.values())
 ACTIONS = tuple(v[1] for v in _BY_DISPOSITION.values())
 
-# The observer is the switch that matched the packet; the vendor is who makes the record.
-OBSERVER = {"product": "Open vSwitch", "type": "switch", "vendor": "npaudit project"}
 _ECS = f',"ecs":{{"version":"{ECS_VERSION}"}}'
 
 
@@ -134,7 +133,7 @@ class _RuleParts:
     """The text of everything a record takes from its rule and disposition, made once per rule."""
 
     __slots__ = ("rule", "event_head", "event_tail", "labels", "direction", "network_direction",
-                 "disposition", "priority", "tier", "rule_text", "namespace")
+                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict", "said")
 
     def __init__(self, rule: RuleView | None, pin: PacketIn) -> None:
         self.rule = rule
@@ -181,6 +180,13 @@ class _RuleParts:
         if rule_id:  # reg6 is known from the packet even when the registry has no such rule
             fields["id"] = str(rule_id)
         self.rule_text = f',"rule":{canonical(fields)}' if fields else ""
+        # The message's verdict and rule, JSON-escaped: '"message":"' + verdict + the flow + rule + '"'.
+        by = (f", by {_text(rule.ruleset) or 'a policy'} rule {_text(rule.rule_name) or '#' + str(rule_id)}"
+              if rule is not None else f", by unknown rule #{rule_id}" if rule_id else "")
+        self.said = (canonical(f"{name} {self.direction} " if self.direction else f"{name} ")[1:-1],
+                     canonical(by)[1:-1])
+        # The labels of npaudit_policy_verdicts_total: the record's disposition, direction and tier.
+        self.verdict = (name, self.direction, _text(rule.tier) if rule is not None and rule.tier else "")
 
 
 class RecordEncoder:
@@ -204,6 +210,8 @@ class RecordEncoder:
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}
         self._orchestrators: dict[str, str] = {}
         self._networks: dict[tuple[str, int | None, int | None, int | None], tuple[str, str]] = {}
+        self._community: dict[tuple[str | None, str | None, int | None, int | None, int | None, int | None,
+                                    int | None], str] = {}
         self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
         self._observer = f',"observer":{canonical({**observer, **OBSERVER})}'
@@ -248,6 +256,12 @@ class RecordEncoder:
         if vlan is not None:
             after += f',"vlan":{{"id":"{vlan}"}}'  # ECS keyword
         return _cache(self._networks, key, (before, after))
+
+    def _community_text(self, flow: tuple[str | None, str | None, int | None, int | None, int | None,
+                                          int | None, int | None]) -> str:
+        """network.community_id's member (with its comma), "" when the packet lacks what the hash needs."""
+        cid = flow_community_id(*flow)
+        return _cache(self._community, flow, f'"community_id":"{cid}",' if cid else "")
 
     def _ovs(self, key: tuple[int, int, int | None]) -> str:
         cookie, table, in_port = key
@@ -325,9 +339,15 @@ class RecordEncoder:
         coarse_head, coarse_keys = (f'"coarsened":"{coarsened}",', f'"keys":{keys},') if coarsened else ("", "")
         net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
         net_before, net_after = self._networks.get(net_key) or self._network(net_key)
+        flow = (src_ip, dst_ip, s.protocol, s.src_port, s.dst_port, s.icmp_type, s.icmp_code)
+        community = self._community.get(flow)
+        if community is None:
+            community = self._community_text(flow)
+        message = _message(rp, s, packets)
         head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
                 f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
-                f',"network":{{"bytes":{n_bytes},{net_before}"packets":{n_packets}{net_after}}}'
+                f',"message":"{message}"'
+                f',"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
@@ -347,7 +367,29 @@ class RecordEncoder:
             source = "}"
         tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
                 f'{related}{rp.rule_text}{source}')
-        return RecordText(head, mid, tail)
+        text = RecordText(head, mid, tail)
+        text.verdict = rp.verdict
+        return text
+
+
+def _endpoint(ip: str | None, port: int | None) -> str:
+    if ip is None:
+        return "?"
+    if port is None:
+        return ip
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _message(rp: _RuleParts, s: PacketSummary, packets: int) -> str:
+    """message: one short line, JSON-escaped; e.g. `Drop ingress udp 10.0.0.1:1000 -> 10.0.0.2:53, 50 packets,
+    by AntreaClusterNetworkPolicy:sec rule drop-udp`. Addresses, numbers and protocol names need no escaping."""
+    verdict, by = rp.said
+    proto = s.transport or (f"ip proto {s.protocol}" if s.protocol is not None else "non-IP")
+    icmp = "" if s.icmp_type is None else (f" type {s.icmp_type}" if s.icmp_code is None
+                                           else f" type {s.icmp_type} code {s.icmp_code}")
+    count = "1 packet" if packets == 1 else f"{packets} packets"
+    return (f"{verdict}{proto} {_endpoint(s.src_ip, s.src_port)} -> {_endpoint(s.dst_ip, s.dst_port)}{icmp}, "
+            f"{count}{by}")
 
 
 def _cache(cache: dict[Any, Any], key: Any, value: Any) -> Any:

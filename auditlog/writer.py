@@ -74,7 +74,8 @@ class AuditWriter:
                  max_age_days: float = 28, queue_size: int = 100_000, compress: bool = True,
                  fsync: bool = False, clock: Callable[[], float] = time.time,
                  state_fields: Mapping[str, Any] | None = None, inline_gap: float | None = INLINE_GAP,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 on_written: Callable[[list[RecordText], float], None] | None = None) -> None:
         for name, value, low in (("max_bytes", max_bytes, 0), ("backup_count", backup_count, 1),
                                  ("max_age_days", max_age_days, 0), ("queue_size", queue_size, 1)):
             if value < low:
@@ -90,6 +91,8 @@ class AuditWriter:
         self._clock = clock
         self._inline_gap = inline_gap
         self._monotonic = monotonic
+        # Told of each chunk once it is in the file (auditlog.verdicts.VerdictTally.written), under _io_lock.
+        self._on_written = on_written
         self._last_submit = float("-inf")  # monotonic() of the previous submit
         self._holding = 0  # hold() depth: while > 0, submit collects into _pending
         self._pending: list[RecordText] = []  # submitted while held, not yet queued or written
@@ -460,6 +463,12 @@ class AuditWriter:
             self._written_seq = sealed[end - 1][0].seq
             self._counts["batches"] += 1
             self._counts["bytes"] += size
+            if self._on_written is not None:
+                try:
+                    self._on_written([r for r, _ in sealed[start:end]], self._clock())
+                except Exception:  # metrics only: never a reason to hold or lose a record
+                    self._errors.log(logging.ERROR, "on-written", "audit log %s: counting written records failed",
+                                     self.path, exc_info=True)
             start = end
 
     def _emit(self, text: str) -> None:

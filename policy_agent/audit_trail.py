@@ -15,11 +15,12 @@ from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
 from auditlog.syslog.process import ProcessForwarder
+from auditlog.verdicts import VerdictTally
 from auditlog.writer import INLINE_GAP, AuditWriter
 from auditlog.writer_dir import inline_writes_allowed
 from policy_agent.config.loader import AgentConfig, syslog_destination
 from policy_agent.engine import PolicyEngine
-from policy_agent.metrics import AuditCollector, SyslogCollector
+from policy_agent.metrics import AuditCollector, SyslogCollector, VerdictCollector
 from policy_agent.policy.rules import RuleRegistry
 
 
@@ -29,10 +30,12 @@ class AuditTrail:
     def __init__(self, config: AgentConfig, rules: RuleRegistry, registry: CollectorRegistry, *,
                  engine: Callable[[], PolicyEngine | None], packetin_fill: Callable[[], float],
                  pressed: Callable[[], bool]) -> None:
-        self.pipeline, self.writer = build_audit(config, rules, engine, packetin_fill, pressed)
+        self.verdicts = VerdictTally()
+        self.pipeline, self.writer = build_audit(config, rules, engine, packetin_fill, pressed, self.verdicts)
         # The forwarders read the audit files, never the packet-in path.
         self.forwarders = build_syslog(config)
         registry.register(AuditCollector(self.pipeline, self.writer))
+        registry.register(VerdictCollector(self.verdicts))
         if self.forwarders:
             registry.register(SyslogCollector(self.forwarders))
 
@@ -61,17 +64,19 @@ class _LateDirectory:
 
 
 def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None],
-                 packetin_fill: Callable[[], float], pressed: Callable[[], bool]
-                 ) -> tuple[AuditPipeline, AuditWriter]:
+                 packetin_fill: Callable[[], float], pressed: Callable[[], bool],
+                 verdicts: VerdictTally | None = None) -> tuple[AuditPipeline, AuditWriter]:
     """The pipeline (aggregation, records, overload) and the writer it feeds; `engine` gives the Pods by IP
-    once the agent has started, `packetin_fill` and `pressed` say how loaded the packet-in side is."""
+    once the agent has started, `packetin_fill` and `pressed` say how loaded the packet-in side is; `verdicts`
+    counts what the writer has written."""
     ac = config.audit
     node_fields = {"observer": {"hostname": config.node, **OBSERVER},
                    "orchestrator": {"type": "kubernetes",
                                     **({"cluster": {"name": config.cluster_name}} if config.cluster_name else {})}}
     writer = AuditWriter(Path(ac.path), max_bytes=ac.max_size_mb << 20, backup_count=ac.backups,
                          max_age_days=ac.max_age_days, queue_size=ac.queue_size, state_fields=node_fields,
-                         inline_gap=INLINE_GAP if inline_writes_allowed(Path(ac.path), ac.inline_writes) else None)
+                         inline_gap=INLINE_GAP if inline_writes_allowed(Path(ac.path), ac.inline_writes) else None,
+                         on_written=verdicts.written if verdicts is not None else None)
     ctx = RecordContext(node=config.node, cluster=config.cluster_name, rules=rules, pods=_LateDirectory(engine))
     ov = ac.overload
     overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,

@@ -12,10 +12,11 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from auditlog.pipeline import PipelineStats
 from auditlog.syslog.forwarder import ForwarderStats
+from auditlog.verdicts import LATENCY_BUCKETS, LatencySnapshot
 from auditlog.writer import WriterStats
 from meters.stats import Dropped
 from packetin.channel import OpenFlowChannel
@@ -209,6 +210,37 @@ class AuditCollector:
                                   "overload mode (coarsened)", value=ov.seconds if ov else 0)
         yield CounterMetricFamily("npaudit_audit_overload_entered", "Times the audit pipeline left full detail",
                                   value=ov.entered if ov else 0)
+
+
+class VerdictSource(Protocol):
+    """Written records by verdict and their latency as this collector sees them (auditlog.verdicts.VerdictTally)."""
+
+    def verdicts(self) -> dict[tuple[str, str, str], int]: ...
+    def latency(self) -> LatencySnapshot: ...
+
+
+class VerdictCollector:
+    """npaudit_policy_verdicts_total and npaudit_audit_record_latency_seconds, of records in the audit file."""
+
+    def __init__(self, source: VerdictSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        verdicts = CounterMetricFamily(
+            "npaudit_policy_verdicts", "Policy audit records written to the audit file, by npaudit.disposition "
+            "(Allow, Drop, Reject, Pass), network.direction and tier (rule.category); \"\" where the record has "
+            "none. A record stands for one flow's packets (npaudit.aggregate.packets), as `npaudit stats` counts",
+            labels=["disposition", "direction", "tier"])
+        for (disposition, direction, tier), n in sorted(self._source.verdicts().items()):
+            verdicts.add_metric([disposition, direction, tier], n)
+        yield verdicts
+        lat = self._source.latency()
+        bounds = [*(repr(b) for b in LATENCY_BUCKETS), "+Inf"]
+        yield HistogramMetricFamily(
+            "npaudit_audit_record_latency_seconds", "From the packet-in's arrival at the agent to its record "
+            "being in the audit file, for records written at once (a flow's first packet, an Allow); records "
+            "that waited for an aggregation window are not observed",
+            buckets=list(zip(bounds, lat.buckets)), sum_value=lat.sum)
 
 
 class SyslogStatsSource(Protocol):

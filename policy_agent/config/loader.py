@@ -22,7 +22,7 @@ import yaml
 # The sections live in modules of their own; their names are re-exported here for
 # `from policy_agent.config.loader import X`.
 from policy_agent.config.audit import AuditConfig
-from policy_agent.config.checks import absolute_path, checked, one_of, record_name
+from policy_agent.config.checks import absolute_path, checked, listen_address, one_of, record_name
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.overload import FairShareConfig, OverloadConfig
@@ -141,6 +141,22 @@ def node_name_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
     return value, None
 
 
+# Set by a DaemonSet to the node's address (downward API status.hostIP): replaces metrics.listen, so that a
+# cluster Prometheus reaches the agent on the host network. Applied in `loads`: check-config sees what the agent does.
+METRICS_LISTEN_ENV = "NPAUDIT_METRICS_LISTEN"
+
+
+def metrics_listen_from_env(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(NPAUDIT_METRICS_LISTEN or None when unset or empty, problem or None)."""
+    value = environ.get(METRICS_LISTEN_ENV, "")
+    if not value:
+        return None, None
+    problem = listen_address(value)
+    if problem:
+        return None, f"{METRICS_LISTEN_ENV} (environment, used as metrics.listen): {problem}"
+    return value, None
+
+
 def load(path: str | Path, *, environ: Mapping[str, str] = os.environ) -> AgentConfig:
     """Read and validate a YAML config file; raise ConfigError listing every problem.
     An empty node_name is taken from NODE_NAME in `environ` when that is set."""
@@ -172,6 +188,10 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
         env_node, problem = node_name_from_env(environ)
         errors += [problem] if problem else []
         config = dataclasses.replace(config, node_name=env_node)
+    env_listen, problem = metrics_listen_from_env(environ)
+    errors += [problem] if problem else []
+    if env_listen is not None:
+        config = dataclasses.replace(config, metrics=dataclasses.replace(config.metrics, listen=env_listen))
     if not errors:
         errors += config.audit.overload.problems() + config.node_network.problems() \
             + config.cluster.problems(config.node_network.pod_cidr) + _syslog_errors(config)

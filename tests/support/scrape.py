@@ -13,7 +13,9 @@ from auditlog.aggregate import Aggregator
 from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import RecordContext
+from auditlog.chain import RecordText
 from auditlog.syslog.forwarder import ForwarderStats
+from auditlog.verdicts import VerdictTally
 from auditlog.writer import AuditWriter
 from meters.ovs import MeterLimits
 from meters.rule_meters import RuleMeterRange
@@ -26,7 +28,7 @@ from policy_agent.config.offload import OffloadConfig
 from policy_agent.http.endpoints import ListenerStats
 from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
 from policy_agent.metrics import (AuditCollector, HttpListenerCollector, MeterCollector, OvsSupervisorCollector,
-                                  SyslogCollector, build_registry)
+                                  SyslogCollector, VerdictCollector, build_registry)
 from policy_agent.ovs.supervisor import SupervisorStats
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.limits.meter_sync import RuleMeters, RuleMetersCollector
@@ -76,6 +78,11 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
                              Aggregator(window=0),
                              overload=Overload(lambda: 0.0, high_mark=0.5, peers_mark=0.8, low_mark=0.1))
     registry.register(AuditCollector(pipeline, writer))
+    verdicts = VerdictTally()  # one written record, so its families have samples (policy_agent/audit_trail.py)
+    record = RecordText("", "", "")
+    record.verdict, record.received = ("Drop", "ingress", "securityops"), 99.999
+    verdicts.written([record], now=100.0)
+    registry.register(VerdictCollector(verdicts))
     registry.register(SyslogCollector([_Forwarder()]))
     registry.register(MeterCollector(_Meters()))
     # The agent registers this one only when it supervises OVS (policy_agent/agent.py).

@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 
-from auditlog.chain import RecordText
+from auditlog.chain import OBSERVER, RecordText
 from auditlog.logs_command import LogsRequest, run_logs
 from auditlog.loss_records import ADMISSION, METER, RECORDS, WRITER_FULL, LossKey, LossRecorder
 from auditlog.verify import verify
@@ -56,7 +56,9 @@ def test_a_window_with_losses_gets_one_record_with_its_counts_and_bounds() -> No
         ("meter", "policy_deny", "packet_ins", 301), ("admission", "rate_limit", "packet_ins", 4),
         ("writer_full", "audit_writer", "records", 2)}
     assert record["event"]["start"] == "2024-05-01T02:14:08.500Z" and record["event"]["end"] == record["@timestamp"]
-    assert record["@timestamp"] == "2024-05-01T02:14:13.500Z" and record["observer"] == CONTEXT["observer"]
+    assert record["@timestamp"] == "2024-05-01T02:14:13.500Z"
+    # The same observer as every record kind (the node given, vendor and product always); warning, per ECS log.level.
+    assert record["observer"] == {**CONTEXT["observer"], **OBSERVER} and record["log"] == {"level": "warning"}
     assert "301 policy packet-ins dropped by OVS meter policy_deny" in record["message"]
     jsonschema.validate(record, SCHEMA)
 

@@ -33,6 +33,7 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether  # noqa: E402
 
 from auditlog.packet import decode_frame  # noqa: E402
 from auditlog.chain import encode as file_form  # noqa: E402
+from auditlog.community_id import community_id  # noqa: E402
 from auditlog.jcs import canonical  # noqa: E402
 from auditlog.record import RecordContext, RecordEncoder  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
@@ -178,13 +179,19 @@ def test_disposition_and_direction(disposition: int, rule: RuleInfo) -> None:
                           "start": "2026-11-30T02:14:03.512Z", "end": "2026-11-30T02:14:03.512Z"}
     assert r["npaudit"]["disposition"] == name
     assert r["network"] == {"transport": "tcp", "iana_number": "6", "type": "ipv4",
-                            "direction": rule.direction.value, "packets": 1, "bytes": 54}
+                            "direction": rule.direction.value, "packets": 1, "bytes": 54,
+                            "community_id": community_id(CLIENT, SERVER, 6, 40000, 5432)}
+    assert r["message"].startswith(f"{name} {rule.direction.value} tcp {CLIENT}:40000 -> {SERVER}:5432, 1 packet")
     # The applied-to Pod is the destination of ingress traffic, the source of egress traffic.
     assert r["orchestrator"]["namespace"] == ("backend" if rule.direction == Direction.INGRESS else "frontend")
 
 
 def test_full_record_exactly() -> None:
     r = assert_published(record_for(frame_tcp(), disposition=1))
+    # The flow hash, against the spec's own algorithm (tests/unit/auditlog/test_community_id.py), both ways round.
+    assert r["network"]["community_id"] == community_id(CLIENT, SERVER, 6, 40000, 5432) \
+        == community_id(SERVER, CLIENT, 6, 5432, 40000)
+    r["network"]["community_id"] = "1:" + "x" * 27 + "="
     assert r == {
         "@timestamp": "2026-11-30T02:14:03.512Z",
         "ecs": {"version": "8.11.0"},
@@ -196,7 +203,9 @@ def test_full_record_exactly() -> None:
         "source": {"ip": CLIENT, "port": 40000},
         "destination": {"ip": SERVER, "port": 5432},
         "network": {"transport": "tcp", "iana_number": "6", "type": "ipv4", "direction": "ingress",
-                    "packets": 1, "bytes": 54},
+                    "packets": 1, "bytes": 54, "community_id": "1:" + "x" * 27 + "="},
+        "message": f"Drop ingress tcp {CLIENT}:40000 -> {SERVER}:5432, 1 packet, "
+                   "by AntreaClusterNetworkPolicy:acnp-db rule deny-db",
         "observer": {"hostname": "node-a", "type": "switch", "vendor": "npaudit project",
                      "product": "Open vSwitch"},
         "orchestrator": {"type": "kubernetes", "cluster": {"name": "prod-eu"}, "namespace": "backend"},
@@ -289,7 +298,10 @@ def test_ipv6_icmpv6_record() -> None:
     frame = bytes(Ether(**MAC) / IPv6(src=CLIENT6, dst=SERVER6) / ICMPv6EchoRequest())
     r = assert_published(record_for(frame))
     assert r["network"] == {"transport": "ipv6-icmp", "iana_number": "58", "type": "ipv6", "direction": "ingress",
-                            "packets": 1, "bytes": len(frame)}
+                            "packets": 1, "bytes": len(frame),
+                            "community_id": community_id(CLIENT6, SERVER6, 58, 128, 129)}  # echo: a two-way pair
+    assert r["message"] == (f"Drop ingress ipv6-icmp {CLIENT6} -> {SERVER6} type 128 code 0, 1 packet, "
+                            "by AntreaClusterNetworkPolicy:acnp-db rule deny-db")
     assert r["npaudit"]["icmp"] == {"type": 128, "code": 0}
     assert r["related"] == {"ip": [CLIENT6, SERVER6]}
     assert r["npaudit"]["destination"]["pod"] == {"name": "api-0", "namespace": "backend"}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from auditlog import compressor as compressor_mod, rotation as rotation_mod, writer as writer_mod
-from auditlog.chain import GENESIS, check_line
+from auditlog.chain import GENESIS, OBSERVER, check_line
 from auditlog.fileset import audit_files, iter_lines
 from auditlog.verify import verify
 from policy_agent.cli.main import main as npaudit
@@ -232,7 +232,8 @@ def test_torn_last_line_starts_a_new_segment_that_verify_accepts(live, make_writ
     restart = json.loads(raws[10])
     assert restart["event"]["kind"] == "state" and restart["event"]["action"] == "chain-restart"
     assert restart["@timestamp"] == "2001-09-09T01:46:40.123Z"  # the writer's injected clock
-    assert restart["observer"] == {"hostname": "node-1"} and len(restart["event"]["id"]) == 32
+    # The same observer as every record kind: the node given, vendor and product always.
+    assert restart["observer"] == {"hostname": "node-1", **OBSERVER} and len(restart["event"]["id"]) == 32
     assert restart["npaudit"]["chain_restart"]["line"] == 10
     assert restart["npaudit"]["chain_restart"]["offset"] == last_start
     assert restart["npaudit"]["seq"] == 10  # sealed onto seq 9, the last good record

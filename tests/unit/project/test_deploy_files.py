@@ -33,17 +33,55 @@ def _makefile_packages() -> list[str]:
     return match.group(1).split()
 
 
-def _containerfile_packages() -> list[str]:
-    runs = [line for line in _continued((DEPLOY / "Containerfile").read_text()).splitlines()
-            if line.startswith("RUN ") and "apt-get install" in line]
+def _stages() -> list[str]:
+    """The Containerfile's stages, each from its FROM line on."""
+    text = _continued((DEPLOY / "Containerfile").read_text())
+    return ["FROM " + part for part in re.split(r"^FROM ", text, flags=re.M)[1:]]
+
+
+def _stage_packages(stage: str) -> list[str]:
+    runs = [line for line in stage.splitlines() if line.startswith("RUN ") and "apt-get install" in line]
     assert len(runs) == 1, runs
     words = shlex.split(runs[0].split("apt-get install", 1)[1].split("&&", 1)[0])
     return [w for w in words if not w.startswith("-")]
 
 
-def test_the_containerfile_installs_exactly_the_makefiles_packages() -> None:
-    # The image is not built here (no container runtime): its recipe is checked statically.
-    assert sorted(_containerfile_packages()) == sorted(_makefile_packages())
+# What the agent runs in the image (policy_agent/: ovs/embedded.py, ovs/bridge.py, ovs/gateway.py,
+# ovs/unixctl.py, cni/ipam.py, bundle/collector.py, policy_packetins.py) and the Python it imports
+# from Debian rather than PyPI.
+RUNTIME_FILES = ("/usr/sbin/ovs-vswitchd", "/usr/sbin/ovsdb-server", "/usr/bin/ovs-vsctl", "/usr/bin/ovs-ofctl",
+                 "/usr/bin/ovs-appctl", "/usr/bin/ovsdb-tool", "/usr/sbin/ip", "/usr/sbin/iptables",
+                 "/usr/sbin/sysctl", "/usr/lib/cni/host-local", "/usr/lib/python3/dist-packages/bcc/__init__.py",
+                 "/usr/lib/python3/dist-packages/ovs/__init__.py")
+# Compilers, build headers and runtimes of the tests: never in the image that runs.
+BUILD_OR_TEST_ONLY = ("gcc", "clang", "python3-dev", "nodejs", "jq", "rsyslog", "rsyslog-openssl",
+                      "linux-headers-amd64", "bpfcc-tools", "build-essential")
+
+
+def _owner(path: str) -> str:
+    """The Debian package that installed `path` here (make setup installed the Makefile's packages)."""
+    real = os.path.realpath(path)
+    for candidate in dict.fromkeys((path, real, re.sub(r"^/usr", "", path), re.sub(r"^/usr", "", real))):
+        out = subprocess.run(["dpkg-query", "-S", candidate], capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.split(":", 1)[0].split(",")[0].strip()
+    raise AssertionError(f"{path}: no installed package owns it")
+
+
+def test_the_image_is_built_in_a_stage_of_its_own_and_runs_without_compilers() -> None:
+    build, run = _stages()
+    assert build.startswith("FROM debian:12 AS build\n") and run.startswith("FROM debian:12\n")
+    assert {"gcc", "python3-dev", "python3-venv"} <= set(_stage_packages(build))
+    assert "COPY --from=build /opt/npaudit /opt/npaudit" in run
+    assert not set(_stage_packages(run)) & set(BUILD_OR_TEST_ONLY)
+    assert set(_stage_packages(run)) <= set(_makefile_packages())  # the tests run on these
+
+
+def test_every_program_the_agent_runs_comes_from_a_package_of_the_run_stage() -> None:
+    _, run = _stages()
+    packages = set(_stage_packages(run))
+    missing = {path: owner for path in RUNTIME_FILES if (owner := _owner(path)) not in packages}
+    assert not missing, missing
 
 
 def test_the_containerfile_runs_the_agent_from_a_venv_with_system_site_packages() -> None:
@@ -53,7 +91,7 @@ def test_the_containerfile_runs_the_agent_from_a_venv_with_system_site_packages(
     for needed in ("config/deploy/install-cni.sh", "config/deploy/cni/10-npaudit.conflist"):
         assert f"COPY {needed} " in text and (ROOT / needed).exists()
     for line in text.splitlines():  # every COPY source exists in the build context (the repo)
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and not line.startswith("COPY --from="):
             for src in line.split()[1:-1]:
                 assert (ROOT / src).exists(), line
 
@@ -77,6 +115,11 @@ def test_the_systemd_unit_runs_the_agent_on_the_standard_config_and_restarts_on_
                 "SystemCallFilter", "PrivateNetwork", "DeviceAllow", "ProtectClock"):
         assert key not in service, key
     assert service["ProtectSystem"] == "full" and service["NoNewPrivileges"] == "yes"
+
+
+def test_the_systemd_unit_stops_only_the_agent_so_an_embedded_ovs_outlives_its_restarts() -> None:
+    # mixed or control-group would SIGKILL the detached ovs-vswitchd and ovsdb-server on every restart.
+    assert _unit()["Service"]["KillMode"] == "process"
 
 
 def test_the_systemd_unit_raises_the_descriptor_limit_above_the_default_1024() -> None:

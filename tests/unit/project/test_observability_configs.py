@@ -1,8 +1,10 @@
 """config/prometheus alerts and config/grafana dashboard: they parse and name only what the agent exports.
 
-promtool is not installed here, so the rule file is checked structurally only (groups, rules,
-for, labels, annotations) and its PromQL by the small scanner below: metric names, label
-names, label values of `=` and `=~` matchers, grouping labels, rate() over counters only.
+The rule file goes through `promtool check rules` (syntax, PromQL, templates) and its alerts
+about the agent itself through `promtool test rules`; on top, what promtool cannot know is
+checked here: the house structure (for, severity, summary, description) and, by the small
+scanner below, that every metric name, label name, label value of `=` and `=~` matchers
+and grouping label is one the agent exports, and rate() is taken over counters only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import yaml
 
 from auditlog.writer import LOSS_KEYS
+from tests.support.promtool import check_rules, promtool, run_rule_tests  # noqa: F401 (fixture: the binary)
 from tests.support.scrape import scrape  # noqa: F401 (fixture: the agent's registry, scraped)
 
 CONFIG = Path(__file__).resolve().parents[3] / "config"
@@ -22,6 +25,8 @@ ALERTS = CONFIG / "prometheus" / "npaudit-alerts.yaml"
 DASHBOARD = CONFIG / "grafana" / "npaudit-dashboard.json"
 # Labels Prometheus adds from the scrape target, on every series.
 TARGET_LABELS = frozenset({"instance", "job"})
+# Series Prometheus makes itself for each scrape target.
+SCRAPE_SERIES = ("up",)
 SEVERITIES = frozenset({"critical", "warning", "info"})
 # Series name -> label name -> values seen in the scrape.
 Series = dict[str, dict[str, set[str]]]
@@ -40,6 +45,8 @@ def series(scrape) -> Series:  # noqa: F811 (the imported fixture)
         values = index.setdefault(name, {})
         for key, value in labels.items():
             values.setdefault(key, set()).add(value)
+    for name in SCRAPE_SERIES:
+        index.setdefault(name, {})
     return index
 
 
@@ -84,9 +91,69 @@ def expr_problems(expr: str, series: Series, result_labels: set[str] = frozenset
     problems += [f"{expr!r}: reads label {label!r}, which its result does not carry"
                  for label in result_labels if label not in available]
     for name in re.findall(rf"\b(?:rate|irate|increase)\(\s*({_IDENT})", expr):
-        if not name.endswith("_total"):
+        if not name.endswith(("_total", "_bucket", "_sum", "_count")):
             problems.append(f"{name}: rate/increase over a gauge")
     return problems
+
+
+# promtool test rules: the agent-down alerts over made-up `up` series (one node down; then no target at all).
+AGENT_DOWN_TESTS = """
+rule_files: [%(rules)s]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'up{job="npaudit", instance="10.0.0.1:9108"}'
+        values: '1 1 0 0 0 0'
+      - series: 'up{job="npaudit", instance="10.0.0.2:9108"}'
+        values: '1 1 1 1 1 1'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: NpauditAgentDown
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: NpauditAgentDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: npaudit, instance: "10.0.0.1:9108"}
+            exp_annotations:
+              summary: "npaudit agent on 10.0.0.1:9108 cannot be scraped"
+              description: "%(down)s"
+      - eval_time: 5m
+        alertname: NpauditAgentsAbsent
+        exp_alerts: []
+  - interval: 1m
+    input_series:
+      - series: 'up{job="other", instance="10.0.0.9:9100"}'
+        values: '1x20'
+    alert_rule_test:
+      - eval_time: 15m
+        alertname: NpauditAgentsAbsent
+        exp_alerts:
+          - exp_labels: {severity: critical, job: npaudit}
+            exp_annotations:
+              summary: "Prometheus scrapes no npaudit agent"
+              description: "%(absent)s"
+  - interval: 1m
+    input_series:
+      - series: 'npaudit_audit_record_latency_seconds_bucket{job="npaudit", instance="n1", le="0.5"}'
+        values: '0+10x30'
+      - series: 'npaudit_audit_record_latency_seconds_bucket{job="npaudit", instance="n1", le="1.0"}'
+        values: '0+1000x30'
+      - series: 'npaudit_audit_record_latency_seconds_bucket{job="npaudit", instance="n1", le="+Inf"}'
+        values: '0+1000x30'
+      - series: 'npaudit_audit_record_latency_seconds_bucket{job="npaudit", instance="n2", le="0.5"}'
+        values: '0+1000x30'
+      - series: 'npaudit_audit_record_latency_seconds_bucket{job="npaudit", instance="n2", le="+Inf"}'
+        values: '0+1000x30'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: NpauditAuditRecordLatencyHigh
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: n1}
+            exp_annotations:
+              summary: "Audit records on n1 lag their packets (p99 994.9ms)"
+              description: "%(latency)s"
+"""
 
 
 def _rules() -> list[dict]:
@@ -145,7 +212,8 @@ def test_the_alerts_cover_every_loss_and_outage_an_operator_must_hear_about() ->
                    "npaudit_ovs_restarts_capped", "npaudit_ovs_restarts_total", "npaudit_datapath_meters_supported",
                    "npaudit_meter_dropped_packets_total", "npaudit_audit_overload_level",
                    "npaudit_packetin_fair_share_keys_evicted_total", "npaudit_ebpf_offload_events_total",
-                   "npaudit_traceflow_total"):
+                   "npaudit_traceflow_total", 'up{job="npaudit"}', 'absent(up{job="npaudit"})',
+                   "npaudit_audit_record_latency_seconds_bucket"):
         assert needed in exprs, needed
 
 
@@ -185,5 +253,31 @@ def test_the_dashboard_shows_records_packet_ins_losses_queues_syslog_ovs_offload
                    "npaudit_ebpf_offloaded_packets_total", "npaudit_audit_overload_level",
                    "npaudit_audit_records_coarsened_total", "npaudit_packetin_fair_share_keys",
                    "npaudit_packetin_fair_share_borrowed_total", "npaudit_traceflow_total",
-                   "npaudit_traceflow_suppressed_total"):
+                   "npaudit_traceflow_suppressed_total", "npaudit_policy_verdicts_total",
+                   "npaudit_audit_record_latency_seconds_bucket", 'up{job="npaudit"'):
         assert needed in exprs, needed
+
+
+def test_promtool_accepts_the_alert_rules(promtool: Path) -> None:  # noqa: F811 (the imported fixture)
+    result = check_rules(promtool, ALERTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+
+
+def test_promtool_rejects_a_broken_rule_file(promtool: Path, tmp_path: Path) -> None:  # noqa: F811
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(ALERTS.read_text().replace("up{job=\"npaudit\"} == 0", "up{job=\"npaudit\" == 0", 1))
+    assert check_rules(promtool, broken).returncode != 0
+
+
+def test_the_agent_down_and_latency_alerts_fire_for_a_failed_scrape_no_target_and_a_slow_p99(
+        promtool: Path, tmp_path: Path) -> None:  # noqa: F811
+    by_name = {rule["alert"]: rule for rule in _rules()}
+    tests = tmp_path / "agent-down.test.yaml"
+    tests.write_text(AGENT_DOWN_TESTS % {
+        "rules": json.dumps(str(ALERTS)),
+        "down": by_name["NpauditAgentDown"]["annotations"]["description"],
+        "absent": by_name["NpauditAgentsAbsent"]["annotations"]["description"],
+        "latency": by_name["NpauditAuditRecordLatencyHigh"]["annotations"]["description"]})
+    result = run_rule_tests(promtool, tests)
+    assert result.returncode == 0, result.stdout + result.stderr
