@@ -18,6 +18,7 @@ from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import set_lock
 from auditlog.loss_note import LossNote
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
+from auditlog.sealing import chunk_bounds, seal_records
 from auditlog.writer_resume import resume_point
 from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
 from auditlog.writer_stats import LOSS_KEYS, STAT_KEYS, WriterEvents, WriterStats  # noqa: F401 (re-exported)
@@ -436,25 +437,8 @@ class AuditWriter:
         return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
-        sealed: list[tuple[RecordText, str]] = []
-        seq, chain = self._seq, self._chain
-        for record in records:
-            try:
-                line, next_chain = record.seal(chain, seq + 1)
-            except (ValueError, AttributeError) as exc:  # not ASCII (a bug upstream); not a RecordText
-                self._counts["unencodable"] += 1
-                self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
-                continue
-            seq += 1
-            chain = next_chain
-            sealed.append((record, line))
-        self._seq, self._chain = seq, chain
-        start = 0
-        while start < len(sealed):
-            end, size = start + 1, len(sealed[start][1]) + 1
-            while end < len(sealed) and size + len(sealed[end][1]) + 1 <= self._chunk_bytes:
-                size += len(sealed[end][1]) + 1
-                end += 1
+        sealed, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
+        for start, end, size in chunk_bounds([line for _, line in sealed], self._chunk_bytes):
             try:
                 self._emit("\n".join(line for _, line in sealed[start:end]))
             except Exception as exc:
@@ -469,7 +453,10 @@ class AuditWriter:
                 except Exception:  # metrics only: never a reason to hold or lose a record
                     self._errors.log(logging.ERROR, "on-written", "audit log %s: counting written records failed",
                                      self.path, exc_info=True)
-            start = end
+
+    def _unencodable(self, exc: Exception) -> None:
+        self._counts["unencodable"] += 1
+        self._errors.log(logging.WARNING, "encode", "audit record skipped, not encodable: %s", exc)
 
     def _emit(self, text: str) -> None:
         handler = self._handler

@@ -1,0 +1,37 @@
+"""Sealing a batch of records onto the chain, and cutting the sealed lines into write-sized chunks (pure)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+from auditlog.chain import RecordText
+
+
+def seal_records(records: Sequence[RecordText], seq: int, chain: str, skipped: Callable[[Exception], None]
+                 ) -> tuple[list[tuple[RecordText, str]], int, str]:
+    """Each record with its sealed line, and the (seq, chain) after the last one. A record that cannot be
+    sealed (not ASCII: a bug upstream; not a RecordText) is told to `skipped` and takes no seq."""
+    sealed: list[tuple[RecordText, str]] = []
+    for record in records:
+        try:
+            line, next_chain = record.seal(chain, seq + 1)
+        except (ValueError, AttributeError) as exc:
+            skipped(exc)
+            continue
+        seq += 1
+        chain = next_chain
+        sealed.append((record, line))
+    return sealed, seq, chain
+
+
+def chunk_bounds(lines: Sequence[str], chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, bytes with newlines) of consecutive chunks of `lines`, each at most `chunk_bytes`
+    unless one line alone is longer."""
+    start = 0
+    while start < len(lines):
+        end, size = start + 1, len(lines[start]) + 1
+        while end < len(lines) and size + len(lines[end]) + 1 <= chunk_bytes:
+            size += len(lines[end]) + 1
+            end += 1
+        yield start, end, size
+        start = end
