@@ -40,6 +40,8 @@ from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
 from policy_agent.ovs.switch import NodeSwitch
+from policy_agent.ovs.tunnel import NodeUnderlay, config_peers
+from policy_agent.ovs.tunnel_routes import NodeRoutes, NodeRoutesCollector
 from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry
@@ -70,8 +72,10 @@ class Agent:
         self._handlers = dict(handlers or {})
         self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
         self.subnet = NodeSubnet(config.node_network.pod_cidr, config.node_network.gateway)  # CNI IPAM's range
+        self.underlay = NodeUnderlay.of(config.cluster, config.node_network, config.ovs)  # None: one node
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
-                                 openflow_target=config.openflow_target, gateway=self.gateway)
+                                 openflow_target=config.openflow_target, gateway=self.gateway,
+                                 underlay=self.underlay)
         self.demux = Demux()
         self.channel = OpenFlowChannel(
             ChannelSettings(target=config.openflow_target, netns=config.openflow_netns,
@@ -88,6 +92,14 @@ class Agent:
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
         self.registry.register(SubnetCollector(self.subnet))
+        # The other nodes (a PeerSink: the config's peers now, Node objects from whoever feeds them).
+        gateway = self.gateway
+        self.routes = NodeRoutes(self.underlay, self.channel, lambda: self.round_,
+                                 masquerade=gateway.exclude_from_masquerade if gateway is not None else None
+                                 ) if self.underlay is not None else None
+        if self.routes is not None:
+            self.routes.set_peers("config", config_peers(config.cluster))
+            self.registry.register(NodeRoutesCollector(self.routes))
         self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
@@ -126,7 +138,8 @@ class Agent:
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY), offload=self.offload,
                                                 suppress=self.traceflow.suppress,
-                                                may_suppress=self.traceflow.may_suppress)
+                                                may_suppress=self.traceflow.may_suppress,
+                                                answer_out=self.routes.answer_out if self.routes else None)
         self._handlers[Category.POLICY] = self.policy_packetins
         self._handlers[Category.TRACEFLOW] = chain_handlers(self.traceflow, self._handlers.get(Category.TRACEFLOW))
         # The ways Pods and policy arrive, made in start().
@@ -202,6 +215,8 @@ class Agent:
         await self.engine.start()
         if self.gateway is not None:
             await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
+        if self.routes is not None:
+            await self.routes.start()
         # What `npaudit apply` set up before a restart, back in force first, with the store's generation marker.
         objs = load_text(store.text(), str(store.path))
         await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
@@ -274,6 +289,8 @@ class Agent:
         for server in (self.api, self.cni):
             if server is not None:
                 await server.close()
+        if self.routes is not None:
+            await self.routes.close()
         await self.losses.close()  # a last loss window, read while the channel is still up
         await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()

@@ -74,6 +74,8 @@ class ClusterConfig:
     def problems(self, pod_cidr: str) -> list[str]:
         """What the fields get wrong together, and with this node's Pod subnet `pod_cidr` ("" = none yet)."""
         out: list[str] = []
+        if self.enabled and not pod_cidr:
+            out.append("cluster.node_address: needs node_network.pod_cidr (Pods reach other nodes through the gateway)")
         if self.peers and not self.enabled:
             out.append("cluster.peers: needs cluster.node_address (this node's underlay address)")
         own = ipaddress.IPv4Network(pod_cidr) if pod_cidr else None
