@@ -249,8 +249,9 @@ class Agent:
         if self.switch.ovsdb is None:
             raise AgentError("CNI needs the OVSDB connection made in start()")
         hooks = OffloadPodHooks(engine, self.offload)
+        cluster = self.config.cluster
         pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks,
-                             subnet=self.subnet)
+                             subnet=self.subnet, mtu=cluster.pod_mtu if cluster.enabled else 0)
         for info in await asyncio.to_thread(pods.pods):  # their policy and forwarding flows, in this round
             await hooks.pod_added(info)
         return CniServer(self.config.cni_socket, pods)
