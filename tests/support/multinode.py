@@ -10,12 +10,15 @@ them) or pid (the agents, through Cluster.close), even when a test fails.
 
 from __future__ import annotations
 
+import re
 import secrets
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from tests.support.cluster import Cluster, PodHandle
+from tests.support.ports import free_port
 
 UNDERLAY_PREFIX = "198.51.100"  # TEST-NET-2: never routed anywhere but inside the test's namespaces
 UNDERLAY_IF = "underlay0"  # the node's end of its underlay veth
@@ -83,14 +86,15 @@ def node_ip(i: int) -> str:
 
 
 class MultiNode:
-    """`n` nodes (1..n) joined by an underlay; `encapsulation` geneve or routed. `peers` overrides
-    what node i's config lists as peers: {i: YAML list text}."""
+    """`n` nodes (1..n) joined by an underlay; `encapsulation` geneve or routed. `extra_peers` adds
+    to what node i's config lists as peers: {i: YAML list items, one per line, indented by 2}."""
 
     def __init__(self, n: int, encapsulation: str = "geneve", extra_peers: dict[int, str] | None = None) -> None:
         self.tag = secrets.token_hex(3)
         self.underlay = f"npu-{self.tag}"
         self._made: list[str] = []  # namespaces made here (each node's OVS namespace, the underlay)
         self.nodes: dict[int, Cluster] = {}
+        self.metrics: dict[int, str] = {}  # node -> its /metrics URL
         try:
             self._netns(self.underlay)
             _run("ip", "-n", self.underlay, "link", "add", "br0", "type", "bridge")
@@ -98,7 +102,9 @@ class MultiNode:
             for i in range(1, n + 1):
                 peers = "".join(f"  - {{name: {node_name(j)}, pod_cidr: '{pod_cidr(j)}', address: '{node_ip(j)}'}}\n"
                                 for j in range(1, n + 1) if j != i) + (extra_peers or {}).get(i, "")
-                node = Cluster(gateway=True, subnet=pod_cidr(i), extra_config=(
+                listen = f"127.0.0.1:{free_port()}"
+                self.metrics[i] = f"http://{listen}/metrics"
+                node = Cluster(gateway=True, subnet=pod_cidr(i), metrics_listen=listen, extra_config=(
                     f"node_name: {node_name(i)}\n"
                     f"cluster:\n  encapsulation: {encapsulation}\n  node_address: '{node_ip(i)}/24'\n"
                     f"  underlay_interface: {UNDERLAY_IF}\n  peers:\n{peers}"))
@@ -139,6 +145,12 @@ class MultiNode:
             raise AssertionError(f"bulk transfer {pod.ref} -> {ip}:{port} failed: {res.stderr}")
         got, mss = res.stdout.split()
         return int(got), int(mss)
+
+    def metric(self, node: int, name: str, labels: str = "") -> float | None:
+        """One sample of node `node`'s metrics (labels as written, e.g. 'state="routed"'); None: absent."""
+        text = urllib.request.urlopen(self.metrics[node], timeout=10).read().decode()
+        m = re.search(rf"^{re.escape(name)}{re.escape('{' + labels + '}') if labels else ''} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
 
     def link_mtu(self, netns: str, ifname: str = "eth0") -> int:
         out = Path(f"/sys/class/net/{ifname}/mtu")
