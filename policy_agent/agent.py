@@ -211,7 +211,8 @@ class Agent:
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=desired_meters(limits, meters_ok), rule_meters=per_rule,
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
-                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
+                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload,
+                                   admission=self.routes.admission() if self.routes is not None else None)
         await self.engine.start()
         if self.gateway is not None:
             await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))

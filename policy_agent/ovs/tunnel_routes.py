@@ -25,7 +25,7 @@ from packetin.frames import l3_offset
 from policy_agent.cluster.nodes import PeerNode
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
-from policy_agent.policy.tunnel_flows import answer_through_tunnel, peer_flows, tunnel_port_flows
+from policy_agent.policy.tunnel_flows import answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,14 @@ class NodeRoutes:
         addr = ipaddress.IPv4Address(ip)
         return next((p for p in self.routed if addr in ipaddress.IPv4Network(p.pod_cidr)), None)
 
+    def admission(self) -> Callable[[str], messages.FlowSpec] | None:
+        """For the policy engine: per address of another node's Pod, the flow taking its packets
+        from the tunnel (None: every source is taken, deny_unknown_sources off or routed)."""
+        plan = self.underlay.plan
+        if not (plan.geneve and plan.deny_unknown_sources):
+            return None
+        return lambda ip: known_source_flow(self._round(), plan.tunnel_ofport, ip)
+
     def answer_out(self, answer: bytes, in_port: int) -> Any | None:
         """The packet-out taking a Reject's `answer` back into the tunnel it came from, to the node of
         the Pod it answers; None when it came in elsewhere (then out of its in_port is right)."""
@@ -146,7 +154,9 @@ class NodeRoutes:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
         if self.underlay.plan.geneve:
-            await self._channel.install_flows(tunnel_port_flows(self._round(), self.underlay.plan.tunnel_ofport))
+            plan = self.underlay.plan
+            await self._channel.install_flows(tunnel_port_flows(self._round(), plan.tunnel_ofport,
+                                                                plan.deny_unknown_sources))
         await self.sync()
         self._task = asyncio.create_task(self._follow(), name="node-routes")
 

@@ -6,6 +6,11 @@
                 Egress rules match this node's Pods by their in_port, so a packet from the tunnel
                 meets ingress policy only: its egress was judged on the node it
                 left (before the tunnel), its ingress is judged here (after it).
+                With cluster.deny_unknown_sources: in_port=tunnel, ip, nw_src=<an address the Pod
+                directory holds> -> 10, one flow per address, changed in the same bundle as the
+                policy flows that name it (engine: `admission`); any other source from the tunnel
+                is dropped (the flow's n_packets counts it), so a Pod whose object has not reached
+                this node yet cannot pass a rule its labels would fail.
  70 FORWARD     ip, nw_dst=<a peer's Pod subnet> -> tun_dst=<the peer's address>, output tunnel
                 (one flow per peer, added and removed on its own); in_port=tunnel and no Pod of
                 this node (their flows are above) -> drop: never relayed to a third node or out
@@ -18,7 +23,8 @@ already hands the peers' subnets to the node, whose kernel routes them to the pe
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import AbstractSet as Set
+from typing import Any, Callable, Mapping
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
@@ -40,17 +46,44 @@ def _cookie(round_: int) -> int:
     return tables.cookie(round_, tables.COOKIE_KIND_TUNNEL)
 
 
-def tunnel_port_flows(round_: int, tunnel_ofport: int) -> list[messages.FlowSpec]:
-    """The flows of the tunnel port itself, whatever the peers."""
+KNOWN_SOURCE_PRIORITY = 100
+UNKNOWN_SOURCE_PRIORITY = 90
+
+
+def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = False) -> list[messages.FlowSpec]:
+    """The flows of the tunnel port itself, whatever the peers. `deny_unknown`: IPv4 from the tunnel
+    is dropped unless `known_source_flows` admits its source."""
     c, ip = _cookie(round_), {"eth_type": ETH_TYPE_IPV4}
-    return [
+    take = messages.FlowSpec.make(tables.T_CLASSIFIER, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
+                                  cookie=c) if deny_unknown else \
         messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport}, goto=tables.T_CONNTRACK,
-                               cookie=c),
+                               cookie=c)
+    return [
+        take,
         # Above the Pods' ARP flows (100), which match the target address from any port.
         messages.FlowSpec.make(tables.T_CLASSIFIER, 101, {"eth_type": ETH_TYPE_ARP, "in_port": tunnel_ofport},
                                cookie=c),
         messages.FlowSpec.make(tables.T_FORWARD, FROM_TUNNEL_PRIORITY, {**ip, "in_port": tunnel_ofport}, cookie=c),
     ]
+
+
+def known_source_flow(round_: int, tunnel_ofport: int, ip: str) -> messages.FlowSpec:
+    """For an address the Pod directory holds (another node's Pod): its packets from the tunnel are taken."""
+    return messages.FlowSpec.make(tables.T_CLASSIFIER, KNOWN_SOURCE_PRIORITY,
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": tunnel_ofport, "ipv4_src": ip},
+                                  goto=tables.T_CONNTRACK, cookie=_cookie(round_))
+
+
+def admission_change(admitted: Mapping[str, messages.FlowSpec], known: Set[str],
+                     make: Callable[[str], messages.FlowSpec]
+                     ) -> tuple[list[messages.FlowSpec], list[messages.FlowSpec], dict[str, messages.FlowSpec]]:
+    """From the flows `admitted` (address -> its known_source_flow) to one per address of `known`:
+    (flows to add, flows to delete, the map after); each flow is made once per address."""
+    if known == admitted.keys():
+        return [], [], dict(admitted)
+    after = {ip: admitted.get(ip) or make(ip) for ip in known}
+    return ([after[ip] for ip in sorted(known - admitted.keys())],
+            [admitted[ip] for ip in sorted(admitted.keys() - known)], after)
 
 
 def peer_flows(round_: int, tunnel_ofport: int, peer: PeerNode) -> list[messages.FlowSpec]:

@@ -201,3 +201,48 @@ def test_a_reject_answer_to_a_pod_behind_the_tunnel_goes_back_into_it_addressed_
         assert r.answer_out(answer, 100) is None  # from a Pod's port: out of that port, as ever
         await r.close()
     asyncio.run(go())
+
+
+def test_the_engine_admits_another_nodes_pod_in_the_bundle_of_the_policy_that_names_it_and_drops_it_with_it() -> None:
+    from policy_agent.engine import PolicyEngine
+    from policy_agent.policy.model import (
+        Action, AppliedTo, Direction, LabelSelector, Namespace, Peer, Pod, Policy, PolicyKind, Rule,
+    )
+    from policy_agent.policy.rules import RuleRegistry
+    from policy_agent.policy.tunnel_flows import KNOWN_SOURCE_PRIORITY
+    from tests.support.engine_doubles import Info, RecordingChannel
+
+    web = LabelSelector((("app", "web"),))
+    drop_from_web = Policy(PolicyKind.ACNP, "drop-from-web", tier="application", priority=1,
+                           applied_to=(AppliedTo(pod_selector=web),),
+                           rules=(Rule(Direction.INGRESS, Action.DROP,
+                                       (Peer(pod_selector=web, namespace_selector=LabelSelector(())),)),))
+
+    tunnel = TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True,
+                        deny_unknown_sources=True)
+    admission = NodeRoutes(FakeUnderlay(tunnel), FakeChannel(), lambda: 3).admission()
+    assert admission is not None
+    assert NodeRoutes(FakeUnderlay(TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True)),
+                      FakeChannel(), lambda: 3).admission() is None  # off by default
+
+    def admitted(flows: list[messages.FlowSpec]) -> set[str]:
+        matches = [dict(f.match) for f in flows if f.priority == KNOWN_SOURCE_PRIORITY and f.table == 0]
+        return {m["ipv4_src"] for m in matches if m.get("in_port") == 1 and "ipv4_src" in m}
+
+    async def go() -> None:
+        ch = RecordingChannel()
+        eng = PolicyEngine(ch, RuleRegistry(), round_=3, meters=lambda: True, admission=admission)
+        await eng.apply(namespaces=[Namespace("x")], pods=[Pod("x", "a", (("app", "web"),))],
+                        policies=[drop_from_web])
+        await eng.pod_added(Info("x", "a", "10.246.1.2", "02:00:0a:f6:01:02", 100))
+        remote = Pod("x", "b", (("app", "web"),), ips=("10.246.2.5",), node="node-2")
+        await eng.apply(pods=[remote])
+        install, delete = ch.commits[-1]
+        assert admitted(install) == {"10.246.2.5"} and not admitted(delete)
+        assert any(f.table != 0 for f in install)  # with the policy flows that name its address
+        mark = len(ch.calls)
+        await eng.delete(pods=[remote])
+        # Gone with it (in a bundle when policy flows change too, else alone, before anything else).
+        gone = [f for kind, flows in ch.calls[mark:] if kind in ("delete", "commit") for f in flows]
+        assert admitted(gone) == {"10.246.2.5"}
+    asyncio.run(go())

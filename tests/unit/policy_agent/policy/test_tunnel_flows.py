@@ -16,7 +16,9 @@ from policy_agent.policy.model import (
     Action, AppliedTo, Direction, LabelSelector, Namespace, Peer, Pod, Policy, PolicyKind, PortSpec, Rule,
 )
 from policy_agent.policy.reject import build_reject
-from policy_agent.policy.tunnel_flows import TUN_DST_FIELD, answer_through_tunnel, peer_flows, tunnel_port_flows
+from policy_agent.policy.tunnel_flows import (
+    TUN_DST_FIELD, admission_change, answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
+)
 from tests.support.flowsim import FlowTable
 
 GW = plan(NodeNetworkConfig(pod_cidr="10.246.1.0/24"))
@@ -110,3 +112,51 @@ def test_the_flows_carry_the_tunnel_cookie_and_serialise() -> None:
     output = bytes.fromhex("00000010") + TUN.to_bytes(4, "big")
     assert set_tun_dst in raw and output in raw and raw.index(set_tun_dst) < raw.index(output)
     assert raw.endswith(answer)
+
+
+def admitting_table(remote: tuple[Pod, ...], *policies: Policy) -> FlowTable:
+    """The node with deny_unknown_sources, knowing the other nodes' Pods `remote`: the tunnel takes
+    only their addresses."""
+    assert GW is not None
+    known = tuple(ip for p in remote for ip in p.ips)
+    st = ClusterState(NAMESPACES, with_remote((SERVER, CLIENT), remote), policies, pods=remote)
+    flows = tables.fixed_flows(1) + gateway_flows(1, GW) + tunnel_port_flows(1, TUN, deny_unknown=True)
+    flows += compile_policies(st).flows + peer_flows(1, TUN, PEER)
+    flows += [known_source_flow(1, TUN, ip) for ip in known]
+    for e in (SERVER, CLIENT):
+        flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    return FlowTable(flows)
+
+
+def test_with_deny_unknown_sources_a_pod_no_object_names_yet_cannot_pass_a_rule_its_labels_would_fail() -> None:
+    # Everyone may reach the server except app=client Pods: a client whose object this node has
+    # not seen yet would otherwise pass as "anyone".
+    peer = Peer(pod_selector=LabelSelector((("app", "client"),)), namespace_selector=LabelSelector(()))
+    no_clients = Policy(PolicyKind.ACNP, "no-clients", tier="securityops", priority=1,
+                        applied_to=(AppliedTo(pod_selector=LabelSelector((("app", "server"),))),),
+                        rules=(Rule(Direction.INGRESS, Action.DROP, (peer,), name="drop"),))
+    ft = admitting_table((REMOTE,), no_clients)
+    assert not ft.run(tcp(TUN, "10.246.2.9", SERVER.ip)).forwarded  # unknown: dropped before any rule
+    assert ft.run(tcp(TUN, "10.246.2.9", SERVER.ip)).tables == [0]
+    known = ft.run(tcp(TUN, REMOTE.ips[0], SERVER.ip))
+    assert not known.forwarded and known.tables[-1] >= tables.T_INGRESS  # judged by its labels: dropped
+    web = Pod("y", "web", (("app", "web"),), ips=("10.246.2.10",), node="node-2")
+    assert admitting_table((REMOTE, web), no_clients).run(tcp(TUN, "10.246.2.10", SERVER.ip)).output == 100
+    # Off (the default): every source from the tunnel meets the policy tables.
+    assert table().run(tcp(TUN, "10.246.2.9", SERVER.ip)).output == 100
+
+
+def test_admission_changes_only_the_addresses_that_come_and_go() -> None:
+    made: list[str] = []
+
+    def make(ip: str) -> messages.FlowSpec:
+        made.append(ip)
+        return known_source_flow(1, TUN, ip)
+
+    add, gone, after = admission_change({}, {"10.246.2.5", "10.246.2.6"}, make)
+    assert [f.match for f in add] == [known_source_flow(1, TUN, ip).match for ip in ("10.246.2.5", "10.246.2.6")]
+    assert gone == [] and set(after) == {"10.246.2.5", "10.246.2.6"}
+    add2, gone2, after2 = admission_change(after, {"10.246.2.6", "10.246.2.7"}, make)
+    assert add2 == [after2["10.246.2.7"]] and gone2 == [after["10.246.2.5"]]
+    assert sorted(made) == ["10.246.2.5", "10.246.2.6", "10.246.2.7"]  # each address's flow made once
+    assert admission_change(after2, {"10.246.2.6", "10.246.2.7"}, make)[:2] == ([], [])
