@@ -6,11 +6,12 @@
                 Egress rules match this node's Pods by their in_port, so a packet from the tunnel
                 meets ingress policy only: its egress was judged on the node it
                 left (before the tunnel), its ingress is judged here (after it).
-                With cluster.deny_unknown_sources: in_port=tunnel, ip, nw_src=<an address the Pod
-                directory holds> -> 10, one flow per address, changed in the same bundle as the
-                policy flows that name it (engine: `admission`); any other source from the tunnel
-                is dropped (the flow's n_packets counts it), so a Pod whose object has not reached
-                this node yet cannot pass a rule its labels would fail.
+ 25 SRC_CLASS   with cluster.deny_unknown_sources (new connections only: replies of connections
+                this node's Pods opened pass as established): in_port=tunnel, ip, nw_src=<an
+                address the Pod directory holds> -> 26, one flow per address, changed in the same
+                bundle as the policy flows that name it (engine: `admission`); any other source
+                from the tunnel is dropped (the flow's n_packets counts it), so a Pod whose object
+                has not reached this node yet cannot pass a rule its labels would fail.
  70 FORWARD     ip, nw_dst=<a peer's Pod subnet> -> tun_dst=<the peer's address>, output tunnel
                 (one flow per peer, added and removed on its own); in_port=tunnel and no Pod of
                 this node (their flows are above) -> drop: never relayed to a third node or out
@@ -46,20 +47,19 @@ def _cookie(round_: int) -> int:
     return tables.cookie(round_, tables.COOKIE_KIND_TUNNEL)
 
 
-KNOWN_SOURCE_PRIORITY = 100
-UNKNOWN_SOURCE_PRIORITY = 90
+KNOWN_SOURCE_PRIORITY = 50  # table 25: below the Pods' class flows (100, by in_port of a Pod: never the tunnel)
+UNKNOWN_SOURCE_PRIORITY = 40
 
 
 def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = False) -> list[messages.FlowSpec]:
     """The flows of the tunnel port itself, whatever the peers. `deny_unknown`: IPv4 from the tunnel
-    is dropped unless `known_source_flows` admits its source."""
+    opening a connection is dropped unless `known_source_flow` admits its source."""
     c, ip = _cookie(round_), {"eth_type": ETH_TYPE_IPV4}
-    take = messages.FlowSpec.make(tables.T_CLASSIFIER, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
-                                  cookie=c) if deny_unknown else \
+    deny = [messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
+                                   cookie=c)] if deny_unknown else []
+    return deny + [
         messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport}, goto=tables.T_CONNTRACK,
-                               cookie=c)
-    return [
-        take,
+                               cookie=c),
         # Above the Pods' ARP flows (100), which match the target address from any port.
         messages.FlowSpec.make(tables.T_CLASSIFIER, 101, {"eth_type": ETH_TYPE_ARP, "in_port": tunnel_ofport},
                                cookie=c),
@@ -69,9 +69,9 @@ def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = Fals
 
 def known_source_flow(round_: int, tunnel_ofport: int, ip: str) -> messages.FlowSpec:
     """For an address the Pod directory holds (another node's Pod): its packets from the tunnel are taken."""
-    return messages.FlowSpec.make(tables.T_CLASSIFIER, KNOWN_SOURCE_PRIORITY,
+    return messages.FlowSpec.make(tables.T_SRC_CLASS, KNOWN_SOURCE_PRIORITY,
                                   {"eth_type": ETH_TYPE_IPV4, "in_port": tunnel_ofport, "ipv4_src": ip},
-                                  goto=tables.T_CONNTRACK, cookie=_cookie(round_))
+                                  goto=tables.T_DST_CLASS, cookie=_cookie(round_))
 
 
 def admission_change(admitted: Mapping[str, messages.FlowSpec], known: Set[str],

@@ -240,3 +240,24 @@ def test_a_peer_with_an_unreachable_address_is_logged_and_counted_and_the_other_
         assert m.metric(2, "npaudit_cluster_peers", 'state="routed"') == 1
     finally:
         m.close()
+
+
+def test_with_deny_unknown_sources_a_pod_of_another_node_reaches_this_one_only_once_its_object_is_here() -> None:
+    m = MultiNode(2, "geneve", cluster_settings="deny_unknown_sources: true")
+    try:
+        m.start()
+        n1, n2 = m.nodes[1], m.nodes[2]
+        a = n1.add_pod("x", "a")
+        b = n2.add_pod("y", "b")
+        # Node 2 knows no Pod of node 1 yet: a's new connections are dropped at the tunnel, before any rule.
+        t = f"{b.ip}:80/tcp"
+        assert connect(n1, "x/a", [t], timeout=6.0) == {t: "timeout"}
+        n2.apply(pod_objects({"x/a": (a, 1, "client")}))
+        assert connect(n1, "x/a", [t]) == {t: "connected"}  # (b's answers pass node 1: established)
+        # The other way, node 1 still knows nothing of b: b's SYN never gets past node 1's tunnel port.
+        back = f"{a.ip}:80/tcp"
+        assert connect(n2, "y/b", [back], timeout=6.0) == {back: "timeout"}
+        dropped = [f for f in n1.flows() if "table=25" in f and "priority=40" in f and "in_port=1" in f]
+        assert dropped and not re.search(r"n_packets=0,", dropped[0]), dropped
+    finally:
+        m.close()

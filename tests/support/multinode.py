@@ -87,9 +87,11 @@ def node_ip(i: int) -> str:
 
 class MultiNode:
     """`n` nodes (1..n) joined by an underlay; `encapsulation` geneve or routed. `extra_peers` adds
-    to what node i's config lists as peers: {i: YAML list items, one per line, indented by 2}."""
+    to what node i's config lists as peers: {i: YAML list items, one per line, indented by 2};
+    `cluster_settings`: more `cluster:` fields for every node, e.g. "deny_unknown_sources: true"."""
 
-    def __init__(self, n: int, encapsulation: str = "geneve", extra_peers: dict[int, str] | None = None) -> None:
+    def __init__(self, n: int, encapsulation: str = "geneve", extra_peers: dict[int, str] | None = None,
+                 cluster_settings: str = "") -> None:
         self.tag = secrets.token_hex(3)
         self.underlay = f"npu-{self.tag}"
         self._made: list[str] = []  # namespaces made here (each node's OVS namespace, the underlay)
@@ -107,7 +109,8 @@ class MultiNode:
                 node = Cluster(gateway=True, subnet=pod_cidr(i), metrics_listen=listen, extra_config=(
                     f"node_name: {node_name(i)}\n"
                     f"cluster:\n  encapsulation: {encapsulation}\n  node_address: '{node_ip(i)}/24'\n"
-                    f"  underlay_interface: {UNDERLAY_IF}\n  peers:\n{peers}"))
+                    f"  underlay_interface: {UNDERLAY_IF}\n  peers:\n{peers}"
+                    + "".join(f"  {line}\n" for line in cluster_settings.splitlines())))
                 self.nodes[i] = node
                 ns = node.node_netns
                 self._netns(ns)

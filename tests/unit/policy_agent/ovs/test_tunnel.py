@@ -226,7 +226,7 @@ def test_the_engine_admits_another_nodes_pod_in_the_bundle_of_the_policy_that_na
                       FakeChannel(), lambda: 3).admission() is None  # off by default
 
     def admitted(flows: list[messages.FlowSpec]) -> set[str]:
-        matches = [dict(f.match) for f in flows if f.priority == KNOWN_SOURCE_PRIORITY and f.table == 0]
+        matches = [dict(f.match) for f in flows if f.priority == KNOWN_SOURCE_PRIORITY and f.table == 25]
         return {m["ipv4_src"] for m in matches if m.get("in_port") == 1 and "ipv4_src" in m}
 
     async def go() -> None:
