@@ -23,7 +23,9 @@ Between nodes (cluster.node_address; policy/tunnel_flows.py): with Geneve, table
 from the tunnel port (-> 10, then ingress policy: egress policy applies to this node's Pods by
 their in_port only, so it was judged on the sending node); table 70 sends each other node's Pod
 subnet into the tunnel with that node's address as tun_dst and never relays tunnel traffic to
-anything but a Pod of this node (or its gateway address). Routed: no flows of its own (table 70's
+anything but a Pod of this node (or its gateway address); with cluster.deny_unknown_sources,
+table 25 takes new connections from the tunnel only from addresses the Pod directory holds.
+Routed: no flows of its own (table 70's
 "outside the subnet -> gateway" carries the peers' subnets; the kernel routes them).
 
 Only new connections reach the policy tables, so Allow is logged once per
