@@ -219,7 +219,7 @@ def test_routed_mode_carries_pod_traffic_unmasqueraded_and_policy_still_judges_b
     assert labelled(r1, "egress-drop")[0]["observer"]["hostname"] == "node-1"
 
 
-def test_a_peer_with_an_unreachable_address_is_logged_and_counted_and_the_other_peer_works() -> None:
+def test_a_peer_with_an_unreachable_address_is_logged_and_counted_the_other_peer_works_and_a_restart_keeps_it() -> None:
     # (Overlapping peers in the config stop the start naming the field; those a live source hands
     # over are refused one by one: tests/unit/policy_agent/ovs/test_tunnel.py.)
     m = MultiNode(2, "geneve", extra_peers={1: "  - {name: node-far, pod_cidr: '10.246.9.0/24', address: '203.0.113.9'}\n"})
@@ -238,6 +238,11 @@ def test_a_peer_with_an_unreachable_address_is_logged_and_counted_and_the_other_
         assert m.metric(1, "npaudit_cluster_peers", 'state="routed"') == 2  # node-2 and node-far
         assert m.metric(1, "npaudit_cluster_peer_problems_total", 'reason="unreachable"') == 1
         assert m.metric(2, "npaudit_cluster_peers", 'state="routed"') == 1
+        # A restart of node 1's agent finds its underlay as it left it and routes again.
+        n1.stop_agent()
+        n1.start(120)
+        assert connect(n1, "x/a", [t]) == {t: "connected"}
+        assert "Traceback" not in n1.log()
     finally:
         m.close()
 
