@@ -142,7 +142,10 @@ class NodeUnderlay:
             return
         current = self._run(["ip", "-4", "route", "show", "proto", str(ROUTE_PROTO)]).splitlines()
         for step in route_steps(current, peers):
-            self._run(["ip", "-4", "route", *step])
+            try:
+                self._run(["ip", "-4", "route", *step])
+            except OvsError as exc:  # one peer's route (an unreachable gateway): the others still go in
+                log.warning("cluster: %s", exc)
 
     def unreachable(self, address: str) -> str | None:
         """Why the node cannot reach `address` on the underlay (no route to it), or None."""

@@ -193,12 +193,15 @@ class NodeRoutes:
         new = [p for p in chosen if p not in self.routed]
         plan = self.underlay.plan
         if plan.geneve:
-            if new:
-                flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p) for p in new}
+            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p) for p in new}
+            # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
+            rewritten = {f.key for fl in flows.values() for f in fl}
+            stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
+            if flows:
                 await self._channel.install_flows([f for fl in flows.values() for f in fl])
                 self._flows.update(flows)
-            if gone:
-                await self._channel.delete_flows([f for p in gone for f in self._flows.pop(p, [])])
+            if stale:
+                await self._channel.delete_flows(stale)
         else:
             await asyncio.to_thread(self.underlay.set_routes, chosen)
         self.routed = chosen

@@ -94,16 +94,20 @@ def test_masquerade_spares_the_routed_peers_subnets() -> None:
 
 
 class FakeChannel:
+    """As OVS: an add replaces the flow of the same table, priority and match; a strict delete removes it."""
+
     def __init__(self) -> None:
         self.flows: list[messages.FlowSpec] = []
         self.deleted: list[messages.FlowSpec] = []
 
     async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
-        self.flows += flows
+        keys = {f.key for f in flows}
+        self.flows = [f for f in self.flows if f.key not in keys] + list(flows)
 
     async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None:
         self.deleted += flows
-        self.flows = [f for f in self.flows if f not in flows]
+        keys = {f.key for f in flows}
+        self.flows = [f for f in self.flows if f.key not in keys]
 
     def tun_dsts(self) -> set[str]:
         return {str(a.value) for f in self.flows for a in f.actions
@@ -148,6 +152,10 @@ def test_peers_from_several_sources_are_routed_and_one_change_touches_only_its_p
         await r.sync()
         assert channel.tun_dsts() == {"198.51.100.3"} and len(channel.deleted) == 1
         assert masq[-1] == ["10.246.3.0/24"]
+        # node-3 gets a new address: its route is rewritten in place, not deleted after the rewrite.
+        r.set_peers("kubernetes", [PeerNode("node-3", "10.246.3.0/24", "198.51.100.33")])
+        await r.sync()
+        assert channel.tun_dsts() == {"198.51.100.33"} and len(channel.deleted) == 1
         await r.close()
     asyncio.run(go())
 
