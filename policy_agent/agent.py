@@ -25,6 +25,7 @@ from packetin.reader import InputPressure
 from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
+from policy_agent.cluster.node_routes import NodeRoutes, NodeRoutesCollector, config_peers
 from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
@@ -40,8 +41,7 @@ from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
 from policy_agent.ovs.switch import NodeSwitch
-from policy_agent.ovs.tunnel import NodeUnderlay, config_peers
-from policy_agent.ovs.tunnel_routes import NodeRoutes, NodeRoutesCollector
+from policy_agent.ovs.tunnel import NodeUnderlay
 from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry

@@ -27,7 +27,6 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from meters.netns import call_in_netns
-from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.ovs import OvsConfig
@@ -82,20 +81,15 @@ def plan(cluster: ClusterConfig, node: NodeNetworkConfig, ovs: OvsConfig) -> Tun
                       embedded=ovs.mode == "embedded", deny_unknown_sources=cluster.deny_unknown_sources)
 
 
-def config_peers(cluster: ClusterConfig) -> list[PeerNode]:
-    """The peers the config names (the source "config")."""
-    return [PeerNode(p.name, p.pod_cidr, p.address) for p in cluster.peers]
-
-
-def route_steps(current: Sequence[str], peers: Sequence[PeerNode]) -> list[list[str]]:
+def route_steps(current: Sequence[str], routes: Sequence[tuple[str, str]]) -> list[list[str]]:
     """The `ip route` arguments that turn our routes `current` (`ip -4 route show proto ROUTE_PROTO`
-    lines, "10.246.2.0/24 via 198.51.100.2 dev eth1 ...") into one per peer: its Pod subnet via its address."""
+    lines, "10.246.2.0/24 via 198.51.100.2 dev eth1 ...") into `routes`: (a peer's Pod subnet, its address)."""
     have: dict[str, str] = {}
     for line in current:
         words = line.split()
         if len(words) >= 3 and words[1] == "via":
             have[words[0]] = words[2]
-    want = {str(ipaddress.IPv4Network(p.pod_cidr)): p.address for p in peers}
+    want = {str(ipaddress.IPv4Network(cidr)): via for cidr, via in routes}
     steps = [["replace", dst, "via", via, "proto", str(ROUTE_PROTO)]
              for dst, via in sorted(want.items()) if have.get(dst) != via]
     steps += [["del", dst, "proto", str(ROUTE_PROTO)] for dst in sorted(have) if dst not in want]
@@ -136,12 +130,12 @@ class NodeUnderlay:
             self._run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         log.info("underlay: %s", p.describe())
 
-    def set_routes(self, peers: Sequence[PeerNode]) -> None:
-        """Routed mode: the kernel routes each peer's Pod subnet to the peer's address (and no others of ours)."""
+    def set_routes(self, routes: Sequence[tuple[str, str]]) -> None:
+        """Routed mode: the kernel routes each (Pod subnet, peer address) of `routes`, and no others of ours."""
         if self.plan.geneve:
             return
         current = self._run(["ip", "-4", "route", "show", "proto", str(ROUTE_PROTO)]).splitlines()
-        for step in route_steps(current, peers):
+        for step in route_steps(current, routes):
             try:
                 self._run(["ip", "-4", "route", *step])
             except OvsError as exc:  # one peer's route (an unreachable gateway): the others still go in

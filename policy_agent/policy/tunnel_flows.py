@@ -32,7 +32,6 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from packetin import messages
 from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
-from policy_agent.cluster.nodes import PeerNode
 from policy_agent.ovs import tables
 
 # Table 70: Pods 100 > gateway address 30 > from the tunnel (drop) 25 > the gateway's subnet miss 20
@@ -86,11 +85,11 @@ def admission_change(admitted: Mapping[str, messages.FlowSpec], known: Set[str],
             [admitted[ip] for ip in sorted(admitted.keys() - known)], after)
 
 
-def peer_flows(round_: int, tunnel_ofport: int, peer: PeerNode) -> list[messages.FlowSpec]:
-    """The route to one peer's Pods: its subnet into the tunnel, addressed to the peer."""
-    net = ipaddress.IPv4Network(peer.pod_cidr)
+def peer_flows(round_: int, tunnel_ofport: int, pod_cidr: str, address: str) -> list[messages.FlowSpec]:
+    """The route to one peer's Pods: its subnet `pod_cidr` into the tunnel, addressed to the peer at `address`."""
+    net = ipaddress.IPv4Network(pod_cidr)
     match = {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": (str(net.network_address), str(net.netmask))}
-    actions: list[messages.Action] = [messages.SetField(TUN_DST_FIELD, str(ipaddress.IPv4Address(peer.address))),
+    actions: list[messages.Action] = [messages.SetField(TUN_DST_FIELD, str(ipaddress.IPv4Address(address))),
                messages.Output(tunnel_ofport)]
     return [messages.FlowSpec.make(tables.T_FORWARD, PEER_ROUTE_PRIORITY, match, actions, cookie=_cookie(round_))]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from packetin import messages
 from packetin.model import Disposition
-from policy_agent.cluster.nodes import PeerNode
 from policy_agent.cluster.pod_directory import with_remote
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.ovs import tables
@@ -23,8 +22,8 @@ from tests.support.flowsim import FlowTable
 
 GW = plan(NodeNetworkConfig(pod_cidr="10.246.1.0/24"))
 TUN = 1
-PEER = PeerNode("node-2", "10.246.2.0/24", "198.51.100.2")
-OTHER_PEER = PeerNode("node-3", "10.246.3.0/24", "198.51.100.3")
+PEER = ("10.246.2.0/24", "198.51.100.2")  # node-2's Pod subnet and address
+OTHER_PEER = ("10.246.3.0/24", "198.51.100.3")
 SERVER = Endpoint(Pod("x", "server", (("app", "server"),)), "10.246.1.2", "02:00:0a:f6:01:02", 100)
 CLIENT = Endpoint(Pod("y", "client", (("app", "client"),)), "10.246.1.3", "02:00:0a:f6:01:03", 101)
 REMOTE = Pod("y", "remote-client", (("app", "client"),), ips=("10.246.2.5",), node="node-2")
@@ -32,12 +31,12 @@ NAMESPACES = {n: Namespace(n, (("kubernetes.io/metadata.name", n),)) for n in ("
 IP = 0x0800
 
 
-def table(*policies: Policy, peers: tuple[PeerNode, ...] = (PEER, OTHER_PEER)) -> FlowTable:
+def table(*policies: Policy, peers: tuple[tuple[str, str], ...] = (PEER, OTHER_PEER)) -> FlowTable:
     assert GW is not None
     st = ClusterState(NAMESPACES, with_remote((SERVER, CLIENT), (REMOTE,)), policies, pods=(REMOTE,))
     flows = tables.fixed_flows(1) + gateway_flows(1, GW) + tunnel_port_flows(1, TUN) + compile_policies(st).flows
     for p in peers:
-        flows += peer_flows(1, TUN, p)
+        flows += peer_flows(1, TUN, *p)
     for e in (SERVER, CLIENT):
         flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
     return FlowTable(flows)
@@ -95,7 +94,7 @@ def test_traffic_from_the_tunnel_meets_ingress_policy_only() -> None:
 
 
 def test_the_flows_carry_the_tunnel_cookie_and_serialise() -> None:
-    flows = tunnel_port_flows(7, TUN) + peer_flows(7, TUN, PEER)
+    flows = tunnel_port_flows(7, TUN) + peer_flows(7, TUN, *PEER)
     assert {f.cookie for f in flows} == {tables.cookie(7, tables.COOKIE_KIND_TUNNEL)}
     assert tables.marker_generation(flows[0].cookie) is None
     for f in flows:
@@ -121,7 +120,7 @@ def admitting_table(remote: tuple[Pod, ...], *policies: Policy) -> FlowTable:
     known = tuple(ip for p in remote for ip in p.ips)
     st = ClusterState(NAMESPACES, with_remote((SERVER, CLIENT), remote), policies, pods=remote)
     flows = tables.fixed_flows(1) + gateway_flows(1, GW) + tunnel_port_flows(1, TUN, deny_unknown=True)
-    flows += compile_policies(st).flows + peer_flows(1, TUN, PEER)
+    flows += compile_policies(st).flows + peer_flows(1, TUN, *PEER)
     flows += [known_source_flow(1, TUN, ip) for ip in known]
     for e in (SERVER, CLIENT):
         flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)

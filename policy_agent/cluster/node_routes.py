@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from packetin import messages
 from packetin.frames import l3_offset
 from policy_agent.cluster.nodes import PeerNode
+from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
 from policy_agent.policy.tunnel_flows import answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows
@@ -41,6 +42,11 @@ class Refusal:
     peer: PeerNode
     reason: str  # overlap | invalid
     detail: str
+
+
+def config_peers(cluster: ClusterConfig) -> list[PeerNode]:
+    """The peers the config names (the source "config")."""
+    return [PeerNode(p.name, p.pod_cidr, p.address) for p in cluster.peers]
 
 
 def _problem(peer: PeerNode) -> str | None:
@@ -193,7 +199,7 @@ class NodeRoutes:
         new = [p for p in chosen if p not in self.routed]
         plan = self.underlay.plan
         if plan.geneve:
-            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p) for p in new}
+            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) for p in new}
             # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
             rewritten = {f.key for fl in flows.values() for f in fl}
             stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
@@ -203,7 +209,7 @@ class NodeRoutes:
             if stale:
                 await self._channel.delete_flows(stale)
         else:
-            await asyncio.to_thread(self.underlay.set_routes, chosen)
+            await asyncio.to_thread(self.underlay.set_routes, [(p.pod_cidr, p.address) for p in chosen])
         self.routed = chosen
         if (new or gone) and self._masquerade is not None:
             await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])

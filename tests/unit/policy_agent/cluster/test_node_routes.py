@@ -13,8 +13,8 @@ from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.loader import ConfigError, loads
 from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.ovs.gateway import masquerade_steps, plan as gateway_plan
-from policy_agent.ovs.tunnel import NodeUnderlay, TunnelPlan, config_peers, plan, route_steps
-from policy_agent.ovs.tunnel_routes import NodeRoutes, NodeRoutesCollector, choose
+from policy_agent.cluster.node_routes import NodeRoutes, NodeRoutesCollector, choose, config_peers
+from policy_agent.ovs.tunnel import NodeUnderlay, TunnelPlan, plan, route_steps
 from policy_agent.policy.reject import build_reject
 from policy_agent.policy.tunnel_flows import TUN_DST_FIELD
 
@@ -71,12 +71,11 @@ def test_overlapping_or_malformed_peers_are_refused_one_by_one_and_a_routed_peer
 def test_route_steps_add_move_and_remove_only_what_differs() -> None:
     current = ["10.246.2.0/24 via 198.51.100.2 dev underlay0 proto 77",
                "10.246.9.0/24 via 198.51.100.9 dev underlay0 proto 77"]
-    moved = PeerNode("node-2", "10.246.2.0/24", "198.51.100.22")
-    assert route_steps(current, [moved, N3]) == [
+    assert route_steps(current, [("10.246.2.0/24", "198.51.100.22"), ("10.246.3.0/24", "198.51.100.3")]) == [
         ["replace", "10.246.2.0/24", "via", "198.51.100.22", "proto", "77"],
         ["replace", "10.246.3.0/24", "via", "198.51.100.3", "proto", "77"],
         ["del", "10.246.9.0/24", "proto", "77"]]
-    assert route_steps(current[:1], [N2]) == []
+    assert route_steps(current[:1], [("10.246.2.0/24", "198.51.100.2")]) == []
 
 
 def test_masquerade_spares_the_routed_peers_subnets() -> None:
@@ -119,10 +118,10 @@ class FakeUnderlay(NodeUnderlay):
 
     def __init__(self, tunnel: TunnelPlan) -> None:
         super().__init__(tunnel, "br-int", "")
-        self.routes: list[PeerNode] = []
+        self.routes: list[tuple[str, str]] = []
 
-    def set_routes(self, peers: Sequence[PeerNode]) -> None:
-        self.routes = list(peers)
+    def set_routes(self, routes: Sequence[tuple[str, str]]) -> None:
+        self.routes = list(routes)
 
     def unreachable(self, address: str) -> str | None:
         return None if address.startswith("198.51.100.") else "Network is unreachable"
@@ -188,7 +187,7 @@ def test_routed_mode_sets_kernel_routes_and_no_peer_flows() -> None:
         r, channel, underlay, masq = routes("routed")
         r.set_peers("config", [N2, N3])
         await r.start()
-        assert channel.flows == [] and underlay.routes == [N2, N3]
+        assert channel.flows == [] and underlay.routes == [(N2.pod_cidr, N2.address), (N3.pod_cidr, N3.address)]
         assert masq == [["10.246.2.0/24", "10.246.3.0/24"]]
         await r.close()
     asyncio.run(go())
