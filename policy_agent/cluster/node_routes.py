@@ -111,8 +111,6 @@ class NodeRoutes:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._synced = 0
-        self._version = 0
 
     def set_peers(self, source: str, peers: Sequence[PeerNode]) -> None:
         """Replace what `source` said before with `peers`."""
@@ -128,7 +126,6 @@ class NodeRoutes:
 
     def _set(self, source: str, peers: tuple[PeerNode, ...]) -> None:
         self._by_source[source] = peers
-        self._version += 1
         self._wake.set()
 
     def peer_for(self, ip: str) -> PeerNode | None:
@@ -186,7 +183,6 @@ class NodeRoutes:
     async def sync(self) -> None:
         """Make the datapath route exactly the chosen peers."""
         self._wake.clear()
-        version = self._version
         offered = [p for peers in self._by_source.values() for p in peers]
         chosen, refused = choose(self.underlay.plan.pod_cidr, self.routed, offered)
         for r in refused:
@@ -213,6 +209,8 @@ class NodeRoutes:
         self.routed = chosen
         if (new or gone) and self._masquerade is not None:
             await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])
+        for p in gone:  # before the new ones: a peer that moved keeps its name
+            self.unreachable.pop(p.name, None)
         for p in new:
             why = await asyncio.to_thread(self.underlay.unreachable, p.address)
             if why is not None:
@@ -220,13 +218,10 @@ class NodeRoutes:
                 self.unreachable[p.name] = why
                 log.warning("cluster: peer %s at %s is unreachable from this node (%s): its Pods (%s) "
                             "cannot be reached until it is", p.name, p.address, why, p.pod_cidr)
-        for p in gone:
-            self.unreachable.pop(p.name, None)
         if new or gone:
             log.info("cluster: routing %d peer(s)%s%s", len(chosen),
                      "; added " + ", ".join(f"{p.name} {p.pod_cidr} via {p.address}" for p in new) if new else "",
                      "; removed " + ", ".join(p.name for p in gone) if gone else "")
-        self._synced = version
 
 
 class NodeRoutesCollector:

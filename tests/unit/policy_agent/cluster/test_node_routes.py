@@ -155,6 +155,10 @@ def test_peers_from_several_sources_are_routed_and_one_change_touches_only_its_p
         r.set_peers("kubernetes", [PeerNode("node-3", "10.246.3.0/24", "198.51.100.33")])
         await r.sync()
         assert channel.tun_dsts() == {"198.51.100.33"} and len(channel.deleted) == 1
+        # ...and moved where this node has no route: reported under its name, though its old self is gone.
+        r.set_peers("kubernetes", [PeerNode("node-3", "10.246.3.0/24", "203.0.113.3")])
+        await r.sync()
+        assert channel.tun_dsts() == {"203.0.113.3"} and set(r.unreachable) == {"node-3"}
         await r.close()
     asyncio.run(go())
 
