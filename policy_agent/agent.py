@@ -26,6 +26,7 @@ from packetin.reader import InputPressure
 from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
+from policy_agent.cluster.node_routes import NodeRoutes, NodeRoutesCollector, config_peers
 from policy_agent.cluster.peer_nodes import KnownNodes, KnownNodesCollector
 from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
@@ -44,6 +45,7 @@ from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
 from policy_agent.ovs.switch import NodeSwitch
+from policy_agent.ovs.tunnel import NodeUnderlay
 from policy_agent.policy.gateway_flows import gateway_flows
 from policy_agent.policy.manifests import load_text
 from policy_agent.policy.rules import RuleRegistry
@@ -74,8 +76,10 @@ class Agent:
         self._handlers = dict(handlers or {})
         self.gateway = NodeGateway.of(config.node_network, config.ovs)  # None without a Pod subnet
         self.subnet = NodeSubnet(config.node_network.pod_cidr, config.node_network.gateway)  # CNI IPAM's range
+        self.underlay = NodeUnderlay.of(config.cluster, config.node_network, config.ovs)  # None: one node
         self.switch = NodeSwitch(config.ovs, controller=config.controller_target,
-                                 openflow_target=config.openflow_target, gateway=self.gateway)
+                                 openflow_target=config.openflow_target, gateway=self.gateway,
+                                 underlay=self.underlay)
         # A read of a few packet-ins into an empty channel is handled at once, without a task wake-up.
         self.demux = Demux(inline_max=INLINE_MAX)
         self.channel = OpenFlowChannel(
@@ -93,10 +97,19 @@ class Agent:
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
         self.registry.register(SubnetCollector(self.subnet))
-        # The other nodes (Node objects in Kubernetes mode), judged against this node's subnet.
-        self.nodes = KnownNodes(lambda: self.subnet.cidr)
+        # The node routes (a PeerSink; None for one node) take the other nodes as KnownNodes merges
+        # and judges them: the config's peers (source "config") and the Node objects (Kubernetes mode).
+        gateway = self.gateway
+        self.routes = NodeRoutes(self.underlay, self.channel, lambda: self.round_,
+                                 masquerade=gateway.exclude_from_masquerade if gateway is not None else None
+                                 ) if self.underlay is not None else None
+        self.nodes = KnownNodes(lambda: self.subnet.cidr, downstream=self.routes)
         self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
         self.registry.register(KnownNodesCollector(self.nodes))
+        if self.routes is not None:
+            self.registry.register(NodeRoutesCollector(self.routes))
+        if config.cluster.peers:  # a source, once set, says the node subnets are all known
+            self.nodes.set_peers("config", config_peers(config.cluster))
         self._gateway_task: asyncio.Task[None] | None = None
         self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
@@ -141,7 +154,8 @@ class Agent:
         self.policy_packetins = PolicyPacketIns(self.channel.send_nowait, audit=self.audit,
                                                 tap=self._handlers.get(Category.POLICY), offload=self.offload,
                                                 suppress=self.traceflow.suppress,
-                                                may_suppress=self.traceflow.may_suppress)
+                                                may_suppress=self.traceflow.may_suppress,
+                                                answer_out=self.routes.answer_out if self.routes else None)
         self._handlers[Category.POLICY] = self.policy_packetins
         self._handlers[Category.TRACEFLOW] = chain_handlers(self.traceflow, self._handlers.get(Category.TRACEFLOW))
         # The ways Pods and policy arrive, made in start().
@@ -213,10 +227,13 @@ class Agent:
         self.engine = PolicyEngine(self.channel, self.rules, round_=self.round_, meters=lambda: meters_ok,
                                    meter_specs=desired_meters(limits, meters_ok), rule_meters=per_rule,
                                    pod_wait=cfg.kubernetes.pod_wait if cfg.kubernetes.enabled else None,
-                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload)
+                                   datapath=MegaflowCache(cfg.ovs.ovs_rundir), verdicts=self.offload,
+                                   admission=self.routes.admission() if self.routes is not None else None)
         await self.engine.start()
         if self.gateway is not None:
             await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
+        if self.routes is not None:
+            await self.routes.start()
         # What `npaudit apply` set up before a restart, back in force first, with the store's generation marker.
         objs = load_text(store.text(), str(store.path))
         await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
@@ -249,8 +266,9 @@ class Agent:
         if self.switch.ovsdb is None:
             raise AgentError("CNI needs the OVSDB connection made in start()")
         hooks = OffloadPodHooks(engine, self.offload)
+        cluster = self.config.cluster
         pods = PodInterfaces(self.switch.ovsdb, self.config.ovs.bridge, self.switch.netns, state_dir, hooks,
-                             subnet=self.subnet)
+                             subnet=self.subnet, mtu=cluster.pod_mtu if cluster.enabled else 0)
         for info in await asyncio.to_thread(pods.pods):  # their policy and forwarding flows, in this round
             await hooks.pod_added(info)
         return CniServer(self.config.cni_socket, pods)
@@ -319,6 +337,8 @@ class Agent:
         for server in (self.api, self.cni):
             if server is not None:
                 await server.close()
+        if self.routes is not None:
+            await self.routes.close()
         await self.losses.close()  # a last loss window, read while the channel is still up
         await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()

@@ -44,6 +44,7 @@ from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
 from policy_agent.policy.rules import RuleRegistry
+from policy_agent.policy.tunnel_flows import admission_change
 from policy_agent.limits.meter_sync import RuleMeters
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,12 @@ class PolicyEngine:
                  meters: Callable[[], bool], meter_specs: Iterable[messages.MeterSpec] = (),
                  pod_wait: float | None = None, datapath: DatapathCache | None = None,
                  clock: Callable[[], float] = time.monotonic, verdicts: VerdictCache | None = None,
-                 rule_meters: RuleMeters | None = None) -> None:
+                 rule_meters: RuleMeters | None = None,
+                 admission: Callable[[str], messages.FlowSpec] | None = None) -> None:
         self._channel = channel
+        # Per address of another node's Pod, the flow taking its packets from the tunnel (cluster.deny_unknown_sources)
+        self._admission = admission
+        self._admitted: dict[str, messages.FlowSpec] = {}
         self._rule_meters = rule_meters  # per-rule fair meters (meters.per_rule), None: off
         self._verdicts = verdicts
         self._datapath = datapath
@@ -396,6 +401,8 @@ class PolicyEngine:
         compiled = self._clock()
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
+        admit, unadmit, admitted = ([], [], self._admitted) if self._admission is None else \
+            admission_change(self._admitted, {ep.ip for ep in args[0].endpoints if ep.ofport == 0}, self._admission)
         marker: list[messages.FlowSpec] = []
         if persist is not None:  # the intent is durable before the switch can hold the change
             try:
@@ -408,9 +415,11 @@ class PolicyEngine:
             if self._rule_meters is not None:  # outside the bundle (OVS), before the flows that name them
                 await self._rule_meters.prepare(plan.compiled.layout.meters)
             if plan.add or plan.stale or marker:
-                await self._channel.commit_flows([*plan.add, *pod[0], *marker], [*pod[1], *plan.stale])
+                await self._channel.commit_flows([*plan.add, *admit, *pod[0], *marker],
+                                                 [*pod[1], *plan.stale, *unadmit])
             else:  # no policy flow changes, nothing to order a Pod's flows against: one round trip, not two
-                for flows, send in ((pod[0], self._channel.install_flows), (pod[1], self._channel.delete_flows)):
+                for flows, send in ((unadmit, self._channel.delete_flows), (admit, self._channel.install_flows),
+                                    (pod[0], self._channel.install_flows), (pod[1], self._channel.delete_flows)):
                     if flows:
                         await send(flows)
         except (PacketInError, asyncio.TimeoutError) as exc:
@@ -420,6 +429,7 @@ class PolicyEngine:
                 self.registry.replace(old_rules)
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
+        previous_admitted, self._admitted = self._admitted, admitted
         previous_marker = self._marker
         if marker:
             self._marker = marker[0]
@@ -431,6 +441,9 @@ class PolicyEngine:
                 await asyncio.to_thread(persist.commit)
             except Exception as exc:
                 await asyncio.to_thread(persist.abandon)
+                if admit or unadmit:  # first: no address admitted that the policy put back does not know
+                    await self._channel.commit_flows(unadmit, admit)
+                    self._admitted = previous_admitted
                 await self._undo(plan, nxt, exc, previous_marker)
                 if not same_rules:
                     self.registry.replace(old_rules)

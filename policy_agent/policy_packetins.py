@@ -33,8 +33,12 @@ class PolicyPacketIns:
     def __init__(self, send: Callable[[Any], int], *, audit: Handler | None = None,
                  tap: Handler | None = None, offload: Handler | None = None,
                  suppress: Callable[[PacketIn], bool] | None = None,
-                 may_suppress: Callable[[], bool] | None = None) -> None:
+                 may_suppress: Callable[[], bool] | None = None,
+                 answer_out: Callable[[bytes, int], Any] | None = None) -> None:
         self._send = send
+        # The packet-out for a Reject's answer when plain "out of the in_port" is not enough (the
+        # tunnel port needs the sending node's address); None from it: the plain one.
+        self._answer_out = answer_out
         self._logged = tuple(h for h in (audit, offload, tap) if h is not None)
         # Logged handlers that take a batch of packet-ins (one read) as one: the audit pipeline.
         self._batched = tuple(h for h in self._logged if hasattr(h, "begin_batch") and hasattr(h, "end_batch"))
@@ -53,7 +57,8 @@ class PolicyPacketIns:
             if answer is None:
                 self.unanswerable += 1
             else:
-                self._send(packet_out(answer, pin.in_port))
+                out = self._answer_out(answer, pin.in_port) if self._answer_out is not None else None
+                self._send(out if out is not None else packet_out(answer, pin.in_port))
                 self.answered += 1
         if flags is None or flags & _LOG:
             for handler in self._logged:

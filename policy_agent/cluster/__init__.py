@@ -1,1 +1,1 @@
-"""The cluster side of a node: the Pod directory of every node's Pods (subnets and tunnels between nodes to come)."""
+"""The cluster side of a node: the Pod directory of every node's Pods, and the routes to the other nodes."""

@@ -34,10 +34,11 @@ def host_ifname(container_id: str) -> str:
 class Netdevs:
     """Blocking netlink and OVSDB work for Pod interfaces on `bridge`, whose vswitchd runs in `ovs_netns`."""
 
-    def __init__(self, ovsdb: Ovsdb, bridge: str, ovs_netns: str) -> None:
+    def __init__(self, ovsdb: Ovsdb, bridge: str, ovs_netns: str, mtu: int = 0) -> None:
         self._ovsdb = ovsdb
         self._bridge = bridge
         self._ovs_netns = ovs_netns
+        self._mtu = mtu  # of both ends of a Pod's veth (cluster.pod_mtu: room for the tunnel's headers); 0: default
 
     def make_veth(self, req: CniRequest, host_if: str) -> tuple[str, int]:
         """The veth, its host end up next to vswitchd: the host end's MAC and the Pod end's
@@ -55,7 +56,7 @@ class Netdevs:
                 # name ever appears in (or collides with) the host namespace. Up at once: the
                 # port is attached only after this returns.
                 try:
-                    rtnl.add_veth(host_if, req.ifname, req.netns)
+                    rtnl.add_veth(host_if, req.ifname, req.netns, self._mtu)
                 except OSError as exc:
                     if exc.errno != errno.EEXIST or not _link_exists(rtnl, host_if):
                         raise
@@ -64,7 +65,7 @@ class Netdevs:
                     log.warning("ADD %s: removing stale %s", req.container_id, host_if)
                     rtnl.delete_link(host_if)
                     self._ovsdb.del_port(self._bridge, host_if)
-                    rtnl.add_veth(host_if, req.ifname, req.netns)
+                    rtnl.add_veth(host_if, req.ifname, req.netns, self._mtu)
                 # The userspace datapath forwards frames as read from AF_PACKET: with tx
                 # checksum offload on, the Pod's TCP/UDP checksums would stay partial.
                 tx_checksum_off(host_if)

@@ -100,9 +100,9 @@ class PodInterfaces:
     """The CniHandler: ADD, DEL and CHECK of Pod interfaces on `bridge`, state under `state_dir`."""
 
     def __init__(self, ovsdb: Ovsdb, bridge: str, ovs_netns: str, state_dir: Path, hooks: PodHooks,
-                 ipam_bin_dir: Path = Path("/usr/lib/cni"), subnet: NodeSubnet | None = None) -> None:
+                 ipam_bin_dir: Path = Path("/usr/lib/cni"), subnet: NodeSubnet | None = None, mtu: int = 0) -> None:
         state_dir = Path(state_dir)
-        self._netdevs = Netdevs(ovsdb, bridge, ovs_netns)
+        self._netdevs = Netdevs(ovsdb, bridge, ovs_netns, mtu)
         # host-local's dataDir unless the network configuration names one.
         self._ipam = Ipam(ipam_bin_dir, state_dir / "ipam", subnet)
         self._states = ContainerStates(state_dir / "containers")

@@ -61,6 +61,11 @@ class ClusterConfig:
     underlay_mtu: int = field(default=1500, metadata=checked(bounded(576, 65535)))
     # The other nodes, standalone (Kubernetes mode adds those of the Node objects).
     peers: tuple[PeerConfig, ...] = ()
+    # Geneve: take a packet from the tunnel only when its source address is a Pod this node knows
+    # (its Pod object: watched, or applied standalone), drop the rest. So a Pod that starts on
+    # another node before its object reaches this one cannot pass a rule its labels would fail;
+    # but every other node's Pod needs its object here before it can reach this node's Pods.
+    deny_unknown_sources: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +79,8 @@ class ClusterConfig:
     def problems(self, pod_cidr: str) -> list[str]:
         """What the fields get wrong together, and with this node's Pod subnet `pod_cidr` ("" = none yet)."""
         out: list[str] = []
+        if self.enabled and not pod_cidr:
+            out.append("cluster.node_address: needs node_network.pod_cidr (Pods reach other nodes through the gateway)")
         if self.peers and not self.enabled:
             out.append("cluster.peers: needs cluster.node_address (this node's underlay address)")
         own = ipaddress.IPv4Network(pod_cidr) if pod_cidr else None

@@ -68,13 +68,17 @@ def plan(node: NodeNetworkConfig) -> GatewayPlan | None:
                        mac=mac_for_ip(ip), masquerade=node.masquerade)
 
 
-def masquerade_steps(gw: GatewayPlan, current: Sequence[str]) -> list[list[str]]:
+def masquerade_steps(gw: GatewayPlan, current: Sequence[str], exclude: Sequence[str] = ()) -> list[list[str]]:
     """The iptables arguments that turn the nat table `current` (`iptables -t nat -S` lines) into
     ours: chain MASQ_CHAIN with one rule SNATing Pod traffic to non-Pod addresses (none when
-    masquerade is off), jumped to from POSTROUTING. Empty when it is so already."""
+    masquerade is off), jumped to from POSTROUTING. Traffic to the subnets in `exclude` (the other
+    nodes' Pods, routed mode) returns first: it keeps the Pod's address, as policy on the other node
+    needs. Empty when it is so already."""
     subnet = gw.subnet
     rule = ["-s", subnet, "!", "-d", subnet, "-j", "MASQUERADE"]
-    want = [f"-A {MASQ_CHAIN} {' '.join(rule)}"] if gw.masquerade else []
+    keep = [["-d", cidr, "-j", "RETURN"] for cidr in exclude] if gw.masquerade else []
+    rules = [*keep, rule] if gw.masquerade else []
+    want = [f"-A {MASQ_CHAIN} {' '.join(r)}" for r in rules]
     have = [line for line in current if line.startswith(f"-A {MASQ_CHAIN} ")]
     steps: list[list[str]] = []
     if f"-N {MASQ_CHAIN}" not in current:
@@ -82,7 +86,7 @@ def masquerade_steps(gw: GatewayPlan, current: Sequence[str]) -> list[list[str]]
     if have != want:
         if have:
             steps.append(["-F", MASQ_CHAIN])
-        steps += [["-A", MASQ_CHAIN, *rule]] if gw.masquerade else []
+        steps += [["-A", MASQ_CHAIN, *r] for r in rules]
     if f"-A POSTROUTING -j {MASQ_CHAIN}" not in current:
         steps.append(["-A", "POSTROUTING", "-j", MASQ_CHAIN])
     return [["-t", "nat", *step] for step in steps]
@@ -95,6 +99,7 @@ class NodeGateway:
         self.plan = gw
         self._bridge = bridge
         self._netns = netns
+        self._exclude: tuple[str, ...] = ()  # subnets never masqueraded (other nodes' Pods)
 
     @classmethod
     def of(cls, node: NodeNetworkConfig, ovs: OvsConfig) -> "NodeGateway | None":
@@ -113,11 +118,19 @@ class NodeGateway:
                            "(node_network.gateway_ofport): another port has that number")
         call_in_netns(self._netns or None, lambda: self._address(timeout))
         self._run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        current = self._run(["iptables", "-w", "5", "-t", "nat", "-S"]).splitlines()
-        for step in masquerade_steps(gw, current):
-            self._run(["iptables", "-w", "5", *step])
+        self._masquerade()
         log.info("gateway %s on %s: %s (port %d, MAC %s), Pod subnet %s%s", gw.port, self._bridge, gw.address,
                  gw.ofport, gw.mac, gw.subnet, ", masqueraded beyond it" if gw.masquerade else "")
+
+    def exclude_from_masquerade(self, cidrs: Sequence[str]) -> None:
+        """Never SNAT Pod traffic to `cidrs` (the routed peers' Pod subnets) from now on."""
+        self._exclude = tuple(sorted(set(cidrs)))
+        self._masquerade()
+
+    def _masquerade(self) -> None:
+        current = self._run(["iptables", "-w", "5", "-t", "nat", "-S"]).splitlines()
+        for step in masquerade_steps(self.plan, current, self._exclude):
+            self._run(["iptables", "-w", "5", *step])
 
     def _address(self, timeout: float) -> None:
         """In the switch's namespace: the interface (vswitchd makes it) up with the gateway address."""

@@ -13,6 +13,7 @@ from policy_agent.ovs.bridge import Ovsdb
 from policy_agent.ovs.embedded import EmbeddedOvs, OvsPidFiles
 from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.supervisor import OvsSupervisor
+from policy_agent.ovs.tunnel import NodeUnderlay
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,10 @@ class NodeSwitch:
     """Started by the agent before anything talks OpenFlow; closed last (OVS keeps its flows: fail_mode=secure)."""
 
     def __init__(self, config: OvsConfig, *, controller: str | None, openflow_target: str,
-                 gateway: NodeGateway | None = None) -> None:
+                 gateway: NodeGateway | None = None, underlay: NodeUnderlay | None = None) -> None:
         self.config = config
         self.gateway = gateway  # the node's gateway port, address and masquerade (None: no Pod subnet set)
+        self.underlay = underlay  # the way to the other nodes (None: one node)
         self._controller = controller  # the Controller row we put on the bridge; None: someone else's target
         self._openflow_target = openflow_target
         self.embedded = EmbeddedOvs(Path(config.run_dir), config.netns) if config.mode == "embedded" else None
@@ -63,6 +65,8 @@ class NodeSwitch:
                 await asyncio.to_thread(self.ovsdb.wait_socket, Path(self._openflow_target))
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.ensure, self.ovsdb)
+        if self.underlay is not None:
+            await asyncio.to_thread(self.underlay.ensure, self.ovsdb, self.datapath_type)
 
     async def undo_start(self) -> None:
         """After a failed start of the agent: the OVSDB connection closed, and the daemons and namespace this

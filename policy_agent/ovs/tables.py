@@ -19,6 +19,15 @@ the gateway port and answers ARP for the gateway address through it; table 40 se
 connections from the gateway address (the node itself) past ingress policy; table 70 sends
 the gateway address and everything outside the Pod subnet to the gateway port.
 
+Between nodes (cluster.node_address; policy/tunnel_flows.py): with Geneve, table 0 takes IPv4
+from the tunnel port (-> 10, then ingress policy: egress policy applies to this node's Pods by
+their in_port only, so it was judged on the sending node); table 70 sends each other node's Pod
+subnet into the tunnel with that node's address as tun_dst and never relays tunnel traffic to
+anything but a Pod of this node (or its gateway address); with cluster.deny_unknown_sources,
+table 25 takes new connections from the tunnel only from addresses the Pod directory holds.
+Routed: no flows of its own (table 70's
+"outside the subnet -> gateway" carries the peers' subnets; the kernel routes them).
+
 Only new connections reach the policy tables, so Allow is logged once per
 connection while Drop is logged per packet (DESIGN.md §3), and a connection
 established before a policy change outlives it (as in Antrea); every new one,
@@ -59,6 +68,7 @@ COOKIE_KIND_POLICY = 3
 COOKIE_KIND_TRACEFLOW = 4  # a running trace's flows (policy_agent/traceflow/flows.py)
 COOKIE_KIND_GATEWAY = 5  # the node gateway's flows (policy_agent/policy/gateway_flows.py)
 COOKIE_KIND_GENERATION = 6  # the generation marker; its generation sits in bits 8..31
+COOKIE_KIND_TUNNEL = 7  # traffic between nodes: the tunnel port and each peer's route (policy/tunnel_flows.py)
 ROUND_MASK = 0xFFFFFFFF << COOKIE_ROUND_SHIFT
 GENERATION_SHIFT = 8
 GENERATION_MASK = 0xFFFFFF  # the marker keeps a generation modulo 2**24: compared only for equality

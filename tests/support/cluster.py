@@ -118,13 +118,14 @@ class PodHandle:
 class Cluster:
     """The agent (embedded OVS in its own namespace) plus Pods on it."""
 
-    def __init__(self, extra_config: str = "", metrics_listen: str = "", gateway: bool = False) -> None:
+    def __init__(self, extra_config: str = "", metrics_listen: str = "", gateway: bool = False,
+                 subnet: str = SUBNET) -> None:
         """`extra_config`: YAML sections appended to the agent's config (e.g. `offload:`). `gateway`: the
-        node gateway on SUBNET (node_network.pod_cidr) and the Pods' default route through it."""
+        node gateway on `subnet` (node_network.pod_cidr) and the Pods' default route through it."""
         self.tag = secrets.token_hex(3)
         self.gateway = gateway
         if gateway:
-            extra_config += f"node_network:\n  pod_cidr: {SUBNET}\n"
+            extra_config += f"node_network:\n  pod_cidr: {subnet}\n"
         self.dir = Path(tempfile.mkdtemp(prefix=f"npe-{self.tag}-", dir="/tmp"))
         self.state = self.dir / "state"
         self.tap = self.dir / "tap.jsonl"

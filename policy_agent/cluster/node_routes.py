@@ -1,0 +1,246 @@
+"""Node routes: the other nodes this node sends Pod traffic to, kept as their sources say (a PeerSink).
+
+Each source (the config's `cluster.peers`, the Node objects of Kubernetes) hands over its whole
+current set with `set_peers(source, peers)`. The routes are the union, each peer checked on its
+own (`choose`): a peer whose Pod subnet overlaps this node's or a routed peer's, or whose fields
+are malformed, is refused with a log line and a metric, and the others are unaffected; a peer
+already routed keeps its place against a newcomer that overlaps it. The work (flows for Geneve,
+kernel routes for routed mode, masquerade exclusions) runs in one task, so a change touches only
+the peers it adds, removes or moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from packetin import messages
+from packetin.frames import l3_offset
+from policy_agent.cluster.nodes import PeerNode
+from policy_agent.config.cluster import ClusterConfig
+from policy_agent.errors import one_line
+from policy_agent.ovs.tunnel import NodeUnderlay
+from policy_agent.policy.tunnel_flows import answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows
+
+log = logging.getLogger(__name__)
+
+
+class FlowTarget(Protocol):
+    async def install_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+    async def delete_flows(self, flows: Sequence[messages.FlowSpec]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    peer: PeerNode
+    reason: str  # overlap | invalid
+    detail: str
+
+
+def config_peers(cluster: ClusterConfig) -> list[PeerNode]:
+    """The peers the config names (the source "config")."""
+    return [PeerNode(p.name, p.pod_cidr, p.address) for p in cluster.peers]
+
+
+def _problem(peer: PeerNode) -> str | None:
+    try:
+        ipaddress.IPv4Network(peer.pod_cidr)
+    except ValueError:
+        return f"Pod subnet {peer.pod_cidr!r} is no IPv4 subnet"
+    try:
+        ipaddress.IPv4Address(peer.address)
+    except ValueError:
+        return f"address {peer.address!r} is no IPv4 address"
+    return None if peer.name else "no name"
+
+
+def choose(own_cidr: str, routed: Sequence[PeerNode], offered: Sequence[PeerNode]
+           ) -> tuple[list[PeerNode], list[Refusal]]:
+    """The peers to route among `offered` (every source's, duplicates allowed), and those refused.
+    `routed` (what is routed now) goes first, so a newcomer never displaces a routed peer."""
+    own = ipaddress.IPv4Network(own_cidr) if own_cidr else None
+    unique = sorted(set(offered))
+    kept = set(routed)
+    order = [p for p in unique if p in kept] + [p for p in unique if p not in kept]
+    chosen: list[PeerNode] = []
+    nets: list[tuple[str, ipaddress.IPv4Network]] = []
+    refused: list[Refusal] = []
+    for peer in order:
+        bad = _problem(peer)
+        if bad is not None:
+            refused.append(Refusal(peer, "invalid", bad))
+            continue
+        net = ipaddress.IPv4Network(peer.pod_cidr)
+        clash = [name for name, other in ([("this node", own)] if own is not None else []) + nets
+                 if net.overlaps(other)]
+        clash += [p.name for p in chosen if p.name == peer.name]
+        if clash:
+            refused.append(Refusal(peer, "overlap", f"Pod subnet {net} or name overlaps {', '.join(clash)}"))
+            continue
+        chosen.append(peer)
+        nets.append((peer.name, net))
+    return sorted(chosen), refused
+
+
+class NodeRoutes:
+    """The PeerSink of the datapath: flows (Geneve) or kernel routes (routed) to every accepted peer.
+
+    `set_peers` may be called from any thread, before or after `start`; the work happens in
+    the task `start` makes on the agent's loop. `masquerade(cidrs)` (the gateway's) is told every
+    routed peer's subnet, so Pod traffic to another node's Pods keeps its source address."""
+
+    def __init__(self, underlay: NodeUnderlay, channel: FlowTarget, round_: Callable[[], int],
+                 masquerade: Callable[[Sequence[str]], None] | None = None) -> None:
+        self.underlay = underlay
+        self._channel = channel
+        self._round = round_
+        self._masquerade = masquerade
+        self._by_source: dict[str, tuple[PeerNode, ...]] = {}
+        self.routed: list[PeerNode] = []
+        self.refused: list[Refusal] = []
+        self.unreachable: dict[str, str] = {}  # peer name -> why
+        self.problems: Counter[str] = Counter()  # reason -> times a peer was refused or found unreachable
+        self._flows: dict[PeerNode, list[messages.FlowSpec]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def set_peers(self, source: str, peers: Sequence[PeerNode]) -> None:
+        """Replace what `source` said before with `peers`."""
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:  # another thread (a watch), or before start
+            here = None
+        if loop is None or here is loop:
+            self._set(source, tuple(peers))
+        else:
+            loop.call_soon_threadsafe(self._set, source, tuple(peers))
+
+    def _set(self, source: str, peers: tuple[PeerNode, ...]) -> None:
+        self._by_source[source] = peers
+        self._wake.set()
+
+    def peer_for(self, ip: str) -> PeerNode | None:
+        """The routed peer whose Pod subnet holds `ip` (where an answer to that address goes)."""
+        addr = ipaddress.IPv4Address(ip)
+        return next((p for p in self.routed if addr in ipaddress.IPv4Network(p.pod_cidr)), None)
+
+    def admission(self) -> Callable[[str], messages.FlowSpec] | None:
+        """For the policy engine: per address of another node's Pod, the flow taking its packets
+        from the tunnel (None: every source is taken, deny_unknown_sources off or routed)."""
+        plan = self.underlay.plan
+        if not (plan.geneve and plan.deny_unknown_sources):
+            return None
+        return lambda ip: known_source_flow(self._round(), plan.tunnel_ofport, ip)
+
+    def answer_out(self, answer: bytes, in_port: int) -> Any | None:
+        """The packet-out taking a Reject's `answer` back into the tunnel it came from, to the node of
+        the Pod it answers; None when it came in elsewhere (then out of its in_port is right)."""
+        plan = self.underlay.plan
+        if not plan.geneve or in_port != plan.tunnel_ofport:
+            return None
+        l3 = l3_offset(answer)
+        peer = self.peer_for(str(ipaddress.IPv4Address(answer[l3 + 16:l3 + 20]))) if l3 >= 0 else None
+        if peer is None:
+            return None
+        return answer_through_tunnel(answer, peer.address, plan.tunnel_ofport)
+
+    async def start(self) -> None:
+        """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
+        self._loop = asyncio.get_running_loop()
+        if self.underlay.plan.geneve:
+            plan = self.underlay.plan
+            await self._channel.install_flows(tunnel_port_flows(self._round(), plan.tunnel_ofport,
+                                                                plan.deny_unknown_sources))
+        await self.sync()
+        self._task = asyncio.create_task(self._follow(), name="node-routes")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _follow(self) -> None:
+        while True:
+            await self._wake.wait()
+            try:
+                await self.sync()
+            except Exception as exc:  # one failed sync must not end the routes: the next change retries
+                log.warning("node routes: %s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+
+    async def sync(self) -> None:
+        """Make the datapath route exactly the chosen peers."""
+        self._wake.clear()
+        offered = [p for peers in self._by_source.values() for p in peers]
+        chosen, refused = choose(self.underlay.plan.pod_cidr, self.routed, offered)
+        for r in refused:
+            if r not in self.refused:
+                self.problems[r.reason] += 1
+                log.warning("cluster: peer %s (Pod subnet %s, address %s) refused: %s", r.peer.name or "?",
+                            r.peer.pod_cidr, r.peer.address, r.detail)
+        self.refused = refused
+        gone = [p for p in self.routed if p not in chosen]
+        new = [p for p in chosen if p not in self.routed]
+        plan = self.underlay.plan
+        if plan.geneve:
+            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) for p in new}
+            # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
+            rewritten = {f.key for fl in flows.values() for f in fl}
+            stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
+            if flows:
+                await self._channel.install_flows([f for fl in flows.values() for f in fl])
+                self._flows.update(flows)
+            if stale:
+                await self._channel.delete_flows(stale)
+        else:
+            await asyncio.to_thread(self.underlay.set_routes, [(p.pod_cidr, p.address) for p in chosen])
+        self.routed = chosen
+        if (new or gone) and self._masquerade is not None:
+            await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])
+        for p in gone:  # before the new ones: a peer that moved keeps its name
+            self.unreachable.pop(p.name, None)
+        for p in new:
+            why = await asyncio.to_thread(self.underlay.unreachable, p.address)
+            if why is not None:
+                self.problems["unreachable"] += 1
+                self.unreachable[p.name] = why
+                log.warning("cluster: peer %s at %s is unreachable from this node (%s): its Pods (%s) "
+                            "cannot be reached until it is", p.name, p.address, why, p.pod_cidr)
+        if new or gone:
+            log.info("cluster: routing %d peer(s)%s%s", len(chosen),
+                     "; added " + ", ".join(f"{p.name} {p.pod_cidr} via {p.address}" for p in new) if new else "",
+                     "; removed " + ", ".join(p.name for p in gone) if gone else "")
+
+
+class NodeRoutesCollector:
+    """npaudit_cluster_peers{state} and npaudit_cluster_peer_problems_total{reason}."""
+
+    def __init__(self, routes: NodeRoutes) -> None:
+        self._routes = routes
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._routes
+        peers = GaugeMetricFamily("npaudit_cluster_peers", "Other nodes by state: routed (Pod traffic goes to "
+                                  "them), refused (overlapping or malformed), unreachable (routed, no underlay "
+                                  "route to the address)", labels=["state"])
+        peers.add_metric(["routed"], len(r.routed))
+        peers.add_metric(["refused"], len(r.refused))
+        peers.add_metric(["unreachable"], len(r.unreachable))
+        yield peers
+        problems = CounterMetricFamily("npaudit_cluster_peer_problems", "Peers refused or found unreachable, "
+                                       "by reason (overlap, invalid, unreachable)", labels=["reason"])
+        for reason in ("overlap", "invalid", "unreachable"):
+            problems.add_metric([reason], r.problems.get(reason, 0))
+        yield problems

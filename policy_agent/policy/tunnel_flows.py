@@ -1,0 +1,103 @@
+"""The flows that carry Pod traffic between nodes over Geneve, as pure functions of the plan and the peers.
+
+  0 CLASSIFIER  in_port=tunnel, ip -> 10: another node's Pod traffic meets conntrack, then the
+                policy tables; anything else from the tunnel (ARP) is dropped: nodes send only IPv4
+                to each other, and the receiving node sets the Pod's MAC itself (table 70).
+                Egress rules match this node's Pods by their in_port, so a packet from the tunnel
+                meets ingress policy only: its egress was judged on the node it
+                left (before the tunnel), its ingress is judged here (after it).
+ 25 SRC_CLASS   with cluster.deny_unknown_sources (new connections only: replies of connections
+                this node's Pods opened pass as established): in_port=tunnel, ip, nw_src=<an
+                address the Pod directory holds> -> 26, one flow per address, changed in the same
+                bundle as the policy flows that name it (engine: `admission`); any other source
+                from the tunnel is dropped (the flow's n_packets counts it), so a Pod whose object
+                has not reached this node yet cannot pass a rule its labels would fail.
+ 70 FORWARD     ip, nw_dst=<a peer's Pod subnet> -> tun_dst=<the peer's address>, output tunnel
+                (one flow per peer, added and removed on its own); in_port=tunnel and no Pod of
+                this node (their flows are above) -> drop: never relayed to a third node or out
+                of the gateway. The gateway address stays reachable (its flow is above this one).
+
+Routed mode has no flows here: table 70's "outside the Pod subnet -> gateway" (gateway_flows)
+already hands the peers' subnets to the node, whose kernel routes them to the peers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import AbstractSet as Set
+from typing import Any, Callable, Mapping
+
+from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+from packetin import messages
+from packetin.protocol_numbers import ETH_TYPE_ARP, ETH_TYPE_IPV4
+from policy_agent.ovs import tables
+
+# Table 70: Pods 100 > gateway address 30 > from the tunnel (drop) 25 > the gateway's subnet miss 20
+# > peer routes 15 > from the gateway (drop) 10 > outside (gateway) 5. A peer route is above "from the
+# gateway", so the node itself (kubelet, a host process) reaches another node's Pods through the tunnel.
+FROM_TUNNEL_PRIORITY = 25
+PEER_ROUTE_PRIORITY = 15
+TUN_DST_FIELD = "tun_ipv4_dst"
+
+
+def _cookie(round_: int) -> int:
+    return tables.cookie(round_, tables.COOKIE_KIND_TUNNEL)
+
+
+KNOWN_SOURCE_PRIORITY = 50  # table 25: below the Pods' class flows (100, by in_port of a Pod: never the tunnel)
+UNKNOWN_SOURCE_PRIORITY = 40
+
+
+def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = False) -> list[messages.FlowSpec]:
+    """The flows of the tunnel port itself, whatever the peers. `deny_unknown`: IPv4 from the tunnel
+    opening a connection is dropped unless `known_source_flow` admits its source."""
+    c, ip = _cookie(round_), {"eth_type": ETH_TYPE_IPV4}
+    deny = [messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
+                                   cookie=c)] if deny_unknown else []
+    return deny + [
+        messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport}, goto=tables.T_CONNTRACK,
+                               cookie=c),
+        # Above the Pods' ARP flows (100), which match the target address from any port.
+        messages.FlowSpec.make(tables.T_CLASSIFIER, 101, {"eth_type": ETH_TYPE_ARP, "in_port": tunnel_ofport},
+                               cookie=c),
+        messages.FlowSpec.make(tables.T_FORWARD, FROM_TUNNEL_PRIORITY, {**ip, "in_port": tunnel_ofport}, cookie=c),
+    ]
+
+
+def known_source_flow(round_: int, tunnel_ofport: int, ip: str) -> messages.FlowSpec:
+    """For an address the Pod directory holds (another node's Pod): its packets from the tunnel are taken."""
+    return messages.FlowSpec.make(tables.T_SRC_CLASS, KNOWN_SOURCE_PRIORITY,
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": tunnel_ofport, "ipv4_src": ip},
+                                  goto=tables.T_DST_CLASS, cookie=_cookie(round_))
+
+
+def admission_change(admitted: Mapping[str, messages.FlowSpec], known: Set[str],
+                     make: Callable[[str], messages.FlowSpec]
+                     ) -> tuple[list[messages.FlowSpec], list[messages.FlowSpec], dict[str, messages.FlowSpec]]:
+    """From the flows `admitted` (address -> its known_source_flow) to one per address of `known`:
+    (flows to add, flows to delete, the map after); each flow is made once per address."""
+    if known == admitted.keys():
+        return [], [], dict(admitted)
+    after = {ip: admitted.get(ip) or make(ip) for ip in known}
+    return ([after[ip] for ip in sorted(known - admitted.keys())],
+            [admitted[ip] for ip in sorted(admitted.keys() - known)], after)
+
+
+def peer_flows(round_: int, tunnel_ofport: int, pod_cidr: str, address: str) -> list[messages.FlowSpec]:
+    """The route to one peer's Pods: its subnet `pod_cidr` into the tunnel, addressed to the peer at `address`."""
+    net = ipaddress.IPv4Network(pod_cidr)
+    match = {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": (str(net.network_address), str(net.netmask))}
+    actions: list[messages.Action] = [messages.SetField(TUN_DST_FIELD, str(ipaddress.IPv4Address(address))),
+               messages.Output(tunnel_ofport)]
+    return [messages.FlowSpec.make(tables.T_FORWARD, PEER_ROUTE_PRIORITY, match, actions, cookie=_cookie(round_))]
+
+
+def answer_through_tunnel(answer: bytes, peer_address: str, tunnel_ofport: int) -> Any:
+    """A packet-out sending `answer` (a Reject's RST or ICMP) into the tunnel to the node at
+    `peer_address`: a tunnel port with remote_ip=flow sends nothing without tun_dst."""
+    return parser.OFPPacketOut(messages.CODEC, buffer_id=ofp.OFP_NO_BUFFER,
+                               match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
+                               actions=[parser.OFPActionSetField(**{TUN_DST_FIELD: peer_address}),
+                                        parser.OFPActionOutput(tunnel_ofport)], data=answer)
