@@ -24,9 +24,10 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
-from auditlog.syslog.errors import SyslogTLSError, SyslogTransportError
+from auditlog.syslog.connect import Address, open_stream
+from auditlog.syslog.errors import SyslogTransportError
 
 RELP_VERSION = b"0"
 SOFTWARE = b"npaudit,1,https://github.com/npaudit"
@@ -36,15 +37,6 @@ _MAX_HEADER = 9 + 1 + 32 + 1 + 9 + 1  # TXNR SP COMMAND SP DATALEN SP
 _MAX_RSP_DATA = 1 << 16  # a response is a status line and offers; anything longer is not a RELP peer
 _POLL = 0.002  # seconds between looks for responses while `finish` waits
 _CLOSE_WAIT = 0.2  # seconds `finish` waits for the answer to `close` at least
-
-
-class Address(Protocol):
-    """Where to connect (transport.Endpoint is one; not imported: transport.open_sender builds on this module)."""
-
-    @property
-    def host(self) -> str: ...
-    @property
-    def port(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -142,20 +134,7 @@ class RelpSender:
     def connect(self) -> None:
         """Connect and open the session (`open` with our offers, answered `rsp 200` offering `syslog`)."""
         self.close()
-        try:
-            sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self._timeout)
-        except OSError as exc:
-            raise SyslogTransportError(f"syslog {self.endpoint}: cannot connect: {exc}") from exc
-        if self._tls is not None:
-            try:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
-            except ssl.SSLCertVerificationError as exc:
-                sock.close()
-                raise SyslogTLSError(f"syslog {self.endpoint}: server certificate not trusted "
-                                     f"({exc.verify_message}); not sending") from exc
-            except (ssl.SSLError, OSError) as exc:
-                sock.close()
-                raise SyslogTLSError(f"syslog {self.endpoint}: TLS handshake failed: {exc}") from exc
+        sock = open_stream(self.endpoint, self._timeout, self._tls, self._server_name)
         self._sock = sock
         self._txnr, self._sent, self._acked, self._buf = 1, 0, 0, b""
         self._pending.clear()

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
-from auditlog.syslog.errors import SyslogConfigError, SyslogTLSError, SyslogTransportError
+from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
+from auditlog.syslog.connect import open_stream
 from auditlog.syslog.relp import RelpSender
 
 SCHEMES = ("udp", "tcp", "tls", "relp")
@@ -191,20 +192,7 @@ class StreamSender:
         self.close()
         self._sent = 0
         self._peer_seen_open = self._peer_gone = False
-        try:
-            sock = socket.create_connection((self.endpoint.host, self.endpoint.port), timeout=self._timeout)
-        except OSError as exc:
-            raise SyslogTransportError(f"syslog {self.endpoint}: cannot connect: {exc}") from exc
-        if self._tls is not None:
-            try:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
-            except ssl.SSLCertVerificationError as exc:
-                sock.close()
-                raise SyslogTLSError(f"syslog {self.endpoint}: server certificate not trusted "
-                                     f"({exc.verify_message}); not sending") from exc
-            except (ssl.SSLError, OSError) as exc:
-                sock.close()
-                raise SyslogTLSError(f"syslog {self.endpoint}: TLS handshake failed: {exc}") from exc
+        sock = open_stream(self.endpoint, self._timeout, self._tls, self._server_name)
         self._sock = sock
 
     def send(self, frames: Sequence[bytes]) -> None:

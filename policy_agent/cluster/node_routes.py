@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from packetin import messages
 from packetin.frames import l3_offset
+from packetin.tasks import cancel_and_wait
 from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
@@ -164,13 +165,8 @@ class NodeRoutes:
         self._task = asyncio.create_task(self._follow(), name="node-routes")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _follow(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import cancel_and_wait
 from policy_agent.errors import AgentError
 from policy_agent.ovs.embedded import PidUnknown
 
@@ -160,13 +161,8 @@ class OvsSupervisor:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ovs-supervisor")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
