@@ -4,6 +4,7 @@ and runs them in order."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from packetin.reader import InputPressure
 from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
+from policy_agent.cluster.peer_nodes import KnownNodes, KnownNodesCollector
 from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
@@ -88,6 +90,11 @@ class Agent:
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
         self.registry.register(OvsSupervisorCollector(self.switch.supervisor))
         self.registry.register(SubnetCollector(self.subnet))
+        # The other nodes (Node objects in Kubernetes mode), judged against this node's subnet.
+        self.nodes = KnownNodes(lambda: self.subnet.cidr)
+        self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
+        self.registry.register(KnownNodesCollector(self.nodes))
+        self._gateway_task: asyncio.Task[None] | None = None
         self._metrics_server: HttpListener | None = None
         self.rules = rules if rules is not None else RuleRegistry()
         self.round_ = 0
@@ -245,13 +252,40 @@ class Agent:
 
         kc = self.config.kubernetes
         self._k8s_api = await asyncio.to_thread(api_client_from_config, kc.kubeconfig or None)
-        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node, subnet=self.subnet)
+        self.k8s = KubernetesSource(self._k8s_api, engine, node_name=self.config.node, subnet=self.subnet,
+                                    peers=self.nodes)
+        if self.gateway is None:  # no node_network.pod_cidr: the gateway comes with the Node's podCIDR
+            self.subnet.subscribe(self._gateway_for)
         self.k8s.start()
         try:
             await asyncio.wait_for(self.k8s.synced.wait(), kc.sync_timeout)
         except asyncio.TimeoutError:
             log.warning("Kubernetes API not fully listed after %.0fs (%s); serving CNI anyway: "
                         "Pods wait up to %.0fs for their labels", kc.sync_timeout, self.k8s.stats, kc.pod_wait)
+        if self._gateway_task is not None:
+            await asyncio.shield(self._gateway_task)  # Pods then start with their gateway there
+
+    def _gateway_for(self, cidr: str) -> None:
+        """The subnet became known (once: NodeSubnet refuses a change): bring the gateway up for it."""
+        if self.gateway is None and self._gateway_task is None:
+            self._gateway_task = asyncio.get_running_loop().create_task(self._node_gateway(cidr), name="gateway")
+
+    async def _node_gateway(self, cidr: str) -> None:
+        """The gateway port, address, masquerade and flows for the Node's Pod subnet `cidr`."""
+        cfg = self.config
+        gateway = NodeGateway.of(dataclasses.replace(cfg.node_network, pod_cidr=cidr), cfg.ovs)
+        if gateway is None or self.switch.ovsdb is None:
+            return
+        self.switch.gateway = gateway  # from now on ensured again after an OVS restart
+        try:
+            await asyncio.to_thread(gateway.ensure, self.switch.ovsdb)
+            await self.channel.install_flows(gateway_flows(self.round_, gateway.plan))
+        except Exception as exc:  # the agent runs on; the switch tries again after an OVS restart
+            log.error("node gateway for Pod subnet %s (from the Node object) failed: %s; Pods reach only "
+                      "the Pods of this node", cidr, one_line(exc))
+            return
+        self.gateway = gateway
+        self.traceflow.set_gateway(gateway.plan)
 
     def _meters_supported(self) -> bool:
         support = self.channel.meter_support
@@ -266,6 +300,9 @@ class Agent:
     async def stop(self) -> None:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
         await self.switch.supervisor.close()  # first: no OVS restart while the agent goes
+        if self._gateway_task is not None:
+            self._gateway_task.cancel()
+            await asyncio.gather(self._gateway_task, return_exceptions=True)
         for source in (self.manifests, self.k8s):
             if source is not None:
                 await source.close()

@@ -88,6 +88,7 @@ def snapshot(agent: Agent, *, now: tuple[float, float], ovs_version: str | None,
         "syslog": (syslog or syslog_status(agent)).to_json(),
         "packetin": {"by_category": demux, "ovs_lost": ovs_losses,
                      "meter_drops": agent.losses.dropped_json()},
+        "nodes": {"subnet": agent.subnet.cidr or None, **agent.nodes.status()},
         "problems": agent.problems.snapshot(),
         "apply_settlement": None if agent.settlement is None else agent.settlement.to_json(),
     }

@@ -100,6 +100,7 @@ def status_table(status: dict[str, Any]) -> str:
          f"{dig(status, 'audit', 'path')}, head seq {dig(head, 'seq')} chain {str(dig(head, 'chain'))[:16]}…"),
         ("syslog", _syslog_line(status.get("syslog") or {})),
         ("apply", settlement_line(status.get("apply_settlement"))),
+        ("nodes", _nodes_line(status.get("nodes"))),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {safe_text(value)}" for name, value in rows]
@@ -119,6 +120,20 @@ def _traceflow_line(traceflow: Any) -> str:
             if outcomes else "no traces since start")
     return (f"{runs}; {traceflow.get('suppressed', 0)} packet-ins of trace packets suppressed (not audited), "
             f"{traceflow.get('stray', 0)} stray copies")
+
+
+def _nodes_line(nodes: Any) -> str:
+    if not isinstance(nodes, dict):
+        return "-"  # an agent from before it knew other nodes
+    problems = nodes.get("problems") or []
+    line = (f"this node's Pod subnet {nodes.get('subnet') or 'not known yet'}; "
+            f"{nodes.get('count', 0)} other nodes routed")
+    if problems:
+        line += f"; {len(problems)} node problems: " + "; ".join(
+            f"{p.get('node')}: {p.get('reason')}" for p in problems if isinstance(p, dict))
+    if nodes.get("pods_outside"):
+        line += f"; {nodes.get('pods_outside')} Pods with an address outside every node's subnet"
+    return line
 
 
 def _syslog_line(syslog: dict[str, Any]) -> str:

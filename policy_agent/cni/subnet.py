@@ -4,6 +4,11 @@ The shipped conflist names no range: when a network configuration's `ipam` gives
 `ranges` (nor a `subnet`), the agent fills host-local's range from here, so no two
 nodes share a constant. A Node without a podCIDR, or an address outside the subnet,
 is one log line and a count (`problems`), never a traceback.
+
+The subnet is taken once: from config, else from the first podCIDR the Node shows. Kubernetes
+does not let a Node's podCIDR change; a Node deleted and made again with another one is refused
+(logged, counted) until the agent restarts, since the node gateway and every Pod's address are
+in the first one.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import copy
 import ipaddress
 import logging
 import threading
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -56,6 +61,7 @@ class NodeSubnet:
         self.problems: dict[str, int] = {NO_POD_CIDR: 0, BAD_POD_CIDR: 0, OUTSIDE: 0}
         # From config: the gateway port holds its address, so a Node saying otherwise is reported, not taken.
         self.pinned = bool(cidr)
+        self._listeners: list[Callable[[str], None]] = []
         if cidr:
             self.set(cidr, gateway, source="config node_network.pod_cidr")
 
@@ -75,6 +81,12 @@ class NodeSubnet:
             self._net, self._gateway, self.source = net, gw, source
         if changed:
             log.info("node Pod subnet %s (gateway %s) from %s", net, gw, source)
+            for listener in list(self._listeners):
+                listener(str(net))
+
+    def subscribe(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(cidr)` when the subnet is set or changes (on the thread that sets it)."""
+        self._listeners.append(listener)
 
     def from_node(self, name: str, node: Mapping[str, Any]) -> None:
         """Take the subnet of this node's Node object; a bad one is logged and counted, the last one kept."""
@@ -89,10 +101,16 @@ class NodeSubnet:
                        name)
             return
         if self.pinned and cidr != self.cidr:
-            self.count(BAD_POD_CIDR, "Node %s has podCIDR %s but node_network.pod_cidr is %s: Pods keep %s "
-                       "(the node gateway holds its address); make the two agree", name, cidr, self.cidr, self.cidr)
+            if self.source.startswith("config"):
+                self.count(BAD_POD_CIDR, "Node %s has podCIDR %s but node_network.pod_cidr is %s: Pods keep %s "
+                           "(the node gateway holds its address); make the two agree", name, cidr, self.cidr,
+                           self.cidr)
+            else:
+                self.count(BAD_POD_CIDR, "Node %s podCIDR changed from %s to %s: refused, Pods and the node gateway "
+                           "keep %s; restart the agent to take %s", name, self.cidr, cidr, self.cidr, cidr)
             return
         self.set(cidr, source=f"Node {name} spec.podCIDR")
+        self.pinned = True
 
     def node_missing(self, name: str) -> None:
         self.count(NO_POD_CIDR, "Node %s not found in the Kubernetes API (is NODE_NAME the node's name?): "

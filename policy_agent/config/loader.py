@@ -51,7 +51,7 @@ class ConfigError(AgentError):
 
 @dataclass(frozen=True)
 class AgentConfig:
-    # Node name written into records and used to select this node's Pods; "" = the
+    # Node name written into records and naming this node's Node object; "" = the
     # NODE_NAME environment variable (a DNS-1123 subdomain), else this host's name.
     # No control characters.
     node_name: str = field(default="", metadata=checked(record_name))

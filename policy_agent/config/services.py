@@ -17,7 +17,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class KubernetesConfig:
-    # Take Namespaces, this node's Pods, NetworkPolicies, Antrea policies and
+    # Take Namespaces, every node's Pods, Nodes, NetworkPolicies, Antrea policies and
     # Tiers from the Kubernetes API (list + watch) instead of standalone manifests.
     enabled: bool = False
     # kubeconfig file (an absolute path); "" = in-cluster service account (KUBERNETES_SERVICE_HOST).

@@ -1,4 +1,4 @@
-"""The Kubernetes API as a policy source: Namespaces, this node's Pods and policies kept in step with the engine.
+"""The Kubernetes API as a policy source: Namespaces, every node's Pods and policies kept in step with the engine.
 
 One watcher thread per resource (kubernetes_watch.py) lists and watches and feeds
 a bounded asyncio.Queue; one task per resource validates each object on its own
@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 from kubernetes import client, config
 from kubernetes.config import incluster_config
@@ -28,7 +28,8 @@ from policy_agent.policy import kinds
 from policy_agent.policy.kinds import ApiResource
 from policy_agent.policy.manifests import ManifestError, ObjectSet, load_documents
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
-from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink
+from policy_agent.sources.kubernetes_node import NodeFeed, NodeSink, PeersSink
+from policy_agent.sources.kubernetes_pods import pod_fields
 from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
@@ -37,6 +38,7 @@ from policy_agent.sources.sink import PolicySink
 log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1024            # per resource; a full queue blocks the watch thread (nothing is dropped)
+EVENT_BATCH = 512            # watch events of one resource taken into one engine change at most
 
 Key = tuple[str, str]        # (namespace or "", name)
 Model = Namespace | Pod | Tier | Policy
@@ -119,18 +121,21 @@ class KubernetesSource:
     def __init__(self, api_client: client.ApiClient, engine: PolicySink, *, node_name: str,
                  resync_backoff_max: float = 30.0, list_page_size: int = 500,
                  clock: Clock = time.monotonic, wait: Wait = threading.Event.wait,
-                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None) -> None:
-        """`subnet`: when given, this node's Node object is watched too and its podCIDR kept there."""
+                 rand: Callable[[], float] = random.random, subnet: NodeSink | None = None,
+                 peers: PeersSink | None = None) -> None:
+        """`subnet`: when given, the Node objects are watched too: this node's podCIDR is kept there, and
+        the other nodes and every Pod's addresses go to `peers` (when given)."""
         if not node_name:
-            raise ValueError("node_name is required: only this node's Pods are watched")
+            raise ValueError("node_name is required: it names this node's Node object and Pods")
         self._engine = engine
         self.node_name = node_name
+        self._peers = peers
         core, net = client.CoreV1Api(api_client), client.NetworkingV1Api(api_client)
         crd = client.CustomObjectsApi(api_client).list_cluster_custom_object
-        pods = {"field_selector": f"spec.nodeName={node_name}"}
+        # Every node's Pods: rules match Pods on other nodes by address, records name them.
         calls: list[tuple[_Resource, Callable[..., object], dict[str, str]]] = [
             (_Resource(kinds.NAMESPACES, "namespaces"), core.list_namespace, {}),
-            (_Resource(kinds.PODS, "pods"), core.list_pod_for_all_namespaces, pods),
+            (_Resource(kinds.PODS, "pods"), core.list_pod_for_all_namespaces, {}),
             (_Resource(kinds.K8S_NETWORK_POLICIES, "policies"), net.list_network_policy_for_all_namespaces, {}),
             (_Resource(kinds.TIERS, "tiers"), crd, {}),
             (_Resource(kinds.ANTREA_CLUSTER_POLICIES, "policies", needs_tiers=True), crd, {}),
@@ -141,7 +146,7 @@ class KubernetesSource:
             api = res.api
             custom = api.group == kinds.ANTREA_GROUP
             call = ListCall(api.name, list_fn, args=(api.group, api.version, api.plural) if custom else (),
-                            kwargs=kwargs, crd=custom)
+                            kwargs=kwargs, crd=custom, trim=pod_fields if res.arg == "pods" else None)
             queue: asyncio.Queue[Item] = asyncio.Queue(QUEUE_SIZE)
             watcher = ResourceWatcher(call, queue, functools.partial(self._count, api.name, "errors"),
                                       backoff_max=resync_backoff_max, page_size=list_page_size,
@@ -154,7 +159,7 @@ class KubernetesSource:
             self.stats["nodes"] = {"errors": 0}
             self.node = NodeFeed(core.list_node, node_name, subnet, functools.partial(self._count, "nodes", "errors"),
                                  backoff_max=resync_backoff_max, page_size=list_page_size, clock=clock, wait=wait,
-                                 rand=rand)
+                                 rand=rand, peers=peers)
         self.synced = asyncio.Event()
         self.skipped: set[str] = set()  # resources the server does not serve right now
         self._tasks: list[asyncio.Task[None]] = []
@@ -214,15 +219,28 @@ class KubernetesSource:
     # --- consumers (event loop) ------------------------------------------------------
 
     async def _consume(self, feed: _Feed) -> None:
+        pending: Item | None = None
         while True:
-            item = await feed.queue.get()
+            item = pending if pending is not None else await feed.queue.get()
+            pending = None
             if isinstance(item, (Snapshot, Absent)) and not feed.listed.is_set() and feed.res.needs_tiers:
                 # Antrea policies name Tiers: the first list of Tiers goes in before them.
                 await self._feeds[kinds.TIERS.name].listed.wait()
+            events: list[Event] = []
+            if isinstance(item, Event):
+                # The events already queued go to the engine together: one state change for a burst
+                # (a cluster's Pods churn), in the order they came.
+                events.append(item)
+                while len(events) < EVENT_BATCH and not feed.queue.empty():
+                    nxt = feed.queue.get_nowait()
+                    if not isinstance(nxt, Event):
+                        pending = nxt
+                        break
+                    events.append(nxt)
             try:
                 async with feed.lock:
                     if isinstance(item, Event):
-                        tiers_changed = await self._event(feed, item)
+                        tiers_changed = await self._events(feed, events)
                     else:
                         tiers_changed = await self._reconcile(feed, item)
                 if tiers_changed:
@@ -232,30 +250,40 @@ class KubernetesSource:
             except Exception:  # the engine failed; the next change will sync again
                 log.exception("kubernetes: %s: applying to the engine failed", feed.res.name)
                 self._count(feed.res.name, "errors")
+            del item, events  # a list of every Pod is not held while waiting for the next change
 
-    async def _event(self, feed: _Feed, ev: Event) -> bool:
-        """One watch event; True when a Tier was applied."""
-        res, doc = feed.res, self._complete(feed.res, ev.obj)
-        key = _key(doc)
-        if ev.type in ("ADDED", "MODIFIED") and self._foreign_pod(res, doc):
-            ev = Event("DELETED", doc)  # cannot happen with the field selector; never keep it
-        if ev.type in ("ADDED", "MODIFIED"):
-            if self._standard_tier(res, doc):
-                return False
-            obj = self._validate(feed, doc)
-            if obj is None or feed.known.get(key) == obj:
-                return False
-            feed.known[key] = obj
-            await self._engine.apply(**_by_kind([obj]))
-            self._count(res.name, "applied")
-            return res.arg == "tiers"
-        if ev.type == "DELETED":
-            feed.rejected.pop(key, None)
-            old = feed.known.pop(key, None)
-            if old is not None:
-                await self._engine.delete(**_by_kind([old]))
-                self._count(res.name, "deleted")
-        return False
+    async def _events(self, feed: _Feed, events: list[Event]) -> bool:
+        """Watch events in order, then their net change in one apply and one delete; True when a Tier
+        was applied."""
+        res = feed.res
+        before: dict[Key, Model | None] = {}  # what the engine holds, for each key the events touch
+        for ev in events:
+            doc = self._complete(res, ev.obj)
+            key = _key(doc)
+            if ev.type in ("ADDED", "MODIFIED"):
+                if self._standard_tier(res, doc):
+                    continue
+                obj = self._validate(feed, doc)
+                if obj is None or feed.known.get(key) == obj:
+                    continue
+                before.setdefault(key, feed.known.get(key))
+                feed.known[key] = obj
+            elif ev.type == "DELETED":
+                feed.rejected.pop(key, None)
+                if key in feed.known:
+                    before.setdefault(key, feed.known.get(key))
+                    del feed.known[key]
+        applied = [obj for key, old in before.items() if (obj := feed.known.get(key)) is not None and obj != old]
+        gone = [old for key, old in before.items() if old is not None and key not in feed.known]
+        self._addresses(applied, gone)
+        # New versions go in before stale objects leave, as after a relist.
+        if applied:
+            await self._engine.apply(**_by_kind(applied))
+            self._count(res.name, "applied", len(applied))
+        if gone:
+            await self._engine.delete(**_by_kind(gone))
+            self._count(res.name, "deleted", len(gone))
+        return res.arg == "tiers" and bool(applied)
 
     async def _reconcile(self, feed: _Feed, item: Snapshot | Absent) -> bool:
         """A full list (or absence): apply what is new or changed, delete what disappeared."""
@@ -271,7 +299,7 @@ class KubernetesSource:
             self.skipped.discard(res.name)
             for raw in item.items:
                 doc = self._complete(res, raw)
-                if not self._foreign_pod(res, doc) and not self._standard_tier(res, doc):
+                if not self._standard_tier(res, doc):
                     docs[_key(doc)] = doc
         changed = []
         for key, doc in docs.items():
@@ -284,6 +312,7 @@ class KubernetesSource:
             del feed.rejected[k]
         if not first:
             self._count(res.name, "relists")
+        self._addresses(changed, gone)
         try:
             # New versions go in before stale objects leave, so enforcement has no gap.
             if changed:
@@ -350,9 +379,11 @@ class KubernetesSource:
         doc.setdefault("kind", res.api.kind)
         return doc
 
-    def _foreign_pod(self, res: _Resource, doc: dict[str, Any]) -> bool:
-        spec = s if isinstance(s := doc.get("spec"), dict) else {}
-        return res.arg == "pods" and spec.get("nodeName") != self.node_name
+    def _addresses(self, changed: Sequence[Model], gone: Sequence[Model]) -> None:
+        """Pods' addresses to `peers`, which checks them against the node subnets."""
+        if self._peers is not None:
+            self._peers.pods_changed([(o.key, o.ips) for o in changed if isinstance(o, Pod)],
+                                     [o.key for o in gone if isinstance(o, Pod)])
 
     @staticmethod
     def _standard_tier(res: _Resource, doc: dict[str, Any]) -> bool:

@@ -51,6 +51,9 @@ class ListCall:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     crd: bool = False     # may be absent from the server (Antrea not installed)
+    # What of each object is kept (list items and watch events alike, as each page arrives): a
+    # cluster's 10,000 Pods are never all held in full at once. Must keep metadata.resourceVersion.
+    trim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class ResourceWatcher:
                         log.warning("kubernetes: %s is served again; watching it", call.name)
                         absent = False
                     self._put(Snapshot(items))
+                    del items  # not kept while this thread watches: the consumer alone holds the list
                     self.resource_version = rv
                 if self._watch_once():
                     failures = 0
@@ -198,7 +202,8 @@ class ResourceWatcher:
                 resp.release_conn()
             if not isinstance(body, dict) or not isinstance(body.get("items", []), list):
                 raise ValueError(f"list {call.name}: not a Kubernetes list object")
-            items += [i for i in body.get("items") or [] if isinstance(i, dict)]
+            page = [i for i in body.pop("items", None) or [] if isinstance(i, dict)]
+            items += [call.trim(i) for i in page] if call.trim is not None else page
             meta = m if isinstance(m := body.get("metadata"), dict) else {}
             token = meta.get("continue") or None
             if token is None:
@@ -231,7 +236,7 @@ class ResourceWatcher:
                     continue
                 events += 1
                 if event.get("type") != "BOOKMARK":
-                    self._put(Event(str(event.get("type")), obj))
+                    self._put(Event(str(event.get("type")), call.trim(obj) if call.trim is not None else obj))
                 self.resource_version = _resource_version(obj) or self.resource_version
         finally:
             with self._watch_lock:

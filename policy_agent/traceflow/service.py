@@ -120,6 +120,10 @@ class TraceService:
         rate, burst = budget
         self._budget = TokenBucket(rate, max(burst, MAX_COPIES), clock())
 
+    def set_gateway(self, gateway: GatewayPlan) -> None:
+        """The node gateway came up after start (its Pod subnet from the Node object)."""
+        self._gateway = gateway
+
     async def warm_up(self) -> None:
         """Import scapy off the loop once, so the first trace does not pay for it."""
         await asyncio.to_thread(build_packet, TraceTag(0, "0.0.0.0", "0.0.0.0", 6, 1, 1), "02:00:00:00:00:01", None)

@@ -21,6 +21,7 @@ from meters.stats import Dropped
 from packetin.channel import ChannelSettings, OpenFlowChannel
 from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category
+from policy_agent.cluster.peer_nodes import KnownNodes, KnownNodesCollector
 from policy_agent.config.offload import OffloadConfig
 from policy_agent.http.endpoints import ListenerStats
 from policy_agent.limits.offload_cache import DropOffload, OffloadCollector
@@ -81,6 +82,7 @@ def scrape(tmp_path: Path) -> dict[str, tuple[str, set[str], list[tuple[str, dic
     registry.register(OvsSupervisorCollector(_Supervisor()))  # type: ignore[arg-type]
     registry.register(TraceCollector(TraceStats()))
     registry.register(SubnetCollector(NodeSubnet("10.244.0.0/24")))
+    registry.register(KnownNodesCollector(KnownNodes(lambda: "10.244.0.0/24")))
     # Registered by the listener itself when metrics.listen is set (policy_agent/http/endpoints.py).
     registry.register(HttpListenerCollector(_Listener()))  # type: ignore[arg-type]
     registry.register(OffloadCollector(DropOffload(OffloadConfig(), pipeline, ovs_netns="")))

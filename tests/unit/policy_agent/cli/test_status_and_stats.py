@@ -143,7 +143,8 @@ def test_the_status_table_names_each_subsystem_and_escapes_what_came_from_users(
     text = out.getvalue()
     lines = {line.split()[0]: line for line in text.splitlines() if line and not line.startswith(" ")}
     assert set(lines) == {"agent", "openflow", "ovs", "meters", "ebpf", "traceflow", "policy", "audit", "syslog",
-                          "apply", "problems"}
+                          "apply", "nodes", "problems"}
+    assert "Pod subnet not known yet; 0 other nodes routed" in lines["nodes"]
     assert "interrupted apply rolled forward at start: OVS enforces generation 7" in lines["apply"]
     assert "no traces since start; 0 packet-ins of trace packets suppressed" in lines["traceflow"]
     assert "NOT connected" in lines["openflow"] and "3.1.0" in lines["ovs"]

@@ -14,6 +14,7 @@ from typing import Any, Coroutine
 import pytest
 from kubernetes import client
 
+from policy_agent.policy import kinds
 from policy_agent.sources.kubernetes import KubernetesConfigError, KubernetesSource, api_client_from_config
 from policy_agent.sources.kubernetes_watch import SHORT_WATCH, backoff_delay
 from policy_agent.policy.model import Action, Namespace, Pod, Policy, PolicyKind, Tier
@@ -184,23 +185,36 @@ def test_initial_list_applies_everything_and_sets_synced(server: FakeApiServer) 
     run(body())
 
 
-def test_only_this_nodes_pods(server: FakeApiServer) -> None:
+def test_every_nodes_pods_with_only_the_fields_policy_reads(server: FakeApiServer) -> None:  # noqa: F811
     async def body() -> None:
         async with Rig(server) as r:
-            assert sorted(r.engine.pods) == [("db", "postgres-0"), ("web", "frontend-7d9c6b5f4-x2kqp")]
+            assert sorted(r.engine.pods) == [("db", "postgres-0"), ("kube-system", "coredns-5d78c9869d-9vq4l"),
+                                             ("web", "frontend-7d9c6b5f4-m8zrt"), ("web", "frontend-7d9c6b5f4-x2kqp")]
             pod = r.engine.pods[("web", "frontend-7d9c6b5f4-x2kqp")]
             assert pod.ports[0].name == "http" and pod.ports[0].port == 80
+            remote = r.engine.pods[("web", "frontend-7d9c6b5f4-m8zrt")]
+            assert (remote.node, remote.ips) == ("node-b", ("10.10.1.4",))
             new = bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49001")
             new["metadata"]["name"] = "frontend-7d9c6b5f4-q7wbn"
             elsewhere = bump(new, "49002")
             elsewhere["metadata"]["name"], elsewhere["spec"]["nodeName"] = "frontend-7d9c6b5f4-zz9k1", "node-b"
+            elsewhere["status"] = {"phase": "Running", "podIP": "10.10.1.9", "podIPs": [{"ip": "10.10.1.9"}]}
+            host = bump(elsewhere, "49003")
+            host["metadata"]["name"], host["spec"]["hostNetwork"] = "kube-proxy-x1", True
+            host["status"] = {"phase": "Running", "podIP": "192.0.2.20", "podIPs": [{"ip": "192.0.2.20"}]}
             server.send(PODS, "ADDED", elsewhere)
+            server.send(PODS, "ADDED", host)
             server.send(PODS, "ADDED", new)
             await until(lambda: ("web", "frontend-7d9c6b5f4-q7wbn") in r.engine.pods)
-            assert ("web", "frontend-7d9c6b5f4-zz9k1") not in r.engine.pods
-            # The API server does the filtering: the list and the watch both asked for this node only.
-            assert {q.get("fieldSelector") for q in server.lists_of(PODS) + server.watches(PODS)} == \
-                {f"spec.nodeName={NODE}"}
+            assert r.engine.pods[("web", "frontend-7d9c6b5f4-zz9k1")].ips == ("10.10.1.9",)
+            # A host-network Pod holds its node's address, never one policy selects by.
+            assert r.engine.pods[("web", "kube-proxy-x1")].ips == ()
+            ended = bump(elsewhere, "49004")
+            ended["status"]["phase"] = "Succeeded"  # its address is free for another Pod
+            server.send(PODS, "MODIFIED", ended)
+            await until(lambda: r.engine.pods[("web", "frontend-7d9c6b5f4-zz9k1")].ips == ())
+            # Cluster-wide: neither the list nor the watch narrows Pods to a node.
+            assert {q.get("fieldSelector") for q in server.lists_of(PODS) + server.watches(PODS)} == {None}
 
     run(body())
 
@@ -225,10 +239,10 @@ def test_modified_replaces_and_unchanged_model_is_not_reapplied(server: FakeApiS
             server.send(NETPOL, "MODIFIED", changed)
             key = (PolicyKind.K8S.value, "db", "allow-frontend-to-db")
             await until(lambda: r.engine.policies[key].rules[0].ports[0].port == 5433)
-            # A status-only update (a Pod's phase) changes nothing the engine sees: no recompile.
+            # A status-only update (a Pod's readiness) changes nothing the engine sees: no recompile.
             calls = len(r.engine.calls)
             status_only = bump(item(PODS, "postgres-0"), "49021")
-            status_only["status"]["phase"] = "Failed"
+            status_only["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
             relabelled = bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49022")
             relabelled["metadata"]["labels"]["version"] = "v2"
             server.send(PODS, "MODIFIED", status_only)
@@ -236,6 +250,44 @@ def test_modified_replaces_and_unchanged_model_is_not_reapplied(server: FakeApiS
             frontend = ("web", "frontend-7d9c6b5f4-x2kqp")
             await until(lambda: dict(r.engine.pods[frontend].labels).get("version") == "v2")
             assert r.engine.calls[calls:] == [("apply", [r.engine.pods[frontend]])]
+
+    run(body())
+
+
+def test_a_burst_of_pod_events_reaches_the_engine_as_one_net_change(server: FakeApiServer) -> None:  # noqa: F811
+    def new_pod(name: str, rv: str) -> dict[str, Any]:
+        doc = bump(item(PODS, "frontend-7d9c6b5f4-m8zrt"), rv)
+        doc["metadata"]["name"] = name
+        return doc
+
+    async def body() -> None:
+        async with Rig(server) as r:
+            gate, engine_apply = asyncio.Event(), r.engine.apply
+
+            async def held_apply(**objects: Any) -> None:  # the engine busy with a change meanwhile
+                await gate.wait()
+                await engine_apply(**objects)
+
+            r.engine.apply = held_apply  # type: ignore[method-assign]
+            calls = len(r.engine.calls)
+            server.send(PODS, "ADDED", new_pod("p1", "49101"))
+            await until(lambda: r.source._feeds[kinds.PODS.name].queue.empty())  # p1 taken, its apply held
+            db, relabelled = bump(item(PODS, "postgres-0"), "49104"), bump(item(PODS, "frontend-7d9c6b5f4-x2kqp"), "49105")
+            db["metadata"]["labels"]["app"] = "db2"
+            relabelled["metadata"]["labels"]["version"] = "v2"
+            server.send(PODS, "ADDED", new_pod("p2", "49102"))
+            server.send(PODS, "DELETED", new_pod("p2", "49103"))       # came and went: nothing to do
+            server.send(PODS, "DELETED", item(PODS, "postgres-0"))     # gone and back: one apply, no delete
+            server.send(PODS, "ADDED", db)
+            server.send(PODS, "MODIFIED", relabelled)
+            server.send(PODS, "ADDED", new_pod("p3", "49106"))
+            await until(lambda: r.source._feeds[kinds.PODS.name].queue.qsize() == 6)
+            gate.set()
+            await until(lambda: ("web", "p3") in r.engine.pods)
+            assert [(op, sorted(o.name for o in objs)) for op, objs in r.engine.calls[calls:]] == [
+                ("apply", ["p1"]), ("apply", ["frontend-7d9c6b5f4-x2kqp", "p3", "postgres-0"])]
+            assert dict(r.engine.pods[("db", "postgres-0")].labels)["app"] == "db2"
+            assert ("web", "p2") not in r.engine.pods
 
     run(body())
 
