@@ -134,11 +134,11 @@ class _Plan:
 
 
 def _plan(state: ClusterState, previous: incremental.Snapshot | None,
-          current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
+          current: dict[FlowKey, messages.FlowSpec], hint: incremental.Hint | None = None) -> _Plan:
     """Compile what the change affects and diff it against the current flows (pure: runs in
     a worker thread). `current` is what `previous` installed; it is only looked up, never
     copied (a Pod's ADD touches a few of thousands)."""
-    compiled, delta = incremental.update(previous, state)
+    compiled, delta = incremental.update(previous, state, hint)
     put = {f.key: f for f in delta.added}
     gone_keys = {f.key for f in delta.removed if f.key not in put and current.get(f.key) == f}
     add = [f for f in delta.added if current.get(f.key) != f and put[f.key] is f]
@@ -382,7 +382,9 @@ class PolicyEngine:
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            args = (self._cluster_state(nxt), self._compiled, self._policy_flows)
+            directory = nxt.remote  # what changed since the state compiled last: the Pods it touched
+            args = (self._cluster_state(nxt), self._compiled, self._policy_flows,
+                    incremental.Hint(directory.by_key, nxt.pods, directory.touched, directory.base))
             # Off the loop unless small: the OpenFlow channel keeps answering echo and packet-ins.
             plan = _plan(*args) if on_loop else await asyncio.to_thread(_plan, *args)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state

@@ -43,6 +43,9 @@ class RemoteDirectory:
     remote: dict[PodKey, Endpoint] = field(default_factory=dict)  # a Pod not running here -> its endpoint
     pods: Mapping[PodKey, Pod] = field(default_factory=dict)  # what it was built from
     endpoints: Mapping[PodKey, Endpoint] = field(default_factory=dict)
+    by_key: dict[PodKey, Endpoint] = field(default_factory=dict)  # the compiler's endpoints: local and remote
+    touched: frozenset[PodKey] = frozenset()  # the Pods whose object or entry in `by_key` may differ from...
+    base: dict[PodKey, Endpoint] | None = None  # ...those of the directory this one was updated from (its by_key)
 
     @staticmethod
     def build(endpoints: Mapping[PodKey, Endpoint], pods: Mapping[PodKey, Pod]) -> "RemoteDirectory":
@@ -88,6 +91,7 @@ class RemoteDirectory:
                 by_ip.pop(ip, None)
             else:
                 by_ip[ip] = owner
+        by_key = dict(self.by_key)
         for key in redo:
             pod = pods.get(key)
             first: str | None = None
@@ -95,16 +99,21 @@ class RemoteDirectory:
                 first = min((a for a in pod.ips if a not in local and len(claims.get(a, ())) == 1), default=None)
             if pod is None or first is None:
                 remote.pop(key, None)
-                continue
-            ep = remote.get(key)
-            if ep is None or ep.ip != first or self.pods.get(key) is not pod:
-                remote[key] = _remote_endpoint(pod, first)
-        return RemoteDirectory(local, claims, by_ip, remote, pods, endpoints)
+            else:
+                ep = remote.get(key)
+                if ep is None or ep.ip != first or self.pods.get(key) is not pod:
+                    remote[key] = _remote_endpoint(pod, first)
+            entry = endpoints.get(key) or remote.get(key)
+            if entry is None:
+                by_key.pop(key, None)
+            else:
+                by_key[key] = entry
+        return RemoteDirectory(local, claims, by_ip, remote, pods, endpoints, by_key, frozenset(redo), self.by_key)
 
     def with_remote(self) -> tuple[Endpoint, ...]:
         """This node's endpoints and, for the compiler, one per Pod not running here that holds an
         address alone (a RemotePod with no port: rules match it as a peer by address, never apply to it)."""
-        return (*self.endpoints.values(), *self.remote.values())
+        return tuple(self.by_key.values())
 
 
 def pod_directory(endpoints: Iterable[Endpoint], pods: Iterable[Pod]) -> dict[str, PodKey]:
