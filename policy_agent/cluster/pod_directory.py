@@ -18,7 +18,7 @@ object, so the incremental compiler sees at once that it did not change.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 from policy_agent.policy.model import Pod
@@ -56,9 +56,11 @@ class RemoteDirectory:
                touched: Iterable[PodKey]) -> "RemoteDirectory":
         """The directory of (`endpoints`, `pods`), which differ from this one's inputs at most in the
         Pods `touched` (their object or their endpoint, added, changed or gone)."""
+        touched = set(touched)
+        if not touched:  # nothing to redo (a policy change): the same maps, for the next state
+            return replace(self, pods=pods, endpoints=endpoints, touched=frozenset(), base=self.by_key)
         local, claims = dict(self.local), dict(self.claims)
         addresses: set[str] = set()
-        touched = set(touched)
         for key in touched:
             for ep, pod, sign in ((self.endpoints.get(key), self.pods.get(key), -1),
                                   (endpoints.get(key), pods.get(key), 1)):

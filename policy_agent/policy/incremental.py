@@ -308,12 +308,18 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
         else:
             keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
     by_key = classes.assign_ids(keys.values(), old.cache)
-    ids = {pk: by_key[k] for pk, k in keys.items()}
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
     if fresh or gone or any(old.by_key.get(k, cid) != cid for k, cid in by_key.items()):
+        ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
-    else:
+    else:  # every class kept its id: the other Pods' ids are the ones they had
+        ids = dict(old.ids)
+        for pk in changed:
+            if pk in keys:
+                ids[pk] = by_key[keys[pk]]
+            else:
+                ids.pop(pk, None)
         suspects = changed
 
     counts = {g: c for g, c in old.counts.items() if g in cgroups}
