@@ -39,7 +39,7 @@ from packetin.tasks import wait_event
 from policy_agent.cni.state import PodInterfaceInfo
 from policy_agent.errors import AgentError, ApplyFailed, PolicyRejected  # the engine's own two are raised here
 from policy_agent.ovs import tables
-from policy_agent.cluster.pod_directory import pod_directory, with_remote
+from policy_agent.cluster.pod_directory import RemoteDirectory
 from policy_agent.policy import incremental
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
@@ -117,6 +117,12 @@ class _Objects:
     tiers: dict[str, Tier] = field(default_factory=dict)
     policies: dict[tuple[str, str, str], Policy] = field(default_factory=dict)
     endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
+    remote: RemoteDirectory = field(default_factory=RemoteDirectory)  # of pods and endpoints, kept per change
+
+    def changed(self, touched: Iterable[tuple[str, str]], **fields: Any) -> "_Objects":
+        """The next state: `fields` replaced, its directory updated for the Pods `touched` alone."""
+        nxt = replace(self, **fields)
+        return replace(nxt, remote=self.remote.update(nxt.endpoints, nxt.pods, touched))
 
 
 @dataclass(frozen=True)
@@ -129,11 +135,11 @@ class _Plan:
 
 
 def _plan(state: ClusterState, previous: incremental.Snapshot | None,
-          current: dict[FlowKey, messages.FlowSpec]) -> _Plan:
+          current: dict[FlowKey, messages.FlowSpec], hint: incremental.Hint | None = None) -> _Plan:
     """Compile what the change affects and diff it against the current flows (pure: runs in
     a worker thread). `current` is what `previous` installed; it is only looked up, never
     copied (a Pod's ADD touches a few of thousands)."""
-    compiled, delta = incremental.update(previous, state)
+    compiled, delta = incremental.update(previous, state, hint)
     put = {f.key: f for f in delta.added}
     gone_keys = {f.key for f in delta.removed if f.key not in put and current.get(f.key) == f}
     add = [f for f in delta.added if current.get(f.key) != f and put[f.key] is f]
@@ -256,10 +262,11 @@ class PolicyEngine:
                     endpoints[pod.key] = Endpoint(pod, ep.ip, ep.mac, ep.ofport)
             named = {t.name: t for t in tiers}
             policies = list(policies)
-            nxt = _Objects(namespaces={**cur.namespaces, **{ns.name: ns for ns in namespaces}},
-                           pods={**cur.pods, **{pod.key: pod for pod in pods}},
-                           tiers={**cur.tiers, **named}, policies={**cur.policies, **{p.key: p for p in policies}},
-                           endpoints=endpoints)
+            nxt = cur.changed([pod.key for pod in pods],
+                              namespaces={**cur.namespaces, **{ns.name: ns for ns in namespaces}},
+                              pods={**cur.pods, **{pod.key: pod for pod in pods}},
+                              tiers={**cur.tiers, **named}, policies={**cur.policies, **{p.key: p for p in policies}},
+                              endpoints=endpoints)
             await self._transact(nxt, persist, tier_problems(nxt, named, policies), policies, why="apply")
             if pods:
                 self._pods_changed.set()
@@ -276,11 +283,12 @@ class PolicyEngine:
             # A running Pod whose object goes keeps no labels, as a restart would find it.
             endpoints = {k: Endpoint(Pod(*k), ep.ip, ep.mac, ep.ofport) if k in gone_pods else ep
                          for k, ep in cur.endpoints.items()}
-            nxt = _Objects(namespaces={k: v for k, v in cur.namespaces.items() if k not in gone_ns},
-                           pods={k: v for k, v in cur.pods.items() if k not in gone_pods},
-                           tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
-                           policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
-                           endpoints=endpoints)
+            nxt = cur.changed(gone_pods,
+                              namespaces={k: v for k, v in cur.namespaces.items() if k not in gone_ns},
+                              pods={k: v for k, v in cur.pods.items() if k not in gone_pods},
+                              tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
+                              policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
+                              endpoints=endpoints)
             await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers), why="delete")
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
@@ -297,9 +305,8 @@ class PolicyEngine:
             pod = cur.pods.get(key) or Pod(namespace=info.namespace, name=info.name)
             endpoints = {**cur.endpoints, key: Endpoint(pod, info.ip, info.mac, info.ofport)}
             forwarding = tables.pod_flows(self.round_, ip=info.ip, mac=info.mac, ofport=info.ofport)
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-added", purge=False, pod=(forwarding, ()),
-                                 on_loop=self._small_pod_change(key))
+            await self._transact(cur.changed([key], endpoints=endpoints), why="pod-added", purge=False,
+                                 pod=(forwarding, ()), on_loop=self._small_pod_change(key))
 
     async def _wait_for_pod(self, key: tuple[str, str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -321,8 +328,8 @@ class PolicyEngine:
             ep = cur.endpoints.get(key)
             forwarding = [] if ep is None else tables.pod_flows(self.round_, ip=ep.ip, mac=ep.mac, ofport=ep.ofport)
             endpoints = {k: v for k, v in cur.endpoints.items() if k != key}
-            await self._transact(_Objects(cur.namespaces, cur.pods, cur.tiers, cur.policies, endpoints),
-                                 why="pod-deleted", pod=((), forwarding), on_loop=self._small_pod_change(key))
+            await self._transact(cur.changed([key], endpoints=endpoints), why="pod-deleted",
+                                 pod=((), forwarding), on_loop=self._small_pod_change(key))
 
     def _small_pod_change(self, key: tuple[str, str]) -> bool:
         """Whether a change of this Pod's interface compiles in well under a millisecond or so, so
@@ -353,12 +360,12 @@ class PolicyEngine:
         cur, last = self._objects, self._compiled.state if self._compiled is not None else None
         if last is not None and objs.namespaces is cur.namespaces and objs.policies is cur.policies \
                 and objs.pods is cur.pods and objs.tiers is cur.tiers:
-            return replace(last, endpoints=with_remote(objs.endpoints.values(), objs.pods.values()),
+            return replace(last, endpoints=objs.remote.with_remote(),
                            meters=self._meters())
         tiers = dict(STANDARD_TIERS)
         tiers.update({t.name: t.priority for t in objs.tiers.values()})
         return ClusterState(namespaces=dict(objs.namespaces),
-                            endpoints=with_remote(objs.endpoints.values(), objs.pods.values()),
+                            endpoints=objs.remote.with_remote(),
                             policies=tuple(objs.policies.values()), tiers=tiers, meters=self._meters(),
                             round_=self.round_, pods=tuple(objs.pods.values()),
                             rule_meters=self._rule_meters.range if self._rule_meters is not None else None)
@@ -385,7 +392,9 @@ class PolicyEngine:
         if problems:
             raise PolicyRejected(list(problems))
         try:
-            args = (self._cluster_state(nxt), self._compiled, self._policy_flows)
+            directory = nxt.remote  # what changed since the state compiled last: the Pods it touched
+            args = (self._cluster_state(nxt), self._compiled, self._policy_flows,
+                    incremental.Hint(directory.by_key, nxt.pods, directory.touched, directory.base))
             # Off the loop unless small: the OpenFlow channel keeps answering echo and packet-ins.
             plan = _plan(*args) if on_loop else await asyncio.to_thread(_plan, *args)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
@@ -490,7 +499,7 @@ class PolicyEngine:
 
     def _swap(self, nxt: _Objects, plan: _Plan) -> None:
         self._objects = nxt
-        self._by_ip = pod_directory(nxt.endpoints.values(), nxt.pods.values())  # one swap: never a stale name
+        self._by_ip = nxt.remote.by_ip  # one swap: never a stale name (never changed once built)
         for key in plan.gone:  # in place: nothing else holds the dict (a plan only looks it up)
             del self._policy_flows[key]
         self._policy_flows.update(plan.put)

@@ -86,7 +86,7 @@ def assign_ids(keys: Iterable[ClassKey], cache: dict[ClassKey, int]) -> dict[Cla
     ids: dict[ClassKey, int] = {frozenset(): 0}
     taken = set(wanted)
     for raw in sorted(wanted):
-        same = sorted(wanted[raw], key=_canonical)
+        same = wanted[raw] if len(wanted[raw]) == 1 else sorted(wanted[raw], key=_canonical)
         ids[same[0]] = raw
         for key in same[1:]:
             free = raw

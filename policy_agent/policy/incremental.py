@@ -18,7 +18,7 @@ one, so a change the switch refused leaves the previous Snapshot valid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from packetin import messages
 from policy_agent.policy import classes
@@ -132,13 +132,28 @@ def _same_items(old: Iterable[Any], new: Iterable[Any]) -> bool:
     return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b))
 
 
-def _changed_keys(old: dict[Any, Any], new: dict[Any, Any]) -> set[Any]:
-    return {k for k in old.keys() | new.keys() if old.get(k) is not new.get(k) and old.get(k) != new.get(k)}
+def _changed_keys(old: Mapping[Any, Any], new: Mapping[Any, Any], among: Iterable[Any] | None = None) -> set[Any]:
+    """The keys whose values differ; `among`: the only keys that may."""
+    keys = old.keys() | new.keys() if among is None else among
+    return {k for k in keys if old.get(k) is not new.get(k) and old.get(k) != new.get(k)}
 
 
-def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]:
+@dataclass(frozen=True)
+class Hint:
+    """What the caller knows of a change (the engine's Pod directory, cluster/pod_directory.py):
+    `endpoints` is state.endpoints by Pod key and `pods` state.pods by key; if `base` is the previous
+    Snapshot's endpoints, only the Pods `touched` may differ from it (endpoint or object), so the
+    others are not compared one by one (with 10,000 remote Pods, that walk was most of a Pod's ADD)."""
+
+    endpoints: dict[PodKey, Endpoint]
+    pods: Mapping[PodKey, Pod]
+    touched: frozenset[PodKey]
+    base: dict[PodKey, Endpoint] | None
+
+
+def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None) -> tuple[Snapshot, Delta]:
     """Compile `state`, rebuilding from `prev` only what the change between them can affect."""
-    endpoints = {ep.pod.key: ep for ep in state.endpoints}
+    endpoints = hint.endpoints if hint is not None else {ep.pod.key: ep for ep in state.endpoints}
     labels = ns_labels_of(state.namespaces)
     if prev is not None and (prev.state.meters, prev.state.round_, prev.state.rule_meters) != \
             (state.meters, state.round_, state.rule_meters):
@@ -154,7 +169,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
             not _same_items(prev.state.policies, state.policies)
 
     # Pods whose membership may have changed: changed ones, and those of a relabelled Namespace.
-    moved = _changed_keys(prev.endpoints, endpoints)
+    touched = hint.touched if hint is not None and hint.base is prev.endpoints else None
+    moved = _changed_keys(prev.endpoints, endpoints, touched)
     if changed_ns:
         moved |= {k for k in prev.endpoints.keys() | endpoints.keys() if k[0] in changed_ns}
     groups = dict(prev.groups)
@@ -206,7 +222,8 @@ def update(prev: Snapshot | None, state: ClusterState) -> tuple[Snapshot, Delta]
     cgroups = prev.classes.groups
     if relayout and (users is not prev.users or class_rules != prev.by_class):
         cgroups = frozenset(g for g, keys in users.items() if not keys.isdisjoint(class_rules))
-    cls, class_changed, added, removed = _reclass(prev, state, cgroups, endpoints, moved, changed_ns, lay.cookie)
+    cls, class_changed, added, removed = _reclass(prev, state, cgroups, endpoints, moved, changed_ns, lay.cookie,
+                                                  None if touched is None or hint is None else (touched, hint.pods))
     for gkey in changed_groups:  # rules that name each Pod: rebuilt when the members change
         dirty |= users.get(gkey, frozenset()) - class_rules
     for gkey in class_changed:  # rules that name classes: when the group's classes change
@@ -255,14 +272,26 @@ def _users(prev: Snapshot, uses: dict[str, list[GroupKey]]) -> dict[GroupKey, fr
 
 
 def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], endpoints: dict[PodKey, Endpoint],
-             moved: set[PodKey], changed_ns: set[str], cookie: int
+             moved: set[PodKey], changed_ns: set[str], cookie: int,
+             hinted: tuple[frozenset[PodKey], Mapping[PodKey, Pod]] | None = None
              ) -> tuple[_Classes, set[GroupKey], list[messages.FlowSpec], list[messages.FlowSpec]]:
     """Pod classes after the change: (classes, the class groups whose class ids changed, class
-    flows added, removed)."""
+    flows added, removed). `hinted`: the only Pods that may differ from `prev`'s, and the Pods by key."""
     old = prev.classes
     labels = ns_labels_of(state.namespaces)
-    known = classes.known_pods(state.pods, endpoints.values())
-    changed = _changed_keys(old.pods, known)
+    if hinted is None:
+        known = classes.known_pods(state.pods, endpoints.values())
+        changed = _changed_keys(old.pods, known)
+    else:  # the known Pods of `prev`, with the touched ones as they are now
+        known = dict(old.pods)
+        for pk in hinted[0]:
+            ep = endpoints.get(pk)
+            current = ep.pod if ep is not None else hinted[1].get(pk)
+            if current is None:
+                known.pop(pk, None)
+            else:
+                known[pk] = current
+        changed = _changed_keys(old.pods, known, hinted[0])
     if changed_ns:
         changed |= {k for k in old.pods.keys() | known.keys() if k[0] in changed_ns}
     keys = dict(old.keys)
@@ -279,12 +308,18 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
         else:
             keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
     by_key = classes.assign_ids(keys.values(), old.cache)
-    ids = {pk: by_key[k] for pk, k in keys.items()}
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
     if fresh or gone or any(old.by_key.get(k, cid) != cid for k, cid in by_key.items()):
+        ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
-    else:
+    else:  # every class kept its id: the other Pods' ids are the ones they had
+        ids = dict(old.ids)
+        for pk in changed:
+            if pk in keys:
+                ids[pk] = by_key[keys[pk]]
+            else:
+                ids.pop(pk, None)
         suspects = changed
 
     counts = {g: c for g, c in old.counts.items() if g in cgroups}
