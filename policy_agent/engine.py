@@ -41,8 +41,9 @@ from policy_agent.errors import AgentError, ApplyFailed, PolicyRejected  # the e
 from policy_agent.ovs import tables
 from policy_agent.cluster.pod_directory import RemoteDirectory
 from policy_agent.policy import incremental
+from policy_agent.policy.validation import policy_name, tier_problems
 from policy_agent.policy.compiler import ClusterState, Endpoint
-from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, PolicyKind, Tier
+from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
 from policy_agent.policy.rules import RuleRegistry
 from policy_agent.policy.tunnel_flows import admission_change
 from policy_agent.limits.meter_sync import RuleMeters
@@ -147,33 +148,6 @@ def _plan(state: ClusterState, previous: incremental.Snapshot | None,
     return _Plan(compiled, put, list(gone_keys), add, stale)
 
 
-def _policy_name(policy: Policy) -> str:
-    return "/".join(x for x in (policy.kind.value, policy.namespace, policy.name) if x)
-
-
-def tier_problems(objs: _Objects, tiers: Iterable[str] = (), policies: Iterable[Policy] = (),
-                  deleted: Iterable[str] = ()) -> list[str]:
-    """Tiers across the whole state `objs`, as Antrea checks them: the changed `tiers` keep
-    priorities unique, the changed `policies` name known tiers, and a `deleted` Tier is
-    used by no policy left (the error names them)."""
-    problems: list[str] = []
-    for name in sorted(set(tiers)):
-        tier = objs.tiers[name]
-        same = sorted(t.name for t in objs.tiers.values() if t.priority == tier.priority and t.name != name)
-        if same:
-            problems.append(f"Tier/{name}: spec.priority: {tier.priority} is already used by Tier/{same[0]}")
-    for policy in policies:
-        if policy.kind is not PolicyKind.K8S and policy.tier and policy.tier not in STANDARD_TIERS \
-                and policy.tier not in objs.tiers:
-            problems.append(f"{_policy_name(policy)}: spec.tier: unknown tier {policy.tier!r}; expected a "
-                            f"standard tier ({', '.join(STANDARD_TIERS)}) or an applied Tier")
-    for name in sorted(set(deleted)):
-        users = sorted(_policy_name(p) for p in objs.policies.values() if p.tier == name)
-        if users:
-            problems.append(f"Tier/{name}: cannot be deleted: used by {', '.join(users)}")
-    return problems
-
-
 class PolicyEngine:
     """Owns the policy state and the policy/Pod flows on one bridge."""
 
@@ -267,7 +241,8 @@ class PolicyEngine:
                               pods={**cur.pods, **{pod.key: pod for pod in pods}},
                               tiers={**cur.tiers, **named}, policies={**cur.policies, **{p.key: p for p in policies}},
                               endpoints=endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, named, policies), policies, why="apply")
+            problems = tier_problems(nxt.tiers, nxt.policies.values(), named, policies)
+            await self._transact(nxt, persist, problems, policies, why="apply")
             if pods:
                 self._pods_changed.set()
 
@@ -289,7 +264,8 @@ class PolicyEngine:
                               tiers={k: v for k, v in cur.tiers.items() if k not in gone_tiers},
                               policies={k: v for k, v in cur.policies.items() if k not in gone_policies},
                               endpoints=endpoints)
-            await self._transact(nxt, persist, tier_problems(nxt, deleted=gone_tiers), why="delete")
+            problems = tier_problems(nxt.tiers, nxt.policies.values(), deleted=gone_tiers)
+            await self._transact(nxt, persist, problems, why="delete")
 
     # --- Pods (the CNI server's hooks) -----------------------------------------------
 
@@ -398,7 +374,7 @@ class PolicyEngine:
             # Off the loop unless small: the OpenFlow channel keeps answering echo and packet-ins.
             plan = _plan(*args) if on_loop else await asyncio.to_thread(_plan, *args)
         except Exception as exc:  # of any kind: a policy that cannot compile never becomes desired state
-            names = ", ".join(_policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
+            names = ", ".join(policy_name(p) for p in changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise PolicyRejected([f"{names or 'the policy state'}: cannot be compiled: "
                                   f"{type(exc).__name__}: {exc}"]) from exc
         # Records for packet-ins of old and new rules stay enrichable during the switch-over

@@ -10,12 +10,12 @@ import difflib
 import ipaddress
 import re
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from policy_agent.policy import priorities
 from policy_agent.policy.model import (
-    BASELINE_TIER, DEFAULT_TIER, AppliedTo, Direction, IcmpSpec, IPBlock, LabelSelector, Peer, Policy, PolicyKind,
-    PortSpec, Requirement,
+    BASELINE_TIER, DEFAULT_TIER, STANDARD_TIERS, AppliedTo, Direction, IcmpSpec, IPBlock, LabelSelector, Peer, Policy,
+    PolicyKind, PortSpec, Requirement, Tier,
 )
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -402,3 +402,33 @@ def show(value: Any) -> str:
     except (ValueError, RecursionError):  # e.g. ints beyond Python's str conversion limit
         return f"<{type_name(value)}>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def policy_name(policy: Policy) -> str:
+    """`kind/namespace/name` (no namespace for a cluster-scoped one), as errors name a policy."""
+    return "/".join(x for x in (policy.kind.value, policy.namespace, policy.name) if x)
+
+
+def tier_problems(all_tiers: Mapping[str, Tier], all_policies: Iterable[Policy], tiers: Iterable[str] = (),
+                  policies: Iterable[Policy] = (), deleted: Iterable[str] = ()) -> list[str]:
+    """Tiers across a whole state (`all_tiers` by name, `all_policies`), as Antrea checks them: the
+    changed `tiers` keep priorities unique, the changed `policies` name known tiers, and a `deleted`
+    Tier is used by no policy left (the error names them)."""
+    problems: list[str] = []
+    for name in sorted(set(tiers)):
+        tier = all_tiers[name]
+        same = sorted(t.name for t in all_tiers.values() if t.priority == tier.priority and t.name != name)
+        if same:
+            problems.append(f"Tier/{name}: spec.priority: {tier.priority} is already used by Tier/{same[0]}")
+    for policy in policies:
+        if policy.kind is not PolicyKind.K8S and policy.tier and policy.tier not in STANDARD_TIERS \
+                and policy.tier not in all_tiers:
+            problems.append(f"{policy_name(policy)}: spec.tier: unknown tier {policy.tier!r}; expected a "
+                            f"standard tier ({', '.join(STANDARD_TIERS)}) or an applied Tier")
+    gone = set(deleted)
+    users = sorted((p.tier, policy_name(p)) for p in all_policies if p.tier in gone) if gone else []
+    for name in sorted(gone):
+        named = [user for tier, user in users if tier == name]
+        if named:
+            problems.append(f"Tier/{name}: cannot be deleted: used by {', '.join(named)}")
+    return problems
