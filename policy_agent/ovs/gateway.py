@@ -152,12 +152,17 @@ class NodeGateway:
                     raise OvsError(f"gateway {gw.port}: cannot add {gw.address}: {exc}") from exc
 
     def _run(self, cmd: list[str]) -> str:
-        argv = ["ip", "netns", "exec", self._netns, *cmd] if self._netns else cmd
-        try:
-            out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError as exc:
-            raise OvsError(f"gateway {self.plan.port}: {cmd[0]} not found (make setup installs it)") from exc
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            err = getattr(exc, "stderr", "") or ""
-            raise OvsError(f"gateway {self.plan.port}: {' '.join(cmd)} failed: {err.strip() or exc}") from exc
-        return out.stdout
+        return run_in_netns(self._netns, cmd, f"gateway {self.plan.port}")
+
+
+def run_in_netns(netns: str, cmd: list[str], who: str) -> str:
+    """`cmd`'s output, run in `netns` ("" = the agent's own); OvsError naming `who` when it cannot run or fails."""
+    argv = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+    try:
+        out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError as exc:
+        raise OvsError(f"{who}: {cmd[0]} not found (make setup installs it)") from exc
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        err = getattr(exc, "stderr", "") or ""
+        raise OvsError(f"{who}: {' '.join(cmd)} failed: {err.strip() or exc}") from exc
+    return out.stdout

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -32,6 +31,7 @@ from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.ovs import OvsConfig
 from policy_agent.errors import OvsError
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.ovs.gateway import run_in_netns
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +199,4 @@ class NodeUnderlay:
                     ipr.link("set", index=index, state="up")
 
     def _run(self, cmd: list[str]) -> str:
-        argv = ["ip", "netns", "exec", self._netns, *cmd] if self._netns else cmd
-        try:
-            out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError as exc:
-            raise OvsError(f"underlay: {cmd[0]} not found") from exc
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            err = getattr(exc, "stderr", "") or ""
-            raise OvsError(f"underlay: {' '.join(cmd)} failed: {err.strip() or exc}") from exc
-        return out.stdout
+        return run_in_netns(self._netns, cmd, "underlay")
