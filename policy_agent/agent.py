@@ -54,6 +54,8 @@ from policy_agent.sources.apply_intent import Settlement, StoreGeneration, settl
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
 from policy_agent.traceflow.collector import TraceCollector
+from policy_agent.traceflow.crossnode import CrossNode
+from policy_agent.traceflow.flows import tunnel_flows as trace_tunnel_flows
 from policy_agent.traceflow.service import TraceService
 
 if TYPE_CHECKING:  # imported where they start: `npaudit` without CNI or Kubernetes never loads them
@@ -145,7 +147,8 @@ class Agent:
                                       round_=lambda: self.round_, meters=self._meters_supported,
                                       budget=(min(meter.rate, bucket.rate), min(meter.burst, bucket.burst)),
                                       purge=MegaflowCache(config.ovs.ovs_rundir).purge,
-                                      gateway=self.gateway.plan if self.gateway is not None else None)
+                                      gateway=self.gateway.plan if self.gateway is not None else None,
+                                      cross=self._cross_node())
         self.registry.register(TraceCollector(self.traceflow.stats))
         # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
         self.offload = DropOffload(config.offload, self.audit, ovs_netns=self.switch.netns,
@@ -234,6 +237,9 @@ class Agent:
             await self.channel.install_flows(gateway_flows(self.round_, self.gateway.plan))
         if self.routes is not None:
             await self.routes.start()
+            plan = self.routes.underlay.plan
+            if plan.geneve:  # other nodes' trace packets and reports, to the traceflow service
+                await self.channel.install_flows(trace_tunnel_flows(self.round_, plan.tunnel_ofport, meters=meters_ok))
         # What `npaudit apply` set up before a restart, back in force first, with the store's generation marker.
         objs = load_text(store.text(), str(store.path))
         await self.engine.apply(objs.namespaces, objs.pods, objs.tiers, objs.policies, persist=StoreGeneration(store))
@@ -312,6 +318,14 @@ class Agent:
             return
         self.gateway = gateway
         self.traceflow.set_gateway(gateway.plan)
+
+    def _cross_node(self) -> CrossNode | None:
+        """Traces to other nodes' Pods (None for one node)."""
+        if self.underlay is None or self.routes is None:
+            return None
+        plan = self.underlay.plan
+        return CrossNode(node=self.config.node, address=plan.node_ip, tunnel_ofport=plan.tunnel_ofport,
+                         geneve=plan.geneve, peer_for=self.routes.peer_for)
 
     def _meters_supported(self) -> bool:
         support = self.channel.meter_support

@@ -16,10 +16,12 @@ if TYPE_CHECKING:
 
 EXIT_DELIVERED, EXIT_STOPPED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_RUN = 0, 1, 2, 3, 4
 _EXIT = {"delivered": EXIT_DELIVERED, "forwarded": EXIT_DELIVERED, "dropped": EXIT_STOPPED, "rejected": EXIT_STOPPED,
-         "unknown-destination": EXIT_STOPPED, "timeout": EXIT_TIMEOUT}
+         "unknown-destination": EXIT_STOPPED, "timeout": EXIT_TIMEOUT, "no-report": EXIT_TIMEOUT}
 HELP = "trace one packet from a Pod through the OVS pipeline: each table, the deciding rule, the outcome"
 EPILOG = ("exit status: 0 delivered (or forwarded to the node gateway); 1 dropped, rejected or unknown destination; "
-          "2 usage error or unknown Pod; 3 timeout; 4 the trace could not run (no agent, switch error)")
+          "2 usage error or unknown Pod; 3 timeout, or the destination's node did not report its part; 4 the trace "
+          "could not run (no agent, switch error). A Pod of another node (Geneve): the packet crosses the tunnel, "
+          "that node's agent traces it and reports back; both nodes' observations are shown")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,15 +86,19 @@ def trace_table(trace: dict[str, Any]) -> str:
     src, dst = trace.get("from") or {}, trace.get("to") or {}
     sport = trace.get("source_port") if trace.get("source_port") is not None else "any"
     ports = f" {sport} -> {trace.get('destination_port')}" if trace.get("destination_port") is not None else ""
+    where = f" on node {dst.get('node')}" if dst.get("node") else ""
     lines = [safe_text(f"trace {src.get('pod')} ({src.get('ip')}, port {src.get('port')}) -> "
-                       f"{dst.get('pod') or 'no Pod'} ({dst.get('ip')}) {trace.get('protocol')}{ports}, "
+                       f"{dst.get('pod') or 'no Pod'} ({dst.get('ip')}){where} {trace.get('protocol')}{ports}, "
                        + ("live" if trace.get("live") else f"tag {trace.get('tag')}"))]
-    rows = [("TABLE", "NAME", "ACTION", "DETAIL")]
-    for obs in trace.get("observations") or []:
-        rows.append((str(obs.get("table")), str(obs.get("name")), str(obs.get("action")), str(obs.get("detail"))))
-    widths = [max(len(safe_text(r[i])) for r in rows) for i in range(3)]
+    observations = [o for o in trace.get("observations") or [] if isinstance(o, dict)]
+    nodes = any("node" in o for o in observations)  # a trace across nodes: each row says whose
+    rows = [(("NODE",) if nodes else ()) + ("TABLE", "NAME", "ACTION", "DETAIL")]
+    for obs in observations:
+        rows.append((str(obs.get("node")),) * nodes + (str(obs.get("table")), str(obs.get("name")),
+                                                       str(obs.get("action")), str(obs.get("detail"))))
+    widths = [max(len(safe_text(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        lines.append("  ".join(safe_text(v).ljust(w) for v, w in zip(r[:3], widths)) + "  " + safe_text(r[3]))
+        lines.append("  ".join(safe_text(v).ljust(w) for v, w in zip(r[:-1], widths)) + "  " + safe_text(r[-1]))
     outcome = trace.get("outcome") or {}
     lines.append(safe_text(f"outcome: {outcome.get('result')}: {outcome.get('detail')} "
                            f"({trace.get('elapsed_ms')} ms)"))

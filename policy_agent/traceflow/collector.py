@@ -22,3 +22,5 @@ class TraceCollector:
         yield CounterMetricFamily("npaudit_traceflow_suppressed",
                                   "Policy packet-ins of trace packets, neither audited nor answered",
                                   value=self._stats.suppressed)
+        yield CounterMetricFamily("npaudit_traceflow_received", "Other nodes' trace packets traced here (their "
+                                  "destination) and reported back", value=self._stats.received)

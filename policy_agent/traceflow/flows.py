@@ -16,7 +16,9 @@ AFTER copy last.
 Table 10 sets the trace bit before ct(table=20): a traced packet recirculates with metadata no
 real packet has, so it never meets a datapath flow cached for real traffic. Table 60 goes to 70
 without ct(commit): a trace never creates conntrack state. Table 70 copies and stops: a trace
-packet is never delivered.
+packet is never delivered. To a Pod of another node (Geneve), table 70 copies and sends the packet
+into the tunnel to that node with tun_id = TRACE_VNI (report.py); `tunnel_flows` are the fixed flows
+of table 0 that take such a packet (and a node's report coming back) to the agent, never further.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ from packetin.registers import (
     REG_DISPOSITION_FIELD, REG_RULE_ID_FIELD, REG_TRACEFLOW_FIELD, TRACEFLOW_ACTIVE_BIT, TRACEFLOW_SEEN_SHIFT,
 )
 from policy_agent.ovs import tables
+from policy_agent.traceflow.report import REPORT_VNI, TRACE_VNI
 from policy_agent.traceflow.tags import TraceTag
 
 TRACE_PRIORITY = 65000  # above every rule (policy.priorities.TOP) and fixed flow
+TUNNEL_MARK_PRIORITY = 110  # table 0: above the tunnel port's flows (policy/tunnel_flows.py)
+TUN_DST_FIELD, TUN_ID_FIELD = "tun_ipv4_dst", "tunnel_id"
 # Observation points that resubmit to their own table, in pipeline order (index = seen bit).
 RESUBMIT_POINTS = (tables.T_CT_STATE, tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE,
                    tables.T_INGRESS, tables.T_INGRESS_K8S, tables.T_INGRESS_BASELINE)
@@ -49,6 +54,8 @@ MAX_COPIES = len(RESUBMIT_POINTS) + 2
 class Phase(enum.IntEnum):
     ARRIVAL = 0  # the packet reached the table (carries the previous point's decision)
     AFTER = 1  # the pipeline returned (carries the last decision; the trace is over)
+    FROM_TUNNEL = 2  # another node's trace packet arrived from the tunnel (this node traces it)
+    REPORT = 3  # another node's report of its part of one of this node's traces
 
 
 _MARK = struct.Struct("!BBH")  # tag, phase, reserved: userdata bytes 3..6 of a traceflow copy
@@ -71,7 +78,7 @@ class TraceMark:
         if ud is None or ud.category != Category.TRACEFLOW:
             return None
         tag, phase, _ = _MARK.unpack(ud.rule_id.to_bytes(4, "big"))
-        if phase not in (Phase.ARRIVAL, Phase.AFTER):
+        if phase not in Phase._value2member_map_:
             return None
         return cls(tag, Phase(phase))
 
@@ -98,8 +105,11 @@ def _seen(point: int) -> int:
     return 1 << (TRACEFLOW_SEEN_SHIFT + point)
 
 
-def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True, live: bool = False) -> list[messages.FlowSpec]:
+def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True, live: bool = False,
+                tunnel: tuple[int, str] | None = None) -> list[messages.FlowSpec]:
     """Every flow of the trace marked by `tag` (install before the packet-out, delete after).
+    `tunnel` (tunnel port, node address): the destination is a Pod of that node; table 70 sends the
+    packet there, marked, after its copy.
 
     Live (`npaudit trace --live`): the next real packet matching the filter is observed and still
     forwarded as ever: table 60 commits it and copies it (the last decision rides along), and
@@ -133,5 +143,20 @@ def trace_flows(round_: int, tag: TraceTag, *, meters: bool = True, live: bool =
                           goto=tables.T_FORWARD))
         return flows
     flows.append(flow(tables.T_COMMIT, [], goto=tables.T_FORWARD))
-    flows.append(flow(tables.T_FORWARD, [copy(Phase.ARRIVAL)]))
+    onward: list[messages.Action] = [] if tunnel is None else [
+        messages.SetField(TUN_DST_FIELD, tunnel[1]), messages.SetField(TUN_ID_FIELD, TRACE_VNI),
+        messages.Output(tunnel[0])]
+    flows.append(flow(tables.T_FORWARD, [copy(Phase.ARRIVAL), *onward]))
     return flows
+
+
+def tunnel_flows(round_: int, tunnel_ofport: int, *, meters: bool = True) -> list[messages.FlowSpec]:
+    """Table 0 of a Geneve node: another node's trace packet (TRACE_VNI) and a report (REPORT_VNI) from
+    the tunnel go to the agent and nowhere else; above the tunnel port's own flows (100, 101)."""
+    cookie = tables.cookie(round_, tables.COOKIE_KIND_TUNNEL)
+    meter = METER_TRACEFLOW if meters else None
+    return [messages.FlowSpec.make(
+        tables.T_CLASSIFIER, TUNNEL_MARK_PRIORITY,
+        {"in_port": tunnel_ofport, "eth_type": ETH_TYPE_IPV4, TUN_ID_FIELD: vni},
+        [messages.Controller(reason=1, userdata=TraceMark(0, phase).userdata(), meter_id=meter)], cookie=cookie)
+        for vni, phase in ((TRACE_VNI, Phase.FROM_TUNNEL), (REPORT_VNI, Phase.REPORT))]

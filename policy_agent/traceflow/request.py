@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 from policy_agent.errors import AgentError
+from policy_agent.policy.model import Pod
 from policy_agent.policy.selection import Endpoint
 from policy_agent.traceflow.packet import PROTOCOLS
 
@@ -23,10 +24,14 @@ class TraceUsageError(AgentError):
 
 
 class PodDirectory(Protocol):
-    """What a trace needs of the running Pods (the engine has both)."""
+    """What a trace needs of the Pods (the engine has all three): this node's running ones, and the
+    objects and addresses of every Pod of the cluster."""
 
     @property
     def endpoints(self) -> Mapping[tuple[str, str], Endpoint]: ...
+
+    @property
+    def pods(self) -> Mapping[tuple[str, str], Pod]: ...
 
     def by_ip(self, ip: str) -> tuple[str, str] | None: ...
 
@@ -42,11 +47,15 @@ class TraceRequest:
     source_port: int | None  # live: None = any
     timeout: float
     live: bool = False  # observe the next real packet matching the filter instead of injecting one
+    remote: Pod | None = None  # the Pod holding dst_ip on another node (the cluster Pod directory)
 
     def describe(self) -> dict[str, Any]:
-        src, dst = self.source, self.destination
+        src, dst, remote = self.source, self.destination, self.remote
+        to: dict[str, Any] = {"pod": _ref(dst) if dst is not None else None, "ip": self.dst_ip}
+        if remote is not None:
+            to.update(pod=f"{remote.namespace}/{remote.name}", node=remote.node or None)
         return {"from": {"pod": _ref(src), "ip": src.ip, "port": src.ofport},
-                "to": {"pod": None if dst is None else _ref(dst), "ip": self.dst_ip},
+                "to": to,
                 "protocol": self.protocol, "destination_port": self.port, "source_port": self.source_port,
                 "live": self.live}
 
@@ -75,12 +84,18 @@ def parse(request: Mapping[str, Any], pods: PodDirectory, rng: random.Random | N
     if source is None:
         raise TraceUsageError(f"from: no running Pod {ns}/{name} on this node")
     to = request.get("to")
+    remote: Pod | None = None
     if isinstance(to, str) and "/" in to:
         ref = _pod_ref("to", to)
         destination = pods.endpoints.get(ref)
         if destination is None:
-            raise TraceUsageError(f"to: no running Pod {ref[0]}/{ref[1]} on this node")
-        dst_ip = destination.ip
+            remote = pods.pods.get(ref)
+            # A Pod of another node: the address the Pod directory gives it (one no other Pod claims).
+            dst = next((ip for ip in remote.ips if pods.by_ip(ip) == ref), None) if remote is not None else None
+            if remote is None or dst is None:
+                raise TraceUsageError(f"to: no Pod {ref[0]}/{ref[1]} runs on this node or has an address "
+                                      "known to it")
+        dst_ip = destination.ip if destination is not None else str(dst)
     else:
         try:
             dst_ip = str(ipaddress.IPv4Address(to if isinstance(to, str) else ""))
@@ -88,6 +103,7 @@ def parse(request: Mapping[str, Any], pods: PodDirectory, rng: random.Random | N
             raise TraceUsageError(f"to: must be NAMESPACE/POD or an IPv4 address, got {to!r}") from None
         key = pods.by_ip(dst_ip)
         destination = pods.endpoints.get(key) if key is not None else None
+        remote = pods.pods.get(key) if key is not None and destination is None else None
     protocol = request.get("protocol", "tcp")
     if protocol not in PROTOCOLS:
         raise TraceUsageError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -106,4 +122,4 @@ def parse(request: Mapping[str, Any], pods: PodDirectory, rng: random.Random | N
     if type(timeout) not in (int, float) or not 0 < timeout <= MAX_TIMEOUT:
         raise TraceUsageError(f"timeout: must be seconds in (0, {MAX_TIMEOUT:.0f}], got {timeout!r}")
     return TraceRequest(source, dst_ip, destination, protocol, PROTOCOLS[protocol], port, source_port,
-                        float(timeout), live)
+                        float(timeout), live, remote)

@@ -25,14 +25,15 @@ TABLE_NAMES = {
     tables.T_INGRESS_K8S: "ingress: K8s NetworkPolicy", tables.T_INGRESS_BASELINE: "ingress: baseline tier",
     tables.T_COMMIT: "commit", tables.T_FORWARD: "forward",
 }
+EGRESS_TABLES = frozenset({tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE})
 POLICY_TABLES = frozenset({tables.T_EGRESS, tables.T_EGRESS_K8S, tables.T_EGRESS_BASELINE, tables.T_INGRESS,
                            tables.T_INGRESS_K8S, tables.T_INGRESS_BASELINE})
 _ACTION: dict[int, str] = {Disposition.ALLOW: "Allow", Disposition.DROP: "Drop", Disposition.REJECT: "Reject",
            Disposition.PASS: "Pass"}
 
-DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT = (
-    "delivered", "forwarded", "dropped", "rejected", "unknown-destination", "timeout")
-OUTCOMES = (DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT)
+DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT, NO_REPORT = (
+    "delivered", "forwarded", "dropped", "rejected", "unknown-destination", "timeout", "no-report")
+OUTCOMES = (DELIVERED, FORWARDED, DROPPED, REJECTED, UNKNOWN_DESTINATION, TIMEOUT, NO_REPORT)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Destination:
     ofport: int | None = None  # the Pod's port, or the gateway's
     # No Pod: the node gateway takes it (its address, or outside the Pod subnet), described.
     gateway: str | None = None
+    # A Pod of another node reached through the Geneve tunnel: (node name, its underlay address).
+    tunnel: tuple[str, str] | None = None
 
 
 def complete(copies: Iterable[Copy]) -> bool:
@@ -100,8 +103,9 @@ def _decision(table: int, rule_id: int, disposition: int, rules: Callable[[int],
 
 def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], destination: Destination,
            reject_reply: str | None, source_port: int | None = None, timed_out: bool = False,
-           live: bool = False) -> TraceResult:
-    """The observations and the outcome of one trace from its copies."""
+           live: bool = False, arrived_from: str | None = None) -> TraceResult:
+    """The observations and the outcome of one trace from its copies. `arrived_from` (a node's
+    description): the packet came from that node through the tunnel, whose node judged its egress."""
     copies = list(copies)
     arrivals: dict[int, Copy] = {}
     for c in copies:
@@ -111,9 +115,10 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
     path = sorted(arrivals)
     res = TraceResult()
     if path:
+        where = f"from the tunnel: {arrived_from}" if arrived_from is not None else \
+            f"from the source Pod's port {source_port}" if source_port is not None else "from the source Pod's port"
         res.observations.append({"table": tables.T_CLASSIFIER, "name": TABLE_NAMES[tables.T_CLASSIFIER],
-                                 "action": "accept", "detail": f"from the source Pod's port {source_port}"
-                                 if source_port is not None else "from the source Pod's port"})
+                                 "action": "accept", "detail": where})
         res.observations.append({"table": tables.T_CONNTRACK, "name": TABLE_NAMES[tables.T_CONNTRACK],
                                  "action": "track", "detail": "tracked" if live else
                                  "tracked; a trace never commits conntrack state"})
@@ -132,6 +137,8 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
         elif table in POLICY_TABLES:
             last = _decision(table, nxt.rule_id, nxt.disposition, rules) if nxt is not None else \
                 {"table": table, "name": TABLE_NAMES[table], "action": "unknown", "detail": "no decision seen"}
+            if arrived_from is not None and table in EGRESS_TABLES and last.get("action") == "default":
+                last["detail"] = "no rule: a packet from the tunnel had its egress judged on the node it left"
         elif table == tables.T_COMMIT:  # a live trace copies here, after the real commit, and forwards for real
             res.observations.append({"table": table, "name": TABLE_NAMES[table], "action": "commit",
                                      "detail": "connection committed to conntrack (live packet)"})
@@ -146,6 +153,11 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
 
 
 def _forward(dest: Destination) -> dict[str, Any]:
+    if dest.tunnel is not None:
+        node, address = dest.tunnel
+        pod = f"Pod {dest.pod} on " if dest.pod else ""
+        return {"action": "tunnel", "tunnel": {"node": node, "address": address},
+                "detail": f"into the Geneve tunnel (port {dest.ofport}) to {pod}node {node} ({address})"}
     if dest.pod is None and dest.gateway is not None:
         return {"action": "output", "detail": f"to {dest.gateway}: the node routes {dest.ip}"}
     if dest.pod is None:
@@ -156,6 +168,10 @@ def _forward(dest: Destination) -> dict[str, Any]:
 def _outcome(path: list[int], last: dict[str, Any] | None, after: Copy | None, dest: Destination,
              reject_reply: str | None, timed_out: bool, live: bool) -> dict[str, Any]:
     if path and path[-1] in (tables.T_COMMIT, tables.T_FORWARD):
+        if dest.tunnel is not None:
+            node, address = dest.tunnel
+            return {"result": FORWARDED, "port": dest.ofport, "node": node, "address": address,
+                    "detail": f"sent through the tunnel to node {node} ({address})"}
         if dest.pod is None and dest.gateway is not None:
             return {"result": FORWARDED, "port": dest.ofport, "detail": f"forwarded to {dest.gateway}"}
         if dest.pod is None:

@@ -5,11 +5,17 @@ running trace arrive through the traceflow channel, with its own meter and token
 flood of policy packet-ins delays no trace. The category-0 dispatcher asks `suppress` for each
 policy packet-in: a trace packet that meets a logged or Reject rule is neither audited nor
 answered, only counted.
+
+Between nodes (Geneve, `cross`): a trace to a Pod of another node leaves table 70 into the tunnel,
+marked (report.py); that node's agent gets it from its table 0 (`_received`), traces it through its
+own pipeline under a tag of its own, and sends its observations back through the tunnel; the
+source waits for them within the trace's timeout and answers with both parts (crossnode.merge).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,14 +26,17 @@ from packetin import messages
 from packetin.errors import PacketInError
 from packetin.model import PacketIn
 from packetin.protocol_numbers import IPPROTO_TCP
+from policy_agent.cluster.nodes import PeerNode
 from policy_agent.errors import AgentError
 from policy_agent.policy.reject import answer_protocol, build_reject
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy.selection import Endpoint
-from policy_agent.traceflow.flows import MAX_COPIES, TraceMark, trace_flows
+from policy_agent.traceflow.crossnode import CrossNode, merge
+from policy_agent.traceflow.flows import MAX_COPIES, Phase, TraceMark, trace_flows
 from policy_agent.traceflow.packet import build_packet
+from policy_agent.traceflow.report import Report, decode_report, encode_report, report_out, retag
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
-from policy_agent.traceflow.result import OUTCOMES, Copy, Destination, complete, decode
+from policy_agent.traceflow.result import NO_REPORT, OUTCOMES, Copy, Destination, complete, decode
 from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity, packet_ports
 
 if TYPE_CHECKING:
@@ -40,6 +49,8 @@ LINGER = 5.0
 # Copies per second and burst the traceflow meter and channel admit unless configured otherwise.
 DEFAULT_BUDGET = (500.0, 200.0)
 ERROR = "error"  # a trace that could not run (outcome label of npaudit_traceflow_total)
+# Seconds this node gives another node's trace packet to pass its pipeline (copies come within milliseconds).
+RECEIVED_TIMEOUT = 2.0
 
 
 class Switch(Protocol):
@@ -60,17 +71,24 @@ class _Running:
     frame: bytes = b""  # the traced packet (live: the first copy's)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     copies: list[Copy] = field(default_factory=list)
+    peer: PeerNode | None = None  # the node the packet went to through the tunnel, whose report is awaited
+    report: Report | None = None
+    reported: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
 class TraceStats:
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*OUTCOMES, ERROR), 0))
     suppressed: int = 0  # category-0 packet-ins of trace packets: not audited, not answered
-    stray: int = 0  # traceflow copies of no running trace (late, or not ours)
+    stray: int = 0  # traceflow copies of no running trace (late, or not ours), reports of none
+    received: int = 0  # other nodes' trace packets traced here (their destination), each reported back
+    reports: int = 0  # reports of other nodes taken into this node's traces
 
     def to_json(self) -> dict[str, Any]:
-        """For `npaudit status`: traces by outcome since the agent started, suppressed and stray packet-ins."""
-        return {"outcomes": dict(self.outcomes), "suppressed": self.suppressed, "stray": self.stray}
+        """For `npaudit status`: traces by outcome since the agent started, suppressed and stray packet-ins,
+        other nodes' traces run here and their reports taken."""
+        return {"outcomes": dict(self.outcomes), "suppressed": self.suppressed, "stray": self.stray,
+                "received": self.received, "reports": self.reports}
 
 
 def reject_reply(frame: bytes) -> str | None:
@@ -99,9 +117,10 @@ class TraceService:
                  rules: Callable[[int], RuleInfo | None], *, round_: Callable[[], int], meters: Callable[[], bool],
                  budget: tuple[float, float] = DEFAULT_BUDGET, purge: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, linger: float = LINGER,
-                 gateway: GatewayPlan | None = None,
+                 gateway: GatewayPlan | None = None, cross: CrossNode | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._switch = switch
+        self._cross = cross  # traces between nodes (None: one node)
         self._gateway = gateway  # where Pods' packets to no Pod go (None: nowhere)
         self._purge = purge  # the datapath's megaflows, so live traffic meets a live trace's flows at once
         self._pods = pods
@@ -132,6 +151,12 @@ class TraceService:
 
     def __call__(self, pin: PacketIn) -> None:
         mark = TraceMark.decode(pin.userdata)
+        if mark is not None and mark.phase == Phase.FROM_TUNNEL:
+            self._received(pin.packet)
+            return
+        if mark is not None and mark.phase == Phase.REPORT:
+            self._report(pin.packet)
+            return
         running = self._running.get(mark.tag) if mark is not None else None
         if running is not None and running.identity is None and identity(pin.packet) is not None:
             running.identity, running.frame = identity(pin.packet), pin.packet  # live: the first packet is the one
@@ -141,6 +166,85 @@ class TraceService:
         running.copies.append(Copy(pin.table_id, mark.phase, pin.rule_id, pin.disposition))
         if complete(running.copies):
             running.done.set()
+
+    # --- between nodes -------------------------------------------------------------------
+
+    def _report(self, frame: bytes) -> None:
+        """Another node's report: taken into the running trace it names, from the node it went to."""
+        report = decode_report(frame)
+        running = self._running.get(report.tag) if report is not None else None
+        if report is None or running is None or running.peer is None or running.report is not None \
+                or report.identity != running.identity or report.node != running.peer.name:
+            self.stats.stray += 1
+            return
+        self.stats.reports += 1
+        running.report = report
+        running.reported.set()
+
+    def _received(self, frame: bytes) -> None:
+        """Another node's trace packet, out of the tunnel: traced here (in a task), reported back."""
+        cross, key = self._cross, identity(frame)
+        peer = cross.peer_for(str(ipaddress.IPv4Address(key[2:6]))) if cross is not None and key else None
+        if cross is None or key is None or peer is None:
+            self.stats.stray += 1  # no node to report to (its source is no routed peer's Pod)
+            return
+        task = asyncio.get_running_loop().create_task(self._trace_received(frame, key, peer, cross))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _trace_received(self, frame: bytes, key: bytes, peer: PeerNode, cross: CrossNode) -> None:
+        self.stats.received += 1
+        origin = f"node {peer.name} ({peer.address})"
+        pods = self._pods()
+        if pods is None:
+            return self._send_report(key, peer, cross, [], {"result": NO_REPORT, "detail": "its agent has not started "
+                                                                  "its policy engine yet"})
+        if not self._budget.take(self._clock(), MAX_COPIES):
+            return self._send_report(key, peer, cross, [], {"result": NO_REPORT, "detail": "too many traces at once "
+                                                                  "(traceflow budget spent); try again"})
+        try:
+            local = self.tags.allocate()
+        except TagsExhausted as exc:
+            return self._send_report(key, peer, cross, [], {"result": NO_REPORT, "detail": str(exc)})
+        flows: list[messages.FlowSpec] = []
+        mine = retag(frame, local)
+        hold = self.tags.hold(mine)
+        try:
+            src, dst = str(ipaddress.IPv4Address(key[2:6])), str(ipaddress.IPv4Address(key[6:10]))
+            sport, dport = packet_ports(mine)
+            tag = TraceTag(local, src, dst, key[1], sport, dport)
+            flows = trace_flows(self._round(), tag, meters=self._meters())
+            at = pods.by_ip(dst)
+            dest = destination(dst, pods.endpoints.get(at) if at is not None else None, self._gateway)
+            running = self._running[local] = _Running(tag, identity(mine), frame=mine)
+            try:
+                await self._switch.install_flows(flows)
+                self._switch.send_nowait(messages.packet_out_to_pipeline(mine, cross.tunnel_ofport))
+                try:
+                    await asyncio.wait_for(running.done.wait(), RECEIVED_TIMEOUT)
+                    timed_out = False
+                except asyncio.TimeoutError:
+                    timed_out = True
+            finally:
+                del self._running[local]
+            result = decode(running.copies, rules=self._rules, destination=dest, reject_reply=reject_reply(mine),
+                            timed_out=timed_out, arrived_from=origin)
+            log.info("trace from %s %s -> %s: %s here", origin, src, dst, result.result)
+            self._send_report(key, peer, cross, result.observations, result.outcome)
+        except (PacketInError, asyncio.TimeoutError) as exc:
+            self._send_report(key, peer, cross, [], {"result": NO_REPORT,
+                                                     "detail": f"its switch did not take the trace: {exc}"})
+        finally:
+            asyncio.get_running_loop().call_later(self._linger, self.tags.forget, hold)
+            self._finish(local, flows)
+
+    def _send_report(self, key: bytes, peer: PeerNode, cross: CrossNode, observations: list[dict[str, Any]],
+                     outcome: dict[str, Any]) -> None:
+        frame = encode_report(key[0] >> 2, key, cross.node, observations, outcome, cross.address, peer.address)
+        try:
+            self._switch.send_nowait(report_out(frame, peer.address, cross.tunnel_ofport))
+        except PacketInError as exc:
+            log.warning("trace report to node %s not sent: %s", peer.name, exc)
 
     def may_suppress(self) -> bool:
         """False when `suppress` is False for every packet-in (no trace packet lately)."""
@@ -179,8 +283,11 @@ class TraceService:
             if not req.live:
                 frame = build_packet(tag, req.source.mac, dst.mac if dst is not None else None)
                 key = self.tags.hold(frame)
-            flows = trace_flows(self._round(), tag, meters=self._meters(), live=req.live)
-            return {"ok": True, "trace": await self._run(req, tag, frame, key, flows, started)}
+            dest, peer = self._destination(req)
+            tunnel = (dest.ofport or 0, peer.address) if peer is not None and not req.live else None
+            flows = trace_flows(self._round(), tag, meters=self._meters(), live=req.live, tunnel=tunnel)
+            return {"ok": True, "trace": await self._run(req, tag, frame, key, flows, started, dest,
+                                                         peer if tunnel is not None else None)}
         except (PacketInError, asyncio.TimeoutError) as exc:
             self.stats.outcomes[ERROR] += 1
             return {"ok": False, "errors": [f"the switch did not take the trace: {exc or type(exc).__name__}"],
@@ -236,10 +343,24 @@ class TraceService:
             missing = MAX_COPIES - self._budget.tokens(self._clock())
             await self._sleep(max(missing, 0.5) / self._budget.rate)
 
+    def _destination(self, req: TraceRequest) -> tuple[Destination, PeerNode | None]:
+        """Where table 70 sends the trace's packet, and the node whose report to await (Geneve)."""
+        cross = self._cross
+        peer = cross.peer_for(req.dst_ip) if cross is not None and req.destination is None else None
+        if peer is None:
+            return destination(req.dst_ip, req.destination, self._gateway), None
+        remote = req.remote
+        pod = f"{remote.namespace}/{remote.name}" if remote is not None else None
+        if cross is not None and cross.geneve:
+            return Destination(req.dst_ip, pod, cross.tunnel_ofport, tunnel=(peer.name, peer.address)), peer
+        dest = destination(req.dst_ip, None, self._gateway)
+        note = f"{dest.gateway}; routed mode: node {peer.name} ({peer.address}) is not traced (Geneve only)"
+        return Destination(dest.ip, None, dest.ofport, note if dest.gateway else None), None
+
     async def _run(self, req: TraceRequest, tag: TraceTag, frame: bytes, key: bytes | None,
-                   flows: list[messages.FlowSpec], started: float) -> dict[str, Any]:
-        dst = req.destination
-        running = self._running[tag.dscp] = _Running(tag, key, req.live, frame)
+                   flows: list[messages.FlowSpec], started: float, dest: Destination,
+                   peer: PeerNode | None) -> dict[str, Any]:
+        running = self._running[tag.dscp] = _Running(tag, key, req.live, frame, peer=peer)
         try:
             await self._switch.install_flows(flows)
             installed = self._clock()
@@ -252,13 +373,21 @@ class TraceService:
                 timed_out = False
             except asyncio.TimeoutError:
                 timed_out = True
+            result = decode(running.copies, rules=self._rules, destination=dest,
+                            reject_reply=reject_reply(running.frame), source_port=req.source.ofport,
+                            timed_out=timed_out, live=req.live)
+            tunneled = peer is not None and bool(result.observations) and result.observations[-1]["action"] == "tunnel"
+            if tunneled and running.report is None:
+                try:
+                    await asyncio.wait_for(running.reported.wait(), max(req.timeout - (self._clock() - started), 0))
+                except asyncio.TimeoutError:
+                    pass
         finally:
             del self._running[tag.dscp]
-        result = decode(running.copies, rules=self._rules,
-                        destination=destination(req.dst_ip, dst, self._gateway),
-                        reject_reply=reject_reply(running.frame), source_port=req.source.ofport, timed_out=timed_out,
-                        live=req.live)
-        self.stats.outcomes[result.result] += 1
+        if tunneled and peer is not None and self._cross is not None:
+            result.observations, result.outcome = merge(self._cross.node, result.observations, peer, running.report,
+                                                        self._clock() - started)
+        self.stats.outcomes[result.result if result.result in self.stats.outcomes else ERROR] += 1
         elapsed = (self._clock() - started) * 1000
         log.info("trace %s -> %s %s/%s: %s in %.1f ms (flows in after %.1f ms)", req.describe()["from"]["pod"],
                  req.dst_ip, req.protocol, req.port, result.result, elapsed, (installed - started) * 1000)

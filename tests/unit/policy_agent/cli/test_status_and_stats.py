@@ -63,8 +63,9 @@ def test_the_snapshot_of_an_agent_not_yet_connected_says_what_is_not_known(agent
     assert status["packetin"]["ovs_lost"] == {"rconn_overflow": 0, "packet_in_overflow": None}
     assert status["packetin"]["meter_drops"] is None
     assert status["traceflow"] == {"outcomes": {"delivered": 0, "forwarded": 0, "dropped": 0, "rejected": 0,
-                                                "unknown-destination": 0, "timeout": 0, "error": 0},
-                                   "suppressed": 0, "stray": 0}
+                                                "unknown-destination": 0, "timeout": 0, "no-report": 0,
+                                                "error": 0},
+                                   "suppressed": 0, "stray": 0, "received": 0, "reports": 0}
     json.dumps(status)  # it crosses the local API as JSON
 
 

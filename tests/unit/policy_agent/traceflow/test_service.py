@@ -27,6 +27,7 @@ RULE = RuleInfo(rule_id=11, policy_kind="AntreaClusterNetworkPolicy", namespace=
 
 class Pods:
     endpoints = {SRC.pod.key: SRC, DST.pod.key: DST}
+    pods: dict[tuple[str, str], Pod] = {}
 
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         return next((k for k, e in self.endpoints.items() if e.ip == ip), None)
@@ -115,7 +116,7 @@ def test_no_copies_is_a_timeout_and_the_flows_still_go() -> None:
 
 @pytest.mark.parametrize("request_, error", [
     ({"from": "x/zz", "to": "y/b"}, "from: no running Pod x/zz on this node"),
-    ({"from": "x/a", "to": "y/zz"}, "to: no running Pod y/zz on this node"),
+    ({"from": "x/a", "to": "y/zz"}, "to: no Pod y/zz runs on this node or has an address known to it"),
     ({"from": "xa", "to": "y/b"}, "from: must be NAMESPACE/POD, got 'xa'"),
     ({"from": "x/a", "to": "300.1.1.1"}, "to: must be NAMESPACE/POD or an IPv4 address, got '300.1.1.1'"),
     ({"from": "x/a", "to": "y/b", "protocol": "gre"}, "protocol: must be one of tcp, udp, sctp, icmp, got 'gre'"),
