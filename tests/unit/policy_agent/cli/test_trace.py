@@ -37,7 +37,7 @@ def run(tmp_path: Path, reply: Any, output: str = "table") -> tuple[int, str, st
 
 
 @pytest.mark.parametrize("result, code", [("delivered", 0), ("forwarded", 0), ("dropped", 1), ("rejected", 1),
-                                          ("unknown-destination", 1), ("timeout", 3)])
+                                          ("unknown-destination", 1), ("timeout", 3), ("no-report", 3)])
 def test_exit_code_follows_the_outcome(tmp_path: Path, result: str, code: int) -> None:
     trace = {**TRACE, "outcome": {"result": result, "detail": "-"}}
     got, out, err = run(tmp_path, {"ok": True, "trace": trace}, "json")
@@ -53,6 +53,24 @@ def test_the_table_names_each_table_and_escapes_what_the_agent_sent(tmp_path: Pa
     assert lines[3].startswith("40     ingress: Antrea tiers  Drop    Drop by AntreaClusterNetworkPolicy")
     assert "\x1b" not in out and "\\x1b" in out
     assert lines[-1] == "outcome: dropped: Drop by AntreaClusterNetworkPolicy sec-drop-web (4.2 ms)"
+
+
+def test_a_trace_across_nodes_says_on_which_node_each_table_was_met(tmp_path: Path) -> None:
+    trace = {**TRACE, "to": {"pod": "y/b", "ip": "10.248.2.2", "node": "n2"},
+             "observations": [{**TRACE["observations"][0], "node": "n1"},
+                              {"table": 70, "name": "forward", "action": "tunnel", "node": "n1",
+                               "tunnel": {"node": "n2", "address": "198.51.100.12"},
+                               "detail": "into the Geneve tunnel (port 1) to Pod y/b on node n2 (198.51.100.12)"},
+                              {**TRACE["observations"][1], "node": "n2"}],
+             "outcome": {"result": "dropped", "node": "n2", "detail": "on node n2: Drop by X"}}
+    code, out, _ = run(tmp_path, {"ok": True, "trace": trace})
+    lines = out.splitlines()
+    assert code == 1
+    assert lines[0] == "trace x/a (10.0.0.2, port 3) -> y/b (10.248.2.2) on node n2 tcp 45000 -> 80, tag 2"
+    assert lines[1].split() == ["NODE", "TABLE", "NAME", "ACTION", "DETAIL"]
+    assert [line.split()[:2] for line in lines[2:5]] == [["n1", "0"], ["n1", "70"], ["n2", "40"]]
+    assert lines[3].endswith("into the Geneve tunnel (port 1) to Pod y/b on node n2 (198.51.100.12)")
+    assert lines[-1] == "outcome: dropped: on node n2: Drop by X (4.2 ms)"
 
 
 def test_usage_errors_exit_2_and_failures_exit_4_with_one_line(tmp_path: Path) -> None:

@@ -124,3 +124,45 @@ def test_live_flows_observe_a_real_packet_and_leave_its_forwarding_and_commit_al
                  reject_reply=None, live=True)
     assert res.outcome["result"] == "delivered"
     assert [o["table"] for o in res.observations][-2:] == [60, 70]
+
+
+def test_a_trace_to_another_node_s_pod_leaves_table_70_into_the_tunnel_marked_after_its_copy() -> None:
+    from policy_agent.policy.tunnel_flows import peer_flows, tunnel_port_flows
+    from policy_agent.traceflow.report import TRACE_VNI
+
+    state = policies()
+    s = ep(state, "x/a")
+    base = tables.fixed_flows(1) + compile_policies(state).flows + tunnel_port_flows(1, 1) + \
+        peer_flows(1, 1, "10.248.2.0/24", "198.51.100.12")
+    for e in state.endpoints:
+        base += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    tag = TraceTag(5, s.ip, "10.248.2.2", 6, SPORT, 80)
+    pkt = {"in_port": s.ofport, "eth_type": 0x0800, "ipv4_src": s.ip, "ipv4_dst": "10.248.2.2", "ip_proto": 6,
+           "tcp_src": SPORT, "tcp_dst": 80, "ip_dscp": 5}
+    traced = FlowTable(base + trace_flows(1, tag, tunnel=(1, "198.51.100.12"))).run(pkt)
+    assert traced.output == 1 and not traced.committed
+    assert (traced.regs["tun_ipv4_dst"], traced.regs["tunnel_id"]) == ("198.51.100.12", TRACE_VNI)
+    assert [t for t, *_ in traced.copy_log][-2:] == [70, 20]  # the hop's copy, then the AFTER copy
+    real = FlowTable(base + trace_flows(1, tag, tunnel=(1, "198.51.100.12"))).run({**pkt, "ip_dscp": 0})
+    assert real.output == 1 and real.regs.get("tunnel_id", 0) == 0 and real.committed  # real traffic: VNI 0
+
+
+def test_marked_packets_from_the_tunnel_go_to_the_agent_only_and_real_ones_to_the_pipeline() -> None:
+    from policy_agent.policy.tunnel_flows import tunnel_port_flows
+    from policy_agent.traceflow.flows import tunnel_flows
+    from policy_agent.traceflow.report import REPORT_VNI, TRACE_VNI
+
+    state = policies()
+    d = ep(state, "y/a")
+    flows = tables.fixed_flows(1) + compile_policies(state).flows + tunnel_port_flows(1, 1) + tunnel_flows(1, 1)
+    for e in state.endpoints:
+        flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    pkt = {"in_port": 1, "eth_type": 0x0800, "ipv4_src": "10.248.2.2", "ipv4_dst": d.ip, "ip_proto": 6,
+           "tcp_src": SPORT, "tcp_dst": 80, "ip_dscp": 5}
+    for vni, phase in ((TRACE_VNI, Phase.FROM_TUNNEL), (REPORT_VNI, Phase.REPORT)):
+        marked = FlowTable(flows).run({**pkt, "tunnel_id": vni})
+        assert marked.output is None and marked.tables == [0]
+        assert [TraceMark.decode(raw).phase for *_, raw in marked.copy_log] == [phase]
+    assert FlowTable(flows).run({**pkt, "tunnel_id": 0}).output == d.ofport
+    for f in tunnel_flows(1, 1):
+        messages.serialize(messages.flow_add(f).to_ofp(), 1)
