@@ -7,7 +7,8 @@ Uses tests/support/local_cluster.py: 2 nodes by `npaudit cluster up` (Geneve), x
 - a logged ingress Drop on y from x (judged on n2): the trace ends on n2, in its ingress table, with
   the policy and rule that dropped it; n1's part still ends in the tunnel; no audit record of it;
 - n2's agent gone (SIGKILL, by the pid `cluster up` recorded): the answer comes within the trace's timeout
-  and says node n2 did not report its part.
+  and says node n2 did not report its part;
+- routed mode (no tunnel, no mark): the trace ends on n1, handed to the gateway, and says n2 is not traced.
 """
 
 from __future__ import annotations
@@ -113,6 +114,11 @@ def test_an_allowed_trace_shows_the_tunnel_hop_and_the_destination_node_deliveri
     assert [f for f in out.splitlines() if json.loads(f)["sport"] == 45100] == []
     assert local.node_status("n2")["traceflow"]["received"] >= 1
     assert local.node_status("n1")["traceflow"]["reports"] >= 1
+    table = npaudit("trace", "--from", "x/a", "--to", "y/b", "--config", local.config("n1"), timeout=120)
+    lines = table.stdout.splitlines()
+    assert table.returncode == 0 and lines[1].split()[:2] == ["NODE", "TABLE"], table.stdout + table.stderr
+    assert any(line.split()[:2] == ["n1", "70"] and "node n2 (198.51.100.12)" in line for line in lines)
+    assert lines[-1].startswith("outcome: delivered: on node n2: delivered to Pod y/b")
 
 
 def test_a_trace_dropped_by_an_ingress_rule_on_the_destination_node_names_that_node_and_rule(
@@ -155,3 +161,20 @@ def test_a_destination_node_that_does_not_answer_is_named_within_the_timeout(
     assert "node n2 did not report its part" in outcome["detail"]
     assert on(result, "n2") == []
     assert elapsed < 3.0 + 10  # the answer at the timeout (plus the CLI's start), never a hang
+
+
+def test_routed_mode_traces_the_source_node_and_says_the_other_is_not_traced() -> None:
+    c = LocalCluster()
+    try:
+        c.up(2, "--encapsulation", "routed")
+        c.add_pod("n1", "x/a", server=False)
+        b = c.add_pod("n2", "y/b", server=False)
+        wait_for(lambda: c.node_status("n1")["policy"]["pods"] == 2, timeout=120, what="y/b known on n1")
+        code, result, _ = trace(c, "--port", "80")
+        assert code == 0, result
+        assert result["to"] == {"pod": "y/b", "ip": b["ip"], "node": "n2"}
+        assert result["outcome"]["result"] == "forwarded"
+        assert result["outcome"]["detail"].endswith("routed mode: node n2 (198.51.100.12) is not traced (Geneve only)")
+        assert all("node" not in o for o in result["observations"])
+    finally:
+        c.close()
