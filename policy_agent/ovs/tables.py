@@ -25,6 +25,8 @@ their in_port only, so it was judged on the sending node); table 70 sends each o
 subnet into the tunnel with that node's address as tun_dst and never relays tunnel traffic to
 anything but a Pod of this node (or its gateway address); with cluster.deny_unknown_sources,
 table 25 takes new connections from the tunnel only from addresses the Pod directory holds.
+Table 0 also hands another node's trace packet and trace report (Geneve VNI marks,
+traceflow/report.py) from the tunnel to the agent and nowhere else (traceflow/flows.py).
 Routed: no flows of its own (table 70's
 "outside the subnet -> gateway" carries the peers' subnets; the kernel routes them).
 
