@@ -129,6 +129,10 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
             to = path[i + 1] if i + 1 < len(path) else None
             if to == tables.T_FORWARD:
                 obs = {"action": "established", "detail": "established or related connection: bypasses policy"}
+            elif to is None and nxt is not None and arrived_from is not None:
+                # From the tunnel, table 25 also drops a source the Pod directory does not hold.
+                obs = {"action": "drop", "detail": "dropped before policy: invalid connection state, or a source "
+                                                   "address this node knows no Pod of (cluster.deny_unknown_sources)"}
             elif to is None and nxt is not None:
                 obs = {"action": "drop", "detail": "invalid connection state: dropped"}
             else:

@@ -118,3 +118,10 @@ def test_a_rule_id_the_agent_no_longer_knows_is_reported_as_such() -> None:
     res = run([arrive(t.T_CT_STATE), arrive(30), after(999, Disposition.DROP)])
     assert res.result == "dropped" and res.outcome["rule"]["policy"] is None
     assert "unknown to the agent" in res.outcome["rule"]["note"]
+
+
+def test_a_packet_from_the_tunnel_stopped_before_policy_may_be_an_unknown_source() -> None:
+    res = decode([arrive(t.T_CT_STATE), after()], rules=RULES.get, destination=POD, reject_reply=None,
+                 arrived_from="node n1 (198.51.100.11)")
+    assert res.observations[0]["detail"] == "from the tunnel: node n1 (198.51.100.11)"
+    assert res.outcome["result"] == "dropped" and "cluster.deny_unknown_sources" in res.outcome["detail"]
