@@ -185,8 +185,12 @@ class TraceService:
         """Another node's trace packet, out of the tunnel: traced here (in a task), reported back."""
         cross, key = self._cross, identity(frame)
         peer = cross.peer_for(str(ipaddress.IPv4Address(key[2:6]))) if cross is not None and key else None
+        try:
+            retag(frame, 0)  # a whole IPv4 header, or nothing to trace
+        except ValueError:
+            peer = None
         if cross is None or key is None or peer is None:
-            self.stats.stray += 1  # no node to report to (its source is no routed peer's Pod)
+            self.stats.stray += 1  # no node to report to (its source is no routed peer's Pod), or no packet
             return
         task = asyncio.get_running_loop().create_task(self._trace_received(frame, key, peer, cross))
         self._cleanups.add(task)

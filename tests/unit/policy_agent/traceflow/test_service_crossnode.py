@@ -224,6 +224,9 @@ def test_a_marked_packet_from_no_known_node_s_pod_is_counted_and_not_traced() ->
         service, switch = make(DestinationPods(), DESTINATION, delivered_nothing)
         service(pin(Phase.FROM_TUNNEL, stranger))
         service(pin(Phase.REPORT, stranger))  # no report at all
+        # From n1's Pod, but its IPv4 header announces 24 bytes and the frame ends after 22 of them.
+        cut = stranger[:14] + b"\x46" + stranger[15:26] + bytes([10, 248, 1, 2]) + stranger[30:36]
+        service(pin(Phase.FROM_TUNNEL, cut))
         await asyncio.sleep(0.05)
         return service, switch
 
@@ -231,4 +234,4 @@ def test_a_marked_packet_from_no_known_node_s_pod_is_counted_and_not_traced() ->
         return []
 
     service, switch = asyncio.run(main())
-    assert switch.sent == [] and switch.installed == [] and service.stats.stray == 2 and service.stats.received == 0
+    assert switch.sent == [] and switch.installed == [] and service.stats.stray == 3 and service.stats.received == 0
