@@ -121,8 +121,10 @@ def _traceflow_line(traceflow: Any) -> str:
     outcomes = {k: n for k, n in (traceflow.get("outcomes") or {}).items() if n}
     runs = (f"{sum(outcomes.values())} traces since start: " + ", ".join(f"{k} {n}" for k, n in outcomes.items())
             if outcomes else "no traces since start")
+    crossnode = (f"; other nodes' traces run here {traceflow.get('received', 0)}, their reports taken "
+                 f"{traceflow.get('reports', 0)}") if traceflow.get("received") or traceflow.get("reports") else ""
     return (f"{runs}; {traceflow.get('suppressed', 0)} packet-ins of trace packets suppressed (not audited), "
-            f"{traceflow.get('stray', 0)} stray copies")
+            f"{traceflow.get('stray', 0)} stray copies{crossnode}")
 
 
 def _nodes_line(nodes: Any) -> str:

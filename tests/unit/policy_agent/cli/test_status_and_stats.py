@@ -163,6 +163,12 @@ def test_the_status_table_counts_traces_by_outcome_and_what_they_suppressed(agen
     (line,) = [line for line in out.getvalue().splitlines() if line.startswith("traceflow")]
     assert line.split(None, 1)[1] == ("5 traces since start: delivered 3, dropped 1, error 1; 2 packet-ins of trace "
                                       "packets suppressed (not audited), 0 stray copies")
+    agent.traceflow.stats.received, agent.traceflow.stats.reports = 4, 2
+    status = json.loads(json.dumps(snapshot(agent)))
+    out = io.StringIO()
+    run_status(AgentConfig(), api=lambda s, r: {"ok": True, "status": status}, out=out)
+    (line,) = [line for line in out.getvalue().splitlines() if line.startswith("traceflow")]
+    assert line.endswith("0 stray copies; other nodes' traces run here 4, their reports taken 2")
 
 
 # --- stats ---
