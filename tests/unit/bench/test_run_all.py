@@ -107,7 +107,8 @@ SHAPES = {
                     "inline": {"end_to_end": {"p50_ms": 0.7, "p99_ms": 1.5},
                                "agent_read_to_written": {"p99_ms": 0.6}}}}},
     "traceflow_latency": {"targets": {"no_flood": {"client_p99_ms": 12.0, "met": True},
-                                      "flood": {"client_p99_ms": 40.0, "met": True}}},
+                                      "flood": {"client_p99_ms": 40.0, "met": True}},
+                          "cross_node": {"client_p99_vs_same_node": 1.4}},
     "megaflow_purge": {"baseline_unixctl_version_ms": {"p50": 0.2, "max": 0.4, "n": 25},
                        "purge": {"0": {"purge_ms": {"p50": 0.3}}, "5000": {"purge_ms": {"p50": 4.1}}}},
     "agent_cpu": {"agent": [], "floor_phases": [], "summary": {"floor_mode": "agent stopped", "by_rate": {
