@@ -143,6 +143,8 @@ def decode(copies: Iterable[Copy], *, rules: Callable[[int], RuleInfo | None], d
                 {"table": table, "name": TABLE_NAMES[table], "action": "unknown", "detail": "no decision seen"}
             if arrived_from is not None and table in EGRESS_TABLES and last.get("action") == "default":
                 last["detail"] = "no rule: a packet from the tunnel had its egress judged on the node it left"
+            elif destination.tunnel is not None and table not in EGRESS_TABLES and last.get("action") == "default":
+                last["detail"] = f"no rule: the destination's ingress is judged on its node, {destination.tunnel[0]}"
         elif table == tables.T_COMMIT:  # a live trace copies here, after the real commit, and forwards for real
             res.observations.append({"table": table, "name": TABLE_NAMES[table], "action": "commit",
                                      "detail": "connection committed to conntrack (live packet)"})

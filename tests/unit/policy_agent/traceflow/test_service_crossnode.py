@@ -129,6 +129,8 @@ def test_a_trace_to_another_node_s_pod_crosses_the_tunnel_and_takes_that_node_s_
     hop = next(o for o in trace["observations"] if o["table"] == 70)
     assert hop["node"] == "n1" and hop["tunnel"] == {"node": "n2", "address": "198.51.100.12"}
     assert hop["detail"] == "into the Geneve tunnel (port 1) to Pod y/b on node n2 (198.51.100.12)"
+    ingress = [o["detail"] for o in trace["observations"] if o["node"] == "n1" and o["table"] in (40, 41, 42)]
+    assert ingress == ["no rule: the destination's ingress is judged on its node, n2"] * 3
     assert trace["observations"][-1] == {"table": 0, "name": "classifier", "action": "accept",
                                          "detail": "from the tunnel", "node": "n2"}
     assert trace["outcome"]["result"] == "delivered" and trace["outcome"]["node"] == "n2"
