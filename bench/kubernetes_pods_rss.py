@@ -141,7 +141,8 @@ def measure(url: str, total: int, mode: str) -> dict[str, object]:
     return result
 
 
-def main() -> None:
+def run() -> dict[str, object]:
+    """Both measurements against one test API server; the result JSON (bench/cluster_scale.py reuses it)."""
     server = FakeApiServer()
     total = objects(server)
     server.start()
@@ -159,7 +160,11 @@ def main() -> None:
                    "wall_seconds": round(time.monotonic() - started, 1),
                    "note": "seconds_to_list is mostly the test API server (one Python thread serving 10,000 Pods)",
                    "rss_mb_vs_target": round(rss / TARGET_MB, 3), "rss_target_met": rss <= TARGET_MB})
-    print(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    print(json.dumps(run(), indent=2))
 
 
 if __name__ == "__main__":

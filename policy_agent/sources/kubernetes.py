@@ -289,7 +289,8 @@ class KubernetesSource:
         """A full list (or absence): apply what is new or changed, delete what disappeared."""
         res = feed.res
         first = not feed.listed.is_set()
-        docs: dict[Key, dict[str, Any]] = {}
+        listed: set[Key] = set()
+        changes: dict[Key, Model] = {}
         if isinstance(item, Absent):
             if res.name not in self.skipped:
                 log.warning("kubernetes: the API server does not serve %s/%s (Antrea CRDs not installed?): "
@@ -297,18 +298,23 @@ class KubernetesSource:
             self.skipped.add(res.name)
         else:
             self.skipped.discard(res.name)
-            for raw in item.items:
-                doc = self._complete(res, raw)
-                if not self._standard_tier(res, doc):
-                    docs[_key(doc)] = doc
-        changed = []
-        for key, doc in docs.items():
-            obj = self._validate(feed, doc)
-            if obj is not None and feed.known.get(key) != obj:
-                feed.known[key] = obj
-                changed.append(obj)
-        gone = [feed.known.pop(k) for k in list(feed.known) if k not in docs]
-        for k in [k for k in feed.rejected if k not in docs]:
+            # Each item is validated and let go of in turn (taken off the list): the list's dicts are
+            # not all alive while the models are made, so the models reuse their memory.
+            items = item.items
+            items.reverse()
+            while items:
+                doc = self._complete(res, items.pop())
+                key = _key(doc)
+                if self._standard_tier(res, doc):
+                    continue
+                listed.add(key)  # a later item of the same key wins, as it always did
+                obj = self._validate(feed, doc)
+                if obj is not None and feed.known.get(key) != obj:
+                    feed.known[key] = obj
+                    changes[key] = obj
+        changed = list(changes.values())
+        gone = [feed.known.pop(k) for k in list(feed.known) if k not in listed]
+        for k in [k for k in feed.rejected if k not in listed]:
             del feed.rejected[k]
         if not first:
             self._count(res.name, "relists")

@@ -1,0 +1,95 @@
+"""bench/cluster_scale.py's pure parts: percentiles, the probers' transition lines, when a verdict was first seen
+after a policy write, and the manifests it writes (valid for the loader the nodes run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from policy_agent.policy.manifests import load_documents
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load(name: str) -> ModuleType:
+    """A bench file as a module; sys.path as it was after (the bench puts bench/ in front)."""
+    before = list(sys.path)
+    try:
+        module_name = f"bench_{name}"
+        spec = importlib.util.spec_from_file_location(module_name, ROOT / "bench" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path[:] = before
+
+
+bench = _load("cluster_scale")
+
+
+def test_nearest_rank_percentile() -> None:
+    samples = [float(i) for i in range(1, 101)]
+    assert bench.percentile(samples, 50) == 50.0
+    assert bench.percentile(samples, 99) == 99.0
+    assert bench.percentile(samples[:40], 99) == 40.0  # p99 of 40 changes is the slowest
+    assert bench.percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        bench.percentile([], 99)
+
+
+def test_summary_in_milliseconds() -> None:
+    assert bench.summary_ms([0.1, 0.2, 0.4]) == {"samples": 3, "p50_ms": 200.0, "p99_ms": 400.0, "max_ms": 400.0}
+
+
+def test_prober_lines() -> None:
+    assert bench.parse_transition("1234.500000 refused\n") == (1234.5, "refused")
+    assert bench.parse_transition("Traceback (most recent call last):") is None
+    assert bench.parse_transition("abc connected") is None
+
+
+def test_first_verdict_after_a_write() -> None:
+    seen = [(1.0, "connected"), (5.2, "refused"), (5.9, "connected"), (7.0, "refused")]
+    assert bench.first_at(seen, 5.0, "refused") == 5.2
+    assert bench.first_at(seen, 5.5, "connected") == 5.9
+    # A transition before the write does not count as the change taking effect...
+    assert bench.first_at(seen, 5.3, "refused") == 7.0
+    # ...unless the state already held at the write: no transition needed, zero latency.
+    assert bench.first_at(seen, 6.0, "connected") == 6.0
+    assert bench.first_at(seen, 8.0, "connected") is None
+    assert bench.first_at([], 1.0, "refused") is None
+
+
+def test_ratio() -> None:
+    assert bench.ratio(97.0, 100.0) == 0.97
+    assert bench.ratio(1.0, 0.0) is None
+    assert bench.ratio(None, 1.0) is None
+
+
+def test_manifests_it_writes_load() -> None:
+    docs = [d for text in (bench.namespaces("x", "y", "t"), bench.stream_policy(True), bench.stream_policy(False),
+                           bench.reject_policy(80)) for d in yaml.safe_load_all(text)]
+    objs = load_documents([d for d in docs if d["metadata"]["name"] != "bench-throughput" or
+                           d["spec"]["ingress"][0]["enableLogging"]], source="test")
+    assert sorted(n.name for n in objs.namespaces) == ["t", "x", "y"]
+    assert sorted(p.name for p in objs.policies) == ["bench-propagation", "bench-throughput"]
+
+
+def test_run_all_takes_its_headline_figures() -> None:
+    run_all = _load("run_all")
+    result = {"throughput": {"cross_node_logging_on_vs_off_ratio": 0.97, "cross_node_vs_same_node_ratio": 0.8,
+                             "mbit_per_s_median": {"cross_node_off": 300.0}},
+              "propagation": {"in_force_on_all_nodes": {"p99_ms": 700.0}}, "rss": {"rss_mb": 135.1},
+              "cni_add": {"agent_side_p99_ms": {"remote_pods_10000": 12.5}},
+              "targets_met": {"rss": True}}
+    assert dict(run_all.headlines("cluster_scale", result)) == {
+        "cross-node TCP: logging on vs off": 0.97, "TCP cross-node / same-node (logging off)": 0.8,
+        "TCP Mbit/s (cross_node_off)": 300.0, "policy change in force on all nodes p99 ms (shared source)": 700.0,
+        "agent RSS MB, 10k Pods and 1k policies listed": 135.1, "CNI ADD agent-side p99 ms (remote_pods_10000)": 12.5,
+        "target met (rss)": True}
