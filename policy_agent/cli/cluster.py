@@ -1,4 +1,4 @@
-"""`npaudit cluster up|down|status|apply|pod add`: a cluster of N nodes on this machine, each node a network
+"""`npaudit cluster up|down|status|apply|pod add|delete`: a cluster of N nodes on this machine, each node a network
 namespace with its own embedded OVS and agent, joined by an underlay namespace (policy_agent/cluster/local.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from policy_agent.errors import AgentError
 
-HELP = "a cluster of N nodes on this machine (namespaces, embedded OVS, agents): up, down, status, apply, pod add"
+HELP = ("a cluster of N nodes on this machine (namespaces, embedded OVS, agents): up, down, status, apply, "
+        "pod add|delete")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     u.add_argument("--nodes", type=int, default=2, help="how many nodes (n1..nN; default 2)")
     u.add_argument("--encapsulation", choices=("geneve", "routed"), default="geneve")
     u.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every node's readiness")
+    u.add_argument("--kubernetes-api", default="", metavar="URL",
+                   help="every node watches this Kubernetes API server (Namespaces, Pods, Nodes, policies) instead "
+                        "of DIR/shared; create the Node objects of DIR/nodes.yaml there")
     u.set_defaults(func=cmd_up)
     d = verb("down", "stop exactly what `up` started (agents, OVS, namespaces); DIR's files stay; idempotent")
     d.set_defaults(func=cmd_down)
@@ -47,8 +51,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pa.add_argument("--dir", required=True, type=Path)
     pa.add_argument("--node", required=True, help="n1, n2, ...")
     pa.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    pa.add_argument("--ip", default="", help="ask the node's IPAM for this address of its Pod subnet")
     pa.add_argument("pod", metavar="NAMESPACE/NAME")
     pa.set_defaults(func=cmd_pod_add)
+    pa.epilog = ("with a Kubernetes API (up --kubernetes-api) the Pod's object is the API's: create it there "
+                 "(spec.nodeName NODE, its labels) first, as a scheduler would; set its status.podIP after")
+    pd = pods.add_parser("delete", help="undo `pod add`: CNI DEL on its node, its namespace and object gone",
+                         description="give back a Pod's port and address through its node's `npaudit cni` DEL, "
+                                     "delete its network namespace and its object in DIR/shared (with a "
+                                     "Kubernetes API: delete the object there)")
+    pd.add_argument("--dir", required=True, type=Path)
+    pd.add_argument("pod", metavar="NAMESPACE/NAME")
+    pd.set_defaults(func=cmd_pod_delete)
 
 
 def _say(line: str) -> None:
@@ -64,7 +78,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from policy_agent.cluster.local_run import up
 
     try:
-        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say)
+        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say, kubernetes_api=args.kubernetes_api)
     except (AgentError, OSError) as exc:
         return _fail(exc)
     print(f"cluster up: {len(plan.nodes)} nodes ready in {plan.dir}; `npaudit cluster down --dir {plan.dir}` "
@@ -123,7 +137,17 @@ def cmd_pod_add(args: argparse.Namespace) -> int:
     from policy_agent.cluster.local_run import add_pod
 
     try:
-        add_pod(args.dir, args.node, args.pod, args.label, _say)
+        add_pod(args.dir, args.node, args.pod, args.label, _say, ip=args.ip)
+    except (AgentError, OSError) as exc:
+        return _fail(exc)
+    return 0
+
+
+def cmd_pod_delete(args: argparse.Namespace) -> int:
+    from policy_agent.cluster.local_run import delete_pod
+
+    try:
+        delete_pod(args.dir, args.pod, _say)
     except (AgentError, OSError) as exc:
         return _fail(exc)
     return 0

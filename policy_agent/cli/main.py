@@ -43,7 +43,7 @@ VERBS: dict[str, tuple[str | None, str]] = {
     "demo": ("demo", "private OVS, two Pods, logged flows, real traffic, live packet-ins"),
     "completion": ("completion", "print a shell completion script: source <(npaudit completion bash)"),
     "cluster": ("cluster", "a cluster of N nodes on this machine (namespaces, embedded OVS, agents): up, down, "
-                           "status, apply, pod add"),
+                           "status, apply, pod add|delete"),
 }
 
 

@@ -5,8 +5,11 @@ bridge; per node a namespace for its embedded OVS, a veth pair (one end on the u
 the other in the node's namespace as its `cluster.underlay_interface`), a directory
 DIR/<node>/ with the agent's config, state, OVS run directory, audit files, CNI IPAM data, pid
 file and log; and one shared manifest directory DIR/shared that every node's
-`policy.manifest_dir` watches. The plan is written to DIR/cluster.json before `up` makes any of
-it, so `down` (policy_agent/cluster/local_run.py) stops exactly that, even after a failed `up`.
+`policy.manifest_dir` watches, or (with a Kubernetes API URL) DIR/kubeconfig naming that API server,
+which every node watches instead (Namespaces, Pods, Nodes, policies; its own Node by its name) and
+DIR/nodes.yaml, the Node objects to create there (each node's podCIDR and InternalIP). The plan is
+written to DIR/cluster.json before `up` makes any of it, so `down` (policy_agent/cluster/local_run.py)
+stops exactly that, even after a failed `up`.
 
 Node i (1-based, named n<i>) gets the Pod subnet 10.248.<i>.0/24 and the underlay address
 198.51.100.<10+i>/24; its peers are the other nodes.
@@ -32,7 +35,10 @@ NODE_UNDERLAY_IF = "underlay0"  # each node's end of its veth, in its OVS namesp
 MAX_NODES = 200  # 198.51.100.11 .. .210; 10.248.1 .. .200
 SHARED = "shared"  # DIR/shared: the one policy source of every node
 RECORD = "cluster.json"
+KUBECONFIG = "kubeconfig"  # DIR/kubeconfig: the Kubernetes API every node watches (when the cluster has one)
+NODES = "nodes.yaml"  # DIR/nodes.yaml: the Node objects a user creates in that API
 RECORD_VERSION = 1
+SYNC_TIMEOUT = 20.0  # seconds a node waits for the API's first lists before serving CNI anyway
 POLL_INTERVAL = 0.5  # the shared directory's poll, seconds: a cluster apply is in force within about this
 # The longest unix socket path of a node (its OVS's control socket) must fit sockaddr_un (108 bytes
 # with its NUL): DIR/<node>/ovs/ovs-vswitchd.ctl.
@@ -40,6 +46,7 @@ _SOCKET_LIMIT = 107
 _LONGEST_SOCKET = "ovs/ovs-vswitchd.ctl"
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_API_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[^\s'\"]*)?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
@@ -136,6 +143,7 @@ class ClusterPlan:
     nodes: tuple[NodePlan, ...]
     pods: tuple[PodPlan, ...] = field(default=())
     version: int = RECORD_VERSION
+    kubernetes_api: str = ""  # "": policies and Pods from DIR/shared; else the API server's URL every node watches
 
     @property
     def path(self) -> Path:
@@ -148,6 +156,14 @@ class ClusterPlan:
     @property
     def record_path(self) -> Path:
         return self.path / RECORD
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.path / KUBECONFIG
+
+    @property
+    def nodes_path(self) -> Path:
+        return self.path / NODES
 
     def node(self, name: str) -> NodePlan:
         for node in self.nodes:
@@ -172,13 +188,16 @@ class ClusterPlan:
             pods = tuple(PodPlan(**{**p, "labels": tuple(tuple(kv) for kv in p.get("labels", ()))})
                          for p in data.get("pods", ()))
             return cls(dir=data["dir"], tag=data["tag"], encapsulation=data["encapsulation"],
-                       underlay_netns=data["underlay_netns"], nodes=nodes, pods=pods)
+                       underlay_netns=data["underlay_netns"], nodes=nodes, pods=pods,
+                       kubernetes_api=str(data.get("kubernetes_api") or ""))
         except (KeyError, TypeError) as exc:
             raise PlanError(f"cluster record incomplete or malformed: {exc}") from exc
 
 
-def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metrics_ports: list[int]) -> ClusterPlan:
-    """The cluster `up` makes in `directory` (absolute): `nodes` nodes, namespaces named npc-<tag>-*."""
+def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metrics_ports: list[int],
+                 kubernetes_api: str = "") -> ClusterPlan:
+    """The cluster `up` makes in `directory` (absolute): `nodes` nodes, namespaces named npc-<tag>-*; with
+    `kubernetes_api` (http(s)://HOST:PORT) every node takes Namespaces, Pods, Nodes and policies from it."""
     if not directory.is_absolute():
         raise PlanError(f"--dir must be absolute here, got {directory}")
     if not 1 <= nodes <= MAX_NODES:
@@ -189,6 +208,8 @@ def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metr
         raise PlanError(f"tag must be 4-8 hex digits, got {tag!r}")
     if len(metrics_ports) != nodes or len(set(metrics_ports)) != nodes:
         raise PlanError(f"need {nodes} distinct metrics ports, got {metrics_ports}")
+    if kubernetes_api and not _API_URL.fullmatch(kubernetes_api):
+        raise PlanError(f"--kubernetes-api must be http(s)://HOST[:PORT], got {kubernetes_api!r}")
     longest = directory / f"n{nodes}" / _LONGEST_SOCKET
     if len(str(longest).encode()) > _SOCKET_LIMIT:
         raise PlanError(f"--dir {directory} is too long: the node's unix sockets ({longest}) must fit "
@@ -200,11 +221,23 @@ def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metr
                  metrics_port=port)
         for i, port in zip(range(1, nodes + 1), metrics_ports))
     return ClusterPlan(dir=str(directory), tag=tag, encapsulation=encapsulation, underlay_netns=f"npc-{tag}-ul",
-                       nodes=planned)
+                       nodes=planned, kubernetes_api=kubernetes_api)
 
 
 def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
-    """The agent config of `node` (policy_agent/config: only fields the loader knows)."""
+    """The agent config of `node` (policy_agent/config: only fields the loader knows). With a Kubernetes
+    API the node watches it (its own Node and Pods by its name) and its peers are the other Node objects;
+    else it reads DIR/shared and its peers are in the config."""
+    cluster: dict[str, Any] = {"encapsulation": plan.encapsulation, "node_address": node.address,
+                               "underlay_interface": NODE_UNDERLAY_IF}
+    source: dict[str, Any]
+    if plan.kubernetes_api:
+        source = {"kubernetes": {"enabled": True, "kubeconfig": str(plan.kubeconfig_path),
+                                 "sync_timeout": SYNC_TIMEOUT}}
+    else:
+        source = {"policy": {"manifest_dir": str(plan.shared_dir), "poll_interval": POLL_INTERVAL}}
+        cluster["peers"] = [{"name": p.name, "pod_cidr": p.pod_cidr, "address": p.ip}
+                            for p in plan.nodes if p.name != node.name]
     return {
         "node_name": node.name,
         "cluster_name": f"local-{plan.tag}",
@@ -212,16 +245,29 @@ def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
         "ovs": {"run_dir": str(node.ovs_run_dir), "netns": node.netns},
         "metrics": {"listen": node.metrics_listen},
         "audit": {"path": str(node.audit_path)},
-        "policy": {"manifest_dir": str(plan.shared_dir), "poll_interval": POLL_INTERVAL},
+        **source,
         "node_network": {"pod_cidr": node.pod_cidr},
-        "cluster": {
-            "encapsulation": plan.encapsulation,
-            "node_address": node.address,
-            "underlay_interface": NODE_UNDERLAY_IF,
-            "peers": [{"name": p.name, "pod_cidr": p.pod_cidr, "address": p.ip}
-                      for p in plan.nodes if p.name != node.name],
-        },
+        "cluster": cluster,
     }
+
+
+def kubeconfig(plan: ClusterPlan) -> str:
+    """DIR/kubeconfig: the cluster's API server, no credentials (a local test API server)."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "npaudit",
+        "clusters": [{"name": "npaudit", "cluster": {"server": plan.kubernetes_api}}],
+        "users": [{"name": "npaudit", "user": {}}],
+        "contexts": [{"name": "npaudit", "context": {"cluster": "npaudit", "user": "npaudit"}}]}, sort_keys=False)
+
+
+def node_objects(plan: ClusterPlan) -> list[dict[str, Any]]:
+    """The Node objects of the cluster as a user creates them in its Kubernetes API: each node's podCIDR
+    (what its config pins too) and InternalIP (its underlay address: the other nodes tunnel to it)."""
+    return [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name},
+             "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]},
+             "status": {"addresses": [{"type": "InternalIP", "address": n.ip},
+                                      {"type": "Hostname", "address": n.name}]}}
+            for n in plan.nodes]
 
 
 def node_config_yaml(plan: ClusterPlan, node: NodePlan) -> str:
@@ -273,6 +319,19 @@ def plan_pod(plan: ClusterPlan, node: str, ref: str, labels: list[str]) -> PodPl
     container = hashlib.sha256(f"{plan.tag}/{ref}".encode()).hexdigest()[:32]
     return PodPlan(namespace=namespace, name=name, node=target.name, netns=f"npc-{plan.tag}-p{index}",
                    container_id=container, labels=parse_labels(labels))
+
+
+def check_requested_ip(node: NodePlan, ip: str) -> str:
+    """A Pod address asked for on `node`: a host address of its Pod subnet, not its gateway (the first)."""
+    try:
+        addr = ipaddress.IPv4Address(ip)
+    except ValueError as exc:
+        raise PlanError(f"--ip must be an IPv4 address, got {ip!r}") from exc
+    net = ipaddress.IPv4Network(node.pod_cidr)
+    if addr not in net or addr in (net.network_address, net.broadcast_address, net.network_address + 1):
+        raise PlanError(f"--ip {ip}: not a Pod address of node {node.name}'s subnet {net} (its gateway is "
+                        f"{net.network_address + 1})")
+    return str(addr)
 
 
 def pod_object(pod: PodPlan) -> dict[str, Any]:

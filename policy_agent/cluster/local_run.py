@@ -28,8 +28,9 @@ import yaml
 
 from auditlog.atomic_file import write_atomically
 from policy_agent.cluster.local import (
-    NODE_UNDERLAY_IF, RECORD, UNDERLAY_BRIDGE, ClusterPlan, NodePlan, PlanError, PodPlan, netconf, node_config_yaml,
-    plan_cluster, plan_pod, pod_object, shared_name, teardown)
+    NODE_UNDERLAY_IF, RECORD, UNDERLAY_BRIDGE, ClusterPlan, NodePlan, PlanError, PodPlan, check_requested_ip,
+    kubeconfig, netconf,
+    node_config_yaml, node_objects, plan_cluster, plan_pod, pod_object, shared_name, teardown)
 from policy_agent.errors import AgentError
 from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists, pid_alive
 
@@ -147,15 +148,16 @@ def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
 # --- up / down ---------------------------------------------------------------------------------
 
 
-def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say) -> ClusterPlan:
+def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say,
+       kubernetes_api: str = "") -> ClusterPlan:
     """Make the cluster and return once every node's agent is ready; on any failure undo what was made
-    (files stay) and raise."""
+    (files stay) and raise. With `kubernetes_api` every node watches that API server instead of DIR/shared."""
     directory = directory.resolve()
     if (directory / RECORD).exists():
         raise ClusterError(f"{directory} holds a cluster already ({RECORD}): `npaudit cluster down --dir "
                            f"{directory}` and remove it, or choose another --dir")
     try:
-        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes))
+        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes), kubernetes_api)
     except PlanError as exc:
         raise ClusterError(str(exc)) from exc
     taken = [name for name in plan.namespaces() if netns_exists(name)]
@@ -174,7 +176,14 @@ def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say
 
 
 def _make(plan: ClusterPlan, say: Say) -> None:
-    plan.shared_dir.mkdir(exist_ok=True)
+    if plan.kubernetes_api:
+        write_atomically(plan.kubeconfig_path, kubeconfig(plan).encode(), mode=0o644)
+        write_atomically(plan.nodes_path, yaml.safe_dump_all(node_objects(plan), sort_keys=False).encode(),
+                         mode=0o644)
+        say(f"every node watches the Kubernetes API {plan.kubernetes_api} ({plan.kubeconfig_path}); its Node "
+            f"objects (podCIDR, InternalIP) are in {plan.nodes_path}: create them there")
+    else:
+        plan.shared_dir.mkdir(exist_ok=True)
     ul = plan.underlay_netns
     _add_netns(ul)
     _run(["ip", "-n", ul, "link", "add", UNDERLAY_BRIDGE, "type", "bridge"])
@@ -305,76 +314,114 @@ def apply_shared(directory: Path, source: str, text: str) -> Path:
     """Write `text` (manifests, validated with what DIR/shared holds already, as every node will read the
     set) into DIR/shared whole or not at all; every node's manifest directory picks it up."""
     plan = load_record(directory.resolve())
+    if plan.kubernetes_api:
+        raise ClusterError(f"this cluster's nodes take their policies from the Kubernetes API {plan.kubernetes_api}: "
+                           "create them there (DIR/shared is not read)")
     target = plan.shared_dir / shared_name(source)
     check_shared_set(plan, target.name, text, source)
     write_atomically(target, text.encode(), mode=0o644)
     return target
 
 
-def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: Say) -> PodPlan:
+def add_pod(directory: Path, node_name: str, ref: str, labels: list[str], say: Say, ip: str = "") -> PodPlan:
     """A Pod on one node: its object (labels, spec.nodeName) applied to that node's agent first, so the
     Pod's policy is in OVS before its port forwards; its network namespace wired by that node's
     `npaudit cni`; then its object with status.podIP published in DIR/shared for every node. A failure
-    undoes what this call made."""
+    undoes what this call made. With a Kubernetes API the Pod's object is the API's (the user's, as
+    kubelet's): the CNI ADD waits for it there, and its status.podIP is set there after. `ip`: the address
+    to ask the node's IPAM for (in its Pod subnet); "" = the next free one."""
     plan = load_record(directory.resolve())
     try:
         pod = plan_pod(plan, node_name, ref, labels)
     except PlanError as exc:
         raise ClusterError(str(exc)) from exc
     node = plan.node(pod.node)
-    check_shared_set(plan, pod.manifest_name, yaml.safe_dump(pod_object(pod)), pod.ref)
+    if ip:
+        try:
+            ip = check_requested_ip(node, ip)
+        except PlanError as exc:
+            raise ClusterError(str(exc)) from exc
+    if not plan.kubernetes_api:
+        check_shared_set(plan, pod.manifest_name, yaml.safe_dump(pod_object(pod)), pod.ref)
     if agent_pid(node) is None:
         raise ClusterError(f"node {node.name}: no agent running (`npaudit cluster status --dir {plan.dir}`)")
     save_record(replace(plan, pods=(*plan.pods, pod)))  # before its namespace exists
     try:
-        pod = replace(pod, ip=_wire_pod(node, pod))
+        pod = replace(pod, ip=_wire_pod(node, pod, local_object=not plan.kubernetes_api, ip=ip))
     except BaseException:
-        _undo_pod(directory, node, pod, say)
+        _undo_pod(directory, node, pod, say, local_object=not plan.kubernetes_api)
         raise
     plan = load_record(directory.resolve())
     save_record(replace(plan, pods=tuple(pod if p.netns == pod.netns else p for p in plan.pods)))
+    if plan.kubernetes_api:
+        say(f"Pod {pod.ref} on {node.name}: {pod.ip}, network namespace {pod.netns}; set its status.podIP "
+            f"to {pod.ip} in the Kubernetes API")
+        return pod
     write_atomically(plan.shared_dir / pod.manifest_name, yaml.safe_dump(pod_object(pod)).encode(), mode=0o644)
     say(f"Pod {pod.ref} on {node.name}: {pod.ip}, network namespace {pod.netns}")
     return pod
 
 
-def _wire_pod(node: NodePlan, pod: PodPlan) -> str:
-    """The Pod's object to its node's agent, then its namespace through that node's `npaudit cni`; its address."""
+def delete_pod(directory: Path, ref: str, say: Say) -> PodPlan:
+    """What `pod add` made, undone: the Pod's object out of DIR/shared (with a Kubernetes API: the user
+    deletes it there), its port and address given back by its node's `npaudit cni` DEL, its namespace
+    deleted, its entry out of the record."""
+    plan = load_record(directory.resolve())
+    pod = next((p for p in plan.pods if p.ref == ref), None)
+    if pod is None:
+        raise ClusterError(f"no Pod {ref} in this cluster (`npaudit cluster status --dir {plan.dir}`)")
+    if not plan.kubernetes_api:
+        (plan.shared_dir / pod.manifest_name).unlink(missing_ok=True)
+    _undo_pod(directory, plan.node(pod.node), pod, say, local_object=not plan.kubernetes_api, undoing="deleting")
+    say(f"Pod {pod.ref} deleted from {pod.node}" + (f" (its address {pod.ip} is free again)" if pod.ip else ""))
+    return pod
+
+
+def _wire_pod(node: NodePlan, pod: PodPlan, *, local_object: bool, ip: str) -> str:
+    """The Pod's object to its node's agent (unless the API holds it), then its namespace through that
+    node's `npaudit cni`; its address."""
     from policy_agent.sources.local_api import call
 
     _add_netns(pod.netns)
-    reply = call(node.state_dir / "api.sock", {"op": "apply", "manifests": yaml.safe_dump(pod_object(pod)),
-                                                "source": f"cluster pod add {pod.ref}"})
-    if not reply.get("ok"):
-        raise ClusterError(f"node {node.name} refused Pod {pod.ref}: {'; '.join(map(str, reply.get('errors', [])))}")
-    res = _cni(node, pod, "ADD")
+    if local_object:
+        reply = call(node.state_dir / "api.sock", {"op": "apply", "manifests": yaml.safe_dump(pod_object(pod)),
+                                                    "source": f"cluster pod add {pod.ref}"})
+        if not reply.get("ok"):
+            raise ClusterError(f"node {node.name} refused Pod {pod.ref}: "
+                               f"{'; '.join(map(str, reply.get('errors', [])))}")
+    res = _cni(node, pod, "ADD", ip)
     if res.returncode != 0:
         raise ClusterError(f"CNI ADD of {pod.ref} on {node.name} failed: {res.stdout.decode(errors='replace')}"
                            f"{res.stderr.decode(errors='replace')}")
     return str(json.loads(res.stdout)["ips"][0]["address"].split("/")[0])
 
 
-def _cni(node: NodePlan, pod: PodPlan, command: str) -> subprocess.CompletedProcess[bytes]:
+def _cni(node: NodePlan, pod: PodPlan, command: str, ip: str = "") -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=pod.container_id,
                CNI_NETNS=f"/run/netns/{pod.netns}", CNI_IFNAME="eth0", CNI_PATH="/usr/lib/cni",
                CNI_ARGS=f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
-    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=node.netconf_path.read_bytes(),
+    conf = node.netconf_path.read_bytes()
+    if ip:  # host-local takes a requested address from the runtime configuration (the "ips" capability)
+        conf = json.dumps({**json.loads(conf), "runtimeConfig": {"ips": [ip]}}).encode()
+    return subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "cni"], input=conf,
                           env=env, capture_output=True, timeout=120)
 
 
-def _undo_pod(directory: Path, node: NodePlan, pod: PodPlan, say: Say) -> None:
-    """After a failed `pod add`: its port and address given back, its object off the node, its namespace
-    deleted, its entry out of the record (so the same Pod can be added again)."""
+def _undo_pod(directory: Path, node: NodePlan, pod: PodPlan, say: Say, *, local_object: bool = True,
+              undoing: str = "undoing what was made") -> None:
+    """After a failed `pod add` (or for `pod delete`): its port and address given back, its object off the
+    node, its namespace deleted, its entry out of the record (so the same Pod can be added again)."""
     from policy_agent.sources.local_api import call
 
-    say(f"Pod {pod.ref}: undoing what was made")
+    say(f"Pod {pod.ref}: {undoing}")
     if agent_pid(node) is not None:
         _cni(node, pod, "DEL")
-        try:
-            call(node.state_dir / "api.sock", {"op": "delete", "manifests": yaml.safe_dump(pod_object(pod)),
-                                               "source": f"cluster pod add {pod.ref} (undone)"})
-        except (OSError, AgentError):
-            pass
+        if local_object:
+            try:
+                call(node.state_dir / "api.sock", {"op": "delete", "manifests": yaml.safe_dump(pod_object(pod)),
+                                                   "source": f"cluster pod {pod.ref} ({undoing})"})
+            except (OSError, AgentError):
+                pass
     _delete_netns(pod.netns, say)
     plan = load_record(directory.resolve())
     save_record(replace(plan, pods=tuple(p for p in plan.pods if p.netns != pod.netns)))

@@ -6,7 +6,10 @@ This node's running Pods (their CNI endpoints) are authoritative for their addre
 Pods are known by the addresses their objects carry (status.podIP(s), on another node or not
 started here yet). An address no Pod holds is unknown (None). An address two Pods claim at once
 (a deleted Pod's address reused before the deletion arrived) is unknown too: a record names no
-Pod rather than maybe the wrong one.
+Pod rather than maybe the wrong one. So is an address only a Pod being deleted claims
+(metadata.deletionTimestamp): its node gives the address back at CNI DEL, before the object goes,
+and a new Pod there may hold it before its own object says so. Rules still match a Pod being deleted
+by its address (`remote`) until its object goes: only the name is withheld.
 
 A change of a few Pods costs what those Pods (and the Pods sharing their addresses) cost, not
 what every known Pod does: `RemoteDirectory.update` copies the previous state's maps (never
@@ -88,7 +91,8 @@ class RemoteDirectory:
             held = claims.get(ip, {})
             redo.update(held)
             redo.update(self.claims.get(ip, {}))
-            owner = local.get(ip) or (next(iter(held)) if len(held) == 1 else None)
+            alone = next(iter(held.items())) if len(held) == 1 else None
+            owner = local.get(ip) or (alone[0] if alone is not None and not alone[1].terminating else None)
             if owner is None:
                 by_ip.pop(ip, None)
             else:

@@ -15,7 +15,7 @@ from typing import Iterable
 _NLMSG_ERROR = 2
 _NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 _RTM_NEWLINK, _RTM_DELLINK, _RTM_GETLINK, _RTM_NEWADDR, _RTM_NEWROUTE = 16, 17, 18, 20, 24
-_IFF_UP = 0x1
+_IFF_UP, _IFF_NOARP = 0x1, 0x80
 _IFLA_ADDRESS, _IFLA_IFNAME, _IFLA_MTU, _IFLA_LINK, _IFLA_LINKINFO, _IFLA_NET_NS_FD = 1, 3, 4, 5, 18, 28
 _IFLA_INFO_KIND, _IFLA_INFO_DATA, _VETH_INFO_PEER = 1, 2, 1
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
@@ -74,15 +74,22 @@ class Rtnl:
                 answers.append(payload)
 
     def add_veth(self, ifname: str, peer: str, peer_netns: str, mtu: int = 0) -> None:
-        """`ifname` here, up, its peer `peer` in the namespace at path `peer_netns` (down); both
-        ends with MTU `mtu` (0: the kernel's default)."""
+        """`ifname` here, up and NOARP, its peer `peer` in the namespace at path `peer_netns` (down);
+        both ends with MTU `mtu` (0: the kernel's default).
+
+        NOARP: `ifname` is a switch port (OVS reads it), yet also a kernel interface of this namespace,
+        which holds the node gateway's address. The kernel would answer a Pod's ARP for the gateway on
+        it as well as OVS does; a Pod that took the kernel's answer sends into this namespace's IP stack
+        too, which has no route to another node's Pods and answers "unreachable", resetting the Pod's
+        connections there."""
         fd = os.open(peer_netns, os.O_RDONLY | os.O_CLOEXEC)
         mtu_attr = _attr(_IFLA_MTU, struct.pack("I", mtu)) if mtu else b""
         try:
             peer_info = _ifinfo() + _name(peer) + mtu_attr + _attr(_IFLA_NET_NS_FD, struct.pack("I", fd))
             data = _attr(_VETH_INFO_PEER | _NLA_F_NESTED, peer_info)
             linkinfo = _attr(_IFLA_INFO_KIND, b"veth\0") + _attr(_IFLA_INFO_DATA | _NLA_F_NESTED, data)
-            body = (_ifinfo(flags=_IFF_UP, change=_IFF_UP) + _name(ifname) + mtu_attr
+            up = _IFF_UP | _IFF_NOARP
+            body = (_ifinfo(flags=up, change=up) + _name(ifname) + mtu_attr
                     + _attr(_IFLA_LINKINFO | _NLA_F_NESTED, linkinfo))
             self._request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body)
         finally:

@@ -267,8 +267,10 @@ def _pod(doc: dict[Any, Any], errs: Errs) -> Pod:
             if port_number is not None:
                 ports.append(ContainerPort(name=pname, port=port_number, protocol=proto))
     node = string((spec or {}).get("nodeName"), "spec.nodeName", errs) or ""
+    meta = doc.get("metadata")
+    terminating = isinstance(meta, dict) and meta.get("deletionTimestamp") not in (None, "")
     return Pod(namespace=namespace, name=name, labels=labels, ports=tuple(ports), ips=pod_ips(doc, errs),
-               node=node)
+               node=node, terminating=terminating)
 
 
 def pod_ips(doc: dict[Any, Any], errs: Errs) -> tuple[str, ...]:

@@ -200,6 +200,10 @@ class Pod:
     # From the object (status.podIP(s), spec.nodeName): where the Pod runs, on any node (pod_directory.py).
     ips: tuple[str, ...] = ()
     node: str = ""
+    # metadata.deletionTimestamp is set: its deletion has begun. Its node gives its address back (CNI
+    # DEL) before the object goes, so the address may be another Pod's already: no record names it by
+    # that address (pod_directory.py); rules still match it there until the object goes.
+    terminating: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

@@ -17,7 +17,9 @@ def pod_fields(doc: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: doc[k] for k in ("apiVersion", "kind") if k in doc}
     meta = doc.get("metadata")
     if isinstance(meta, dict):
-        out["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion") if k in meta}
+        # deletionTimestamp: a Pod being deleted is named by its address no more (cluster/pod_directory.py).
+        out["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
+                           if k in meta}
         _intern(out["metadata"], "namespace")
         labels = meta.get("labels")
         if isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):

@@ -194,3 +194,40 @@ def test_the_gateway_comes_back_with_its_address_after_ovs_vswitchd_is_killed(cl
     assert got == {f"{GATEWAY}:8080/tcp": "connected"}, cluster.log()
     assert peers(node_listener) == [a.ip, a.ip]
     assert cluster.probe_from(cluster.node_netns, [f"{a.ip}:80/tcp"]) == {f"{a.ip}:80/tcp": "connected"}
+
+
+# Sends one ARP request for argv[1] on eth0 and prints the sender MACs of every reply within a second.
+ARP_WHO_HAS = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806)); s.bind(("eth0", 0))
+mine = bytes.fromhex(open("/sys/class/net/eth0/address").read().strip().replace(":", ""))
+me = socket.inet_aton(sys.argv[2]); target = socket.inet_aton(sys.argv[1])
+s.send(b"\xff" * 6 + mine + b"\x08\x06" + b"\x00\x01\x08\x00\x06\x04\x00\x01" + mine + me + b"\x00" * 6 + target)
+seen, end = [], time.monotonic() + 1.0
+s.settimeout(0.1)
+while time.monotonic() < end:
+    try:
+        frame = s.recv(100)
+    except socket.timeout:
+        continue
+    if frame[20:22] == b"\x00\x02" and frame[28:32] == target:
+        seen.append(frame[22:28].hex(":"))
+print(" ".join(seen))
+"""
+
+
+def test_only_the_gateway_port_answers_arp_for_the_gateway_address(cluster: Cluster) -> None:
+    """A Pod's host-side veth end is a kernel interface in the node's namespace, which holds the gateway
+    address: unless it is told not to, the kernel answers ARP on it too, and a Pod that learned that MAC
+    sends its packets into the node's kernel as well as into OVS. Across nodes the kernel has no route
+    for a peer's Pods and answers "unreachable", so a Pod's first connections to another node were at
+    times reset. Only OVS (the gateway's MAC) may answer."""
+    from policy_agent.ovs.tables import mac_for_ip
+
+    cluster.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\n"
+                  "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: x}\n")
+    pod = cluster.add_pod("x", "a", server=False)
+    res = subprocess.run(["ip", "netns", "exec", pod.netns, "python3", "-c", ARP_WHO_HAS, GATEWAY, pod.ip],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [mac_for_ip(GATEWAY)], res.stdout

@@ -16,7 +16,7 @@ import textwrap
 import time
 
 from tests.support.cluster import SERVER_PORTS, UDP_PORT, Cluster
-from tests.support.e2e_scenarios import NAMESPACES, PODS, namespaces_and_pods
+from tests.support.e2e_scenarios import NAMESPACES, PODS, matrix_expect, matrix_policies, namespaces_and_pods
 
 def full_matrix(cluster: Cluster) -> dict[tuple[str, str, str], str]:
     """(src, dst, "port/proto") -> outcome, for every ordered pair of Pods."""
@@ -40,103 +40,10 @@ def test_reachability_matrix_with_tiers_pass_reject_k8s_and_ip_blocks(cluster: C
     cluster.apply(namespaces_and_pods())
     pods = {f"{ns}/{p}": cluster.add_pod(ns, p) for ns, p in itertools.product(NAMESPACES, PODS)}
     yb_ip = pods["y/b"].ip
-    cluster.apply(textwrap.dedent(f"""
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: sec-drop-web}}
-        spec:
-          tier: securityops
-          priority: 5
-          appliedTo: [{{podSelector: {{matchLabels: {{pod: a}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-          egress:
-          - action: Drop
-            name: no-web-to-y
-            enableLogging: true
-            logLabel: sec-web
-            to: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]
-            ports: [{{protocol: TCP, port: 80}}]
-        ---
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: reject-81}}
-        spec:
-          tier: securityops
-          priority: 6
-          appliedTo: [{{podSelector: {{matchLabels: {{pod: c}}}}}}]
-          ingress:
-          - action: Reject
-            from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]
-            ports: [{{protocol: TCP, port: 81}}]
-        ---
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: pass-then-baseline}}
-        spec:
-          tier: networkops
-          priority: 1
-          appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-          ingress:
-          - action: Pass
-            from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
-        ---
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: app-drop-z-to-xb}}
-        spec:
-          tier: application
-          priority: 1
-          appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-          ingress:
-          - action: Drop
-            from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
-        ---
-        apiVersion: crd.antrea.io/v1beta1
-        kind: ClusterNetworkPolicy
-        metadata: {{name: baseline-drop-z-udp}}
-        spec:
-          tier: baseline
-          priority: 1
-          appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-          ingress:
-          - action: Drop
-            from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
-            ports: [{{protocol: UDP, port: 53}}]
-        ---
-        apiVersion: networking.k8s.io/v1
-        kind: NetworkPolicy
-        metadata: {{name: z-a-from-x-only, namespace: z}}
-        spec:
-          podSelector: {{matchLabels: {{pod: a}}}}
-          ingress:
-          - from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
-        ---
-        apiVersion: networking.k8s.io/v1
-        kind: NetworkPolicy
-        metadata: {{name: y-c-egress-cidr, namespace: y}}
-        spec:
-          podSelector: {{matchLabels: {{pod: c}}}}
-          policyTypes: [Egress]
-          egress:
-          - to: [{{ipBlock: {{cidr: 10.246.0.0/24, except: ["{yb_ip}/32"]}}}}]
-    """))
-
-    def expect(src: str, dst: str, port: str) -> str:
-        sns, sp = src.split("/")
-        dns, dp = dst.split("/")
-        if src == "x/a" and dns == "y" and port == "80/tcp":
-            return "timeout"  # securityops Drop
-        if dp == "c" and sns == "y" and port == "81/tcp":
-            return "refused"  # securityops Reject: a RST from the agent
-        if dst == "x/b" and sns == "z" and port == "53/udp":
-            return "timeout"  # Pass skipped the application Drop; the baseline drops UDP 53
-        if dst == "z/a" and sns != "x":
-            return "timeout"  # K8s isolation: only x may reach z/a
-        if src == "y/c" and dst == "y/b":
-            return "timeout"  # K8s egress isolation: ipBlock except y/b
-        return "connected"
+    cluster.apply(matrix_policies(yb_ip, "10.246.0.0/24"))
 
     observed = full_matrix(cluster)
-    expected = {key: expect(*key) for key in observed}
+    expected = {key: matrix_expect(*key) for key in observed}
     wrong = {k: (observed[k], expected[k]) for k in observed if observed[k] != expected[k]}
     assert not wrong, f"{len(wrong)} of {len(observed)} probes differ (observed, expected): {wrong}"
     assert len(observed) == 9 * 8 * 3

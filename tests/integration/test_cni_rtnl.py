@@ -48,6 +48,7 @@ def test_veth_mac_address_and_routes_as_ip_shows_them(two_netns: tuple[str, str]
     mac, peer_index = call_in_netns(host, host_side)
     (link,) = _ip(host, "link", "show", "nph0")
     assert link["address"] == mac and "UP" in link["flags"]
+    assert "NOARP" in link["flags"]  # a switch port: the kernel of its namespace answers no ARP on it
     (eth0,) = _ip(pod, "link", "show", "eth0")
     assert eth0["ifindex"] == peer_index
 

@@ -26,6 +26,107 @@ def namespaces_and_pods(logging_ns: str = "z") -> str:
     return "---\n".join(docs)
 
 
+def matrix_policies(yb_ip: str, pod_cidr: str) -> str:
+    """The policies of the x/y/z x a/b/c reachability matrix: tiers, Pass, Reject, Kubernetes
+    NetworkPolicies and an ipBlock over `pod_cidr` (every Pod's range) except y/b (`yb_ip`)."""
+    return textwrap.dedent(f"""
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {{name: sec-drop-web}}
+    spec:
+      tier: securityops
+      priority: 5
+      appliedTo: [{{podSelector: {{matchLabels: {{pod: a}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
+      egress:
+      - action: Drop
+        name: no-web-to-y
+        enableLogging: true
+        logLabel: sec-web
+        to: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]
+        ports: [{{protocol: TCP, port: 80}}]
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {{name: reject-81}}
+    spec:
+      tier: securityops
+      priority: 6
+      appliedTo: [{{podSelector: {{matchLabels: {{pod: c}}}}}}]
+      ingress:
+      - action: Reject
+        from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]
+        ports: [{{protocol: TCP, port: 81}}]
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {{name: pass-then-baseline}}
+    spec:
+      tier: networkops
+      priority: 1
+      appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
+      ingress:
+      - action: Pass
+        from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {{name: app-drop-z-to-xb}}
+    spec:
+      tier: application
+      priority: 1
+      appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
+      ingress:
+      - action: Drop
+        from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
+    ---
+    apiVersion: crd.antrea.io/v1beta1
+    kind: ClusterNetworkPolicy
+    metadata: {{name: baseline-drop-z-udp}}
+    spec:
+      tier: baseline
+      priority: 1
+      appliedTo: [{{podSelector: {{matchLabels: {{pod: b}}}}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
+      ingress:
+      - action: Drop
+        from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: z}}}}}}]
+        ports: [{{protocol: UDP, port: 53}}]
+    ---
+    apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {{name: z-a-from-x-only, namespace: z}}
+    spec:
+      podSelector: {{matchLabels: {{pod: a}}}}
+      ingress:
+      - from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: x}}}}}}]
+    ---
+    apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {{name: y-c-egress-cidr, namespace: y}}
+    spec:
+      podSelector: {{matchLabels: {{pod: c}}}}
+      policyTypes: [Egress]
+      egress:
+      - to: [{{ipBlock: {{cidr: {pod_cidr}, except: ["{yb_ip}/32"]}}}}]
+    """)
+
+
+def matrix_expect(src: str, dst: str, port: str) -> str:
+    """What `src` (ns/pod) sees at `dst` on "port/proto" under matrix_policies."""
+    sns, sp = src.split("/")
+    dns, dp = dst.split("/")
+    if src == "x/a" and dns == "y" and port == "80/tcp":
+        return "timeout"  # securityops Drop
+    if dp == "c" and sns == "y" and port == "81/tcp":
+        return "refused"  # securityops Reject: a RST from the agent
+    if dst == "x/b" and sns == "z" and port == "53/udp":
+        return "timeout"  # Pass skipped the application Drop; the baseline drops UDP 53
+    if dst == "z/a" and sns != "x":
+        return "timeout"  # K8s isolation: only x may reach z/a
+    if src == "y/c" and dst == "y/b":
+        return "timeout"  # K8s egress isolation: ipBlock except y/b
+    return "connected"
+
+
 # Sends TCP SYNs (connect attempts) to argv[1]:argv[2] every 10 ms until argv[3] exists;
 # prints how many connected.
 KNOCKER = r"""

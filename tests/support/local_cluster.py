@@ -57,9 +57,9 @@ class LocalCluster:
             raise AssertionError(f"npaudit status of {node} failed:\n{res.stderr}")
         return dict(json.loads(res.stdout))
 
-    def add_pod(self, node: str, ref: str, *labels: str, server: bool = True) -> dict[str, str]:
+    def add_pod(self, node: str, ref: str, *labels: str, server: bool = True, ip: str = "") -> dict[str, str]:
         res = npaudit("cluster", "pod", "add", "--dir", str(self.dir), "--node", node, ref,
-                      *(f"--label={label}" for label in labels))
+                      *(f"--label={label}" for label in labels), *(("--ip", ip) if ip else ()))
         if res.returncode != 0:
             raise AssertionError(f"cluster pod add {ref} failed:\n{res.stdout}\n{res.stderr}")
         pod = next(p for p in self.record()["pods"] if f"{p['namespace']}/{p['name']}" == ref)

@@ -26,6 +26,13 @@ def test_the_sub_verbs_parse() -> None:
     assert p.parse_args(["cluster", "status", "--dir", "/c", "-o", "json"]).output == "json"
     with pytest.raises(SystemExit):
         p.parse_args(["cluster", "up", "--dir", "/c", "--encapsulation", "vxlan"])
+    assert up.kubernetes_api == "" and pod.ip == ""
+    kube = p.parse_args(["cluster", "up", "--dir", "/c", "--kubernetes-api", "http://127.0.0.1:6443"])
+    assert kube.kubernetes_api == "http://127.0.0.1:6443"
+    assert p.parse_args(["cluster", "pod", "add", "--dir", "/c", "--node", "n1", "--ip", "10.248.1.9",
+                         "x/a"]).ip == "10.248.1.9"
+    gone = p.parse_args(["cluster", "pod", "delete", "--dir", "/c", "x/a"])
+    assert (gone.pod_command, gone.pod) == ("delete", "x/a")
 
 
 @pytest.mark.parametrize(("words", "expected"), [
@@ -33,7 +40,7 @@ def test_the_sub_verbs_parse() -> None:
     ("npaudit cluster ''", "up down status apply pod"),
     ("npaudit cluster up --enc", "--encapsulation"),
     ("npaudit cluster up --encapsulation ''", "geneve routed"),
-    ("npaudit cluster pod ''", "add"),
+    ("npaudit cluster pod ''", "add delete"),
     ("npaudit cluster status -o ''", "table json"),
 ])
 def test_bash_completes_the_cluster_verb(words: str, expected: str) -> None:

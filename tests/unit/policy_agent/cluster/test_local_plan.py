@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from policy_agent.cluster.local import (
-    NODE_UNDERLAY_IF, ClusterPlan, PlanError, netconf, node_config, node_config_yaml, parse_labels, plan_cluster,
-    plan_pod, pod_object, shared_name, teardown)
+    NODE_UNDERLAY_IF, ClusterPlan, PlanError, check_requested_ip, kubeconfig, netconf, node_config, node_config_yaml,
+    node_objects, parse_labels, plan_cluster, plan_pod, pod_object, shared_name, teardown)
+from policy_agent.cluster.peer_nodes import peers_from_nodes
+from policy_agent.cni.subnet import node_pod_cidr
 from policy_agent.config.loader import loads
 from policy_agent.policy.manifests import load_text
 
@@ -69,6 +71,9 @@ def test_the_netconf_points_at_the_nodes_own_agent_and_ipam() -> None:
     ((DIR, 2, "geneve", "abcd", [1, 1]), "distinct"),
     ((DIR, 2, "geneve", "ab;d", [1, 2]), "tag"),
     ((Path("/" + "d" * 90), 2, "geneve", "abcd", [1, 2]), "too long"),
+    ((DIR, 2, "geneve", "abcd", [1, 2], "127.0.0.1:6443"), "--kubernetes-api"),
+    ((DIR, 2, "geneve", "abcd", [1, 2], "ftp://127.0.0.1"), "--kubernetes-api"),
+    ((DIR, 2, "geneve", "abcd", [1, 2], "http://a b"), "--kubernetes-api"),
 ])
 def test_impossible_plans_are_refused(args: tuple, message: str) -> None:
     with pytest.raises(PlanError, match=message):
@@ -144,3 +149,56 @@ def test_node_config_is_only_fields_the_loader_knows() -> None:
     cfg = node_config(plan, plan.nodes[0])
     assert set(cfg) <= {"node_name", "cluster_name", "state_dir", "ovs", "metrics", "audit", "policy",
                         "node_network", "cluster"}
+    assert set(node_config(kube(), kube().nodes[0])) <= {"node_name", "cluster_name", "state_dir", "ovs", "metrics",
+                                                          "audit", "kubernetes", "node_network", "cluster"}
+
+
+API = "http://127.0.0.1:6443"
+
+
+def kube() -> ClusterPlan:
+    return plan_cluster(DIR, 3, "geneve", "a1b2c3", [9101, 9102, 9103], kubernetes_api=API)
+
+
+def test_with_a_kubernetes_api_every_node_watches_it_under_its_own_name_and_finds_its_peers_there() -> None:
+    plan = kube()
+    for node in plan.nodes:
+        cfg = loads(node_config_yaml(plan, node), source=str(node.config_path), environ={})
+        assert cfg.node_name == node.name
+        assert cfg.kubernetes.enabled and cfg.kubernetes.kubeconfig == str(DIR / "kubeconfig")
+        assert cfg.policy.manifest_dir == ""  # DIR/shared is not read
+        assert cfg.node_network.pod_cidr == node.pod_cidr  # what its Node object says too
+        assert cfg.cluster.node_address == node.address and cfg.cluster.underlay_interface == NODE_UNDERLAY_IF
+        assert cfg.cluster.peers == ()  # the other Node objects are its peers
+    doc = yaml.safe_load(kubeconfig(plan))
+    assert doc["clusters"][0]["cluster"]["server"] == API and doc["current-context"] == "npaudit"
+
+
+def test_the_node_objects_carry_what_the_plan_chose_as_the_agent_reads_nodes() -> None:
+    plan = kube()
+    nodes = node_objects(plan)
+    assert [(n["metadata"]["name"], node_pod_cidr(n)) for n in nodes] == [(p.name, p.pod_cidr) for p in plan.nodes]
+    peers, problems = peers_from_nodes(nodes, "n2")
+    assert list(problems) == []
+    assert sorted((p.name, p.pod_cidr, p.address) for p in peers) == [
+        ("n1", "10.248.1.0/24", "198.51.100.11"), ("n3", "10.248.3.0/24", "198.51.100.13")]
+
+
+def test_the_record_keeps_the_kubernetes_api_and_an_older_record_has_none() -> None:
+    plan = kube()
+    assert ClusterPlan.from_json(plan.to_json()) == plan
+    import json
+
+    old = json.loads(three().to_json())
+    del old["kubernetes_api"]
+    assert ClusterPlan.from_json(json.dumps(old)).kubernetes_api == ""
+
+
+@pytest.mark.parametrize(("ip", "message"), [
+    ("10.248.2.1", "gateway"), ("10.248.2.0", "not a Pod address"), ("10.248.2.255", "not a Pod address"),
+    ("10.248.1.5", "not a Pod address"), ("10.248.2", "IPv4"), ("fd00::5", "IPv4"),
+])
+def test_a_requested_pod_address_must_be_one_of_the_nodes_pod_addresses(ip: str, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        check_requested_ip(three().nodes[1], ip)
+    assert check_requested_ip(three().nodes[1], "10.248.2.5") == "10.248.2.5"

@@ -104,3 +104,26 @@ def test_a_pod_the_shared_source_holds_already_is_refused_before_anything_is_mad
     with pytest.raises(ClusterError, match="rejected"):
         add_pod(plan.path, "n1", "x/a", [], lambda line: None)
     assert load_record(plan.path).pods == ()  # nothing recorded, so nothing made
+
+
+def test_a_pod_address_outside_the_nodes_subnet_is_refused_before_anything_is_made(plan: ClusterPlan) -> None:
+    from policy_agent.cluster.local_run import add_pod
+
+    with pytest.raises(ClusterError, match="not a Pod address of node n1"):
+        add_pod(plan.path, "n1", "x/a", [], lambda line: None, ip="10.248.2.5")
+    assert load_record(plan.path).pods == ()
+
+
+def test_deleting_a_pod_the_cluster_does_not_hold_says_so(plan: ClusterPlan) -> None:
+    from policy_agent.cluster.local_run import delete_pod
+
+    with pytest.raises(ClusterError, match="no Pod x/a in this cluster"):
+        delete_pod(plan.path, "x/a", lambda line: None)
+
+
+def test_a_cluster_on_a_kubernetes_api_takes_no_manifests_in_its_shared_directory(tmp_path: Path) -> None:
+    p = plan_cluster(tmp_path, 2, "geneve", "0f0f0f", [9201, 9202], kubernetes_api="http://127.0.0.1:6443")
+    save_record(p)
+    with pytest.raises(ClusterError, match="from the Kubernetes API http://127.0.0.1:6443"):
+        apply_shared(p.path, "deny.yaml", POLICY)
+    assert not p.shared_dir.exists()

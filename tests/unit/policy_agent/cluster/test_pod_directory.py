@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from policy_agent.engine import PolicyEngine
-from policy_agent.cluster.pod_directory import pod_directory
+from policy_agent.cluster.pod_directory import RemoteDirectory, pod_directory, with_remote
 from policy_agent.policy.manifests import ManifestError, load_text
 from policy_agent.policy.model import Namespace, Pod
 from policy_agent.policy.rules import RuleRegistry
@@ -52,6 +52,34 @@ def test_an_address_two_pods_claim_is_unknown_and_a_local_interface_wins() -> No
     assert "10.245.0.7" not in pod_directory([], [old, new])
     local = Endpoint(Pod("x", "here"), "10.245.0.7", "02:00:0a:f5:00:07", 100)
     assert pod_directory([local], [old])["10.245.0.7"] == ("x", "here")
+
+
+def test_an_address_only_a_pod_being_deleted_claims_is_unknown_yet_rules_still_match_it() -> None:
+    """Kubernetes gives a deleted Pod's address back (CNI DEL on its node) before its object goes, and a
+    new Pod may start there with it before its own status.podIP is known: the address is named by no one
+    from the moment the deletion begins (its deletionTimestamp), not with the old name."""
+    deleting, = _pods(REMOTE.replace("labels:", "deletionTimestamp: '2026-01-01T00:00:00Z', labels:") % "old")
+    assert deleting.terminating and not _pods(REMOTE % "running")[0].terminating
+    assert "10.245.0.7" not in pod_directory([], [deleting])
+    # Rules match it by that address until its object goes (only the name is withheld).
+    assert [(ep.pod.key, ep.ip) for ep in with_remote([], [deleting])] == [(("y", "old"), "10.245.0.7")]
+    # On its own node its interface says who holds the address, as for any Pod.
+    local = Endpoint(Pod("y", "old"), "10.245.0.7", "02:00:0a:f5:00:07", 100)
+    assert pod_directory([local], [deleting])["10.245.0.7"] == ("y", "old")
+    # The new Pod's address known too: two claims, unknown; the deletion final: the new Pod's alone.
+    new = Pod("z", "new", ips=("10.245.0.7",), node="node-b")
+    assert "10.245.0.7" not in pod_directory([], [deleting, new])
+    assert pod_directory([], [new])["10.245.0.7"] == ("z", "new")
+
+
+def test_a_deletion_begun_renames_the_address_incrementally_as_from_scratch() -> None:
+    running, = _pods(REMOTE % "old")
+    deleting, = _pods(REMOTE.replace("labels:", "deletionTimestamp: '2026-01-01T00:00:00Z', labels:") % "old")
+    before = RemoteDirectory.build({}, {running.key: running})
+    assert before.by_ip == {"10.245.0.7": ("y", "old")}
+    after = before.update({}, {deleting.key: deleting}, [deleting.key])
+    assert after.by_ip == RemoteDirectory.build({}, {deleting.key: deleting}).by_ip == {}
+    assert [ep.pod.key for ep in after.with_remote()] == [("y", "old")]
 
 
 def test_a_reused_address_never_carries_the_old_pods_name() -> None:

@@ -52,3 +52,15 @@ def test_a_malformed_pod_stays_malformed_so_the_loader_says_why() -> None:
         bad = {**copy.deepcopy(doc), **broken}
         with pytest.raises(ManifestError):
             load_documents([pod_fields(bad)], source="t")
+
+
+def test_a_deletion_begun_is_kept_and_loads_as_a_pod_being_deleted() -> None:
+    doc = pod("x", "a", "node-b", "10.244.1.5", {"app": "web"})
+    doc["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", deletionGracePeriodSeconds=30)
+    kept = pod_fields(doc)
+    assert kept["metadata"]["deletionTimestamp"] == "2026-01-01T00:00:00Z"
+    assert "deletionGracePeriodSeconds" not in kept["metadata"]
+    loaded, = load_documents([kept], source="t").pods
+    assert loaded.terminating and loaded.ips == ("10.244.1.5",)
+    assert not load_documents([pod("x", "a", "node-b", "10.244.1.5")], source="t").pods[0].terminating
+
