@@ -10,6 +10,7 @@ and, on the recording, with the layout path directly (checked here too).
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,11 @@ from packetin.layouts import MAX_LAYOUTS, PacketIn2Decoder
 from tests.support.packet_ins import in_port_oxm, oxm, packet_in2, prop, xreg3_oxm
 from tests.unit.packetin.test_wire import (OSKEN_KNOWN_EXTRAS, RECORDED, fields, osken_fields, packet_in2s,
                                            with_length, without_total_len)
+
+# 50 packet-ins as OVS 3.1 sent them to the agent for its logged UDP Drop (bench/agent_cpu.py's flood:
+# a new destination port per packet), read off the bridge's .mgmt socket: the agent's real metadata.
+AGENT_CAPTURE = wire.Framer().feed(
+    (Path(__file__).resolve().parents[1] / "data" / "agent_udp_drop_packet_in2_stream.bin").read_bytes())
 
 u8 = st.integers(0, 0xFF)
 u32 = st.integers(0, 0xFFFF_FFFF)
@@ -74,6 +80,25 @@ def test_recorded_messages_decode_alike_and_agree_with_os_ken_through_the_layout
     assert without_total_len(fields(pin)) == osken_fields(raw)
 
 
+def test_the_agents_captured_packet_ins_go_through_one_layout_and_agree_with_the_walk_and_os_ken():
+    assert len(AGENT_CAPTURE) == 50 and len({len(raw) for raw in AGENT_CAPTURE}) == 1
+    decoder = PacketIn2Decoder()
+    pins = [decoder(raw, 5.0) for raw in AGENT_CAPTURE]
+    assert decoder.walked == 1 and decoder.learned == 1  # the first learns, the other 49 are read by layout
+    assert pins == [wire.decode_packet_in2(raw, 5.0) for raw in AGENT_CAPTURE]
+    assert [without_total_len(fields(pin)) for pin in pins] == [osken_fields(raw) for raw in AGENT_CAPTURE]
+    assert len({pin.packet for pin in pins}) == 50  # each its own frame (its own destination port)
+
+
+def test_every_single_byte_corruption_of_a_captured_agent_packet_in_after_learning_its_layout():
+    raw = AGENT_CAPTURE[1]
+    for pos in range(len(raw)):
+        for value in {0x00, 0xFF, raw[pos] ^ 0x01, raw[pos] ^ 0x80, raw[pos] ^ 0x08}:
+            damaged = raw[:pos] + bytes([value]) + raw[pos + 1:]
+            # A fresh decoder each time: the damage meets the clean layout (a decodable one is learned in turn).
+            assert by_layout(learned(AGENT_CAPTURE[0]), damaged) == walk(damaged), pos
+
+
 @settings(max_examples=300, deadline=None)
 @given(OVS_VALUES, OVS_VALUES)
 def test_messages_of_one_layout_decode_through_it_with_their_own_values(first, second):
@@ -117,11 +142,10 @@ def test_a_damaged_copy_of_a_learned_message_decodes_as_the_walk_decodes_it(case
 
 @pytest.mark.parametrize("raw", RECORDED)
 def test_every_single_byte_corruption_of_a_learned_recorded_message(raw):
-    decoder = learned(raw)
     for pos in range(len(raw)):
         for value in {0x00, 0xFF, raw[pos] ^ 0x01, raw[pos] ^ 0x80, raw[pos] ^ 0x08}:
             damaged = raw[:pos] + bytes([value]) + raw[pos + 1:]
-            assert by_layout(decoder, damaged) == walk(damaged), pos
+            assert by_layout(learned(raw), damaged) == walk(damaged), pos
 
 
 @pytest.mark.parametrize("raw", RECORDED)
