@@ -63,6 +63,30 @@ def _packed(address: str) -> bytes:
     return packed
 
 
+_SEED0 = _SEED.pack(0)
+# (saddr, daddr) -> (seed . saddr . daddr, seed . daddr . saddr, whether saddr < daddr, whether equal):
+# a node's records name few address pairs and many ports, so per record only the ports are packed.
+_PAIRS: dict[tuple[str, str], tuple[bytes, bytes, bool, bool]] = {}
+
+
+def _ported(saddr: str, daddr: str, proto: int, sport: int, dport: int) -> str:
+    """community_id(saddr, daddr, proto, sport, dport), its address work done once per pair."""
+    pair = _PAIRS.get((saddr, daddr))
+    if pair is None:
+        src, dst = _packed(saddr), _packed(daddr)
+        if len(src) != len(dst):
+            raise ValueError(f"community id: {saddr} and {daddr} are of different IP versions")
+        if len(_PAIRS) >= 4096:
+            _PAIRS.clear()
+        pair = _PAIRS[(saddr, daddr)] = (_SEED0 + src + dst, _SEED0 + dst + src, src < dst, src == dst)
+    forward, backward, below, same = pair
+    if below or (same and sport <= dport):
+        data = forward + _PORTS.pack(proto, 0, sport, dport)
+    else:
+        data = backward + _PORTS.pack(proto, 0, dport, sport)
+    return "1:" + binascii.b2a_base64(hashlib.sha1(data, usedforsecurity=False).digest(), newline=False).decode()
+
+
 def flow_community_id(src_ip: str | None, dst_ip: str | None, protocol: int | None, src_port: int | None,
                       dst_port: int | None, icmp_type: int | None, icmp_code: int | None) -> str | None:
     """The Community ID of a decoded packet's flow, None when the packet does not carry what it needs
@@ -74,7 +98,7 @@ def flow_community_id(src_ip: str | None, dst_ip: str | None, protocol: int | No
         if protocol in _PORTED:
             if src_port is None or dst_port is None:
                 return None
-            return community_id(src_ip, dst_ip, protocol, src_port, dst_port)
+            return _ported(src_ip, dst_ip, protocol, src_port, dst_port)
         if protocol in (_ICMP, _ICMPV6):
             if icmp_type is None:
                 return None

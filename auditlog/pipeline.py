@@ -29,7 +29,7 @@ from packetin.model import Disposition, PacketIn
 from packetin.protocol_numbers import IPPROTO_TCP
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
-from packetin.tasks import cancel_and_wait, wait_event
+from packetin.tasks import cancel_and_wait
 from packetin.wire import decode_packet_in2
 
 log = logging.getLogger(__name__)
@@ -344,10 +344,8 @@ class AuditPipeline:
                 wake.clear()
                 continue
             delay = tick_delay(deadline, self._clock(), self._ticked)
-            if delay > 0:
-                if await wait_event(wake, delay):
-                    wake.clear()
-                    continue  # a new window may close sooner; recompute
+            if delay > 0 and not await self._sleep(wake, delay):
+                continue  # woken: a new window may close sooner; recompute
             try:
                 now = self._ticked = self._clock()
                 if self._overload is not None:
@@ -359,6 +357,26 @@ class AuditPipeline:
                     self.end_batch()
             except Exception:  # keep closing windows whatever one record did
                 log.exception("closing aggregation windows failed")
+
+    async def _sleep(self, wake: asyncio.Event, delay: float) -> bool:
+        """Sleep `delay` seconds unless `wake` is set first: True when the time ran out. The time
+        running out sets `wake` too (a timer callback), so the common end, a window due, raises
+        nothing: asyncio.timeout would cancel the task and turn that into TimeoutError, a few
+        exceptions per tick, and the timer ticks up to 1/_TICK_GRAIN times a second."""
+        timed_out = False
+
+        def due() -> None:
+            nonlocal timed_out
+            timed_out = True
+            wake.set()
+
+        handle = asyncio.get_running_loop().call_later(delay, due)
+        try:
+            await wake.wait()
+        finally:
+            handle.cancel()
+        wake.clear()
+        return timed_out
 
     @property
     def coarse(self) -> bool:

@@ -8,6 +8,7 @@ import os
 import sys
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
@@ -28,6 +29,7 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
 
     error: BaseException | None = None
     size: int | None = None  # bytes in the open live file after our last write; None: not known
+    _opened: tuple[Any, int, int] | None = None  # (stream, inode, device) of the stream last looked at
 
     def append(self, text: str) -> bool:
         """Append `text` and a newline to the open live file, without logging's machinery (a
@@ -41,16 +43,25 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         stream = self.stream
         try:
             live = os.stat(self.baseFilename)
-            current = os.fstat(stream.fileno()) if stream is not None and not stream.closed else None
+            current = self._identity(stream) if stream is not None and not stream.closed else None
         except OSError:  # the live file is gone: emit opens a new one
             current = None
-        if current is None or (live.st_ino, live.st_dev) != (current.st_ino, current.st_dev):
+        if current is None or (live.st_ino, live.st_dev) != current:
             self.size = None  # replaced under us (or closed): emit reopens it
             return False
         self.size = None  # unknown if the write fails part way
         self.do_write(text)
         self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
         return True
+
+    def _identity(self, stream: Any) -> tuple[int, int]:
+        """(inode, device) of the open `stream`: an open file's never change, so one fstat per stream
+        opened, not one per append (a lone record's write is a syscall or two: each counts)."""
+        known = self._opened
+        if known is None or known[0] is not stream:
+            st = os.fstat(stream.fileno())
+            known = self._opened = (stream, st.st_ino, st.st_dev)
+        return known[1], known[2]
 
     def emit(self, record: logging.LogRecord) -> None:
         self.size = None

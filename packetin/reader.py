@@ -1,6 +1,7 @@
 """The read path of the OpenFlow channel: whole messages in, packet-ins out to the demux.
 
-Every NXT_PACKET_IN2 of a read is decoded (packetin/wire.py) and the batch handed to the
+Every NXT_PACKET_IN2 of a read is decoded (packetin/layouts.py: the walk of packetin/wire.py
+once per layout, then one struct unpack per message) and the batch handed to the
 packet-in sink on the event-loop thread; any other message goes to the channel's control
 handler. While the consumer says it is coarse (the audit pipeline in overload), the
 packet-ins a coarse record cannot tell apart are handed over as groups instead, only the
@@ -17,6 +18,7 @@ from typing import Callable
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.groups import PacketInGroup, split_read
+from packetin.layouts import PacketIn2Decoder
 from packetin.model import PacketIn
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class PacketInReader:
         self.reads = 0
         self.pressed_reads = 0  # reads of PRESSURE_MESSAGES or more (full reads, pressure or not)
         self.grouped = 0  # packet-ins handed over in groups
+        self.decoder = PacketIn2Decoder()
 
     def input_pressed(self) -> bool:
         """True while reads keep coming back with PRESSURE_MESSAGES or more (PRESSURE_READS of them
@@ -133,7 +136,7 @@ class PacketInReader:
         """Decode the packet-ins of `msgs` (stamped `wall`, read now when None); hand the rest on."""
         batch: list[PacketIn] = []
         is_packet_in2 = wire.is_packet_in2
-        decode = wire.decode_packet_in2
+        decode = self.decoder
         for raw in msgs:
             if is_packet_in2(raw):
                 if wall is None:

@@ -40,6 +40,9 @@ _OXM_NXM1 = 0x0001
 _OXM_OF_PKT_REGS = 0x8001
 _OFB_IN_PORT = 0
 
+# PacketIn's fields by index, as slots name them.
+_REASON, _TABLE_ID, _COOKIE, _IN_PORT, _RULE_ID, _REG7, _USERDATA, _PACKET, _TOTAL_LEN = range(9)
+
 
 class Framer:
     """Splits a byte stream into whole OpenFlow messages."""
@@ -98,12 +101,20 @@ def is_packet_in2(msg: bytes) -> bool:
     return msg[1] == OFPT_EXPERIMENTER and msg[8:16] == _PACKET_IN2_EXP
 
 
-def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
+# What decode_packet_in2 tells a `slots` list (packetin/layouts.py): ("h", offset, code) for bytes whose
+# value steered the walk (a length, a property or OXM header), ("v", offset, code, field) for where a
+# PacketIn field was read (field: its index in PacketIn), ("p", start, end) for the packet.
+Slot = tuple
+
+
+def decode_packet_in2(msg: bytes, received_at: float, slots: list[Slot] | None = None) -> PacketIn:
     """Decode one NXT_PACKET_IN2 message (header included).
 
     Raises DecodeError for anything malformed: a property running past the end,
     a property shorter than its own header, a truncated metadata entry. Header
     fields are read by indexing rather than struct: this runs once per packet-in.
+    With `slots`, every byte range the walk looked at is appended to it (see Slot):
+    what packetin/layouts.py needs to read the next message of this layout in one unpack.
     """
     end = len(msg)
     if end < 16:
@@ -116,6 +127,8 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
     userdata = b""
     in_port = None
     off = 16
+    if slots is not None:
+        slots.append(("h", 2, "H"))
     while off < end:
         if end - off < 4:
             raise DecodeError(f"truncated property header at offset {off}")
@@ -124,8 +137,12 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
         if plen < 4 or pend > end:
             raise DecodeError(f"property length {plen} at offset {off} overruns {end}")
         ptype = (msg[off] << 8) | msg[off + 1]
+        if slots is not None:
+            slots.append(("h", off, "I"))
         if ptype == _NXPINT_PACKET:
             packet = msg[off + 4:pend]
+            if slots is not None:
+                slots.append(("p", off + 4, pend))
             # OVS follows the packet with table_id, cookie and reason, in that order
             # and those sizes: take all three with one unpack when they are there.
             nxt = off + ((plen + 7) & ~7)
@@ -135,6 +152,9 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
                     table_id = t[2]
                     cookie = t[5]
                     reason = t[8]
+                    if slots is not None:
+                        slots += [("h", nxt, "I"), ("v", nxt + 4, "B", _TABLE_ID), ("h", nxt + 8, "I"),
+                                  ("v", nxt + 16, "Q", _COOKIE), ("h", nxt + 24, "I"), ("v", nxt + 28, "B", _REASON)]
                     off = nxt + 32
                     continue
         elif ptype == _NXPINT_METADATA:
@@ -150,37 +170,57 @@ def decode_packet_in2(msg: bytes, received_at: float) -> PacketIn:
                 oclass = (msg[o] << 8) | msg[o + 1]
                 field = msg[o + 2] >> 1
                 vlen = length >> 1 if msg[o + 2] & 1 else length
+                if slots is not None:
+                    slots.append(("h", o, "I"))
                 if oclass == _OXM_OF_BASIC:
                     if field == _OFB_IN_PORT and vlen == 4:
                         in_port = _U32(msg, v)[0]
+                        if slots is not None:
+                            slots.append(("v", v, "I", _IN_PORT))
                 elif oclass == _OXM_OF_PKT_REGS:
                     # OpenFlow 1.5 sends reg6:reg7 as one 64-bit packet register.
                     if field == XREG_RULE_AND_DISPOSITION and vlen == 8:
                         rule_id, reg7 = _II(msg, v)
+                        if slots is not None:
+                            slots += [("v", v, "I", _RULE_ID), ("v", v + 4, "I", _REG7)]
                 elif oclass == _OXM_NXM1 and vlen == 4:
                     if field == REG_RULE_ID:
                         rule_id = _U32(msg, v)[0]
+                        if slots is not None:
+                            slots.append(("v", v, "I", _RULE_ID))
                     elif field == REG_DISPOSITION:
                         reg7 = _U32(msg, v)[0]
+                        if slots is not None:
+                            slots.append(("v", v, "I", _REG7))
                 o = v + length
         elif ptype == _NXPINT_USERDATA:
             userdata = msg[off + 4:pend]
+            if slots is not None:
+                slots.append(("v", off + 4, f"{plen - 4}s", _USERDATA))
         elif ptype == _NXPINT_COOKIE:
             if plen < 16:
                 raise DecodeError(f"cookie property too short ({plen})")
             cookie = _U64(msg, off + 8)[0]  # after 4 bytes of padding (os-ken misreads this)
+            if slots is not None:
+                slots.append(("v", off + 8, "Q", _COOKIE))
         elif ptype == _NXPINT_TABLE_ID:
             if plen < 5:
                 raise DecodeError("table_id property too short")
             table_id = msg[off + 4]
+            if slots is not None:
+                slots.append(("v", off + 4, "B", _TABLE_ID))
         elif ptype == _NXPINT_REASON:
             if plen < 5:
                 raise DecodeError("reason property too short")
             reason = msg[off + 4]
+            if slots is not None:
+                slots.append(("v", off + 4, "B", _REASON))
         elif ptype == _NXPINT_FULL_LEN:
             if plen < 8:
                 raise DecodeError("full_len property too short")
             total_len = _U32(msg, off + 4)[0]
+            if slots is not None:
+                slots.append(("v", off + 4, "I", _TOTAL_LEN))
         off += (plen + 7) & ~7
     if total_len < 0:
         total_len = len(packet)
