@@ -20,7 +20,7 @@ from packetin import wire
 from packetin.errors import DecodeError
 from packetin.layouts import MAX_LAYOUTS, PacketIn2Decoder
 from tests.support.packet_ins import in_port_oxm, oxm, packet_in2, prop, xreg3_oxm
-from tests.unit.packetin.test_wire import (OSKEN_KNOWN_EXTRAS, RECORDED, fields, osken_fields, packet_in2s,
+from tests.support.packet_in_cases import (OSKEN_KNOWN_EXTRAS, RECORDED, fields, osken_fields, packet_in2s,
                                            with_length, without_total_len)
 
 # 50 packet-ins as OVS 3.1 sent them to the agent for its logged UDP Drop (bench/agent_cpu.py's flood:

@@ -13,7 +13,7 @@ from policy_agent.sources import kubernetes as source_module
 from tests.support.fake_apiserver import PODS, FakeApiServer
 from tests.support.fake_apiserver import server  # noqa: F401 (fixture)
 from tests.support.k8s_objects import pod
-from tests.unit.policy_agent.sources.test_kubernetes import Rig, run
+from tests.support.kubernetes_rig import Rig, run
 
 COUNT = 40
 
