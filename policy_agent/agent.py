@@ -107,7 +107,7 @@ class Agent:
         self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
         self.registry.register(KnownNodesCollector(self.nodes))
         if self.routes is not None:
-            self.registry.register(NodeRoutesCollector(self.routes))
+            self.registry.register(NodeRoutesCollector(self.routes, lambda: self.losses.unknown_source_drops()))
         if config.cluster.peers:  # a source, once set, says the node subnets are all known
             self.nodes.set_peers("config", config_peers(config.cluster))
         self._gateway_task: asyncio.Task[None] | None = None
@@ -136,7 +136,9 @@ class Agent:
             describe=lambda rule_id: describe_rule(rule_id, self.rules.get(rule_id)),
             port_drops=lambda: read_port_drops(self.switch.netns or None),
             datapath_drops=CoverageReader(config.ovs.ovs_rundir, DATAPATH_DROP_COUNTERS,
-                                          "datapath drops before the pipeline go unstated").read)
+                                          "datapath drops before the pipeline go unstated").read,
+            unknown_sources=self.routes.unknown_source_request if self.routes is not None
+            and self.routes.denies_unknown else None)
         self.registry.register(MeterCollector(self.losses))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.

@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     u.add_argument("--nodes", type=int, default=2, help="how many nodes (n1..nN; default 2)")
     u.add_argument("--encapsulation", choices=("geneve", "routed"), default="geneve")
     u.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every node's readiness")
+    u.add_argument("--deny-unknown-sources", action=argparse.BooleanOptionalAction, default=True,
+                   help="every node's cluster.deny_unknown_sources (geneve; default on): a new Pod's packets to "
+                        "another node are refused there until its object has reached that node")
     u.set_defaults(func=cmd_up)
     d = verb("down", "stop exactly what `up` started (agents, OVS, namespaces); DIR's files stay; idempotent")
     d.set_defaults(func=cmd_down)
@@ -64,7 +67,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from policy_agent.cluster.local_run import up
 
     try:
-        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say)
+        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say,
+                  deny_unknown_sources=args.deny_unknown_sources)
     except (AgentError, OSError) as exc:
         return _fail(exc)
     print(f"cluster up: {len(plan.nodes)} nodes ready in {plan.dir}; `npaudit cluster down --dir {plan.dir}` "

@@ -136,6 +136,9 @@ class ClusterPlan:
     nodes: tuple[NodePlan, ...]
     pods: tuple[PodPlan, ...] = field(default=())
     version: int = RECORD_VERSION
+    # Every node's cluster.deny_unknown_sources (geneve): a Pod's first packets to another node are
+    # refused there until its object (DIR/shared) has reached that node.
+    deny_unknown_sources: bool = True
 
     @property
     def path(self) -> Path:
@@ -172,12 +175,14 @@ class ClusterPlan:
             pods = tuple(PodPlan(**{**p, "labels": tuple(tuple(kv) for kv in p.get("labels", ()))})
                          for p in data.get("pods", ()))
             return cls(dir=data["dir"], tag=data["tag"], encapsulation=data["encapsulation"],
-                       underlay_netns=data["underlay_netns"], nodes=nodes, pods=pods)
+                       underlay_netns=data["underlay_netns"], nodes=nodes, pods=pods,
+                       deny_unknown_sources=bool(data.get("deny_unknown_sources", True)))
         except (KeyError, TypeError) as exc:
             raise PlanError(f"cluster record incomplete or malformed: {exc}") from exc
 
 
-def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metrics_ports: list[int]) -> ClusterPlan:
+def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metrics_ports: list[int],
+                 deny_unknown_sources: bool = True) -> ClusterPlan:
     """The cluster `up` makes in `directory` (absolute): `nodes` nodes, namespaces named npc-<tag>-*."""
     if not directory.is_absolute():
         raise PlanError(f"--dir must be absolute here, got {directory}")
@@ -200,7 +205,7 @@ def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metr
                  metrics_port=port)
         for i, port in zip(range(1, nodes + 1), metrics_ports))
     return ClusterPlan(dir=str(directory), tag=tag, encapsulation=encapsulation, underlay_netns=f"npc-{tag}-ul",
-                       nodes=planned)
+                       nodes=planned, deny_unknown_sources=deny_unknown_sources)
 
 
 def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
@@ -218,6 +223,7 @@ def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
             "encapsulation": plan.encapsulation,
             "node_address": node.address,
             "underlay_interface": NODE_UNDERLAY_IF,
+            "deny_unknown_sources": plan.deny_unknown_sources,
             "peers": [{"name": p.name, "pod_cidr": p.pod_cidr, "address": p.ip}
                       for p in plan.nodes if p.name != node.name],
         },

@@ -147,7 +147,8 @@ def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
 # --- up / down ---------------------------------------------------------------------------------
 
 
-def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say) -> ClusterPlan:
+def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say,
+       deny_unknown_sources: bool = True) -> ClusterPlan:
     """Make the cluster and return once every node's agent is ready; on any failure undo what was made
     (files stay) and raise."""
     directory = directory.resolve()
@@ -155,7 +156,8 @@ def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say
         raise ClusterError(f"{directory} holds a cluster already ({RECORD}): `npaudit cluster down --dir "
                            f"{directory}` and remove it, or choose another --dir")
     try:
-        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes))
+        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes),
+                            deny_unknown_sources)
     except PlanError as exc:
         raise ClusterError(str(exc)) from exc
     taken = [name for name in plan.namespaces() if netns_exists(name)]

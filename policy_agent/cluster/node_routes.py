@@ -27,7 +27,8 @@ from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
-from policy_agent.policy.tunnel_flows import answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows
+from policy_agent.policy.tunnel_flows import (answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
+                                              unknown_source_request)
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +135,39 @@ class NodeRoutes:
         addr = ipaddress.IPv4Address(ip)
         return next((p for p in self.routed if addr in ipaddress.IPv4Network(p.pod_cidr)), None)
 
+    @property
+    def denies_unknown(self) -> bool:
+        """Whether new connections from the tunnel are taken only from sources the Pod directory holds."""
+        plan = self.underlay.plan
+        return plan.geneve and plan.deny_unknown_sources
+
     def admission(self) -> Callable[[str], messages.FlowSpec] | None:
         """For the policy engine: per address of another node's Pod, the flow taking its packets
         from the tunnel (None: every source is taken, deny_unknown_sources off or routed)."""
-        plan = self.underlay.plan
-        if not (plan.geneve and plan.deny_unknown_sources):
+        if not self.denies_unknown:
             return None
-        return lambda ip: known_source_flow(self._round(), plan.tunnel_ofport, ip)
+        ofport = self.underlay.plan.tunnel_ofport
+        return lambda ip: known_source_flow(self._round(), ofport, ip)
+
+    def unknown_source_request(self) -> Any:
+        """The flow statistics request of this round's drop of unknown sources (only when `denies_unknown`)."""
+        return unknown_source_request(self._round())
+
+    def say_window(self) -> None:
+        """At start, loudly: whether a Pod of another node can pass a rule its labels would fail before
+        its object reaches this node (the window deny_unknown_sources closes, in Geneve mode only)."""
+        plan = self.underlay.plan
+        if self.denies_unknown:
+            log.info("cluster: new connections from the tunnel are taken only from Pods this node knows "
+                     "(deny_unknown_sources); the others are dropped and counted "
+                     "(npaudit_cluster_unknown_source_drops_total, loss records reason unknown_source)")
+        elif plan.geneve:
+            log.warning("cluster: deny_unknown_sources is off: a Pod that starts on another node can reach this "
+                        "node's Pods before its object arrives here, past rules its labels would fail, until it does")
+        else:
+            log.warning("cluster: routed mode has no check of unknown sources (deny_unknown_sources applies to "
+                        "geneve): a Pod that starts on another node can reach this node's Pods before its object "
+                        "arrives here, past rules its labels would fail, until it does")
 
     def answer_out(self, answer: bytes, in_port: int) -> Any | None:
         """The packet-out taking a Reject's `answer` back into the tunnel it came from, to the node of
@@ -157,6 +184,7 @@ class NodeRoutes:
     async def start(self) -> None:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
+        self.say_window()
         if self.underlay.plan.geneve:
             plan = self.underlay.plan
             await self._channel.install_flows(tunnel_port_flows(self._round(), plan.tunnel_ofport,
@@ -221,10 +249,12 @@ class NodeRoutes:
 
 
 class NodeRoutesCollector:
-    """npaudit_cluster_peers{state} and npaudit_cluster_peer_problems_total{reason}."""
+    """npaudit_cluster_peers{state}, npaudit_cluster_peer_problems_total{reason} and, with deny_unknown_sources,
+    npaudit_cluster_unknown_source_drops_total (`unknown_drops`: None until first read)."""
 
-    def __init__(self, routes: NodeRoutes) -> None:
+    def __init__(self, routes: NodeRoutes, unknown_drops: Callable[[], int | None] = lambda: None) -> None:
         self._routes = routes
+        self._unknown_drops = unknown_drops
 
     def collect(self) -> Iterator[Metric]:
         r = self._routes
@@ -240,3 +270,8 @@ class NodeRoutesCollector:
         for reason in ("overlap", "invalid", "unreachable"):
             problems.add_metric([reason], r.problems.get(reason, 0))
         yield problems
+        if r.denies_unknown:
+            yield CounterMetricFamily("npaudit_cluster_unknown_source_drops", "Packets from the tunnel dropped "
+                                      "before any rule because no Pod this node knows holds their source address "
+                                      "(cluster.deny_unknown_sources: a Pod of another node whose object has not "
+                                      "arrived here yet)", value=self._unknown_drops() or 0)

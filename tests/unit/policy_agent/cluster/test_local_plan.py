@@ -144,3 +144,16 @@ def test_node_config_is_only_fields_the_loader_knows() -> None:
     cfg = node_config(plan, plan.nodes[0])
     assert set(cfg) <= {"node_name", "cluster_name", "state_dir", "ovs", "metrics", "audit", "policy",
                         "node_network", "cluster"}
+
+
+def test_every_node_denies_unknown_sources_unless_up_is_told_not_to_and_the_record_keeps_the_choice() -> None:
+    from policy_agent.config.loader import loads
+
+    plan = three()
+    assert plan.deny_unknown_sources
+    for node in plan.nodes:
+        assert loads(node_config_yaml(plan, node)).cluster.deny_unknown_sources
+    off = plan_cluster(DIR, 3, "geneve", "a1b2c3", [9101, 9102, 9103], deny_unknown_sources=False)
+    assert not loads(node_config_yaml(off, off.nodes[1])).cluster.deny_unknown_sources
+    assert not ClusterPlan.from_json(off.to_json()).deny_unknown_sources
+    assert ClusterPlan.from_json(plan.to_json()).deny_unknown_sources

@@ -29,7 +29,8 @@ CLUSTER = ("node_network: {pod_cidr: 10.246.1.0/24}\n"
 def test_the_plan_follows_the_cluster_section() -> None:
     cfg = loads(CLUSTER)
     p = plan(cfg.cluster, cfg.node_network, cfg.ovs)
-    assert p == TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True)
+    assert p == TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True,
+                           deny_unknown_sources=True)
     assert p.on_ovs_bridge and p.node_ip == "198.51.100.1"
     assert config_peers(cfg.cluster) == [N2]
     assert cfg.cluster.pod_mtu == 1450
@@ -257,3 +258,38 @@ def test_the_engine_admits_another_nodes_pod_in_the_bundle_of_the_policy_that_na
         gone = [f for kind, flows in ch.calls[mark:] if kind in ("delete", "commit") for f in flows]
         assert admitted(gone) == {"10.246.2.5"}
     asyncio.run(go())
+
+
+def test_a_cluster_denies_unknown_sources_by_default_and_says_at_start_where_the_window_stays_open(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = loads(CLUSTER)
+    assert cfg.cluster.deny_unknown_sources
+    p = plan(cfg.cluster, cfg.node_network, cfg.ovs)
+    assert p is not None and p.deny_unknown_sources
+
+    def started(tunnel: TunnelPlan) -> tuple[NodeRoutes, str]:
+        caplog.clear()
+        r = NodeRoutes(FakeUnderlay(tunnel), FakeChannel(), lambda: 3)
+
+        async def go() -> None:
+            await r.start()
+            await r.close()
+        with caplog.at_level("INFO", logger="policy_agent.cluster.node_routes"):
+            asyncio.run(go())
+        return r, " ".join(f"{rec.levelname} {rec.getMessage()}" for rec in caplog.records)
+
+    on, said = started(p)
+    assert on.denies_unknown and "INFO cluster: new connections from the tunnel are taken only from Pods" in said
+    off, said = started(TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=False))
+    assert not off.denies_unknown and "WARNING cluster: deny_unknown_sources is off" in said
+    routed, said = started(TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True,
+                                      deny_unknown_sources=True))
+    assert not routed.denies_unknown and "WARNING cluster: routed mode has no check of unknown sources" in said
+
+    def samples(r: NodeRoutes, drops: int | None) -> dict[str, float]:
+        return {s.name: s.value for m in NodeRoutesCollector(r, lambda: drops).collect() for s in m.samples}
+
+    assert samples(on, 17)["npaudit_cluster_unknown_source_drops_total"] == 17
+    assert samples(on, None)["npaudit_cluster_unknown_source_drops_total"] == 0  # not read yet
+    assert "npaudit_cluster_unknown_source_drops_total" not in samples(off, None)
+    assert "npaudit_cluster_unknown_source_drops_total" not in samples(routed, None)
