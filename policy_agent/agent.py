@@ -138,7 +138,8 @@ class Agent:
             datapath_drops=CoverageReader(config.ovs.ovs_rundir, DATAPATH_DROP_COUNTERS,
                                           "datapath drops before the pipeline go unstated").read,
             unknown_sources=self.routes.unknown_source_request if self.routes is not None
-            and self.routes.denies_unknown else None)
+            and self.routes.denies_unknown else None,
+            unknown_via=self.routes.unknown_via if self.routes is not None else "tunnel")
         self.registry.register(MeterCollector(self.losses))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.

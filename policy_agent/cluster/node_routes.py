@@ -28,7 +28,7 @@ from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
 from policy_agent.policy.tunnel_flows import (answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
-                                              unknown_source_request)
+                                              unknown_peer_flow, unknown_source_request)
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +137,21 @@ class NodeRoutes:
 
     @property
     def denies_unknown(self) -> bool:
-        """Whether new connections from the tunnel are taken only from sources the Pod directory holds."""
-        plan = self.underlay.plan
-        return plan.geneve and plan.deny_unknown_sources
+        """Whether new connections from other nodes' Pods are taken only from sources the Pod directory holds."""
+        return self.underlay.plan.deny_unknown_sources
+
+    @property
+    def unknown_via(self) -> str:
+        """Where other nodes' Pod traffic comes in: the tunnel (Geneve) or the gateway (routed)."""
+        return "tunnel" if self.underlay.plan.geneve else "gateway"
 
     def admission(self) -> Callable[[str], messages.FlowSpec] | None:
         """For the policy engine: per address of another node's Pod, the flow taking its packets
-        from the tunnel (None: every source is taken, deny_unknown_sources off or routed)."""
+        from the tunnel or, routed, the gateway (None: every source is taken, deny_unknown_sources off)."""
         if not self.denies_unknown:
             return None
-        ofport = self.underlay.plan.tunnel_ofport
+        plan = self.underlay.plan
+        ofport = plan.tunnel_ofport if plan.geneve else plan.gateway_ofport
         return lambda ip: known_source_flow(self._round(), ofport, ip)
 
     def unknown_source_request(self) -> Any:
@@ -158,16 +163,13 @@ class NodeRoutes:
         its object reaches this node (the window deny_unknown_sources closes, in Geneve mode only)."""
         plan = self.underlay.plan
         if self.denies_unknown:
-            log.info("cluster: new connections from the tunnel are taken only from Pods this node knows "
-                     "(deny_unknown_sources); the others are dropped and counted "
-                     "(npaudit_cluster_unknown_source_drops_total, loss records reason unknown_source)")
-        elif plan.geneve:
+            log.info("cluster: new connections from other nodes' Pods (%s) are taken only from Pods this node "
+                     "knows (deny_unknown_sources); the others are dropped and counted "
+                     "(npaudit_cluster_unknown_source_drops_total, loss records reason unknown_source)",
+                     "through the tunnel" if plan.geneve else "through the gateway, from the peers' Pod subnets")
+        else:
             log.warning("cluster: deny_unknown_sources is off: a Pod that starts on another node can reach this "
                         "node's Pods before its object arrives here, past rules its labels would fail, until it does")
-        else:
-            log.warning("cluster: routed mode has no check of unknown sources (deny_unknown_sources applies to "
-                        "geneve): a Pod that starts on another node can reach this node's Pods before its object "
-                        "arrives here, past rules its labels would fail, until it does")
 
     def answer_out(self, answer: bytes, in_port: int) -> Any | None:
         """The packet-out taking a Reject's `answer` back into the tunnel it came from, to the node of
@@ -218,18 +220,21 @@ class NodeRoutes:
         gone = [p for p in self.routed if p not in chosen]
         new = [p for p in chosen if p not in self.routed]
         plan = self.underlay.plan
-        if plan.geneve:
-            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) for p in new}
-            # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
-            rewritten = {f.key for fl in flows.values() for f in fl}
-            stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
-            if flows:
-                await self._channel.install_flows([f for fl in flows.values() for f in fl])
-                self._flows.update(flows)
-            if stale:
-                await self._channel.delete_flows(stale)
-        else:
+        # Geneve: each peer's route into the tunnel. Routed, with deny_unknown_sources: the drop of its
+        # subnet's unknown sources through the gateway, in before its kernel route.
+        flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) if plan.geneve else
+                 [unknown_peer_flow(self._round(), plan.gateway_ofport, p.pod_cidr)] for p in new
+                 if plan.geneve or plan.deny_unknown_sources}
+        # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
+        rewritten = {f.key for fl in flows.values() for f in fl}
+        stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
+        if flows:
+            await self._channel.install_flows([f for fl in flows.values() for f in fl])
+            self._flows.update(flows)
+        if not plan.geneve:
             await asyncio.to_thread(self.underlay.set_routes, [(p.pod_cidr, p.address) for p in chosen])
+        if stale:
+            await self._channel.delete_flows(stale)
         self.routed = chosen
         if (new or gone) and self._masquerade is not None:
             await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])

@@ -105,7 +105,8 @@ class LossAccounting:
     `port_drops` reads the frames lost on ports before ovs-vswitchd read them ("<port> <kind>":
     count, ovs/port_stats.py) and `datapath_drops` the datapath's drop counters before the
     pipeline (coverage); both blocking, run in a thread; None: not read. `unknown_sources` returns the
-    flow statistics request of the drop of unknown sources for the current round (None: not read).
+    flow statistics request of the drop of unknown sources for the current round (None: not read), which
+    come in through `unknown_via` (the source of their loss records: tunnel, or gateway when routed).
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -118,7 +119,7 @@ class LossAccounting:
                  describe: Callable[[int], Mapping[str, str]] | None = None,
                  port_drops: Callable[[], Mapping[str, int]] | None = None,
                  datapath_drops: Callable[[], Mapping[str, int | None]] | None = None,
-                 unknown_sources: Callable[[], Any] | None = None,
+                 unknown_sources: Callable[[], Any] | None = None, unknown_via: str = "tunnel",
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -139,7 +140,7 @@ class LossAccounting:
         self.ports = PortDropTotals()
         self.datapath = Restartable()
         self.rule_flows = RuleFlowTotals()
-        self._unknown_request = unknown_sources
+        self._unknown_request, self._unknown_via = unknown_sources, unknown_via
         # This round's drop flow (asked for by its whole cookie) is this run's: counted from its first packet.
         self.unknown_sources = RuleFlowTotals(baseline=False)
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
@@ -273,7 +274,7 @@ class LossAccounting:
             counts[LossKey("all", PORT_REASONS[kind], port, FRAMES)] = n
         counts.update({LossKey("all", DATAPATH_DROP, name, FRAMES): n for name, n in self.datapath.totals.items()})
         if (unknown := self.unknown_source_drops()) is not None:
-            counts[LossKey("all", UNKNOWN_SOURCE, "tunnel", FRAMES)] = unknown
+            counts[LossKey("all", UNKNOWN_SOURCE, self._unknown_via, FRAMES)] = unknown
         for category, outcomes in self._admission().items():
             for outcome, source in ADMISSION_SOURCES.items():
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)

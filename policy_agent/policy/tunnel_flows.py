@@ -18,8 +18,13 @@
                 this node (their flows are above) -> drop: never relayed to a third node or out
                 of the gateway. The gateway address stays reachable (its flow is above this one).
 
-Routed mode has no flows here: table 70's "outside the Pod subnet -> gateway" (gateway_flows)
-already hands the peers' subnets to the node, whose kernel routes them to the peers.
+Routed mode forwards with no flows here: table 70's "outside the Pod subnet -> gateway" (gateway_flows)
+already hands the peers' subnets to the node, whose kernel routes them to the peers. With
+cluster.deny_unknown_sources, table 25 takes new connections coming in through the gateway from a
+peer's Pod subnet only from addresses the Pod directory holds: one drop per routed peer's subnet
+(`unknown_peer_flow`, the same cookie as the tunnel's drop) under the same per-address flows, whose
+in_port is then the gateway's. Other sources through the gateway (the node, the outside) are not
+another node's Pods and pass as before.
 """
 
 from __future__ import annotations
@@ -76,16 +81,28 @@ def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = Fals
 
 
 def unknown_source_request(round_: int) -> Any:
-    """The statistics of this round's drop of unknown sources, and of nothing else (OFPMP_FLOW_DESC by its
-    whole cookie): its packet count is what the node refused from sources it does not know."""
+    """The statistics of this round's drops of unknown sources (routed: one per peer) and of nothing else
+    (OFPMP_FLOW_DESC by their whole cookie): their packets are what the node refused from sources it
+    does not know."""
     return parser.OFPFlowDescStatsRequest(messages.CODEC, table_id=tables.T_SRC_CLASS,
                                           cookie=_unknown_source_cookie(round_), cookie_mask=(1 << 64) - 1)
 
 
-def known_source_flow(round_: int, tunnel_ofport: int, ip: str) -> messages.FlowSpec:
-    """For an address the Pod directory holds (another node's Pod): its packets from the tunnel are taken."""
+def unknown_peer_flow(round_: int, gateway_ofport: int, pod_cidr: str) -> messages.FlowSpec:
+    """Routed: new connections through the gateway from the peer subnet `pod_cidr` are dropped unless
+    `known_source_flow` (with the gateway's port) admits their source."""
+    net = ipaddress.IPv4Network(pod_cidr)
+    return messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY,
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": gateway_ofport,
+                                   "ipv4_src": (str(net.network_address), str(net.netmask))},
+                                  cookie=_unknown_source_cookie(round_))
+
+
+def known_source_flow(round_: int, in_port: int, ip: str) -> messages.FlowSpec:
+    """For an address the Pod directory holds (another node's Pod): its packets from `in_port` (the
+    tunnel; routed, the gateway) are taken."""
     return messages.FlowSpec.make(tables.T_SRC_CLASS, KNOWN_SOURCE_PRIORITY,
-                                  {"eth_type": ETH_TYPE_IPV4, "in_port": tunnel_ofport, "ipv4_src": ip},
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": in_port, "ipv4_src": ip},
                                   goto=tables.T_DST_CLASS, cookie=_cookie(round_))
 
 

@@ -1,7 +1,7 @@
 """Zero escapes across nodes: a Pod that starts on node n2 while a policy on n1 names Pods labelled
 like it as peers to drop gets no connection through to n1's protected Pod, from its first packet on.
 
-Two nodes via `npaudit cluster up` (tests/support/local_cluster.py). On n1, prod/db; its policy (one
+Two nodes via `npaudit cluster up` (tests/support/local_cluster.py), Geneve (and routed, held as below). On n1, prod/db; its policy (one
 ClusterNetworkPolicy through the shared source) drops TCP 80 from Pods labelled role=knocker and
 allows everything else. A knocker Pod web/k1 is added on n2 with that label, its program already
 waiting for the Pod's network namespace: it connects to db:80 and db:81 every few milliseconds from
@@ -117,13 +117,15 @@ def metric(local: LocalCluster, node: str, name: str) -> float | None:
 HOLD = 1.5  # seconds n1's agent is held while the Pod starts, in the runs that widen the window
 
 
-@pytest.fixture(params=[(True, 0.0), (True, HOLD), (False, HOLD)],
-                ids=["deny-unknown-sources", "deny-unknown-sources-slow-watch", "no-deny-unknown-sources-slow-watch"])
+@pytest.fixture(params=[("geneve", True, 0.0), ("geneve", True, HOLD), ("geneve", False, HOLD),
+                        ("routed", True, HOLD), ("routed", False, HOLD)],
+                ids=["deny-unknown-sources", "deny-unknown-sources-slow-watch", "no-deny-unknown-sources-slow-watch",
+                     "routed-deny-unknown-sources-slow-watch", "routed-no-deny-unknown-sources-slow-watch"])
 def local(request: pytest.FixtureRequest) -> Iterator[tuple[LocalCluster, bool, float]]:
-    deny, hold = request.param
+    encapsulation, deny, hold = request.param
     c = LocalCluster()
     try:
-        c.up(2, "--deny-unknown-sources" if deny else "--no-deny-unknown-sources")
+        c.up(2, "--encapsulation", encapsulation, "--deny-unknown-sources" if deny else "--no-deny-unknown-sources")
         yield c, deny, hold
     finally:
         c.close()
@@ -189,7 +191,8 @@ def test_a_new_pod_on_another_node_gets_nothing_through_that_the_policy_denies_f
                                   hold)
     escaped = result["targets"][f"{db['ip']}:{DENIED}"]["connected"]
     allowed = result["targets"][f"{db['ip']}:{ALLOWED}"]
-    print(json.dumps({"deny_unknown_sources": deny_unknown, "hold_s": hold, "escaped": escaped, "rounds": result["rounds"],
+    print(json.dumps({"encapsulation": cluster.record()["encapsulation"], "deny_unknown_sources": deny_unknown,
+                      "hold_s": hold, "escaped": escaped, "rounds": result["rounds"],
                       "refused_s": allowed["first"], "allowed_connections": allowed["connected"]}))
     assert result["rounds"] > 10 and allowed["connected"] > 0, result  # it knocked, and was let in where allowed
     if deny_unknown:

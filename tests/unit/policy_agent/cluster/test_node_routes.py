@@ -279,12 +279,16 @@ def test_a_cluster_denies_unknown_sources_by_default_and_says_at_start_where_the
         return r, " ".join(f"{rec.levelname} {rec.getMessage()}" for rec in caplog.records)
 
     on, said = started(p)
-    assert on.denies_unknown and "INFO cluster: new connections from the tunnel are taken only from Pods" in said
+    assert on.denies_unknown and on.unknown_via == "tunnel"
+    assert "INFO cluster: new connections from other nodes' Pods (through the tunnel) are taken only" in said
     off, said = started(TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=False))
     assert not off.denies_unknown and "WARNING cluster: deny_unknown_sources is off" in said
     routed, said = started(TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True,
                                       deny_unknown_sources=True))
-    assert not routed.denies_unknown and "WARNING cluster: routed mode has no check of unknown sources" in said
+    assert routed.denies_unknown and routed.unknown_via == "gateway"
+    assert "(through the gateway, from the peers' Pod subnets) are taken only" in said
+    routed_off, said = started(TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True))
+    assert not routed_off.denies_unknown and "WARNING cluster: deny_unknown_sources is off" in said
 
     def samples(r: NodeRoutes, drops: int | None) -> dict[str, float]:
         return {s.name: s.value for m in NodeRoutesCollector(r, lambda: drops).collect() for s in m.samples}
@@ -292,4 +296,32 @@ def test_a_cluster_denies_unknown_sources_by_default_and_says_at_start_where_the
     assert samples(on, 17)["npaudit_cluster_unknown_source_drops_total"] == 17
     assert samples(on, None)["npaudit_cluster_unknown_source_drops_total"] == 0  # not read yet
     assert "npaudit_cluster_unknown_source_drops_total" not in samples(off, None)
-    assert "npaudit_cluster_unknown_source_drops_total" not in samples(routed, None)
+    assert samples(routed, 2)["npaudit_cluster_unknown_source_drops_total"] == 2
+    assert "npaudit_cluster_unknown_source_drops_total" not in samples(routed_off, None)
+
+
+def test_routed_with_deny_unknown_sources_each_peer_subnet_gets_a_drop_through_the_gateway_and_loses_it_with_the_peer(
+        ) -> None:
+    from policy_agent.policy.tunnel_flows import UNKNOWN_SOURCE_PRIORITY, unknown_source_request
+
+    tunnel = TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=True,
+                        gateway_ofport=2)
+    channel, underlay = FakeChannel(), FakeUnderlay(tunnel)
+    r = NodeRoutes(underlay, channel, lambda: 3)
+
+    def drops() -> dict[str, int]:
+        return {dict(f.match)["ipv4_src"][0]: dict(f.match)["in_port"] for f in channel.flows
+                if f.table == 25 and f.priority == UNKNOWN_SOURCE_PRIORITY}
+
+    async def go() -> None:
+        r.set_peers("config", [N2, N3])
+        await r.sync()
+        assert drops() == {"10.246.2.0": 2, "10.246.3.0": 2} and underlay.routes == [(N2.pod_cidr, N2.address),
+                                                                                    (N3.pod_cidr, N3.address)]
+        assert {f.cookie for f in channel.flows if f.table == 25} == {unknown_source_request(3).cookie}
+        r.set_peers("config", [N2])
+        await r.sync()
+        assert drops() == {"10.246.2.0": 2} and underlay.routes == [(N2.pod_cidr, N2.address)]
+    asyncio.run(go())
+    admission = r.admission()
+    assert admission is not None and dict(admission("10.246.2.5").match)["in_port"] == 2  # the gateway's port

@@ -222,3 +222,21 @@ def test_admission_from_the_touched_pods_alone_agrees_with_a_walk_of_every_pod()
     fresh = RemoteDirectory.build(endpoints, pods)
     assert set(admission_next(admitted, admitted_of, fresh.base, fresh.by_key, fresh.touched, make)[2]) == {
         e.ip for e in fresh.by_key.values() if e.ofport == 0}
+
+
+def test_routed_with_deny_unknown_sources_only_peer_pods_the_node_knows_come_in_through_the_gateway() -> None:
+    from policy_agent.policy.tunnel_flows import unknown_peer_flow
+
+    assert GW is not None
+    st = ClusterState(NAMESPACES, with_remote((SERVER, CLIENT), (REMOTE,)), (), pods=(REMOTE,))
+    flows = tables.fixed_flows(1) + gateway_flows(1, GW) + compile_policies(st).flows
+    flows += [unknown_peer_flow(1, GW.ofport, PEER[0]), known_source_flow(1, GW.ofport, REMOTE.ips[0])]
+    for e in (SERVER, CLIENT):
+        flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    ft = FlowTable(flows)
+    unknown = ft.run(tcp(GW.ofport, "10.246.2.9", SERVER.ip))
+    assert not unknown.forwarded and unknown.tables[-1] == tables.T_SRC_CLASS  # a peer's Pod no object names
+    assert ft.run(tcp(GW.ofport, REMOTE.ips[0], SERVER.ip)).output == SERVER.ofport  # known: meets policy
+    assert ft.run(tcp(GW.ofport, "10.246.3.9", SERVER.ip)).output == SERVER.ofport  # no peer's subnet here
+    assert ft.run(tcp(GW.ofport, "203.0.113.9", SERVER.ip)).output == SERVER.ofport  # the outside
+    assert ft.run(tcp(GW.ofport, GW.ip, SERVER.ip)).output == SERVER.ofport  # the node itself
