@@ -27,7 +27,7 @@ from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
 from policy_agent.cluster.node_routes import NodeRoutes, NodeRoutesCollector, config_peers
-from policy_agent.cluster.peer_nodes import KnownNodes, KnownNodesCollector
+from policy_agent.cluster.peer_nodes import NO_ADDRESS, KnownNodes, KnownNodesCollector
 from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
@@ -53,6 +53,7 @@ from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.sources.apply_intent import Settlement, StoreGeneration, settled_store
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
+from policy_agent.sources import kubernetes_own_node as own_node
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.service import TraceService
 
@@ -104,6 +105,8 @@ class Agent:
                                  masquerade=gateway.exclude_from_masquerade if gateway is not None else None
                                  ) if self.underlay is not None else None
         self.nodes = KnownNodes(lambda: self.subnet.cidr, downstream=self.routes)
+        if own_node.wanted(config):  # still: its Node gave no address at start (a warning line said so)
+            self.nodes.problems[NO_ADDRESS] += 1
         self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
         self.registry.register(KnownNodesCollector(self.nodes))
         if self.routes is not None:

@@ -10,7 +10,8 @@ nothing. An embedded OVS puts the node address, with its prefix, on an underlay 
 namespace: there it stays per-node config.
 
 A Node that cannot be read within `kubernetes.sync_timeout`, or has no IPv4 address, leaves the node
-without a tunnel to the others: said at start in a warning line, the node otherwise runs.
+without a tunnel to the others: said at start in a warning line and counted by the agent
+(npaudit_cluster_node_problems_total{reason="node_without_address"}); the node otherwise runs.
 """
 
 from __future__ import annotations

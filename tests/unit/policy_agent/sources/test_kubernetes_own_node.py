@@ -93,3 +93,22 @@ def test_the_node_is_listed_by_its_name_alone(server: FakeApiServer) -> None:  #
         api.close()
     assert [q.get("fieldSelector") for q in server.lists_of(NODES)] == ["metadata.name=node-a",
                                                                          "metadata.name=node-c"]
+
+
+def test_an_agent_whose_node_gave_no_address_counts_it_as_a_node_problem(tmp_path: Any) -> None:
+    from prometheus_client import generate_latest
+
+    from policy_agent.agent import Agent
+
+    base = K8S + f"state_dir: {tmp_path / 'state'}\naudit: {{path: {tmp_path / 'a.jsonl'}}}\n"
+    metric = 'npaudit_cluster_node_problems_total{reason="node_without_address"}'
+
+    def problems(cfg: Any) -> float:
+        line = next(li for li in generate_latest(Agent(cfg).registry).decode().splitlines() if li.startswith(metric))
+        return float(line.split()[-1])
+
+    unresolved = loads(base)
+    assert problems(unresolved) == 1 and Agent(unresolved).routes is None  # one node, said and counted
+    resolved, _ = with_node_address(unresolved, node("node-a", ("InternalIP", "192.0.2.5")))
+    agent = Agent(resolved)
+    assert problems(resolved) == 0 and agent.routes is not None and agent.routes.denies_unknown
