@@ -183,6 +183,15 @@ class NodeRoutes:
             return None
         return answer_through_tunnel(answer, peer.address, plan.tunnel_ofport)
 
+    def _peer_flows(self, p: PeerNode) -> list[messages.FlowSpec]:
+        plan, round_ = self.underlay.plan, self._round()
+        if not plan.geneve:
+            return [unknown_peer_flow(round_, plan.gateway_ofport, p.pod_cidr)]
+        net = ipaddress.IPv4Network(p.pod_cidr)
+        gateway = str(next(iter(net.hosts()), net.network_address))  # a Node's gateway: its subnet's first host
+        return peer_flows(round_, plan.tunnel_ofport, p.pod_cidr, p.address) + (
+            [known_source_flow(round_, plan.tunnel_ofport, gateway)] if plan.deny_unknown_sources else [])
+
     async def start(self) -> None:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
@@ -220,11 +229,11 @@ class NodeRoutes:
         gone = [p for p in self.routed if p not in chosen]
         new = [p for p in chosen if p not in self.routed]
         plan = self.underlay.plan
-        # Geneve: each peer's route into the tunnel. Routed, with deny_unknown_sources: the drop of its
-        # subnet's unknown sources through the gateway, in before its kernel route.
-        flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) if plan.geneve else
-                 [unknown_peer_flow(self._round(), plan.gateway_ofport, p.pod_cidr)] for p in new
-                 if plan.geneve or plan.deny_unknown_sources}
+        # Geneve: each peer's route into the tunnel and, with deny_unknown_sources, its gateway address taken
+        # from the tunnel (the peer node itself reaching this node's Pods: no Pod object names it). Routed,
+        # with deny_unknown_sources: the drop of its subnet's unknown sources through the gateway, in before
+        # its kernel route (the peer node itself comes from its underlay address, outside that subnet).
+        flows = {p: self._peer_flows(p) for p in new if plan.geneve or plan.deny_unknown_sources}
         # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
         rewritten = {f.key for fl in flows.values() for f in fl}
         stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]

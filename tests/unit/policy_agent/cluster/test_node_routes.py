@@ -325,3 +325,28 @@ def test_routed_with_deny_unknown_sources_each_peer_subnet_gets_a_drop_through_t
     asyncio.run(go())
     admission = r.admission()
     assert admission is not None and dict(admission("10.246.2.5").match)["in_port"] == 2  # the gateway's port
+
+
+def test_geneve_with_deny_unknown_sources_takes_each_peers_gateway_address_from_the_tunnel_while_it_is_routed(
+        ) -> None:
+    from policy_agent.policy.tunnel_flows import KNOWN_SOURCE_PRIORITY
+
+    def admitted(channel: FakeChannel) -> set[str]:
+        return {dict(f.match)["ipv4_src"] for f in channel.flows if f.table == 25
+                and f.priority == KNOWN_SOURCE_PRIORITY and dict(f.match)["in_port"] == 1}
+
+    async def go(deny: bool) -> set[str]:
+        tunnel = TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=deny)
+        channel = FakeChannel()
+        r = NodeRoutes(FakeUnderlay(tunnel), channel, lambda: 3)
+        r.set_peers("config", [N2, N3])
+        await r.sync()
+        both = admitted(channel)
+        r.set_peers("config", [N3])
+        await r.sync()
+        assert admitted(channel) == both - {"10.246.2.1"}  # gone with its peer
+        return both
+
+    # The peer node itself (a host process reaching this node's Pods through its gateway) is no Pod.
+    assert asyncio.run(go(True)) == {"10.246.2.1", "10.246.3.1"}
+    assert asyncio.run(go(False)) == set()
