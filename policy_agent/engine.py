@@ -430,7 +430,7 @@ class PolicyEngine:
                 await asyncio.to_thread(persist.abandon)
                 if admit or unadmit:  # first: no address admitted that the policy put back does not know
                     await self._channel.commit_flows(unadmit, admit)
-                    self._admitted, self._admitted_of = previous_admitted, previous_admitted_of
+                self._admitted, self._admitted_of = previous_admitted, previous_admitted_of
                 await self._undo(plan, nxt, exc, previous_marker)
                 if not same_rules:
                     self.registry.replace(old_rules)
