@@ -35,9 +35,13 @@ WRITER_FULL = "writer_full"          # a whole record the writer's full queue re
 PORT_RX_DROPPED = "port_rx_dropped"            # the kernel dropped the frame on the port (source: the port)
 PORT_SOCKET_OVERFLOW = "port_socket_overflow"  # ovs-vswitchd's packet socket on the port was full (source: the port)
 DATAPATH_DROP = "datapath_drop"                # the userspace datapath dropped it before the pipeline (its counter)
+# Dropped by design, before any rule: a new connection from another node whose source address is no Pod
+# this node knows yet (cluster.deny_unknown_sources; source: the tunnel). Stated so the refusal is never silent.
+UNKNOWN_SOURCE = "unknown_source"
 PACKET_INS, RECORDS, FRAMES = "packet_ins", "records", "frames"  # units
-_PATH_ORDER = {PORT_RX_DROPPED: 0, PORT_SOCKET_OVERFLOW: 1, DATAPATH_DROP: 2,
-               METER: 3, OVS_QUEUE: 4, ADMISSION: 5, WRITER_FULL: 6}  # where along the way a loss happens
+# Where along the way a loss happens.
+_PATH_ORDER = {PORT_RX_DROPPED: 0, PORT_SOCKET_OVERFLOW: 1, DATAPATH_DROP: 2, UNKNOWN_SOURCE: 3,
+               METER: 4, OVS_QUEUE: 5, ADMISSION: 6, WRITER_FULL: 7}
 
 
 class LossKey(NamedTuple):
@@ -58,7 +62,9 @@ def _phrase(key: LossKey, n: int) -> str:
             PORT_RX_DROPPED: f"{n} frames dropped by the kernel on port {key.source} before ovs-vswitchd read them",
             PORT_SOCKET_OVERFLOW: f"{n} frames ovs-vswitchd never read off port {key.source} (its packet socket "
                                   "was full)",
-            DATAPATH_DROP: f"{n} packets ovs-vswitchd's datapath dropped before the pipeline ({key.source})"}.get(
+            DATAPATH_DROP: f"{n} packets ovs-vswitchd's datapath dropped before the pipeline ({key.source})",
+            UNKNOWN_SOURCE: f"{n} packets from another node ({key.source}) dropped before any rule: their source "
+                            "address was no Pod this node knew yet (cluster.deny_unknown_sources)"}.get(
         key.reason, f"{what} lost ({key.reason}, {key.source})")
 
 

@@ -27,7 +27,7 @@ from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
 from policy_agent.cluster.node_routes import NodeRoutes, NodeRoutesCollector, config_peers
-from policy_agent.cluster.peer_nodes import KnownNodes, KnownNodesCollector
+from policy_agent.cluster.peer_nodes import NO_ADDRESS, KnownNodes, KnownNodesCollector
 from policy_agent.cni.subnet import NodeSubnet, SubnetCollector
 from policy_agent.config.loader import AgentConfig
 from policy_agent.engine import PolicyEngine
@@ -53,6 +53,7 @@ from policy_agent.policy_packetins import PolicyPacketIns
 from policy_agent.sources.apply_intent import Settlement, StoreGeneration, settled_store
 from policy_agent.sources.local_api import LocalApi
 from policy_agent.sources.manifest_dir import ManifestDirectory
+from policy_agent.sources import kubernetes_own_node as own_node
 from policy_agent.traceflow.collector import TraceCollector
 from policy_agent.traceflow.crossnode import CrossNode
 from policy_agent.traceflow.flows import tunnel_flows as trace_tunnel_flows
@@ -106,10 +107,12 @@ class Agent:
                                  masquerade=gateway.exclude_from_masquerade if gateway is not None else None
                                  ) if self.underlay is not None else None
         self.nodes = KnownNodes(lambda: self.subnet.cidr, downstream=self.routes)
+        if own_node.wanted(config):  # still: its Node gave no address at start (a warning line said so)
+            self.nodes.problems[NO_ADDRESS] += 1
         self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
         self.registry.register(KnownNodesCollector(self.nodes))
         if self.routes is not None:
-            self.registry.register(NodeRoutesCollector(self.routes))
+            self.registry.register(NodeRoutesCollector(self.routes, lambda: self.losses.unknown_source_drops()))
         if config.cluster.peers:  # a source, once set, says the node subnets are all known
             self.nodes.set_peers("config", config_peers(config.cluster))
         self._gateway_task: asyncio.Task[None] | None = None
@@ -138,7 +141,10 @@ class Agent:
             describe=lambda rule_id: describe_rule(rule_id, self.rules.get(rule_id)),
             port_drops=lambda: read_port_drops(self.switch.netns or None),
             datapath_drops=CoverageReader(config.ovs.ovs_rundir, DATAPATH_DROP_COUNTERS,
-                                          "datapath drops before the pipeline go unstated").read)
+                                          "datapath drops before the pipeline go unstated").read,
+            unknown_sources=self.routes.unknown_source_request if self.routes is not None
+            and self.routes.denies_unknown else None,
+            unknown_via=self.routes.unknown_via if self.routes is not None else "tunnel")
         self.registry.register(MeterCollector(self.losses))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.

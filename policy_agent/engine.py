@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from packetin import messages
 from packetin.errors import PacketInError
@@ -45,7 +45,7 @@ from policy_agent.policy.validation import policy_name, tier_problems
 from policy_agent.policy.compiler import ClusterState, Endpoint
 from policy_agent.policy.model import STANDARD_TIERS, Namespace, Pod, Policy, Tier
 from policy_agent.policy.rules import RuleRegistry
-from policy_agent.policy.tunnel_flows import admission_change
+from policy_agent.policy.tunnel_flows import admission_next
 from policy_agent.limits.meter_sync import RuleMeters
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,7 @@ class PolicyEngine:
         # Per address of another node's Pod, the flow taking its packets from the tunnel (cluster.deny_unknown_sources)
         self._admission = admission
         self._admitted: dict[str, messages.FlowSpec] = {}
+        self._admitted_of: Mapping[tuple[str, str], Endpoint] | None = None  # the endpoints `_admitted` is of
         self._rule_meters = rule_meters  # per-rule fair meters (meters.per_rule), None: off
         self._verdicts = verdicts
         self._datapath = datapath
@@ -386,8 +387,8 @@ class PolicyEngine:
         compiled = self._clock()
         if self._verdicts is not None and (plan.add or plan.stale):
             await self._verdicts.invalidate()  # before the new flows: a cached Drop never outlives its rule
-        admit, unadmit, admitted = ([], [], self._admitted) if self._admission is None else \
-            admission_change(self._admitted, {ep.ip for ep in args[0].endpoints if ep.ofport == 0}, self._admission)
+        admit, unadmit, admitted = ([], [], self._admitted) if self._admission is None else admission_next(
+            self._admitted, self._admitted_of, directory.base, directory.by_key, directory.touched, self._admission)
         marker: list[messages.FlowSpec] = []
         if persist is not None:  # the intent is durable before the switch can hold the change
             try:
@@ -415,6 +416,7 @@ class PolicyEngine:
             raise ApplyFailed(f"the switch did not take the change, nothing was applied: "
                               f"{exc or type(exc).__name__}") from exc
         previous_admitted, self._admitted = self._admitted, admitted
+        previous_admitted_of, self._admitted_of = self._admitted_of, directory.by_key
         previous_marker = self._marker
         if marker:
             self._marker = marker[0]
@@ -428,7 +430,7 @@ class PolicyEngine:
                 await asyncio.to_thread(persist.abandon)
                 if admit or unadmit:  # first: no address admitted that the policy put back does not know
                     await self._channel.commit_flows(unadmit, admit)
-                    self._admitted = previous_admitted
+                self._admitted, self._admitted_of = previous_admitted, previous_admitted_of
                 await self._undo(plan, nxt, exc, previous_marker)
                 if not same_rules:
                     self.registry.replace(old_rules)

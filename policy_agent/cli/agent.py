@@ -52,6 +52,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from packetin.model import Category
     from policy_agent.agent import Agent
     from policy_agent.policy_packetins import JsonTap
+    from policy_agent.sources import kubernetes_own_node as own_node
 
     cfg = load_config(args.config)
     setup_logging(cfg.log_level)
@@ -64,7 +65,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         install_stop_signals(asyncio.get_running_loop(), stop)
-        agents.append(Agent(cfg, handlers))
+        # Kubernetes mode with the host's OVS: this node's underlay address from its Node, before anything is built.
+        resolved = await asyncio.to_thread(own_node.from_api, cfg)
+        agents.append(Agent(resolved, handlers))
         await agents[0].run(stop)
 
     try:

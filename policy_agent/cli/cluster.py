@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     u.add_argument("--kubernetes-api", default="", metavar="URL",
                    help="every node watches this Kubernetes API server (Namespaces, Pods, Nodes, policies) instead "
                         "of DIR/shared; create the Node objects of DIR/nodes.yaml there")
+    u.add_argument("--deny-unknown-sources", action=argparse.BooleanOptionalAction, default=True,
+                   help="every node's cluster.deny_unknown_sources (geneve; default on): a new Pod's packets to "
+                        "another node are refused there until its object has reached that node")
     u.set_defaults(func=cmd_up)
     d = verb("down", "stop exactly what `up` started (agents, OVS, namespaces); DIR's files stay; idempotent")
     d.set_defaults(func=cmd_down)
@@ -78,7 +81,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from policy_agent.cluster.local_run import up
 
     try:
-        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say, kubernetes_api=args.kubernetes_api)
+        plan = up(args.dir, args.nodes, args.encapsulation, args.timeout, _say, kubernetes_api=args.kubernetes_api,
+                  deny_unknown_sources=args.deny_unknown_sources)
     except (AgentError, OSError) as exc:
         return _fail(exc)
     print(f"cluster up: {len(plan.nodes)} nodes ready in {plan.dir}; `npaudit cluster down --dir {plan.dir}` "

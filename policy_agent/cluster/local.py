@@ -144,6 +144,9 @@ class ClusterPlan:
     pods: tuple[PodPlan, ...] = field(default=())
     version: int = RECORD_VERSION
     kubernetes_api: str = ""  # "": policies and Pods from DIR/shared; else the API server's URL every node watches
+    # Every node's cluster.deny_unknown_sources (geneve): a Pod's first packets to another node are
+    # refused there until its object (DIR/shared) has reached that node.
+    deny_unknown_sources: bool = True
 
     @property
     def path(self) -> Path:
@@ -189,13 +192,14 @@ class ClusterPlan:
                          for p in data.get("pods", ()))
             return cls(dir=data["dir"], tag=data["tag"], encapsulation=data["encapsulation"],
                        underlay_netns=data["underlay_netns"], nodes=nodes, pods=pods,
-                       kubernetes_api=str(data.get("kubernetes_api") or ""))
+                       kubernetes_api=str(data.get("kubernetes_api") or ""),
+                       deny_unknown_sources=bool(data.get("deny_unknown_sources", True)))
         except (KeyError, TypeError) as exc:
             raise PlanError(f"cluster record incomplete or malformed: {exc}") from exc
 
 
 def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metrics_ports: list[int],
-                 kubernetes_api: str = "") -> ClusterPlan:
+                 kubernetes_api: str = "", deny_unknown_sources: bool = True) -> ClusterPlan:
     """The cluster `up` makes in `directory` (absolute): `nodes` nodes, namespaces named npc-<tag>-*; with
     `kubernetes_api` (http(s)://HOST:PORT) every node takes Namespaces, Pods, Nodes and policies from it."""
     if not directory.is_absolute():
@@ -221,7 +225,8 @@ def plan_cluster(directory: Path, nodes: int, encapsulation: str, tag: str, metr
                  metrics_port=port)
         for i, port in zip(range(1, nodes + 1), metrics_ports))
     return ClusterPlan(dir=str(directory), tag=tag, encapsulation=encapsulation, underlay_netns=f"npc-{tag}-ul",
-                       nodes=planned, kubernetes_api=kubernetes_api)
+                       nodes=planned, kubernetes_api=kubernetes_api,
+                       deny_unknown_sources=deny_unknown_sources)
 
 
 def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
@@ -229,7 +234,8 @@ def node_config(plan: ClusterPlan, node: NodePlan) -> dict[str, Any]:
     API the node watches it (its own Node and Pods by its name) and its peers are the other Node objects;
     else it reads DIR/shared and its peers are in the config."""
     cluster: dict[str, Any] = {"encapsulation": plan.encapsulation, "node_address": node.address,
-                               "underlay_interface": NODE_UNDERLAY_IF}
+                               "underlay_interface": NODE_UNDERLAY_IF,
+                               "deny_unknown_sources": plan.deny_unknown_sources}
     source: dict[str, Any]
     if plan.kubernetes_api:
         source = {"kubernetes": {"enabled": True, "kubeconfig": str(plan.kubeconfig_path),

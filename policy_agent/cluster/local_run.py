@@ -149,7 +149,7 @@ def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
 
 
 def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say,
-       kubernetes_api: str = "") -> ClusterPlan:
+       kubernetes_api: str = "", deny_unknown_sources: bool = True) -> ClusterPlan:
     """Make the cluster and return once every node's agent is ready; on any failure undo what was made
     (files stay) and raise. With `kubernetes_api` every node watches that API server instead of DIR/shared."""
     directory = directory.resolve()
@@ -157,7 +157,8 @@ def up(directory: Path, nodes: int, encapsulation: str, timeout: float, say: Say
         raise ClusterError(f"{directory} holds a cluster already ({RECORD}): `npaudit cluster down --dir "
                            f"{directory}` and remove it, or choose another --dir")
     try:
-        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes), kubernetes_api)
+        plan = plan_cluster(directory, nodes, encapsulation, secrets.token_hex(3), free_ports(nodes), kubernetes_api,
+                            deny_unknown_sources)
     except PlanError as exc:
         raise ClusterError(str(exc)) from exc
     taken = [name for name in plan.namespaces() if netns_exists(name)]

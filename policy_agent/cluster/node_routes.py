@@ -27,7 +27,8 @@ from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
-from policy_agent.policy.tunnel_flows import answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows
+from policy_agent.policy.tunnel_flows import (answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
+                                              unknown_peer_flow, unknown_source_request)
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +135,41 @@ class NodeRoutes:
         addr = ipaddress.IPv4Address(ip)
         return next((p for p in self.routed if addr in ipaddress.IPv4Network(p.pod_cidr)), None)
 
+    @property
+    def denies_unknown(self) -> bool:
+        """Whether new connections from other nodes' Pods are taken only from sources the Pod directory holds."""
+        return self.underlay.plan.deny_unknown_sources
+
+    @property
+    def unknown_via(self) -> str:
+        """Where other nodes' Pod traffic comes in: the tunnel (Geneve) or the gateway (routed)."""
+        return "tunnel" if self.underlay.plan.geneve else "gateway"
+
     def admission(self) -> Callable[[str], messages.FlowSpec] | None:
         """For the policy engine: per address of another node's Pod, the flow taking its packets
-        from the tunnel (None: every source is taken, deny_unknown_sources off or routed)."""
-        plan = self.underlay.plan
-        if not (plan.geneve and plan.deny_unknown_sources):
+        from the tunnel or, routed, the gateway (None: every source is taken, deny_unknown_sources off)."""
+        if not self.denies_unknown:
             return None
-        return lambda ip: known_source_flow(self._round(), plan.tunnel_ofport, ip)
+        plan = self.underlay.plan
+        ofport = plan.tunnel_ofport if plan.geneve else plan.gateway_ofport
+        return lambda ip: known_source_flow(self._round(), ofport, ip)
+
+    def unknown_source_request(self) -> Any:
+        """The flow statistics request of this round's drop of unknown sources (only when `denies_unknown`)."""
+        return unknown_source_request(self._round())
+
+    def say_window(self) -> None:
+        """At start, loudly: whether a Pod of another node can pass a rule its labels would fail before
+        its object reaches this node (the window deny_unknown_sources closes, in Geneve mode only)."""
+        plan = self.underlay.plan
+        if self.denies_unknown:
+            log.info("cluster: new connections from other nodes' Pods (%s) are taken only from Pods this node "
+                     "knows (deny_unknown_sources); the others are dropped and counted "
+                     "(npaudit_cluster_unknown_source_drops_total, loss records reason unknown_source)",
+                     "through the tunnel" if plan.geneve else "through the gateway, from the peers' Pod subnets")
+        else:
+            log.warning("cluster: deny_unknown_sources is off: a Pod that starts on another node can reach this "
+                        "node's Pods before its object arrives here, past rules its labels would fail, until it does")
 
     def answer_out(self, answer: bytes, in_port: int) -> Any | None:
         """The packet-out taking a Reject's `answer` back into the tunnel it came from, to the node of
@@ -154,9 +183,19 @@ class NodeRoutes:
             return None
         return answer_through_tunnel(answer, peer.address, plan.tunnel_ofport)
 
+    def _peer_flows(self, p: PeerNode) -> list[messages.FlowSpec]:
+        plan, round_ = self.underlay.plan, self._round()
+        if not plan.geneve:
+            return [unknown_peer_flow(round_, plan.gateway_ofport, p.pod_cidr)]
+        net = ipaddress.IPv4Network(p.pod_cidr)
+        gateway = str(next(iter(net.hosts()), net.network_address))  # a Node's gateway: its subnet's first host
+        return peer_flows(round_, plan.tunnel_ofport, p.pod_cidr, p.address) + (
+            [known_source_flow(round_, plan.tunnel_ofport, gateway)] if plan.deny_unknown_sources else [])
+
     async def start(self) -> None:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
+        self.say_window()
         if self.underlay.plan.geneve:
             plan = self.underlay.plan
             await self._channel.install_flows(tunnel_port_flows(self._round(), plan.tunnel_ofport,
@@ -190,18 +229,21 @@ class NodeRoutes:
         gone = [p for p in self.routed if p not in chosen]
         new = [p for p in chosen if p not in self.routed]
         plan = self.underlay.plan
-        if plan.geneve:
-            flows = {p: peer_flows(self._round(), plan.tunnel_ofport, p.pod_cidr, p.address) for p in new}
-            # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
-            rewritten = {f.key for fl in flows.values() for f in fl}
-            stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
-            if flows:
-                await self._channel.install_flows([f for fl in flows.values() for f in fl])
-                self._flows.update(flows)
-            if stale:
-                await self._channel.delete_flows(stale)
-        else:
+        # Geneve: each peer's route into the tunnel and, with deny_unknown_sources, its gateway address taken
+        # from the tunnel (the peer node itself reaching this node's Pods: no Pod object names it). Routed,
+        # with deny_unknown_sources: the drop of its subnet's unknown sources through the gateway, in before
+        # its kernel route (the peer node itself comes from its underlay address, outside that subnet).
+        flows = {p: self._peer_flows(p) for p in new if plan.geneve or plan.deny_unknown_sources}
+        # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
+        rewritten = {f.key for fl in flows.values() for f in fl}
+        stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
+        if flows:
+            await self._channel.install_flows([f for fl in flows.values() for f in fl])
+            self._flows.update(flows)
+        if not plan.geneve:
             await asyncio.to_thread(self.underlay.set_routes, [(p.pod_cidr, p.address) for p in chosen])
+        if stale:
+            await self._channel.delete_flows(stale)
         self.routed = chosen
         if (new or gone) and self._masquerade is not None:
             await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])
@@ -221,10 +263,12 @@ class NodeRoutes:
 
 
 class NodeRoutesCollector:
-    """npaudit_cluster_peers{state} and npaudit_cluster_peer_problems_total{reason}."""
+    """npaudit_cluster_peers{state}, npaudit_cluster_peer_problems_total{reason} and, with deny_unknown_sources,
+    npaudit_cluster_unknown_source_drops_total (`unknown_drops`: None until first read)."""
 
-    def __init__(self, routes: NodeRoutes) -> None:
+    def __init__(self, routes: NodeRoutes, unknown_drops: Callable[[], int | None] = lambda: None) -> None:
         self._routes = routes
+        self._unknown_drops = unknown_drops
 
     def collect(self) -> Iterator[Metric]:
         r = self._routes
@@ -240,3 +284,8 @@ class NodeRoutesCollector:
         for reason in ("overlap", "invalid", "unreachable"):
             problems.add_metric([reason], r.problems.get(reason, 0))
         yield problems
+        if r.denies_unknown:
+            yield CounterMetricFamily("npaudit_cluster_unknown_source_drops", "Packets from the tunnel dropped "
+                                      "before any rule because no Pod this node knows holds their source address "
+                                      "(cluster.deny_unknown_sources: a Pod of another node whose object has not "
+                                      "arrived here yet)", value=self._unknown_drops() or 0)

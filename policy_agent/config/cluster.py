@@ -61,11 +61,15 @@ class ClusterConfig:
     underlay_mtu: int = field(default=1500, metadata=checked(bounded(576, 65535)))
     # The other nodes, standalone (Kubernetes mode adds those of the Node objects).
     peers: tuple[PeerConfig, ...] = ()
-    # Geneve: take a packet from the tunnel only when its source address is a Pod this node knows
-    # (its Pod object: watched, or applied standalone), drop the rest. So a Pod that starts on
-    # another node before its object reaches this one cannot pass a rule its labels would fail;
-    # but every other node's Pod needs its object here before it can reach this node's Pods.
-    deny_unknown_sources: bool = False
+    # Take a new connection from another node's Pod (Geneve: from the tunnel; routed: through the
+    # gateway from a peer's Pod subnet) only when its source address is a Pod this node knows (its
+    # Pod object: watched, or applied standalone); drop the rest before any rule, counted
+    # (npaudit_cluster_unknown_source_drops_total, and an "unknown_source" loss record per window).
+    # So a Pod that starts on another node before its object reaches this one cannot pass a rule its
+    # labels would fail; the price: its first connections to this node's Pods are refused until its
+    # object arrives (the Pod watch's delay; SYNs are retried). Off: that window is open, and the
+    # agent says so at start.
+    deny_unknown_sources: bool = True
 
     @property
     def enabled(self) -> bool:

@@ -6,6 +6,11 @@ overflow counters, the demux's admission drops and the records a full writer
 refused, the loss records written into the audit trail (auditlog/loss_records.py).
 Nothing here runs on the packet-in path: it only reads counters.
 
+With cluster.deny_unknown_sources each window also reads the packet count of the flow dropping
+new connections from the tunnel whose source is no Pod this node knows (policy/tunnel_flows.py):
+no rule saw those packets, so they are stated like the drops before the pipeline (reason
+unknown_source) and exported as npaudit_cluster_unknown_source_drops_total.
+
 Each window also reads the packet counts of every logged rule's flows (one OFPMP_FLOW_DESC
 request, policy_agent/limits/rule_flows.py) and states, per rule, what its flows matched
 that its records do not hold (policy_agent/limits/rule_losses.py).
@@ -24,7 +29,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import RecordText
 from auditlog.loss_records import (ADMISSION, DATAPATH_DROP, FRAMES, METER, OVS_QUEUE, PORT_RX_DROPPED,
-                                   PORT_SOCKET_OVERFLOW, RECORDS, WRITER_FULL, LossKey, LossRecorder)
+                                   PORT_SOCKET_OVERFLOW, RECORDS, UNKNOWN_SOURCE, WRITER_FULL, LossKey,
+                                   LossRecorder)
 from meters.ovs import MeterSupport
 from meters.rule_meters import RuleMeterRange
 from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
@@ -33,7 +39,7 @@ from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
-from policy_agent.limits.rule_flows import RuleFlowTotals, parse_logged_flows, policy_flows_request
+from policy_agent.limits.rule_flows import RuleFlowTotals, parse_flow_packets, parse_logged_flows, policy_flows_request
 from policy_agent.limits.rule_losses import RuleLoss, RuleLossLedger
 from policy_agent.ovs.port_stats import RX_DROPPED, SOCKET_DROPPED, PortDropTotals
 
@@ -98,7 +104,9 @@ class LossAccounting:
     rule id into the loss record's rule object. Without `rule_seen` no per-rule loss is stated.
     `port_drops` reads the frames lost on ports before ovs-vswitchd read them ("<port> <kind>":
     count, ovs/port_stats.py) and `datapath_drops` the datapath's drop counters before the
-    pipeline (coverage); both blocking, run in a thread; None: not read.
+    pipeline (coverage); both blocking, run in a thread; None: not read. `unknown_sources` returns the
+    flow statistics request of the drop of unknown sources for the current round (None: not read), which
+    come in through `unknown_via` (the source of their loss records: tunnel, or gateway when routed).
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -111,6 +119,7 @@ class LossAccounting:
                  describe: Callable[[int], Mapping[str, str]] | None = None,
                  port_drops: Callable[[], Mapping[str, int]] | None = None,
                  datapath_drops: Callable[[], Mapping[str, int | None]] | None = None,
+                 unknown_sources: Callable[[], Any] | None = None, unknown_via: str = "tunnel",
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -131,6 +140,9 @@ class LossAccounting:
         self.ports = PortDropTotals()
         self.datapath = Restartable()
         self.rule_flows = RuleFlowTotals()
+        self._unknown_request, self._unknown_via = unknown_sources, unknown_via
+        # This round's drop flow (asked for by its whole cookie) is this run's: counted from its first packet.
+        self.unknown_sources = RuleFlowTotals(baseline=False)
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
         self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
         self._own_raw: dict[int, int] = {}  # per-rule meter id -> its drops as last read
@@ -210,6 +222,25 @@ class LossAccounting:
         self.rule_flows.update(flows)
         return True
 
+    async def read_unknown_sources(self) -> None:
+        """The packet count of the drop of unknown sources; a failure is logged (rate-limited) and counted."""
+        if self._unknown_request is None or not self._channel.ready:
+            return
+        try:
+            parts = await self._channel.multipart(self._unknown_request())
+            self.unknown_sources.update(parse_flow_packets(parts))
+        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "unknown-sources", "OVS flow statistics of the drop of unknown "
+                             "sources not read: %s", str(exc) or type(exc).__name__)
+
+    def unknown_source_drops(self) -> int | None:
+        """Packets from the tunnel dropped because no Pod this node knows holds their source address;
+        None: not counted (deny_unknown_sources off, routed, one node) or not read yet."""
+        if self._unknown_request is None or not self.unknown_sources.read:
+            return None
+        return self.unknown_sources.totals.get(0, 0)
+
     def rule_losses(self) -> dict[int, RuleLoss]:
         """Per rule id: the loss newly stated this window (after read_rule_flows and read_meters)."""
         if self._rule_seen is None or not self.rule_flows.read:
@@ -242,6 +273,8 @@ class LossAccounting:
             port, _, kind = source.rpartition(" ")
             counts[LossKey("all", PORT_REASONS[kind], port, FRAMES)] = n
         counts.update({LossKey("all", DATAPATH_DROP, name, FRAMES): n for name, n in self.datapath.totals.items()})
+        if (unknown := self.unknown_source_drops()) is not None:
+            counts[LossKey("all", UNKNOWN_SOURCE, self._unknown_via, FRAMES)] = unknown
         for category, outcomes in self._admission().items():
             for outcome, source in ADMISSION_SOURCES.items():
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)
@@ -258,6 +291,7 @@ class LossAccounting:
             await self.rule_meters.sweep(self._present)
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
         await self.read_before_pipeline()
+        await self.read_unknown_sources()
         if self.recorder is None:
             return None
         return self.recorder.tick(self.counts(), self._wall(), rules)

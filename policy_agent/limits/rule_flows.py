@@ -92,10 +92,10 @@ def _packet_count(raw: bytes, start: int, end: int) -> int:
     return 0
 
 
-def parse_logged_flows(parts: Iterable[bytes]) -> list[FlowCount]:
-    """The packet counts of the flows that copy to the agent for a logged rule, from the OFPMP_FLOW_DESC
-    reply `parts`. Read with struct: os-ken's parser fails on OVS's controller2 meter_id property."""
-    flows = []
+def _flow_descs(parts: Iterable[bytes]) -> Iterator[tuple[tuple[Any, ...], bytes, int, int, int]]:
+    """Per flow of the OFPMP_FLOW_DESC reply `parts`: (its key, the reply, where its instructions start
+    and end, its packet count). Read with struct: os-ken's parser fails on OVS's controller2 meter_id
+    property."""
     for raw in parts:
         if len(raw) < 16 or int.from_bytes(raw[2:4], "big") != len(raw):
             raise DecodeError(f"flow stats reply of {len(raw)} bytes: not one whole message")
@@ -110,32 +110,49 @@ def parse_logged_flows(parts: Iterable[bytes]) -> list[FlowCount]:
                 match_len = _HEAD.unpack_from(raw, off + 24)[1]
                 stats = off + 24 + _pad8(match_len)
                 stats_len = _HEAD.unpack_from(raw, stats)[1]
-                rule_id = _logged_rule(raw, stats + _pad8(stats_len), off + length)
-                if rule_id is not None:
-                    key = (table_id, priority, cookie, raw[off + 24:off + 24 + match_len])
-                    flows.append(FlowCount(key, rule_id, _packet_count(raw, stats + 4, stats + stats_len)))
+                key = (table_id, priority, cookie, raw[off + 24:off + 24 + match_len])
+                yield key, raw, stats + _pad8(stats_len), off + length, _packet_count(raw, stats + 4,
+                                                                                   stats + stats_len)
                 off += length
         except struct.error as exc:
             raise DecodeError(f"flow stats reply of {len(raw)} bytes: {exc}") from exc
+
+
+def parse_logged_flows(parts: Iterable[bytes]) -> list[FlowCount]:
+    """The packet counts of the flows that copy to the agent for a logged rule, from the OFPMP_FLOW_DESC
+    reply `parts`."""
+    flows = []
+    for key, raw, start, end, packets in _flow_descs(parts):
+        rule_id = _logged_rule(raw, start, end)
+        if rule_id is not None:
+            flows.append(FlowCount(key, rule_id, packets))
     return flows
+
+
+def parse_flow_packets(parts: Iterable[bytes], counter: int = 0) -> list[FlowCount]:
+    """The packet count of every flow of the OFPMP_FLOW_DESC reply `parts`, each under `counter` (for a
+    request that asks for the flows of one purpose, e.g. by their cookie)."""
+    return [FlowCount(key, counter, packets) for key, _raw, _start, _end, packets in _flow_descs(parts)]
 
 
 class RuleFlowTotals:
     """Packets each logged rule's flows matched since the agent first looked, across flows deleted and re-added.
 
     The first reading is the baseline (what its flows counted before is not this run's to
-    state); a flow that appears later counts from 0, as OVS made it; a flow's count that
-    went down means OVS made it again (a vswitchd restart): it counts on from 0. A flow
-    gone from a reading keeps what it counted.
+    state) unless `baseline` is False (flows this run made, e.g. asked for by this round's cookie:
+    all they counted is this run's); a flow that appears later counts from 0, as OVS made it; a
+    flow's count that went down means OVS made it again (a vswitchd restart): it counts on from 0.
+    A flow gone from a reading keeps what it counted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, baseline: bool = True) -> None:
         self._raw: dict[tuple[Any, ...], int] = {}
         self.totals: dict[int, int] = {}
         self.read = False
+        self._baseline = baseline
 
     def update(self, flows: Iterable[FlowCount]) -> None:
-        first = not self.read
+        first = not self.read and self._baseline
         raw, totals = self._raw, self.totals
         for flow in flows:
             before = raw.get(flow.key)

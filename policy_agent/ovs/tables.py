@@ -27,8 +27,9 @@ anything but a Pod of this node (or its gateway address); with cluster.deny_unkn
 table 25 takes new connections from the tunnel only from addresses the Pod directory holds.
 Table 0 also hands another node's trace packet and trace report (Geneve VNI marks,
 traceflow/report.py) from the tunnel to the agent and nowhere else (traceflow/flows.py).
-Routed: no flows of its own (table 70's
-"outside the subnet -> gateway" carries the peers' subnets; the kernel routes them).
+Routed: no forwarding flows of its own (table 70's "outside the subnet -> gateway" carries the
+peers' subnets; the kernel routes them); with cluster.deny_unknown_sources, table 25 drops new
+connections through the gateway from a peer's Pod subnet unless the Pod directory holds the source.
 
 Only new connections reach the policy tables, so Allow is logged once per
 connection while Drop is logged per packet (DESIGN.md §3), and a connection

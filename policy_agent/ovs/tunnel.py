@@ -50,7 +50,8 @@ class TunnelPlan:
     underlay_interface: str  # "" = the host's (external OVS)
     underlay_bridge: str
     embedded: bool
-    deny_unknown_sources: bool = False  # geneve: only sources the Pod directory holds are taken from the tunnel
+    deny_unknown_sources: bool = False  # only sources the Pod directory holds are taken from other nodes
+    gateway_ofport: int = 2  # routed: where other nodes' Pod traffic comes in (node_network.gateway_ofport)
 
     @property
     def geneve(self) -> bool:
@@ -78,7 +79,8 @@ def plan(cluster: ClusterConfig, node: NodeNetworkConfig, ovs: OvsConfig) -> Tun
     return TunnelPlan(encapsulation=cluster.encapsulation, node_address=cluster.node_address,
                       pod_cidr=node.pod_cidr, tunnel_port=cluster.tunnel_port, tunnel_ofport=cluster.tunnel_ofport,
                       underlay_interface=cluster.underlay_interface, underlay_bridge=cluster.underlay_bridge,
-                      embedded=ovs.mode == "embedded", deny_unknown_sources=cluster.deny_unknown_sources)
+                      embedded=ovs.mode == "embedded", deny_unknown_sources=cluster.deny_unknown_sources,
+                      gateway_ofport=node.gateway_ofport)
 
 
 def route_steps(current: Sequence[str], routes: Sequence[tuple[str, str]]) -> list[list[str]]:

@@ -10,22 +10,28 @@
                 this node's Pods opened pass as established): in_port=tunnel, ip, nw_src=<an
                 address the Pod directory holds> -> 26, one flow per address, changed in the same
                 bundle as the policy flows that name it (engine: `admission`); any other source
-                from the tunnel is dropped (the flow's n_packets counts it), so a Pod whose object
-                has not reached this node yet cannot pass a rule its labels would fail.
+                from the tunnel is dropped, so a Pod whose object has not reached this node yet
+                cannot pass a rule its labels would fail. That drop flow has a cookie of its own
+                (`unknown_source_request` reads its packet count: a metric and loss records).
  70 FORWARD     ip, nw_dst=<a peer's Pod subnet> -> tun_dst=<the peer's address>, output tunnel
                 (one flow per peer, added and removed on its own); in_port=tunnel and no Pod of
                 this node (their flows are above) -> drop: never relayed to a third node or out
                 of the gateway. The gateway address stays reachable (its flow is above this one).
 
-Routed mode has no flows here: table 70's "outside the Pod subnet -> gateway" (gateway_flows)
-already hands the peers' subnets to the node, whose kernel routes them to the peers.
+Routed mode forwards with no flows here: table 70's "outside the Pod subnet -> gateway" (gateway_flows)
+already hands the peers' subnets to the node, whose kernel routes them to the peers. With
+cluster.deny_unknown_sources, table 25 takes new connections coming in through the gateway from a
+peer's Pod subnet only from addresses the Pod directory holds: one drop per routed peer's subnet
+(`unknown_peer_flow`, the same cookie as the tunnel's drop) under the same per-address flows, whose
+in_port is then the gateway's. Other sources through the gateway (the node, the outside) are not
+another node's Pods and pass as before.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from typing import AbstractSet as Set
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
@@ -46,6 +52,14 @@ def _cookie(round_: int) -> int:
     return tables.cookie(round_, tables.COOKIE_KIND_TUNNEL)
 
 
+# The drop of unknown sources: the tunnel's kind with a sub-kind in bits 8..31 (as the generation marker's).
+UNKNOWN_SOURCE_KIND = (1 << tables.GENERATION_SHIFT) | tables.COOKIE_KIND_TUNNEL
+
+
+def _unknown_source_cookie(round_: int) -> int:
+    return tables.cookie(round_, UNKNOWN_SOURCE_KIND)
+
+
 KNOWN_SOURCE_PRIORITY = 50  # table 25: below the Pods' class flows (100, by in_port of a Pod: never the tunnel)
 UNKNOWN_SOURCE_PRIORITY = 40
 
@@ -55,7 +69,7 @@ def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = Fals
     opening a connection is dropped unless `known_source_flow` admits its source."""
     c, ip = _cookie(round_), {"eth_type": ETH_TYPE_IPV4}
     deny = [messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
-                                   cookie=c)] if deny_unknown else []
+                                   cookie=_unknown_source_cookie(round_))] if deny_unknown else []
     return deny + [
         messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport}, goto=tables.T_CONNTRACK,
                                cookie=c),
@@ -66,10 +80,29 @@ def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = Fals
     ]
 
 
-def known_source_flow(round_: int, tunnel_ofport: int, ip: str) -> messages.FlowSpec:
-    """For an address the Pod directory holds (another node's Pod): its packets from the tunnel are taken."""
+def unknown_source_request(round_: int) -> Any:
+    """The statistics of this round's drops of unknown sources (routed: one per peer) and of nothing else
+    (OFPMP_FLOW_DESC by their whole cookie): their packets are what the node refused from sources it
+    does not know."""
+    return parser.OFPFlowDescStatsRequest(messages.CODEC, table_id=tables.T_SRC_CLASS,
+                                          cookie=_unknown_source_cookie(round_), cookie_mask=(1 << 64) - 1)
+
+
+def unknown_peer_flow(round_: int, gateway_ofport: int, pod_cidr: str) -> messages.FlowSpec:
+    """Routed: new connections through the gateway from the peer subnet `pod_cidr` are dropped unless
+    `known_source_flow` (with the gateway's port) admits their source."""
+    net = ipaddress.IPv4Network(pod_cidr)
+    return messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY,
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": gateway_ofport,
+                                   "ipv4_src": (str(net.network_address), str(net.netmask))},
+                                  cookie=_unknown_source_cookie(round_))
+
+
+def known_source_flow(round_: int, in_port: int, ip: str) -> messages.FlowSpec:
+    """For an address the Pod directory holds (another node's Pod): its packets from `in_port` (the
+    tunnel; routed, the gateway) are taken."""
     return messages.FlowSpec.make(tables.T_SRC_CLASS, KNOWN_SOURCE_PRIORITY,
-                                  {"eth_type": ETH_TYPE_IPV4, "in_port": tunnel_ofport, "ipv4_src": ip},
+                                  {"eth_type": ETH_TYPE_IPV4, "in_port": in_port, "ipv4_src": ip},
                                   goto=tables.T_DST_CLASS, cookie=_cookie(round_))
 
 
@@ -83,6 +116,50 @@ def admission_change(admitted: Mapping[str, messages.FlowSpec], known: Set[str],
     after = {ip: admitted.get(ip) or make(ip) for ip in known}
     return ([after[ip] for ip in sorted(known - admitted.keys())],
             [admitted[ip] for ip in sorted(admitted.keys() - known)], after)
+
+
+def _remote_ip(ep: Any) -> str | None:
+    return ep.ip if ep is not None and ep.ofport == 0 else None
+
+
+def admission_update(admitted: dict[str, messages.FlowSpec], base: Mapping[Any, Any], after: Mapping[Any, Any],
+                     touched: Iterable[Any], make: Callable[[str], messages.FlowSpec]
+                     ) -> tuple[list[messages.FlowSpec], list[messages.FlowSpec], dict[str, messages.FlowSpec]]:
+    """As `admission_change`, from the endpoints (Pod key -> endpoint; another node's Pod has no port,
+    ofport 0) `base`, whose remote addresses `admitted` holds, to `after`, which differs from it only
+    in the Pods `touched`: what it costs is what those Pods cost, not every known Pod (`admitted` itself
+    comes back when nothing changes; it is never changed)."""
+    gone: set[str] = set()
+    came: set[str] = set()
+    for key in touched:
+        old, new = _remote_ip(base.get(key)), _remote_ip(after.get(key))
+        if old != new:
+            if old is not None:
+                gone.add(old)
+            if new is not None:
+                came.add(new)
+    add = sorted(ip for ip in came if ip not in admitted)
+    drop = sorted(ip for ip in gone - came if ip in admitted)
+    if not add and not drop:
+        return [], [], admitted
+    out = dict(admitted)
+    for ip in drop:
+        del out[ip]
+    for ip in add:
+        out[ip] = make(ip)
+    return [out[ip] for ip in add], [admitted[ip] for ip in drop], out
+
+
+def admission_next(admitted: dict[str, messages.FlowSpec], admitted_of: Mapping[Any, Any] | None,
+                   base: Mapping[Any, Any] | None, after: Mapping[Any, Any], touched: Iterable[Any],
+                   make: Callable[[str], messages.FlowSpec]
+                   ) -> tuple[list[messages.FlowSpec], list[messages.FlowSpec], dict[str, messages.FlowSpec]]:
+    """The admission change to the endpoints `after` (the next state's), `admitted` being of the endpoints
+    `admitted_of`: from the Pods `touched` alone when `after` was updated from those (`base`), else from
+    all of its Pods."""
+    if base is not None and base is admitted_of:
+        return admission_update(admitted, base, after, touched, make)
+    return admission_change(admitted, {ip for ep in after.values() if (ip := _remote_ip(ep)) is not None}, make)
 
 
 def peer_flows(round_: int, tunnel_ofport: int, pod_cidr: str, address: str) -> list[messages.FlowSpec]:

@@ -252,7 +252,7 @@ def test_a_peer_with_an_unreachable_address_is_logged_and_counted_the_other_peer
 
 
 def test_with_deny_unknown_sources_a_pod_of_another_node_reaches_this_one_only_once_its_object_is_here() -> None:
-    m = MultiNode(2, "geneve", cluster_settings="deny_unknown_sources: true")
+    m = MultiNode(2, "geneve", deny_unknown_sources=True)
     try:
         m.start()
         n1, n2 = m.nodes[1], m.nodes[2]

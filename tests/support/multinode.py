@@ -88,10 +88,13 @@ def node_ip(i: int) -> str:
 class MultiNode:
     """`n` nodes (1..n) joined by an underlay; `encapsulation` geneve or routed. `extra_peers` adds
     to what node i's config lists as peers: {i: YAML list items, one per line, indented by 2};
-    `cluster_settings`: more `cluster:` fields for every node, e.g. "deny_unknown_sources: true"."""
+    `cluster_settings`: more `cluster:` fields for every node, e.g. "underlay_mtu: 9000".
+    `deny_unknown_sources` is off unless asked for: these nodes know another node's Pod only from the
+    objects a test applies to them, and most tests are about the tunnel, not about that check (the
+    tests of it turn it on; the agent's default is on)."""
 
     def __init__(self, n: int, encapsulation: str = "geneve", extra_peers: dict[int, str] | None = None,
-                 cluster_settings: str = "") -> None:
+                 cluster_settings: str = "", deny_unknown_sources: bool = False) -> None:
         self.tag = secrets.token_hex(3)
         self.underlay = f"npu-{self.tag}"
         self._made: list[str] = []  # namespaces made here (each node's OVS namespace, the underlay)
@@ -109,7 +112,8 @@ class MultiNode:
                 node = Cluster(gateway=True, subnet=pod_cidr(i), metrics_listen=listen, extra_config=(
                     f"node_name: {node_name(i)}\n"
                     f"cluster:\n  encapsulation: {encapsulation}\n  node_address: '{node_ip(i)}/24'\n"
-                    f"  underlay_interface: {UNDERLAY_IF}\n  peers:\n{peers}"
+                    f"  underlay_interface: {UNDERLAY_IF}\n"
+                    f"  deny_unknown_sources: {'true' if deny_unknown_sources else 'false'}\n  peers:\n{peers}"
                     + "".join(f"  {line}\n" for line in cluster_settings.splitlines())))
                 self.nodes[i] = node
                 ns = node.node_netns

@@ -25,6 +25,7 @@ from policy_agent.cni import plugin, wire
 from policy_agent.cni.ipam import Ipam
 from policy_agent.cni.subnet import NodeSubnet
 from policy_agent.policy import kinds
+from policy_agent.sources.kubernetes_own_node import list_own_node
 from policy_agent.sources.kubernetes import KubernetesSource
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.promtool import check_config, promtool  # noqa: F401 (fixture: the binary)
@@ -350,6 +351,7 @@ def _requested(srv: _RecordingApiServer) -> dict[tuple[str, str], set[str]]:
             await source.close()
 
     try:
+        list_own_node(api, "node-a", 5.0)  # at start, its own Node's address (kubernetes_own_node.py)
         asyncio.run(run())
     finally:
         api.close()

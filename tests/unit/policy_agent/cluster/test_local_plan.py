@@ -202,3 +202,16 @@ def test_a_requested_pod_address_must_be_one_of_the_nodes_pod_addresses(ip: str,
     with pytest.raises(PlanError, match=message):
         check_requested_ip(three().nodes[1], ip)
     assert check_requested_ip(three().nodes[1], "10.248.2.5") == "10.248.2.5"
+
+
+def test_every_node_denies_unknown_sources_unless_up_is_told_not_to_and_the_record_keeps_the_choice() -> None:
+    from policy_agent.config.loader import loads
+
+    plan = three()
+    assert plan.deny_unknown_sources
+    for node in plan.nodes:
+        assert loads(node_config_yaml(plan, node)).cluster.deny_unknown_sources
+    off = plan_cluster(DIR, 3, "geneve", "a1b2c3", [9101, 9102, 9103], deny_unknown_sources=False)
+    assert not loads(node_config_yaml(off, off.nodes[1])).cluster.deny_unknown_sources
+    assert not ClusterPlan.from_json(off.to_json()).deny_unknown_sources
+    assert ClusterPlan.from_json(plan.to_json()).deny_unknown_sources

@@ -29,7 +29,8 @@ CLUSTER = ("node_network: {pod_cidr: 10.246.1.0/24}\n"
 def test_the_plan_follows_the_cluster_section() -> None:
     cfg = loads(CLUSTER)
     p = plan(cfg.cluster, cfg.node_network, cfg.ovs)
-    assert p == TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True)
+    assert p == TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True,
+                           deny_unknown_sources=True)
     assert p.on_ovs_bridge and p.node_ip == "198.51.100.1"
     assert config_peers(cfg.cluster) == [N2]
     assert cfg.cluster.pod_mtu == 1450
@@ -257,3 +258,95 @@ def test_the_engine_admits_another_nodes_pod_in_the_bundle_of_the_policy_that_na
         gone = [f for kind, flows in ch.calls[mark:] if kind in ("delete", "commit") for f in flows]
         assert admitted(gone) == {"10.246.2.5"}
     asyncio.run(go())
+
+
+def test_a_cluster_denies_unknown_sources_by_default_and_says_at_start_where_the_window_stays_open(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg = loads(CLUSTER)
+    assert cfg.cluster.deny_unknown_sources
+    p = plan(cfg.cluster, cfg.node_network, cfg.ovs)
+    assert p is not None and p.deny_unknown_sources
+
+    def started(tunnel: TunnelPlan) -> tuple[NodeRoutes, str]:
+        caplog.clear()
+        r = NodeRoutes(FakeUnderlay(tunnel), FakeChannel(), lambda: 3)
+
+        async def go() -> None:
+            await r.start()
+            await r.close()
+        with caplog.at_level("INFO", logger="policy_agent.cluster.node_routes"):
+            asyncio.run(go())
+        return r, " ".join(f"{rec.levelname} {rec.getMessage()}" for rec in caplog.records)
+
+    on, said = started(p)
+    assert on.denies_unknown and on.unknown_via == "tunnel"
+    assert "INFO cluster: new connections from other nodes' Pods (through the tunnel) are taken only" in said
+    off, said = started(TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=False))
+    assert not off.denies_unknown and "WARNING cluster: deny_unknown_sources is off" in said
+    routed, said = started(TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True,
+                                      deny_unknown_sources=True))
+    assert routed.denies_unknown and routed.unknown_via == "gateway"
+    assert "(through the gateway, from the peers' Pod subnets) are taken only" in said
+    routed_off, said = started(TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True))
+    assert not routed_off.denies_unknown and "WARNING cluster: deny_unknown_sources is off" in said
+
+    def samples(r: NodeRoutes, drops: int | None) -> dict[str, float]:
+        return {s.name: s.value for m in NodeRoutesCollector(r, lambda: drops).collect() for s in m.samples}
+
+    assert samples(on, 17)["npaudit_cluster_unknown_source_drops_total"] == 17
+    assert samples(on, None)["npaudit_cluster_unknown_source_drops_total"] == 0  # not read yet
+    assert "npaudit_cluster_unknown_source_drops_total" not in samples(off, None)
+    assert samples(routed, 2)["npaudit_cluster_unknown_source_drops_total"] == 2
+    assert "npaudit_cluster_unknown_source_drops_total" not in samples(routed_off, None)
+
+
+def test_routed_with_deny_unknown_sources_each_peer_subnet_gets_a_drop_through_the_gateway_and_loses_it_with_the_peer(
+        ) -> None:
+    from policy_agent.policy.tunnel_flows import UNKNOWN_SOURCE_PRIORITY, unknown_source_request
+
+    tunnel = TunnelPlan("routed", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=True,
+                        gateway_ofport=2)
+    channel, underlay = FakeChannel(), FakeUnderlay(tunnel)
+    r = NodeRoutes(underlay, channel, lambda: 3)
+
+    def drops() -> dict[str, int]:
+        return {dict(f.match)["ipv4_src"][0]: dict(f.match)["in_port"] for f in channel.flows
+                if f.table == 25 and f.priority == UNKNOWN_SOURCE_PRIORITY}
+
+    async def go() -> None:
+        r.set_peers("config", [N2, N3])
+        await r.sync()
+        assert drops() == {"10.246.2.0": 2, "10.246.3.0": 2} and underlay.routes == [(N2.pod_cidr, N2.address),
+                                                                                    (N3.pod_cidr, N3.address)]
+        assert {f.cookie for f in channel.flows if f.table == 25} == {unknown_source_request(3).cookie}
+        r.set_peers("config", [N2])
+        await r.sync()
+        assert drops() == {"10.246.2.0": 2} and underlay.routes == [(N2.pod_cidr, N2.address)]
+    asyncio.run(go())
+    admission = r.admission()
+    assert admission is not None and dict(admission("10.246.2.5").match)["in_port"] == 2  # the gateway's port
+
+
+def test_geneve_with_deny_unknown_sources_takes_each_peers_gateway_address_from_the_tunnel_while_it_is_routed(
+        ) -> None:
+    from policy_agent.policy.tunnel_flows import KNOWN_SOURCE_PRIORITY
+
+    def admitted(channel: FakeChannel) -> set[str]:
+        return {dict(f.match)["ipv4_src"] for f in channel.flows if f.table == 25
+                and f.priority == KNOWN_SOURCE_PRIORITY and dict(f.match)["in_port"] == 1}
+
+    async def go(deny: bool) -> set[str]:
+        tunnel = TunnelPlan("geneve", "198.51.100.1/24", OWN, "t", 1, "u", "b", True, deny_unknown_sources=deny)
+        channel = FakeChannel()
+        r = NodeRoutes(FakeUnderlay(tunnel), channel, lambda: 3)
+        r.set_peers("config", [N2, N3])
+        await r.sync()
+        both = admitted(channel)
+        r.set_peers("config", [N3])
+        await r.sync()
+        assert admitted(channel) == both - {"10.246.2.1"}  # gone with its peer
+        return both
+
+    # The peer node itself (a host process reaching this node's Pods through its gateway) is no Pod.
+    assert asyncio.run(go(True)) == {"10.246.2.1", "10.246.3.1"}
+    assert asyncio.run(go(False)) == set()

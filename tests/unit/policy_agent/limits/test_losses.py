@@ -204,3 +204,55 @@ def test_per_rule_meters_count_under_their_class_and_strays_are_swept_only_by_th
         record = world.records[-1]
         assert by_reason(record)[("meter", "policy_deny")] == 34 and by_reason(record)[("meter", "policy_allow")] == 8
     asyncio.run(main())
+
+
+def flow_desc_reply(table: int, priority: int, cookie: int, packets: int) -> bytes:
+    """An OFPMP_FLOW_DESC reply holding one flow (match in_port=1, no instructions: a drop) and its packet count."""
+    match = struct.pack("!HHIi", 1, 12, 0x80000004, 1) + bytes(4)  # OXM in_port=1, padded to 8
+    stats = struct.pack("!HHHBBQ", 0, 16, 0x8002, 4 << 1, 8, packets)  # OXS packet_count
+    flow = struct.pack("!HHBxHHHHHQ", 24 + len(match) + len(stats), 0, table, priority, 0, 0, 0, 0, cookie)
+    body = flow + match + stats
+    return struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16 + len(body), 1,
+                       ofp.OFPMP_FLOW_DESC, 0) + body
+
+
+def test_packets_refused_from_unknown_sources_are_counted_from_the_first_and_stated_in_a_loss_record() -> None:
+    from policy_agent.policy.tunnel_flows import unknown_source_request
+
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
+    acc = LossAccounting(channel, interval=5.0, admission=lambda: world.admission, ovs_losses=lambda: dict(world.ovs),
+                         submit=world.submit, context={"observer": {"hostname": "n1"}}, mono_clock=mono,
+                         wall_clock=wall, unknown_sources=lambda: unknown_source_request(3))
+    assert acc.unknown_source_drops() is None  # not read yet: unknown, not zero
+    cookie = unknown_source_request(3).cookie
+    # This round's flow, made by this run: what it counted at the first reading is stated in full.
+    channel.replies.append(flow_desc_reply(25, 40, cookie, 7))
+    mono.now, wall.now = 105.0, wall.now + 5
+    asyncio.run(acc.tick())
+    assert acc.unknown_source_drops() == 7
+    assert channel.requests[-1].cookie == cookie and channel.requests[-1].table_id == 25
+    (record,) = world.records
+    assert by_reason(record) == {("unknown_source", "tunnel"): 7}
+    assert record["npaudit"]["loss"]["frames"] == 7 and record["npaudit"]["loss"]["packet_ins"] == 0
+    assert "7 packets from another node (tunnel) dropped before any rule: their source address was no Pod " \
+           "this node knew yet" in record["message"]
+    channel.replies.append(flow_desc_reply(25, 40, cookie, 10))
+    asyncio.run(acc.tick())
+    assert by_reason(world.records[-1]) == {("unknown_source", "tunnel"): 3} and acc.unknown_source_drops() == 10
+    channel.replies.append(flow_desc_reply(25, 40, cookie, 10))  # nothing new: no record
+    asyncio.run(acc.tick())
+    assert len(world.records) == 2
+    channel.replies.append(flow_desc_reply(25, 40, cookie, 2))  # OVS made it again (a restart): counts on
+    asyncio.run(acc.tick())
+    assert acc.unknown_source_drops() == 12 and by_reason(world.records[-1]) == {("unknown_source", "tunnel"): 2}
+    channel.replies.append(asyncio.TimeoutError())  # a failed read: counted, the total stands
+    asyncio.run(acc.tick())
+    assert acc.read_errors == 1 and acc.unknown_source_drops() == 12
+
+
+def test_without_the_check_of_unknown_sources_nothing_is_asked_and_no_such_loss_is_stated() -> None:
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
+    acc = accounting(channel, world, mono, wall)
+    asyncio.run(acc.tick())
+    assert channel.requests == [] and acc.unknown_source_drops() is None
+    assert not any(k.reason == "unknown_source" for k in acc.counts())

@@ -16,7 +16,7 @@ from policy_agent.policy.model import (
 )
 from policy_agent.policy.reject import build_reject
 from policy_agent.policy.tunnel_flows import (
-    TUN_DST_FIELD, admission_change, answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
+    TUN_DST_FIELD, admission_change, admission_next, unknown_source_request, answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
 )
 from tests.support.flowsim import FlowTable
 
@@ -143,7 +143,7 @@ def test_with_deny_unknown_sources_a_pod_no_object_names_yet_cannot_pass_a_rule_
     assert not known.forwarded and known.tables[-1] >= tables.T_INGRESS  # judged by its labels: dropped
     web = Pod("y", "web", (("app", "web"),), ips=("10.246.2.10",), node="node-2")
     assert admitting_table((REMOTE, web), no_clients).run(tcp(TUN, "10.246.2.10", SERVER.ip)).output == 100
-    # Off (the default): every source from the tunnel meets the policy tables.
+    # Off: every source from the tunnel meets the policy tables.
     assert table().run(tcp(TUN, "10.246.2.9", SERVER.ip)).output == 100
 
 
@@ -161,3 +161,82 @@ def test_admission_changes_only_the_addresses_that_come_and_go() -> None:
     assert add2 == [after2["10.246.2.7"]] and gone2 == [after["10.246.2.5"]]
     assert sorted(made) == ["10.246.2.5", "10.246.2.6", "10.246.2.7"]  # each address's flow made once
     assert admission_change(after2, {"10.246.2.6", "10.246.2.7"}, make)[:2] == ([], [])
+
+
+def test_the_drop_of_unknown_sources_has_a_cookie_of_its_own_which_its_statistics_request_asks_for_alone() -> None:
+    flows = tunnel_port_flows(7, TUN, deny_unknown=True)
+    deny = [f for f in flows if f.table == tables.T_SRC_CLASS]
+    assert len(deny) == 1 and not deny[0].actions and deny[0].goto is None  # a drop
+    others = {f.cookie for f in flows if f is not deny[0]} | {known_source_flow(7, TUN, "10.246.2.5").cookie}
+    assert deny[0].cookie not in others and deny[0].cookie >> 32 == 7  # this round's, like every flow of it
+    assert tables.marker_generation(deny[0].cookie) is None
+    req = unknown_source_request(7)
+    assert (req.table_id, req.cookie, req.cookie_mask) == (tables.T_SRC_CLASS, deny[0].cookie, (1 << 64) - 1)
+    assert unknown_source_request(8).cookie != deny[0].cookie  # another round's is another flow
+    assert len(messages.serialize(req, 5)) > 16
+
+
+def test_admission_from_the_touched_pods_alone_agrees_with_a_walk_of_every_pod() -> None:
+    """Random changes to a directory of local and remote Pods (addresses reused, moved, claimed twice):
+    the admission kept from the Pods each change touched is the walk's, flow for flow, and a change
+    that touches no remote address makes no flow and copies nothing."""
+    import random
+
+    from policy_agent.cluster.pod_directory import RemoteDirectory
+
+    rnd = random.Random(21)
+
+    def make(ip: str) -> messages.FlowSpec:
+        return known_source_flow(1, TUN, ip)
+
+    pods: dict[tuple[str, str], Pod] = {}
+    endpoints: dict[tuple[str, str], Endpoint] = {}
+    directory = RemoteDirectory.build(endpoints, pods)
+    admitted: dict[str, messages.FlowSpec] = {}
+    admitted_of = None
+    for step in range(600):
+        pods, endpoints = dict(pods), dict(endpoints)
+        keys = {("y", f"p{rnd.randrange(12)}") for _ in range(rnd.randrange(1, 4))}  # a change of 1-3 Pods
+        for key in keys:
+            roll = rnd.random()
+            ip = f"10.246.2.{rnd.randrange(8)}"
+            if roll < 0.45:
+                pods[key] = Pod(*key, (("app", "c"),), ips=(ip,), node="node-2")
+            elif roll < 0.6:
+                endpoints[key] = Endpoint(Pod(*key, ()), ip, "02:00:0a:f6:02:01", 100 + step)
+            elif roll < 0.8:
+                pods.pop(key, None)
+            else:
+                endpoints.pop(key, None)
+        nxt = directory.update(endpoints, pods, keys)
+        walk = {e.ip for e in nxt.by_key.values() if e.ofport == 0}
+        before = admitted
+        add, gone, admitted = admission_next(admitted, admitted_of, nxt.base, nxt.by_key, nxt.touched, make)
+        assert set(admitted) == walk, step
+        assert [dict(f.match)["ipv4_src"] for f in add] == sorted(walk - set(before))
+        assert [dict(f.match)["ipv4_src"] for f in gone] == sorted(set(before) - walk)
+        if not add and not gone and admitted_of is not None:
+            assert admitted is before  # nothing copied
+        directory, admitted_of = nxt, nxt.by_key
+    # A directory not updated from the one admitted (a state built afresh) is walked whole.
+    fresh = RemoteDirectory.build(endpoints, pods)
+    assert set(admission_next(admitted, admitted_of, fresh.base, fresh.by_key, fresh.touched, make)[2]) == {
+        e.ip for e in fresh.by_key.values() if e.ofport == 0}
+
+
+def test_routed_with_deny_unknown_sources_only_peer_pods_the_node_knows_come_in_through_the_gateway() -> None:
+    from policy_agent.policy.tunnel_flows import unknown_peer_flow
+
+    assert GW is not None
+    st = ClusterState(NAMESPACES, with_remote((SERVER, CLIENT), (REMOTE,)), (), pods=(REMOTE,))
+    flows = tables.fixed_flows(1) + gateway_flows(1, GW) + compile_policies(st).flows
+    flows += [unknown_peer_flow(1, GW.ofport, PEER[0]), known_source_flow(1, GW.ofport, REMOTE.ips[0])]
+    for e in (SERVER, CLIENT):
+        flows += tables.pod_flows(1, ip=e.ip, mac=e.mac, ofport=e.ofport)
+    ft = FlowTable(flows)
+    unknown = ft.run(tcp(GW.ofport, "10.246.2.9", SERVER.ip))
+    assert not unknown.forwarded and unknown.tables[-1] == tables.T_SRC_CLASS  # a peer's Pod no object names
+    assert ft.run(tcp(GW.ofport, REMOTE.ips[0], SERVER.ip)).output == SERVER.ofport  # known: meets policy
+    assert ft.run(tcp(GW.ofport, "10.246.3.9", SERVER.ip)).output == SERVER.ofport  # no peer's subnet here
+    assert ft.run(tcp(GW.ofport, "203.0.113.9", SERVER.ip)).output == SERVER.ofport  # the outside
+    assert ft.run(tcp(GW.ofport, GW.ip, SERVER.ip)).output == SERVER.ofport  # the node itself
