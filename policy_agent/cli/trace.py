@@ -7,10 +7,11 @@ import json
 import sys
 from typing import Any, TextIO
 
-from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
 if TYPE_CHECKING:
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 
@@ -36,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "when given) instead of injecting one; it is forwarded, committed and audited as ever")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
-    p.set_defaults(func=lambda args: run_trace(load_config(args.config), request_of(args), args.output))
+    p.set_defaults(func=lambda args: run_trace(agent_address(args.config), request_of(args), args.output))
 
 
 def request_of(args: Any) -> dict[str, Any]:
@@ -51,8 +52,8 @@ def request_of(args: Any) -> dict[str, Any]:
     return req
 
 
-def run_trace(cfg: AgentConfig, request: dict[str, Any], output: str = "table", *, api: ApiCall | None = None,
-              out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run_trace(cfg: AgentAddress | AgentConfig, request: dict[str, Any], output: str = "table", *,
+              api: ApiCall | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from policy_agent.rpc import call
 
     out, err = out or sys.stdout, err or sys.stderr
