@@ -46,8 +46,8 @@ from auditlog.syslog.errors import (CheckpointError, SyslogConfigError, SyslogEr
 from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, FrameEncoder,
                                      Framing, Header, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
-from auditlog.syslog.transport import (ACK_POLL, Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint,
-                                       receive_buffer_bound, wait_acked)
+from auditlog.syslog.transport import (ACK_POLL, RELP_SCHEMES, TLS_SCHEMES, Backoff, Endpoint, Sender, TlsOptions,
+                                       open_sender, parse_endpoint, receive_buffer_bound, wait_acked)
 from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
             raise SyslogConfigError(f"syslog destination {url}: udp_max_bytes must be in "
                                     f"{MIN_UDP_MAX_BYTES}..65507, got {udp_max_bytes}")
         chosen = Framing.DATAGRAM
-    elif endpoint.scheme == "relp":  # each RELP frame carries its length: "DATALEN SP DATA" is octet-counting
+    elif endpoint.scheme in RELP_SCHEMES:  # each RELP frame carries its length: "DATALEN SP DATA" is octet-counting
         if framing not in (None, Framing.OCTET_COUNTING.value):
             raise SyslogConfigError(f"syslog destination {url}: framing {framing!r} does not apply to relp")
         chosen = Framing.OCTET_COUNTING
@@ -119,8 +119,8 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         if framing not in (None, *names):
             raise SyslogConfigError(f"syslog destination {url}: framing must be one of {', '.join(names)}")
         chosen = Framing(framing or Framing.OCTET_COUNTING.value)
-    if tls is not None and endpoint.scheme != "tls":
-        raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// URL")
+    if tls is not None and endpoint.scheme not in TLS_SCHEMES:
+        raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// or relp+tls:// URL")
     for name, value, least in (("batch_records", batch_records, 1), ("batch_bytes", batch_bytes, 1),
                                ("checkpoint_interval", checkpoint_interval, 0),
                                ("checkpoint_records", checkpoint_records, 1),
@@ -131,7 +131,7 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         raise SyslogConfigError(f"syslog destination {url}: receive_buffer_bytes must be >= 0, "
                                 f"got {receive_buffer_bytes}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
-                       tls if endpoint.scheme == "tls" else None,
+                       tls if endpoint.scheme in TLS_SCHEMES else None,
                        udp_max_bytes if endpoint.scheme == "udp" else None, batch_records, batch_bytes,
                        checkpoint_interval, checkpoint_records, window_batches, window_bytes, receive_buffer_bytes)
 
@@ -222,10 +222,10 @@ class Forwarder:
         self._unsaved = _Unsaved()
         # RELP: each batch is saved as soon as the receiver answered all of it, so a crash re-sends at most
         # the window (what was sent and not answered); elsewhere saves are spaced out (the docstring).
-        self._save_each = destination.endpoint.scheme == "relp"
+        self._save_each = destination.endpoint.scheme in RELP_SCHEMES
         self._tailer: Tailer | None = None
         unread = destination.receive_buffer_bytes
-        if destination.endpoint.scheme in ("udp", "relp"):  # relp: an answered message is the receiver's
+        if destination.endpoint.scheme in ("udp", *RELP_SCHEMES):  # relp: an answered message is the receiver's
             unread = 0
         elif unread is None:
             unread = receive_buffer_bound()

@@ -152,7 +152,8 @@ def run_test(cfg: AgentConfig, url: str | None = None, *, timeout: float = 10.0,
             outcomes.append(Outcome(dest.name, str(exc), note))
             continue
         ack = {"udp": "sent (UDP: no acknowledgement, look at the receiver)",
-               "relp": "acknowledged by the receiver (RELP rsp 200)"}.get(dest.endpoint.scheme,
+               "relp": "acknowledged by the receiver (RELP rsp 200)",
+               "relp+tls": "acknowledged by the receiver (RELP rsp 200, over TLS)"}.get(dest.endpoint.scheme,
                                                                          "acknowledged by the receiver's TCP")
         outcomes.append(Outcome(dest.name, None, "; ".join(n for n in (ack, note) if n)))
     print(f"test message id {test_id} (MSGID TEST, [npaudit@32473 test=\"true\" id=\"{test_id}\"])", file=out)
