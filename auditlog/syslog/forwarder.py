@@ -48,6 +48,7 @@ from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MI
 from auditlog.syslog.tailer import Tailer
 from auditlog.syslog.transport import (ACK_POLL, RELP_SCHEMES, TLS_SCHEMES, Backoff, Endpoint, Sender, TlsOptions,
                                        open_sender, parse_endpoint, receive_buffer_bound, wait_acked)
+from auditlog.syslog.stats import ForwarderStats as ForwarderStats  # re-exported: its home is light
 from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
 
 log = logging.getLogger(__name__)
@@ -159,26 +160,6 @@ def checkpoint_name(endpoint: Endpoint) -> str:
     """The checkpoint file name of a destination: one file per scheme, host and port."""
     host = re.sub(r"[^A-Za-z0-9.-]", "_", endpoint.host)
     return f"{endpoint.scheme}_{host}_{endpoint.port}.json"
-
-
-@dataclass(frozen=True)
-class ForwarderStats:
-    """A snapshot of one forwarder (counters are records, since the forwarder started)."""
-
-    destination: str
-    connected: bool
-    last_seq_sent: int | None
-    backlog_bytes: int | None
-    last_error: str | None
-    sent: int
-    lost: int          # removed by retention before they were sent
-    truncated: int     # UDP: sent with a stub MSG
-    skipped: int       # lines that are no sealed record, or records that cannot be encoded
-    errors: int        # failed connects and sends (each retried)
-    restarts: int = 0  # process.ProcessForwarder: children that died and were started again
-    # Seconds spent with a full send window, waiting for the receiver's ACKs: while this grows as fast as
-    # time passes, the receiver (or the network to it) sets the pace, not the forwarder.
-    receiver_wait_s: float = 0.0
 
 
 @dataclass

@@ -72,6 +72,22 @@ def test_applying_through_a_stub_agent_loads_no_policy_machinery(tmp_path: Path)
     assert under(modules, NOT_FOR_A_CLIENT) == []
 
 
+def test_syslog_status_reads_an_agents_answer_without_the_forwarder(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"state_dir: {tmp_path}\n")
+    stats = {"destination": "tcp://127.0.0.1:514", "connected": True, "last_seq_sent": 40, "backlog_bytes": 0,
+             "last_error": None, "sent": 40, "lost": 0, "truncated": 0, "skipped": 0, "errors": 0, "restarts": 0,
+             "receiver_wait_s": 0.0}
+    reply = {"ok": True, "syslog": {"writer_seq": 42, "destinations": [stats]}}
+    with stub_agent(tmp_path / "api.sock", reply):
+        modules, res = modules_imported(["syslog", "status", "--config", str(config)])
+    assert "tcp://127.0.0.1:514" in res.stdout and "42" in res.stdout
+    # The snapshot's types (auditlog.syslog.status, .stats; dataclasses) read the answer; nothing that forwards.
+    heavy = [m for m in NOT_FOR_A_CLIENT if m not in ("auditlog.syslog", "dataclasses")]
+    assert under(modules, (*heavy, "auditlog.syslog.forwarder", "auditlog.syslog.transport", "auditlog.syslog.relp",
+                           "auditlog.syslog.tailer", "auditlog.syslog.process", "auditlog.chain", "ssl")) == []
+
+
 @contextlib.contextmanager
 def stub_agent(path: Path, reply: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
     """A local API socket at `path` answering each request with `reply` (policy_agent.rpc's framing)."""
