@@ -75,8 +75,8 @@ def _clock(epoch: Any) -> str:
 
 def status_table(status: dict[str, Any]) -> str:
     """One line per subsystem, then the recent problems; every value from the agent printed safely."""
-    from auditlog.query_output import safe_text
-    from policy_agent.sources.apply_intent import describe as settlement_line
+    from auditlog.safe_text import safe_text
+    from policy_agent.sources.apply_outcome import describe as settlement_line
 
     agent, of, ovs = status.get("agent") or {}, status.get("openflow") or {}, status.get("ovs") or {}
     supported = dig(status, "meters", "supported")

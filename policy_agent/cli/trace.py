@@ -80,7 +80,7 @@ def run_trace(cfg: AgentAddress | AgentConfig, request: dict[str, Any], output: 
 
 def trace_table(trace: dict[str, Any]) -> str:
     """The trace as a header line, one row per table met, and the outcome; agent values printed safely."""
-    from auditlog.query_output import safe_text
+    from auditlog.safe_text import safe_text
 
     src, dst = trace.get("from") or {}, trace.get("to") or {}
     sport = trace.get("source_port") if trace.get("source_port") is not None else "any"

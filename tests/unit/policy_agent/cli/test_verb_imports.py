@@ -72,6 +72,23 @@ def test_applying_through_a_stub_agent_loads_no_policy_machinery(tmp_path: Path)
     assert under(modules, NOT_FOR_A_CLIENT) == []
 
 
+def test_status_prints_an_agents_answer_without_openflow_or_the_audit_query(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"state_dir: {tmp_path}\n")
+    snapshot = {"agent": {"pid": 7, "version": "0.1.0", "node": "node-a\x1b[31m", "uptime_seconds": 65},
+                "openflow": {"connected": True, "target": "tcp:127.0.0.1:6653", "connects": 1},
+                "apply_settlement": {"outcome": "rolled-back", "reason": "the switch never took it"},
+                "problems": [{"time": 0, "level": "WARNING", "logger": "x", "message": "one\nline"}]}
+    with stub_agent(tmp_path / "api.sock", {"ok": True, "status": snapshot}):
+        modules, res = modules_imported(["status", "--config", str(config)])
+    assert "interrupted apply rolled back at start: the switch never took it" in res.stdout
+    assert "node node-a\\x1b[31m" in res.stdout and "one\\nline" in res.stdout  # escaped, as ever
+    # sources.apply_outcome (the settlement's line) and nothing else of the agent's sources.
+    assert under(modules, ("policy_agent.sources",)) == ["policy_agent.sources", "policy_agent.sources.apply_outcome"]
+    heavy = [m for m in NOT_FOR_A_CLIENT if m != "policy_agent.sources"]
+    assert under(modules, (*heavy, "auditlog.query", "auditlog.query_output", "orjson")) == []
+
+
 def test_syslog_status_reads_an_agents_answer_without_the_forwarder(tmp_path: Path) -> None:
     config = tmp_path / "agent.yaml"
     config.write_text(f"state_dir: {tmp_path}\n")
