@@ -42,20 +42,33 @@ spec:
 """
 
 
+# What a running agent's status answer holds, in brief (policy_agent/status.py): enough for every line of the table.
+STATUS = {"agent": {"pid": 1, "version": "0.1.0", "node": "node-a", "uptime_seconds": 3600, "started": 0},
+          "openflow": {"connected": True, "target": "tcp:127.0.0.1:6653", "connects": 1},
+          "ovs": {"version": "3.1.0", "datapath_type": "netdev", "bridge": "br-int", "mode": "embedded"},
+          "meters": {"supported": True}, "ebpf": {"state": "off", "active": False},
+          "policy": {"tiers": 5, "policies": 100, "rules": 1000, "namespaces": 3, "pods": 30},
+          "audit": {"enabled": True, "path": "/var/log/npaudit/audit.jsonl", "head": {"seq": 1, "chain": "0" * 64}},
+          "apply_settlement": {"outcome": "nothing", "store": 3}, "problems": []}
+
+
 def stub_agent(path: Path) -> None:
-    """A local API socket at `path` answering every request "ok" at once, in a daemon thread: what is left of
-    `npaudit apply`'s wall time is the command's own (bench/cni_latency.py's apply_wall_ms minus agent_side_ms)."""
+    """A local API socket at `path` answering every request at once, in a daemon thread (`status` with STATUS, any
+    other op "ok"): what is left of `npaudit apply`'s wall time is the command's own (bench/cni_latency.py's
+    apply_wall_ms minus agent_side_ms), and `status` prints a whole table."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(path))
     srv.listen(8)
-    reply = json.dumps({"ok": True, "apply": {"policies": 1}, "rules": 1000}).encode()
+    replies = {"status": json.dumps({"ok": True, "status": STATUS}).encode()}
+    default = json.dumps({"ok": True, "apply": {"policies": 1}, "rules": 1000}).encode()
 
     def serve() -> None:
         while True:
             conn, _ = srv.accept()
             with conn:
                 (length,) = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))
-                conn.recv(length, socket.MSG_WAITALL)
+                op = json.loads(conn.recv(length, socket.MSG_WAITALL)).get("op")
+                reply = replies.get(op, default)
                 conn.sendall(struct.pack(">I", len(reply)) + reply)
     threading.Thread(target=serve, daemon=True).start()
 
@@ -70,6 +83,7 @@ def commands(config: Path, stub_config: Path, policy: Path) -> dict[str, list[st
         "status_no_agent": [*CLI, "status", "--config", str(config)],
         "get_rules_no_agent": [*CLI, "get", "rules", "--config", str(config)],
         "apply_one_policy_stub_agent": [*CLI, "apply", "-f", str(policy), "--config", str(stub_config)],
+        "status_stub_agent": [*CLI, "status", "--config", str(stub_config)],
     }
 
 
