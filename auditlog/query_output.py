@@ -9,38 +9,19 @@ every such character already escaped by the writer).
 
 from __future__ import annotations
 
-import unicodedata
-from typing import IO, Any, Iterable, Protocol
+from typing import IO, Iterable, Protocol
 
 import orjson
 
 from auditlog.loss_records import is_loss_record
 from auditlog.query import Match, Record, get_field
+from auditlog.safe_text import safe_text
 
 __all__ = ["FORMATS", "Output", "make_output", "safe_text"]
 
 FORMATS = ("table", "compact", "json")
-_UNSAFE = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"))
 _COLOURS = {"Allow": "\x1b[32m", "Drop": "\x1b[31m", "Reject": "\x1b[35m", "Pass": "\x1b[33m", "LOSS": "\x1b[1;33m"}
 _RESET = "\x1b[0m"
-
-
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(ch: str) -> str:
-    if ch in _SHORT:
-        return _SHORT[ch]
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def safe_text(value: Any) -> str:
-    """`value` as text that prints as itself: control and invisible characters escaped."""
-    text = value if isinstance(value, str) else "" if value is None else str(value)
-    if text.isascii() and text.isprintable():
-        return text
-    return "".join(_escape(ch) if ch != " " and unicodedata.category(ch) in _UNSAFE else ch for ch in text)
 
 
 def _endpoint(record: Record, side: str) -> str:

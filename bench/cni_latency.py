@@ -73,7 +73,9 @@ _SYNC_LINE = re.compile(r"policy sync #(\d+) \((\S+)\): .*compile ([\d.]+), swit
 # VERSION (process start-up), and a one-rule change at 1,000 rules on the agent side.
 TARGETS = {"agent_side_add_p99_ms": {"1000": 30.0, "5000": 100.0},
            "plugin_wall_p99_above_version_p50_ms": 60.0,
-           "one_rule_change_agent_side_ms": {"rules": 1000, "p99": 50.0}}
+           "one_rule_change_agent_side_ms": {"rules": 1000, "p99": 50.0},
+           # Issue 23: `npaudit apply` of a one-rule change, the whole command's wall time (start-up included).
+           "one_rule_change_apply_wall_ms": {"rules": 1000, "p99": 200.0}}
 
 
 def progress(msg: str) -> None:
@@ -621,6 +623,12 @@ def against_targets(result: dict[str, Any]) -> dict[str, Any]:
     p99 = change.get("add_rule_to_one_policy", {}).get("agent_side_ms", {}).get("p99")
     out["one_rule_change_agent_side_p99_ms"] = {"measured": p99, "target": want["p99"], "at_rules": want["rules"],
                                                 "met": None if p99 is None else p99 <= want["p99"]}
+    want = TARGETS["one_rule_change_apply_wall_ms"]
+    wall = result.get("policy_change_ms", {}).get(str(want["rules"]), {}).get("add_rule_to_one_policy", {}).get(
+        "apply_wall_ms", {})
+    out["one_rule_change_apply_wall_p99_ms"] = {
+        "measured": wall.get("p99"), "p50": wall.get("p50"), "target": want["p99"], "at_rules": want["rules"],
+        "met": None if wall.get("p99") is None else wall["p99"] <= want["p99"]}
     return out
 
 

@@ -46,8 +46,9 @@ from auditlog.syslog.errors import (CheckpointError, SyslogConfigError, SyslogEr
 from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, FrameEncoder,
                                      Framing, Header, encode_test_message, frame, rfc3339_millis)
 from auditlog.syslog.tailer import Tailer
-from auditlog.syslog.transport import (ACK_POLL, Backoff, Endpoint, Sender, TlsOptions, open_sender, parse_endpoint,
-                                       receive_buffer_bound, wait_acked)
+from auditlog.syslog.transport import (ACK_POLL, RELP_SCHEMES, TLS_SCHEMES, Backoff, Endpoint, Sender, TlsOptions,
+                                       open_sender, parse_endpoint, receive_buffer_bound, wait_acked)
+from auditlog.syslog.stats import ForwarderStats as ForwarderStats  # re-exported: its home is light
 from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
             raise SyslogConfigError(f"syslog destination {url}: udp_max_bytes must be in "
                                     f"{MIN_UDP_MAX_BYTES}..65507, got {udp_max_bytes}")
         chosen = Framing.DATAGRAM
-    elif endpoint.scheme == "relp":  # each RELP frame carries its length: "DATALEN SP DATA" is octet-counting
+    elif endpoint.scheme in RELP_SCHEMES:  # each RELP frame carries its length: "DATALEN SP DATA" is octet-counting
         if framing not in (None, Framing.OCTET_COUNTING.value):
             raise SyslogConfigError(f"syslog destination {url}: framing {framing!r} does not apply to relp")
         chosen = Framing.OCTET_COUNTING
@@ -119,8 +120,8 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         if framing not in (None, *names):
             raise SyslogConfigError(f"syslog destination {url}: framing must be one of {', '.join(names)}")
         chosen = Framing(framing or Framing.OCTET_COUNTING.value)
-    if tls is not None and endpoint.scheme != "tls":
-        raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// URL")
+    if tls is not None and endpoint.scheme not in TLS_SCHEMES:
+        raise SyslogConfigError(f"syslog destination {url}: ca/cert/key need a tls:// or relp+tls:// URL")
     for name, value, least in (("batch_records", batch_records, 1), ("batch_bytes", batch_bytes, 1),
                                ("checkpoint_interval", checkpoint_interval, 0),
                                ("checkpoint_records", checkpoint_records, 1),
@@ -131,7 +132,7 @@ def make_destination(url: str, *, node_name: str, facility: int | str = DEFAULT_
         raise SyslogConfigError(f"syslog destination {url}: receive_buffer_bytes must be >= 0, "
                                 f"got {receive_buffer_bytes}")
     return Destination(endpoint, Header.for_node(node_name, facility), chosen,
-                       tls if endpoint.scheme == "tls" else None,
+                       tls if endpoint.scheme in TLS_SCHEMES else None,
                        udp_max_bytes if endpoint.scheme == "udp" else None, batch_records, batch_bytes,
                        checkpoint_interval, checkpoint_records, window_batches, window_bytes, receive_buffer_bytes)
 
@@ -159,26 +160,6 @@ def checkpoint_name(endpoint: Endpoint) -> str:
     """The checkpoint file name of a destination: one file per scheme, host and port."""
     host = re.sub(r"[^A-Za-z0-9.-]", "_", endpoint.host)
     return f"{endpoint.scheme}_{host}_{endpoint.port}.json"
-
-
-@dataclass(frozen=True)
-class ForwarderStats:
-    """A snapshot of one forwarder (counters are records, since the forwarder started)."""
-
-    destination: str
-    connected: bool
-    last_seq_sent: int | None
-    backlog_bytes: int | None
-    last_error: str | None
-    sent: int
-    lost: int          # removed by retention before they were sent
-    truncated: int     # UDP: sent with a stub MSG
-    skipped: int       # lines that are no sealed record, or records that cannot be encoded
-    errors: int        # failed connects and sends (each retried)
-    restarts: int = 0  # process.ProcessForwarder: children that died and were started again
-    # Seconds spent with a full send window, waiting for the receiver's ACKs: while this grows as fast as
-    # time passes, the receiver (or the network to it) sets the pace, not the forwarder.
-    receiver_wait_s: float = 0.0
 
 
 @dataclass
@@ -222,10 +203,10 @@ class Forwarder:
         self._unsaved = _Unsaved()
         # RELP: each batch is saved as soon as the receiver answered all of it, so a crash re-sends at most
         # the window (what was sent and not answered); elsewhere saves are spaced out (the docstring).
-        self._save_each = destination.endpoint.scheme == "relp"
+        self._save_each = destination.endpoint.scheme in RELP_SCHEMES
         self._tailer: Tailer | None = None
         unread = destination.receive_buffer_bytes
-        if destination.endpoint.scheme in ("udp", "relp"):  # relp: an answered message is the receiver's
+        if destination.endpoint.scheme in ("udp", *RELP_SCHEMES):  # relp: an answered message is the receiver's
             unread = 0
         elif unread is None:
             unread = receive_buffer_bound()

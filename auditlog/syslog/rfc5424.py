@@ -14,11 +14,13 @@ One audit line becomes one message::
   Pass         PASS      6 informational
   Drop         DROP      4 warning
   Reject       REJECT    4 warning
-  (none)       STATE     5 notice  (the writer's own records, e.g. chain-restart)
+  (none)       STATE     5 notice  (the writer's own records, e.g. a chain restart after a torn write)
+  (none)       STATE     4 warning (a loss record: packet-ins or records the trail lacks, and a chain
+                                   restart naming records a stopped writer never wrote)
   ===========  ========  ==================
 
   Drop and Reject are "warning", not "notice", so that a receiver filtering on
-  severity <= warning keeps exactly the denials.
+  severity <= warning keeps the denials and every record saying the trail is incomplete.
 - TIMESTAMP is the record's ``@timestamp`` (RFC 3339, milliseconds, ``Z``); a value
   that is not a valid RFC 5424 TIMESTAMP becomes ``-``.
 - HOSTNAME is the node name if it is 1..255 PRINTUSASCII characters (``!``..``~``),
@@ -67,7 +69,7 @@ from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
 __all__ = ["APP_NAME", "DEFAULT_FACILITY", "DEFAULT_UDP_MAX_BYTES", "FACILITIES", "MIN_UDP_MAX_BYTES", "MSGID",
            "SD_ID", "SEVERITY", "TEST_MSGID", "TEST_PARAM", "Encoded", "FrameEncoder", "Framing", "Header",
            "RecordFields", "decode_message", "encode_record", "encode_test_message", "facility_code", "frame",
-           "header_hostname", "record_fields", "rfc3339_millis", "sd_escape", "valid_timestamp"]
+           "header_hostname", "record_fields", "rfc3339_millis", "sd_escape", "states_loss", "valid_timestamp"]
 
 APP_NAME = "npaudit"
 SD_ID = "npaudit@32473"
@@ -87,6 +89,7 @@ FACILITIES: dict[str, int] = {
 SEVERITY: dict[str, int] = {"Allow": 6, "Pass": 6, "Drop": 4, "Reject": 4}
 MSGID: dict[str, str] = {"Allow": "ALLOW", "Pass": "PASS", "Drop": "DROP", "Reject": "REJECT"}
 _STATE_MSGID, _STATE_SEVERITY = "STATE", 5
+_LOSS_SEVERITY = 4  # a record saying the trail lacks something: warning, as its ECS log.level says
 TEST_MSGID, _TEST_SEVERITY = "TEST", 5
 TEST_PARAM = "test"  # SD-PARAM that marks a test message (value "true")
 TEST_TEXT = "npaudit syslog test message: not an audit record, not part of the hash chain"
@@ -167,6 +170,16 @@ class RecordFields(NamedTuple):
     chain: str | None        # None when npaudit.chain is not a string
     disposition: str | None  # None when npaudit.disposition is absent or not a string
     timestamp: str           # @timestamp if it is a valid RFC 5424 TIMESTAMP, else "-"
+    # The record states a loss: npaudit.loss is an object (auditlog.loss_records) or npaudit.chain_restart
+    # one whose records_lost is a positive integer (a stopped writer's loss note, auditlog.chain).
+    loss: bool = False
+
+
+def states_loss(meta: Mapping[str, Any]) -> bool:
+    """Whether the npaudit object `meta` of a record states a loss (RecordFields.loss)."""
+    restart = meta.get("chain_restart")
+    lost = restart.get("records_lost") if isinstance(restart, Mapping) else None
+    return isinstance(meta.get("loss"), Mapping) or (type(lost) is int and lost > 0)
 
 
 def valid_timestamp(stamp: object) -> str:
@@ -183,7 +196,7 @@ def record_fields(record: Mapping[str, Any]) -> RecordFields:
     disposition = meta.get("disposition")
     return RecordFields(meta["seq"], chain if isinstance(chain, str) else None,
                         disposition if isinstance(disposition, str) else None,
-                        valid_timestamp(record.get("@timestamp")))
+                        valid_timestamp(record.get("@timestamp")), states_loss(meta))
 
 
 def _stub(record: Mapping[str, Any], fields: RecordFields, original_bytes: int, with_event: bool) -> bytes:
@@ -222,12 +235,12 @@ def encode_record(record: Mapping[str, Any] | RecordFields, line: bytes, header:
     record is not sealed.
     """
     fields = record if isinstance(record, RecordFields) else record_fields(record)
-    seq, chain, disposition, stamp = fields
+    seq, chain, disposition, stamp, loss = fields
     msg = line[:-1] if line.endswith(b"\n") else line
     if disposition in MSGID:
         msgid, severity = MSGID[disposition], SEVERITY[disposition]
     else:
-        msgid, severity = _STATE_MSGID, _STATE_SEVERITY
+        msgid, severity = _STATE_MSGID, _LOSS_SEVERITY if loss else _STATE_SEVERITY
     prefix = f"<{header.facility * 8 + severity}>1 {stamp} {header.hostname} {APP_NAME} - {msgid} "
     message = f"{prefix}{_structured_data(seq, chain, None)} ".encode("ascii") + msg
     if max_bytes is None or len(message) <= max_bytes:
@@ -264,8 +277,8 @@ class FrameEncoder:
 
     def encode(self, fields: RecordFields, line: bytes) -> tuple[bytes, bool]:
         """(the framed message, whether MSG was replaced by a stub); SyslogFormatError as encode_record."""
-        seq, chain, disposition, stamp = fields
-        if not self._fast or chain is None or not chain.isalnum() or line.endswith(b"\n"):
+        seq, chain, disposition, stamp, loss = fields
+        if not self._fast or chain is None or not chain.isalnum() or line.endswith(b"\n") or loss:
             encoded = encode_record(fields, line, self.header, self.max_bytes)
             return frame(encoded.message, self.framing), encoded.truncated
         pri, after_stamp = self._parts.get(disposition, self._state_parts)

@@ -13,7 +13,9 @@ fails that test. Even then it reads only what it can prove in that text:
   delimits a string and a key can be told from text inside a value;
 - the brackets outside strings before ``"seq":`` (and ``"disposition":``)
   balance, so the key is npaudit's own and not one in a nested object;
-- string values without a backslash, so the bytes are the value.
+- string values without a backslash, so the bytes are the value;
+- no ``loss`` or ``chain_restart`` member: the rare records that may state a loss
+  (RecordFields.loss) are parsed.
 
 Anything else returns None and `read_fields` parses the JSON instead
 (chain.parse_line); both ways give the same fields.
@@ -38,6 +40,7 @@ __all__ = ["read_fields", "scan_sealed"]
 _TIMESTAMP_KEY = TIMESTAMP_KEY.encode("ascii")
 _SEQ_KEY = SEQ_KEY.encode("ascii")
 _DISPOSITION = b"disposition"
+_PARSED_KEYS = (b"loss", b"chain_restart")  # npaudit members whose records are parsed (rfc5424.states_loss)
 _SEQ_VALUE = re.compile(rb"[1-9][0-9]{0,15}(?=[,}])")  # JCS writes integers below 2**53 as plain digits
 _CACHED_SEGMENT = 1024  # longer segments (hostile Pod names, say) are not kept in the cache
 
@@ -81,6 +84,8 @@ def _members_of(segment: bytes) -> str | None | Literal[False]:
     parts = segment[:-1].split(b'"')  # odd items: the strings (keys and values) in npaudit
     if len(parts) % 2 == 0 or not _object_level(parts, len(parts)):
         return False
+    if any(_key_index(parts, key) is not None for key in _PARSED_KEYS):
+        return False  # it may state a loss (rfc5424.states_loss): read from the parsed record
     return _string_member(parts, _DISPOSITION)
 
 
@@ -103,8 +108,8 @@ def _object_level(parts: list[bytes], end: int) -> bool:
     return outside.count(b"{") == outside.count(b"}")
 
 
-def _string_member(parts: list[bytes], key: bytes) -> str | None | Literal[False]:
-    """npaudit's member `key` among `parts`: its string value, None if absent or no string, False if unsure."""
+def _key_index(parts: list[bytes], key: bytes) -> int | None:
+    """Where npaudit's own member `key` is among `parts` (the index of its name), None if it has none."""
     index = 0
     while True:
         try:
@@ -113,10 +118,18 @@ def _string_member(parts: list[bytes], key: bytes) -> str | None | Literal[False
             return None
         if index % 2 == 0 or not parts[index + 1].startswith(b":") or not _object_level(parts, index):
             continue  # text outside a string, a value, or a key of a nested object
-        if parts[index + 1] != b":":
-            return None  # npaudit's member, but its value is no string
-        value = parts[index + 2]
-        return False if b"\\" in value else value.decode("ascii")
+        return index
+
+
+def _string_member(parts: list[bytes], key: bytes) -> str | None | Literal[False]:
+    """npaudit's member `key` among `parts`: its string value, None if absent or no string, False if unsure."""
+    index = _key_index(parts, key)
+    if index is None:
+        return None
+    if parts[index + 1] != b":":
+        return None  # npaudit's member, but its value is no string
+    value = parts[index + 2]
+    return False if b"\\" in value else value.decode("ascii")
 
 
 def read_fields(line: bytes, prev_chain: str | None) -> RecordFields:

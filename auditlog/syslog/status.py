@@ -6,7 +6,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Mapping
 
 from auditlog.syslog.errors import SyslogError
-from auditlog.syslog.forwarder import ForwarderStats
+from auditlog.syslog.stats import ForwarderStats
 
 _FIELDS = {f.name: str(f.type) for f in fields(ForwarderStats)}  # strings: postponed annotations
 _DEFAULTS = {f.name for f in fields(ForwarderStats) if f.default is not MISSING}  # newer: an older agent omits

@@ -1,4 +1,5 @@
-"""Senders to one syslog receiver over UDP, TCP or TLS, and the jittered backoff between reconnects.
+"""Senders to one syslog receiver over UDP, TCP, TLS or RELP (plain or in TLS), and the jittered backoff between
+reconnects.
 
 Syslog over TCP has no application acknowledgement (RFC 6587), so a stream sender
 reports delivery from the receiver's TCP: `send` hands frames to the kernel
@@ -34,9 +35,11 @@ from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
 from auditlog.syslog.connect import open_stream
 from auditlog.syslog.relp import RelpSender
 
-SCHEMES = ("udp", "tcp", "tls", "relp")
+SCHEMES = ("udp", "tcp", "tls", "relp", "relp+tls")
 # RFC 5426, RFC 6587 common practice, RFC 5425; relp: rsyslog's imrelp examples (RELP has no assigned port).
-DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514, "relp": 2514}
+DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514, "relp": 2514, "relp+tls": 2514}
+RELP_SCHEMES = ("relp", "relp+tls")  # RELP sessions (relp.py): application acknowledgements
+TLS_SCHEMES = ("tls", "relp+tls")    # over TLS: the server verified (CA, host name), never plain TCP
 ACK_POLL = 0.002  # seconds between looks at the send queue while waiting for the receiver's ACKs
 # RFC 8446 5.1 / RFC 5246 6.2.1: the most plaintext one TLS record carries.
 TLS_MAX_RECORD_PLAINTEXT = 1 << 14
@@ -80,8 +83,8 @@ class TlsOptions:
 
 
 def parse_endpoint(url: str) -> Endpoint:
-    """The Endpoint of "udp://host:port", "tcp://…", "tls://…" or "relp://…"; SyslogConfigError naming the URL
-    otherwise."""
+    """The Endpoint of "udp://host:port", "tcp://…", "tls://…", "relp://…" or "relp+tls://…"; SyslogConfigError
+    naming the URL otherwise."""
     # urlsplit drops tabs and line breaks silently: a URL holding one is not the URL it reads as.
     if any(ord(c) < 0x20 or c == "\x7f" or c.isspace() for c in url):
         raise SyslogConfigError(f"syslog destination {url!r}: must not contain spaces or control characters")
@@ -372,4 +375,6 @@ def open_sender(endpoint: Endpoint, tls: TlsOptions | None = None, timeout: floa
     if endpoint.scheme == "relp":
         return RelpSender(endpoint, timeout=timeout)
     options = tls or TlsOptions()
+    if endpoint.scheme == "relp+tls":  # rsyslog imrelp tls="on": the RELP session inside TLS
+        return RelpSender(endpoint, tls=tls_context(options), server_name=options.server_name, timeout=timeout)
     return StreamSender(endpoint, tls=tls_context(options), server_name=options.server_name, timeout=timeout)

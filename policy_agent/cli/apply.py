@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy_agent.cli.common import CONFIG_HELP, load_config
+from policy_agent.cli.common import CONFIG_HELP, agent_address
 from policy_agent.errors import AgentError, printable
 
 # `npaudit apply|delete` exit status when the agent went away before answering.
@@ -65,7 +65,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from policy_agent.rpc import FrameError
     from policy_agent.rpc import OutcomeUnknown, call
 
-    cfg = load_config(args.config)
+    cfg = agent_address(args.config)
     try:
         text = read_manifests(args.filename)
     except ManifestInputError as exc:

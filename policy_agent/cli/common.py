@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 if TYPE_CHECKING:
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 # Where a verb finds its config without --config: this variable, else this file when it exists.
@@ -48,6 +49,17 @@ def load_config(given: str | None) -> AgentConfig:
         for line in exc.errors:
             print(f"config error: {line}", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def agent_address(given: str | None) -> AgentAddress:
+    """Where the running agent listens, for a verb that only talks to it: state_dir from the config `given`
+    (see config_path) without building the rest (policy_agent/config/client.py); a file that reader cannot
+    vouch for is loaded whole, so its errors are the loader's (exit status 2)."""
+    from policy_agent.config.client import AgentAddress, read
+
+    path = config_path(given)
+    address = read(path)
+    return address if address is not None else AgentAddress(load_config(given).state_dir)
 
 
 def audit_paths(paths: list[Path], config: str | None, base: str) -> tuple[list[Path], str]:
@@ -100,7 +112,7 @@ def open_private(path: str) -> TextIO:
     return open(fd, "a", buffering=1)
 
 
-def ask_status(cfg: AgentConfig, api: ApiCall | None) -> tuple[dict[str, Any] | None, str]:
+def ask_status(cfg: AgentAddress | AgentConfig, api: ApiCall | None) -> tuple[dict[str, Any] | None, str]:
     """The running agent's status snapshot, or None and one line saying why there is none."""
     from policy_agent.rpc import STATUS_OP, call
 

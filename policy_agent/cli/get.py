@@ -8,10 +8,11 @@ import json
 import sys
 from typing import Any, TextIO
 
-from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
 if TYPE_CHECKING:
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 HELP = "list what the running agent has in force: policies, rules with their ids and tiers, Pods (classes, flows)"
@@ -47,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--flows", action="store_true", help="pods: each Pod's flows in force (forwarding, class, "
                                                         "and every policy flow matching it)")
     p.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
-    p.set_defaults(func=lambda args: run_get(load_config(args.config), request_of(args), args.output))
+    p.set_defaults(func=lambda args: run_get(agent_address(args.config), request_of(args), args.output))
 
 
 def request_of(args: Any) -> dict[str, Any]:
@@ -65,8 +66,8 @@ def request_of(args: Any) -> dict[str, Any]:
     return req
 
 
-def run_get(cfg: AgentConfig, request: dict[str, Any], output: str = "table", *, api: ApiCall | None = None,
-            out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run_get(cfg: AgentAddress | AgentConfig, request: dict[str, Any], output: str = "table", *,
+            api: ApiCall | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from policy_agent.rpc import call
 
     out, err = out or sys.stdout, err or sys.stderr

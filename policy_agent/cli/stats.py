@@ -97,7 +97,7 @@ def run_stats(cfg: AgentConfig, paths: list[Path], *, since: str | None, until: 
 
 def stats_table(report: dict[str, Any], *, top: int = 10, agent_note: str = "") -> str:
     """The report as aligned sections: totals, each grouping's top rows, then the agent's counters."""
-    from auditlog.query_output import safe_text
+    from auditlog.safe_text import safe_text
 
     from auditlog.stats import GROUPS
 

@@ -15,10 +15,11 @@ import json
 import sys
 from typing import Any, Callable, TextIO
 
-from policy_agent.cli.common import CONFIG_HELP, ApiCall, ask_status, dig, duration, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address, ask_status, dig, duration
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
 if TYPE_CHECKING:
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 EbpfProbe = Callable[[], tuple[bool, str]]
@@ -37,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                          "and loads the XDP program: a few seconds)")
     st.add_argument("--no-ebpf-probe", dest="ebpf_probe", action="store_false",
                     help="no probe (the default now; kept for scripts that pass it)")
-    st.set_defaults(func=lambda args: run_status(load_config(args.config), args.output,
+    st.set_defaults(func=lambda args: run_status(agent_address(args.config), args.output,
                                                  probe=_probe_ebpf if args.ebpf_probe else None))
 
 
@@ -48,7 +49,7 @@ def _probe_ebpf() -> tuple[bool, str]:
     return result.ok, result.reason
 
 
-def run_status(cfg: AgentConfig, output: str = "table", *, api: ApiCall | None = None,
+def run_status(cfg: AgentAddress | AgentConfig, output: str = "table", *, api: ApiCall | None = None,
                probe: EbpfProbe | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print the running agent's status; 1 with one line when no agent answers."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -74,8 +75,8 @@ def _clock(epoch: Any) -> str:
 
 def status_table(status: dict[str, Any]) -> str:
     """One line per subsystem, then the recent problems; every value from the agent printed safely."""
-    from auditlog.query_output import safe_text
-    from policy_agent.sources.apply_intent import describe as settlement_line
+    from auditlog.safe_text import safe_text
+    from policy_agent.sources.apply_outcome import describe as settlement_line
 
     agent, of, ovs = status.get("agent") or {}, status.get("openflow") or {}, status.get("ovs") or {}
     supported = dig(status, "meters", "supported")

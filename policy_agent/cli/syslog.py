@@ -15,14 +15,14 @@ import json
 import secrets
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence, TextIO
 
-from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address, load_config
 
 if TYPE_CHECKING:  # the forwarder's modules load only when a subcommand runs, not to parse its options
     from auditlog.syslog.forwarder import Destination
     from auditlog.syslog.status import SyslogStatus
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 SendTest = Callable[["Destination", float, str], None]
@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     st = actions.add_parser("status", help=STATUS_HELP, description=STATUS_HELP)
     st.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    st.set_defaults(func=lambda args: run_status(load_config(args.config), args.output))
+    st.set_defaults(func=lambda args: run_status(agent_address(args.config), args.output))
     te = actions.add_parser("test", help=TEST_HELP, description=TEST_HELP)
     te.add_argument("--config", help=f"the config whose syslog.destinations are tested {CONFIG_HELP}")
     te.add_argument("--destination", metavar="URL",
@@ -53,10 +53,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 # --- status ---
 
-def run_status(cfg: AgentConfig, output: str = "table", *, api: ApiCall | None = None,
+def run_status(cfg: AgentAddress | AgentConfig, output: str = "table", *, api: ApiCall | None = None,
                out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print the running agent's syslog status; 1 when no agent answers or its reply is unusable."""
-    from auditlog.syslog.status import SyslogStatus, SyslogStatusError
     from policy_agent.rpc import SYSLOG_STATUS_OP, call
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -70,6 +69,8 @@ def run_status(cfg: AgentConfig, output: str = "table", *, api: ApiCall | None =
         for line in reply.get("errors") or ["the agent refused the request"]:
             print(f"error: agent at {cfg.api_socket}: {line}", file=err)
         return 1
+    from auditlog.syslog.status import SyslogStatus, SyslogStatusError  # the forwarder's stats: once there is a reply
+
     try:
         status = SyslogStatus.from_json(reply.get("syslog") or {})
     except SyslogStatusError as exc:
@@ -101,8 +102,7 @@ def _opt(value: int | None) -> str:
 
 # --- test ---
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What happened to the test message at one destination (error None: delivered)."""
 
     destination: str
@@ -152,7 +152,8 @@ def run_test(cfg: AgentConfig, url: str | None = None, *, timeout: float = 10.0,
             outcomes.append(Outcome(dest.name, str(exc), note))
             continue
         ack = {"udp": "sent (UDP: no acknowledgement, look at the receiver)",
-               "relp": "acknowledged by the receiver (RELP rsp 200)"}.get(dest.endpoint.scheme,
+               "relp": "acknowledged by the receiver (RELP rsp 200)",
+               "relp+tls": "acknowledged by the receiver (RELP rsp 200, over TLS)"}.get(dest.endpoint.scheme,
                                                                          "acknowledged by the receiver's TCP")
         outcomes.append(Outcome(dest.name, None, "; ".join(n for n in (ack, note) if n)))
     print(f"test message id {test_id} (MSGID TEST, [npaudit@32473 test=\"true\" id=\"{test_id}\"])", file=out)

@@ -7,10 +7,11 @@ import json
 import sys
 from typing import Any, TextIO
 
-from policy_agent.cli.common import CONFIG_HELP, ApiCall, load_config
+from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing's names here
 if TYPE_CHECKING:
+    from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
 
 
@@ -38,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "when given) instead of injecting one; it is forwarded, committed and audited as ever")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--config", help=f"the agent's config (for its state_dir, where the API socket is) {CONFIG_HELP}")
-    p.set_defaults(func=lambda args: run_trace(load_config(args.config), request_of(args), args.output))
+    p.set_defaults(func=lambda args: run_trace(agent_address(args.config), request_of(args), args.output))
 
 
 def request_of(args: Any) -> dict[str, Any]:
@@ -53,8 +54,8 @@ def request_of(args: Any) -> dict[str, Any]:
     return req
 
 
-def run_trace(cfg: AgentConfig, request: dict[str, Any], output: str = "table", *, api: ApiCall | None = None,
-              out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run_trace(cfg: AgentAddress | AgentConfig, request: dict[str, Any], output: str = "table", *,
+              api: ApiCall | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from policy_agent.rpc import call
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -81,7 +82,7 @@ def run_trace(cfg: AgentConfig, request: dict[str, Any], output: str = "table", 
 
 def trace_table(trace: dict[str, Any]) -> str:
     """The trace as a header line, one row per table met, and the outcome; agent values printed safely."""
-    from auditlog.query_output import safe_text
+    from auditlog.safe_text import safe_text
 
     src, dst = trace.get("from") or {}, trace.get("to") or {}
     sport = trace.get("source_port") if trace.get("source_port") is not None else "any"

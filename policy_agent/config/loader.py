@@ -7,7 +7,6 @@ Each component receives only its own section.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -30,8 +29,8 @@ from policy_agent.config.ovs import OpenFlowConfig, OvsConfig
 from policy_agent.config.packetin import CategoryLimits, MeterLimit, MetersConfig, PacketInConfig
 from policy_agent.config.services import BundleConfig, CniConfig, KubernetesConfig, MetricsConfig, PolicyConfig
 from policy_agent.config.syslog import SyslogConfig, SyslogDestinationConfig, syslog_destination
-from policy_agent.errors import AgentError
 from policy_agent.config.offload import OffloadConfig
+from policy_agent.config.strict_yaml import ConfigError, strict_load
 
 __all__ = [
     "AgentConfig", "AuditConfig", "BundleConfig", "CategoryLimits", "CniConfig", "ConfigError", "FairShareConfig",
@@ -39,14 +38,6 @@ __all__ = [
     "OpenFlowConfig", "OverloadConfig", "OvsConfig", "PacketInConfig", "PolicyConfig", "SyslogConfig",
     "SyslogDestinationConfig", "load", "loads", "node_name_from_env", "syslog_destination",
 ]
-
-
-class ConfigError(AgentError):
-    """The configuration is invalid; `errors` lists "field.path: reason" lines."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -174,7 +165,7 @@ def load(path: str | Path, *, environ: Mapping[str, str] = os.environ) -> AgentC
 
 def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = os.environ) -> AgentConfig:
     try:
-        data = _strict_load(text)
+        data = strict_load(text)
     except yaml.YAMLError as exc:  # its text spans several lines: keep the problem and where
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -200,45 +191,6 @@ def loads(text: str, source: str = "<config>", *, environ: Mapping[str, str] = o
     return config
 
 
-def _strict_load(text: str) -> Any:
-    """yaml.safe_load, but a key given twice in one mapping is a ConfigError naming it: YAML would keep
-    the last silently, so a setting written twice (a merge, a paste) would be half ignored."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        duplicates: list[str] = []
-        _find_duplicate_keys(node, "", duplicates, set())
-        if duplicates:
-            raise ConfigError(duplicates)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _find_duplicate_keys(node: yaml.Node, path: str, out: list[str], seen_nodes: set[int]) -> None:
-    if id(node) in seen_nodes:  # an alias: checked where its anchor stands (and it may be recursive)
-        return
-    seen_nodes.add(id(node))
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _find_duplicate_keys(item, f"{path}[{i}]", out, seen_nodes)
-    elif isinstance(node, yaml.MappingNode):
-        first_line: dict[tuple[str, str], int] = {}
-        for key, value in node.value:
-            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                continue
-            name = f"{path}.{key.value}" if path else str(key.value)
-            line = key.start_mark.line + 1
-            if (key.tag, key.value) in first_line:
-                out.append(f"{name}: duplicate key (line {first_line[key.tag, key.value]}, again at line {line}); "
-                           "YAML would keep only the last: give it once")
-            else:
-                first_line[key.tag, key.value] = line
-            _find_duplicate_keys(value, name, out, seen_nodes)
-
-
 def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     where = path.rstrip(".") or "(top level)"
     if not isinstance(data, dict):
@@ -248,6 +200,8 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
+            import difflib  # only for a field name that is wrong
+
             near = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             errors.append(f"{path}{key}: unknown field{hint}")

@@ -20,13 +20,14 @@ BYTES_MAX = 1 << 32
 
 @dataclass(frozen=True)
 class SyslogDestinationConfig:
-    # udp://HOST:PORT, tcp://HOST:PORT, tls://HOST:PORT or relp://HOST:PORT (514, 514, 6514, 2514).
+    # udp://HOST:PORT, tcp://HOST:PORT, tls://HOST:PORT, relp://HOST:PORT or relp+tls://HOST:PORT
+    # (514, 514, 6514, 2514, 2514; relp+tls: RELP inside TLS, rsyslog imrelp tls="on").
     url: str = field(default="", metadata=checked(lambda v: None if v else "is required"))
     # Facility name (local0..local7, daemon, ...) or number 0..23; severity comes from the disposition.
     facility: str = "local0"
     # tcp/tls only: octet-counting (RFC 6587 / RFC 5425) or lf.
     framing: str = field(default="octet-counting", metadata=checked(one_of("octet-counting", "lf")))
-    # tls only: CA file the server must chain to ("" = the system's trust store), optional client
+    # tls and relp+tls only: CA file the server must chain to ("" = the system's trust store), optional client
     # certificate and key, and the name the server certificate must carry ("" = the URL's host).
     ca: str = field(default="", metadata=checked(optional_file))
     cert: str = field(default="", metadata=checked(optional_file))
@@ -76,7 +77,7 @@ def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
     from auditlog.syslog.transport import TlsOptions
 
     tls = None
-    if dest.url.startswith("tls:") or dest.ca or dest.cert or dest.key or dest.server_name:
+    if dest.url.startswith(("tls:", "relp+tls:")) or dest.ca or dest.cert or dest.key or dest.server_name:
         tls = TlsOptions(ca=Path(dest.ca) if dest.ca else None, cert=Path(dest.cert) if dest.cert else None,
                          key=Path(dest.key) if dest.key else None, server_name=dest.server_name or None)
     framing = None if dest.url.startswith("udp:") and dest.framing == "octet-counting" else dest.framing

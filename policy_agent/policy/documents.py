@@ -14,7 +14,6 @@ from typing import Any, Iterable
 
 import yaml
 
-from policy_agent.policy.kinds import CLUSTER_SCOPED, SERVED
 
 # Caps, each named with its number in the error it causes.
 # One input file or `npaudit apply` text; the local API frame (rpc.MAX_FRAME) is smaller still.
@@ -144,6 +143,8 @@ def describe(doc: Any, where: str) -> str:
     """How messages name a document: "<Kind>/<namespace>/<name> (<source>#<index>)"."""
     if not isinstance(doc, dict):
         return f"Document ({where})"
+    from policy_agent.policy.kinds import CLUSTER_SCOPED, SERVED  # here: `npaudit apply` reads sizes without the model
+
     api, raw_kind = doc.get("apiVersion"), doc.get("kind")
     kind = SERVED.get((api, raw_kind)) if isinstance(api, str) and isinstance(raw_kind, str) else None
     meta = m if isinstance(m := doc.get("metadata"), dict) else {}

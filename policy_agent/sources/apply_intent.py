@@ -35,15 +35,15 @@ from packetin import messages
 from policy_agent.errors import AgentError
 from policy_agent.ovs import tables
 from policy_agent.sources.applied_store import FILE_MODE, AppliedStore, StoreChange, generation_of
+# The settlement's outcomes and its line in `npaudit status` live in a module of their own (status reads them without
+# this module's OpenFlow imports); re-exported here.
+from policy_agent.sources.apply_outcome import NOTHING, ROLLED_BACK, ROLLED_FORWARD, describe  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 INTENT_NAME = "applied.intent"
 STORE_NAME = "applied.yaml"
 
-ROLLED_FORWARD = "rolled-forward"
-ROLLED_BACK = "rolled-back"
-NOTHING = "nothing"
 
 # Test-only fault injection: seconds to wait after the switch took a change and before the
 # intent becomes the store, so a test can kill the agent in that window for certain. Read only
@@ -80,16 +80,6 @@ class Settlement:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def describe(settlement: Any) -> str:
-    """One line for `npaudit status` from a settlement's JSON (or None: an agent not started)."""
-    if not isinstance(settlement, dict):
-        return "-"
-    outcome = {ROLLED_FORWARD: "rolled forward", ROLLED_BACK: "rolled back"}.get(str(settlement.get("outcome")))
-    if outcome is None:
-        return f"no interrupted apply at start (store generation {settlement.get('store')})"
-    return f"interrupted apply {outcome} at start: {settlement.get('reason')}"
 
 
 class FlowStats(Protocol):

@@ -58,7 +58,7 @@ def test_each_shipped_rsyslog_config_passes_rsyslogs_own_validation(name: str, t
     assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr
 
 
-@pytest.mark.parametrize("scheme", ["tcp", "tls", "udp", "relp"])
+@pytest.mark.parametrize("scheme", ["tcp", "tls", "udp", "relp", "relp+tls"])
 def test_the_receiver_config_writes_each_forwarded_record_as_the_node_wrote_it(
         scheme: str, receiver: Receiver, pki: Pki, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
     live = tmp_path / "log" / "audit.jsonl"
@@ -66,7 +66,8 @@ def test_the_receiver_config_writes_each_forwarded_record_as_the_node_wrote_it(
     write_records(live, 1, count)
     lines = file_lines(live)
     fwd = forwarders(receiver.url(scheme), live, tmp_path / "ck" / f"{scheme}.json",
-                     tls=TlsOptions(ca=pki.ca) if scheme == "tls" else None)
+                     tls=TlsOptions(ca=pki.ca) if scheme == "tls" else
+                     TlsOptions(ca=pki.ca, cert=pki.client_cert, key=pki.client_key) if scheme == "relp+tls" else None)
     wait_for(lambda: len(receiver.lines("audit.json")) >= count)
     receiver.daemon.stop()  # flushes its files
     parsed = [json.loads(line) for line in receiver.lines("audit.json")]
@@ -89,6 +90,24 @@ def test_the_receiver_config_writes_each_forwarded_record_as_the_node_wrote_it(
         copy.write_bytes(b"".join(line + b"\n" for line in verbatim))
         result = verify([copy])
         assert result.ok and (result.first_seq, result.last_seq) == (1, count)
+
+
+@pytest.mark.parametrize("case", ["server not signed by our CA", "no client certificate"])
+def test_relp_over_tls_delivers_nothing_to_a_receiver_it_cannot_trust_or_that_cannot_trust_it(
+        case: str, receiver: Receiver, pki: Pki, tmp_path: Path, forwarders: Callable[..., Forwarder]) -> None:
+    live = tmp_path / "log" / "audit.jsonl"
+    write_records(live, 1, 5)
+    other = make_pki(tmp_path / "other", "other")
+    tls = (TlsOptions(ca=other.ca, cert=pki.client_cert, key=pki.client_key) if case.startswith("server")
+           else TlsOptions(ca=pki.ca))
+    fwd = forwarders(receiver.url("relp+tls"), live, tmp_path / "ck" / "relp-tls.json", tls=tls)
+    wait_for(lambda: fwd.stats().errors >= 2)
+    stats = fwd.stats()
+    assert stats.last_seq_sent is None and not stats.connected
+    expected = "certificate not trusted" if case.startswith("server") else "relp"
+    assert expected in (stats.last_error or ""), stats.last_error
+    receiver.daemon.stop()
+    assert receiver.lines("audit.json") == [] and receiver.lines(receiver.node_copy(NODE)) == []
 
 
 def digests(directory: Path) -> dict[str, str]:

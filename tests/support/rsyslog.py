@@ -129,7 +129,7 @@ class Receiver:
         for src, dst in ((pki.ca, "ca.pem"), (pki.cert, "server.pem"), (pki.key, "server.key")):
             shutil.copy(src, tls_dir / dst)
         self.ports = {"udp": free_port(socket.SOCK_DGRAM), "tcp": free_port(), "tls": free_port(),
-                      "relp": free_port()}
+                      "relp": free_port(), "relp+tls": free_port()}
         conf = templated("rsyslog-receiver.conf", workdir / "rsyslog.conf", {
             "/var/log/npaudit-siem/": f"{self.out}/",
             "/etc/rsyslog.d/npaudit-tls/": f"{tls_dir}/",
@@ -137,8 +137,11 @@ class Receiver:
             'input(type="imtcp" port="514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tcp"]}"',
             'input(type="imtcp" port="6514"': f'input(type="imtcp" address="127.0.0.1" port="{self.ports["tls"]}"',
             'input(type="imrelp" port="2514"': f'input(type="imrelp" address="127.0.0.1" port="{self.ports["relp"]}"',
+            'input(type="imrelp" port="2515"':
+                f'input(type="imrelp" address="127.0.0.1" port="{self.ports["relp+tls"]}"',
         })
-        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"], self.ports["relp"]))
+        self.daemon = RsyslogDaemon(workdir, conf, (self.ports["tcp"], self.ports["tls"], self.ports["relp"],
+                                                    self.ports["relp+tls"]))
 
     def url(self, scheme: str) -> str:
         return f"{scheme}://127.0.0.1:{self.ports[scheme]}"

@@ -14,7 +14,9 @@ from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
 from auditlog.syslog.forwarder import Forwarder, make_destination
 from auditlog.syslog.relp import TXNR_MAX, Frame, RelpSender, encode_frame, next_txnr, parse_frames
 from auditlog.syslog.rfc5424 import Framing
-from auditlog.syslog.transport import parse_endpoint
+from auditlog.syslog.transport import TlsOptions, open_sender, parse_endpoint
+from policy_agent.config.syslog import SyslogDestinationConfig, syslog_destination
+from tests.support.certs import make_pki
 from tests.support.relp_receiver import RelpReceiver
 from tests.support.syslog_receiver import TcpReceiver, write_records
 from tests.support.waiting import wait_for
@@ -56,6 +58,23 @@ def test_relp_urls_default_to_port_2514_and_octet_counted_frames() -> None:
     assert dest.framing is Framing.OCTET_COUNTING and dest.endpoint.port == 20514
     with pytest.raises(SyslogConfigError, match="does not apply to relp"):
         make_destination("relp://siem.example", node_name="n", framing="lf")
+
+
+def test_relp_over_tls_takes_the_tls_settings_and_opens_a_relp_session_inside_tls(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path, "relp")
+    assert parse_endpoint("relp+tls://siem.example").port == 2514
+    options = TlsOptions(ca=pki.ca, cert=pki.client_cert, key=pki.client_key, server_name="localhost")
+    dest = make_destination("relp+tls://127.0.0.1:20514", node_name="n", tls=options)
+    assert dest.framing is Framing.OCTET_COUNTING and dest.tls == options
+    sender = open_sender(dest.endpoint, dest.tls)
+    assert isinstance(sender, RelpSender) and sender._tls is not None and sender._server_name == "localhost"
+    assert isinstance(open_sender(parse_endpoint("relp://127.0.0.1"), None), RelpSender)
+    with pytest.raises(SyslogConfigError, match="need a tls:// or relp\\+tls:// URL"):
+        make_destination("relp://siem.example", node_name="n", tls=options)
+    with pytest.raises(SyslogConfigError, match="does not apply to relp"):
+        make_destination("relp+tls://siem.example", node_name="n", framing="lf")
+    configured = syslog_destination(SyslogDestinationConfig(url="relp+tls://siem.example", ca=str(pki.ca)), "n")
+    assert configured.tls is not None and configured.tls.ca == pki.ca
 
 
 def octet_counted(seq: int) -> bytes:

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditlog.chain import GENESIS, RecordText
+from auditlog.chain import GENESIS, RecordText, chain_restart_record, records_lost_record
+from auditlog.loss_records import METER, LossKey, loss_record
 from auditlog.syslog.errors import SyslogConfigError, SyslogFormatError
 from auditlog.syslog.rfc5424 import (MIN_UDP_MAX_BYTES, FrameEncoder, Framing, Header, RecordFields, encode_record,
-                                     facility_code, frame, header_hostname, sd_escape)
+                                     facility_code, frame, header_hostname, record_fields, sd_escape)
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 HOSTILE = ['a"b', "x]y", "back\\slash", "new\nline", "tab\tand\rcr", "café ☕ 名前", "[npaudit@32473 seq=\"1\"]",
@@ -51,6 +52,27 @@ def test_msgid_and_severity_follow_the_disposition_table(disposition: str | None
     record, line = sealed(disposition)
     msg = parse_message(encode_record(record, line, Header()).message)
     assert (msg.msgid, msg.severity, msg.facility) == (msgid, severity, 16)
+
+
+def _writers_own(kind: str) -> dict[str, Any]:
+    """One of the writer's own records (no disposition) as auditlog makes it."""
+    if kind == "loss":
+        return loss_record({LossKey("policy", METER, "policy_deny"): 12}, 1764468843.0, 1764468844.0)
+    if kind == "records-lost":
+        return records_lost_record(lost={"dropped_queue_full": 3}, after_seq=41, now=1764468843.0)
+    return chain_restart_record(file="audit.jsonl", line=9, offset=900, nbytes=17, after_seq=8, now=1764468843.0)
+
+
+@pytest.mark.parametrize("kind,severity", [("loss", 4), ("records-lost", 4), ("torn-write", 5)])
+def test_a_record_stating_a_loss_is_a_warning_other_state_records_a_notice(kind: str, severity: int) -> None:
+    line, _ = RecordText.of(_writers_own(kind)).seal(GENESIS, 3)
+    record, raw = json.loads(line), line.encode("ascii")
+    fields = record_fields(record)
+    assert fields.loss is (severity == 4)
+    for encoded in (encode_record(record, raw, Header()).message, encode_record(fields, raw, Header()).message,
+                    FrameEncoder(Header(), Framing.LF).encode(fields, raw)[0].rstrip(b"\n")):
+        msg = parse_message(encoded)
+        assert (msg.msgid, msg.severity, msg.msg) == ("STATE", severity, raw)
 
 
 def test_an_invalid_timestamp_becomes_the_nilvalue() -> None:
@@ -137,7 +159,7 @@ def test_an_unsealed_record_is_a_format_error() -> None:
 @given(fields=st.builds(RecordFields, st.integers(1, 2**53), st.one_of(st.none(), st.sampled_from(
            ["a" * 64, "0123456789abcdef" * 4]), st.text(max_size=70)),
            st.one_of(st.none(), st.sampled_from(["Allow", "Drop", "Reject", "Pass"]), st.text(max_size=8)),
-           st.sampled_from(["-", "2026-11-30T02:14:03.512Z"])),
+           st.sampled_from(["-", "2026-11-30T02:14:03.512Z"]), st.booleans()),
        line=st.one_of(st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")), st.just(b'{"a":1}\n')),
        node=st.sampled_from(["node-a", "é", "n" * 255]),
        framing=st.sampled_from(list(Framing)), udp=st.booleans())

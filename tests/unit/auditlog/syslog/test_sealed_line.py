@@ -60,7 +60,8 @@ def records(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         del meta["disposition"]
     for target in (meta, record, meta["destination"]):
-        target.update(draw(st.dictionaries(st.one_of(st.sampled_from(["seq", "disposition", "dz", 'd"seq']),
+        target.update(draw(st.dictionaries(st.one_of(st.sampled_from(["seq", "disposition", "dz", 'd"seq', "loss",
+                                                                      "chain_restart"]),
                                                      texts), json_values, max_size=2)))
     if draw(st.booleans()):
         record["@timestamp"] = draw(st.one_of(texts, json_values))
@@ -107,6 +108,25 @@ def test_a_state_record_without_disposition_is_read_too() -> None:
     (line, prev), = sealed_lines([record])
     fields = scan_sealed(line, prev)
     assert fields is not None and fields.disposition is None and fields.seq == 1
+
+
+@pytest.mark.parametrize("members,loss", [
+    ({"loss": {"packet_ins": 3, "records": 0, "by_reason": []}}, True),
+    ({"chain_restart": {"records_lost": 2, "after_seq": 4}}, True),
+    ({"chain_restart": {"bytes": 17, "after_seq": 4}}, False),      # a torn write: no records lost
+    ({"destination": {"loss": {"packet_ins": 3}}}, False),          # nested: not npaudit's own
+    ({"loss": "many"}, False),                                       # not the loss object
+])
+def test_a_record_that_may_state_a_loss_is_parsed_and_says_whether_it_does(members: dict[str, Any],
+                                                                            loss: bool) -> None:
+    record = copy.deepcopy(TEMPLATE)
+    del record["npaudit"]["disposition"]
+    record["npaudit"].update(members)
+    (line, prev), = sealed_lines([record])
+    assert read_fields(line, prev) == record_fields(json.loads(line))
+    assert read_fields(line, prev).loss is loss
+    if any(key in members for key in ("loss", "chain_restart")):
+        assert scan_sealed(line, prev) is None  # read from the parsed record
 
 
 @pytest.mark.parametrize("members", [

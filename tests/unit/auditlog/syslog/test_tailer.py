@@ -13,9 +13,11 @@ from auditlog.chain import RecordText
 from auditlog.fileset import GZIP_ERRORS, audit_files
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError
-from auditlog.syslog.rfc5424 import record_fields
+from auditlog.loss_records import METER, LossKey, loss_record
+from auditlog.syslog.rfc5424 import FrameEncoder, Framing, Header, record_fields
 from auditlog.syslog.tailer import Batch, Tailer
 from auditlog.writer import AuditWriter
+from tests.support.syslog_parse import parse_message, split_octet_counted
 
 
 def record(i: int) -> dict[str, Any]:
@@ -85,6 +87,20 @@ def test_each_record_carries_its_line_fields_and_the_position_after_it(live: Pat
     assert [r.position.offset for r in batch.records] == [len(b"".join(data[:i + 1])) for i in range(3)]
     assert [r.fields for r in batch.records] == [record_fields(json.loads(d)) for d in data]
     assert batch.end == batch.records[-1].position and batch.end.seq == 3
+
+
+def test_a_loss_record_is_read_as_one_and_leaves_as_a_warning(live: Path, writer: AuditWriter) -> None:
+    write(writer, 1, 2)
+    assert writer.submit(RecordText.of(loss_record({LossKey("policy", METER, "policy_deny"): 5}, 1.0, 2.0)))
+    write(writer, 4, 1)
+    batch = Tailer(live).poll()
+    assert [r.fields.loss for r in batch.records] == [False, False, True, False]
+    encoder = FrameEncoder(Header(), Framing.OCTET_COUNTING)
+    stream = b"".join(encoder.encode(r.fields, r.line)[0] for r in batch.records)
+    messages, rest = split_octet_counted(stream)
+    assert rest == b""
+    assert [(m.msgid, m.severity) for m in map(parse_message, messages)] == [
+        ("DROP", 4), ("DROP", 4), ("STATE", 4), ("DROP", 4)]  # the loss record at warning, as the denials
 
 
 def test_resumes_after_the_checkpoint_in_the_same_file(live: Path, writer: AuditWriter) -> None:

@@ -39,7 +39,7 @@ def test_destinations_load_into_forwarder_destinations() -> None:
     ("destinations: 3", "syslog.destinations: must be a list"),
     ("destinations: [{url: 'tcp://h', framing: newline}]", "syslog.destinations[0].framing: must be one of"),
     ("destinations: [{url: 'udp://h', udp_max_bytes: 100}]", "udp_max_bytes"),
-    ("destinations: [{url: 'tcp://h', ca: /ca.pem}]", "need a tls:// URL"),
+    ("destinations: [{url: 'tcp://h', ca: /ca.pem}]", "need a tls:// or relp+tls:// URL"),
     ("destinations: [{url: 'tcp://h', facility: local9}]", "facility"),
     ("destinations: [{url: 'tcp://h:514'}, {url: 'tcp://h'}]", "destinations[1]: tcp://h:514 is already"),
     ("destinations: [{url: 'tcp://h', colour: red}]", "syslog.destinations[0].colour: unknown field"),
