@@ -171,23 +171,28 @@ def test_a_flood_of_half_sent_requests_on_the_metrics_port_starves_nothing() -> 
 
         flood.start()
         time.sleep(1.0)  # the agent has met every one of the first HELD connections by now
-        probes = [_probe_healthz(port)]
+        # How many the test holds is a snapshot of a churn (the agent closes thousands a second under
+        # load), so it is sampled beside each probe and the largest sample stands for the flood.
+        probes, samples = [_probe_healthz(port)], [flood.held()]
         cluster.apply(MANIFESTS)  # raises when `npaudit apply` fails
         probes.append(_probe_healthz(port))
+        samples.append(flood.held())
         pod = cluster.add_pod("x", "a", server=False)  # raises when the CNI ADD fails
         probes.append(_probe_healthz(port))
+        samples.append(flood.held())
         status, metrics = _get(port, "/metrics", timeout=10)
         time.sleep(3.0)  # a few more of the supervisor's looks (every second) under the flood
         probes.append(_probe_healthz(port))
+        samples.append(flood.held())
         agent_fds = len(os.listdir(f"/proc/{cluster.agent.pid}/fd"))
-        held, replaced = flood.held(), flood.closed_by_agent
+        held, replaced = max(samples), flood.closed_by_agent
         ovs_after = _ovs_pids(cluster)
         log = cluster.log()[len(log_before):]
     finally:
         flood.close()
         cluster.close()
 
-    print(f"flood: {held} held, {replaced} closed by the agent and replaced; agent descriptors {agent_fds}")
+    print(f"flood: {held} held at most of samples {samples}, {replaced} closed by the agent and replaced; agent descriptors {agent_fds}")
     assert probes == ["ok"] * 4, f"/healthz under the flood: {probes}\n{log[-3000:]}"
     assert pod.ip.startswith("10.246.0.")
     assert status == 200 and 'npaudit_http_connections_max 64.0' in metrics, metrics[-2000:]
