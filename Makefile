@@ -55,7 +55,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: setup syslog-ng promtool lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 test-unit: setup promtool
 	$(PY) -m pytest -q tests/unit
