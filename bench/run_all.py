@@ -101,8 +101,10 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                   ("packet-ins at full detail (not in coarsened records) at {2} pps",
                    "summary.by_rate.*.full_detail_fraction")],
     "cluster_scale": [("cross-node TCP: logging on vs off", "throughput.cross_node_logging_on_vs_off_ratio"),
+                      ("cross-node TCP: logging on vs off, adjacent pairs {3}",  # the spread: q1, q3, min, max
+                       "throughput.logging_on_vs_off_adjacent_pairs.cross_node.q[13]"),
                       ("cross-node TCP: logging on vs off, adjacent pairs {3}",
-                       "throughput.logging_on_vs_off_adjacent_pairs.cross_node.*"),
+                       "throughput.logging_on_vs_off_adjacent_pairs.cross_node.m[ai][nx]"),
                       ("cross-node TCP per CPU-second: logging on vs off",
                        "throughput.logging_on_vs_off_per_cpu_second_adjacent_pairs.cross_node.median"),
                       ("TCP cross-node / same-node (logging off)", "throughput.cross_node_vs_same_node_ratio"),

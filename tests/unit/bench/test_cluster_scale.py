@@ -111,7 +111,8 @@ def test_the_propagation_target_is_judged_on_the_kubernetes_api_mode() -> None:
 def test_run_all_takes_its_headline_figures() -> None:
     run_all = _load("run_all")
     result = {"throughput": {"cross_node_logging_on_vs_off_ratio": 0.97, "cross_node_vs_same_node_ratio": 0.8,
-                             "logging_on_vs_off_adjacent_pairs": {"cross_node": {"n": 23, "q1": 0.9},
+                             "logging_on_vs_off_adjacent_pairs": {"cross_node": {"n": 23, "median": 0.97, "q1": 0.9,
+                                                                                 "q3": 1.1, "min": 0.6, "max": 1.5},
                                                                   "same_node": {"n": 23}},
                              "logging_on_vs_off_per_cpu_second_adjacent_pairs": {"cross_node": {"median": 0.99}},
                              "mbit_per_s_median": {"cross_node_off": 300.0}},
@@ -120,8 +121,9 @@ def test_run_all_takes_its_headline_figures() -> None:
               "cni_add": {"agent_side_p99_ms": {"remote_pods_10000": 12.5}},
               "targets_met": {"rss": True}}
     assert dict(run_all.headlines("cluster_scale", result)) == {
-        "cross-node TCP: logging on vs off": 0.97, "cross-node TCP: logging on vs off, adjacent pairs n": 23,
-        "cross-node TCP: logging on vs off, adjacent pairs q1": 0.9,
+        "cross-node TCP: logging on vs off": 0.97,
+        "cross-node TCP: logging on vs off, adjacent pairs q1": 0.9, "cross-node TCP: logging on vs off, adjacent pairs q3": 1.1,
+        "cross-node TCP: logging on vs off, adjacent pairs min": 0.6, "cross-node TCP: logging on vs off, adjacent pairs max": 1.5,
         "cross-node TCP per CPU-second: logging on vs off": 0.99, "TCP cross-node / same-node (logging off)": 0.8,
         "TCP Mbit/s (cross_node_off)": 300.0,
         "policy change in force on all nodes p99 ms (kubernetes_api)": 400.0,
