@@ -9,7 +9,7 @@ always follows the policy write or the other path). The streams of a path thus a
 logging figure is the median of the on/off ratios of every two adjacent streams of a path (n-1 ratios
 from n streams: a slow drift of the machine's load cancels within a pair), reported with its spread
 (quartiles, min, max). Cross-node vs same-node is the median of the per-step ratios (the two streams of a
-step run next to each other under the same policy), logging off.
+step run next to each other under the same policy), logging off; the same per CPU-second beside it.
 
 Each stream also reports the CPU seconds it cost: the sender's and receiver's own (each process measures
 itself) and the ovs-vswitchd of the node(s) it crossed (the userspace datapath does the forwarding, and
@@ -128,8 +128,8 @@ def summarize(streams: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return [(s["logging"] == "on", float(s[key])) for s in sorted(streams, key=lambda s: s["step"])
                 if s["path"] == path]
 
-    def by_step(path: str, logging: str) -> dict[int, float]:
-        return {s["step"]: float(s["mbit_per_s"]) for s in streams if s["path"] == path and s["logging"] == logging}
+    def by_step(path: str, logging: str, key: str = "mbit_per_s") -> dict[int, float]:
+        return {s["step"]: float(s[key]) for s in streams if s["path"] == path and s["logging"] == logging}
 
     medians = {f"{p}_{lg}": round(statistics.median(v), 1) for p in PATHS for lg in ("off", "on")
                if (v := list(by_step(p, lg).values()))}
@@ -137,6 +137,9 @@ def summarize(streams: Sequence[dict[str, Any]]) -> dict[str, Any]:
     per_cpu = {p: spread(adjacent_ratios(series(p, "mbit_per_cpu_s"))) for p in PATHS}
     cross_same = {lg: spread([c / same[k] for k, c in by_step("cross_node", lg).items() if same.get(k)])
                   for lg in ("off", "on") for same in [by_step("same_node", lg)]}
+    same_cpu = by_step("same_node", "off", "mbit_per_cpu_s")
+    cross_same_cpu = spread([c / same_cpu[k] for k, c in by_step("cross_node", "off", "mbit_per_cpu_s").items()
+                             if same_cpu.get(k)])
     figure = on_off["cross_node"]["median"]
     return {"mbit_per_s_median": medians,
             "cross_node_logging_on_vs_off_ratio": figure,
@@ -145,6 +148,7 @@ def summarize(streams: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "logging_on_vs_off_adjacent_pairs": on_off,
             "logging_on_vs_off_per_cpu_second_adjacent_pairs": per_cpu,
             "cross_node_vs_same_node_per_step": cross_same,
+            "cross_node_vs_same_node_per_cpu_second_per_step": cross_same_cpu,
             "target": f"cross-node logging on >= {TARGET} of logging off (median of adjacent on/off pairs)",
             "target_met": figure is not None and figure >= TARGET}
 

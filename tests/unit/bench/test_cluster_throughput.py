@@ -58,9 +58,9 @@ def test_a_streams_figures() -> None:
     assert bench.stream_figures({"bytes": 0, "seconds": 0.0, "cpu_s": 0.0}, 0.0, 0.0)["mbit_per_s"] == 0.0
 
 
-def _streams(rates: dict[str, list[float]], per_cpu: float = 100.0) -> list[dict[str, Any]]:
+def _streams(rates: dict[str, list[float]], per_cpu: dict[str, float] | None = None) -> list[dict[str, Any]]:
     return [{"step": step, "path": path, "logging": "on" if bench.logging_at(step) else "off", "mbit_per_s": r,
-             "mbit_per_cpu_s": per_cpu} for path, rs in rates.items() for step, r in enumerate(rs)]
+             "mbit_per_cpu_s": (per_cpu or {}).get(path, 100.0)} for path, rs in rates.items() for step, r in enumerate(rs)]
 
 
 def test_a_runs_figures() -> None:
@@ -76,6 +76,10 @@ def test_a_runs_figures() -> None:
     assert got["mbit_per_s_median"] == {"cross_node_off": 400.0, "cross_node_on": 390.0,
                                         "same_node_off": 900.0, "same_node_on": 800.0}
     assert got["logging_on_vs_off_per_cpu_second_adjacent_pairs"]["cross_node"]["median"] == 1.0
+    assert got["cross_node_vs_same_node_per_cpu_second_per_step"]["median"] == 1.0
+    per_cpu = bench.summarize(_streams({"cross_node": [1.0] * 4, "same_node": [1.0] * 4},
+                                       {"cross_node": 500.0, "same_node": 800.0}))
+    assert per_cpu["cross_node_vs_same_node_per_cpu_second_per_step"]["median"] == 0.625
     assert got["target_met"] is True
     slower = bench.summarize(_streams({"cross_node": [400.0, 300.0, 400.0, 300.0], "same_node": [1.0] * 4}))
     assert (slower["cross_node_logging_on_vs_off_ratio"], slower["target_met"]) == (0.75, False)
