@@ -2,19 +2,23 @@
 """A cluster's figures (issue 21), each beside a baseline measured in the same run. Prints JSON.
 
 1. Throughput: a cluster of --nodes nodes on this machine (`npaudit cluster up`, tests/support/
-   local_cluster.py: a netns per node with its embedded OVS and agent, Geneve between them). One TCP
-   stream (Python sockets, 128 KiB writes, --seconds) from x/a on n1 to y/a on n2 (cross-node) and to
-   y/b on n1 (same node), with the ClusterNetworkPolicy that allows them applied with `enableLogging`
-   false and true in turn; per round the four streams run back to back, the two cross-node ones
-   next to each other (whether logging is off or on first alternates); ratios are medians of rounds.
-   Figures: cross-node logging on / off (target >= 0.95) and cross-node / same-node.
-2. Policy propagation: one Pod t/t<i> per node, each probed on TCP 80 from the Pod of the next node
-   (a connect every few ms, each a new connection). A ClusterNetworkPolicy in the shared source is
-   rewritten to Reject that port, then to reject another one, --changes times in all; the time from
+   local_cluster.py: a netns per node with its embedded OVS and agent, Geneve between them). Short TCP
+   streams (Python sockets, 128 KiB writes, --seconds) from x/a on n1 to y/a on n2 (cross-node) and to
+   y/b on n1 (same node), --steps steps, the ClusterNetworkPolicy that allows them switched between
+   `enableLogging` false and true every step (bench/_cluster_throughput.py): logging on / off is the
+   median of the ratios of adjacent streams of a path, with its spread, and the same per CPU-second
+   (sender, receiver, the vswitchd(s) crossed); cross-node / same-node the median of per-step ratios.
+   Target: cross-node logging on / off >= 0.95.
+2. Policy propagation, in two modes (--propagation-modes): one Pod t/t<i> per node, each probed on TCP 80
+   from the Pod of the next node (a connect every few ms, each a new connection). A ClusterNetworkPolicy
+   is rewritten to Reject that port, then to reject another one, --changes times in all; the time from
    the write to the first connect on each node's Pod that shows the new verdict (refused by the Reject
    rule's RST, or connected again) is that node's figure, the slowest node the change's. Traffic is the
-   exact witness: a verdict seen is the policy in force in that node's OVS. Through the shared policy
-   source (DIR/shared, polled every 0.5 s): the Kubernetes-API mode of `cluster up` is not there yet.
+   exact witness: a verdict seen is the policy in force in that node's OVS. `kubernetes_api` (the
+   target's mode): a second cluster, `cluster up --kubernetes-api`, every node watching one test API
+   server (tests/support/kube_store.py) holding the Nodes, the Namespace, the Pods and the policy, which
+   the bench replaces there; `shared_source` (the baseline): the policy written to the first cluster's
+   shared source (DIR/shared, polled every 0.5 s).
 3. Agent RSS with 10,000 Pods on 8 other nodes and 1,000 NetworkPolicies listed from the test API
    server (bench/kubernetes_pods_rss.py; baseline: RSS after the imports, and the Kubernetes side alone).
 4. CNI ADD agent side at 1,000 rules with 10,000 remote Pods known (bench/remote_pods_scale.py, --adds
@@ -32,26 +36,25 @@ import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 PARTS = ("throughput", "propagation", "rss", "cni_add")
-PORT = 5201
 PROBED_PORT, OTHER_PORT = 80, 81
 THROUGHPUT_TARGET = 0.95
 PROPAGATION_TARGET_S = 1.0
 CNI_ADD_TARGET_MS = 30.0
-NOTES = ("policy propagation is measured through the shared policy source (DIR/shared, polled every 0.5 s), "
-         "not from a Kubernetes API: `npaudit cluster up` has no Kubernetes-API mode yet",
+PROPAGATION_MODES = ("kubernetes_api", "shared_source")
+NOTES = ("policy propagation from a Kubernetes API (the test API server, every node watching it; the target's mode) "
+         "and through the shared policy source (DIR/shared, polled every 0.5 s)",
          "in force = the new verdict seen by traffic to each node's Pod (a Reject's RST, or a connection again)",
          "the machine has 2 cores shared with other work: see load_average")
 
@@ -129,17 +132,6 @@ def reject_policy(port: int) -> str:
             f"    ports: [{{protocol: TCP, port: {port}}}]\n")
 
 
-def stream_policy(logging: bool) -> str:
-    """x -> y TCP PORT allowed, logged or not (bench/pod_throughput.py's policy)."""
-    return ("apiVersion: crd.antrea.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata: {name: bench-throughput}\n"
-            "spec:\n  tier: securityops\n  priority: 5\n"
-            "  appliedTo: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n"
-            f"  ingress:\n  - name: allow-stream\n    action: Allow\n    enableLogging: {str(logging).lower()}\n"
-            "    logLabel: bench-stream\n"
-            "    from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}}]\n"
-            f"    ports: [{{protocol: TCP, port: {PORT}}}]\n")
-
-
 def namespaces(*names: str) -> str:
     return "---\n".join(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {n}\n  labels:\n"
                         f"    kubernetes.io/metadata.name: {n}\n" for n in names)
@@ -180,67 +172,6 @@ def _warm(cluster: Any, src: dict[str, str], dsts: Sequence[dict[str, str]], tim
         time.sleep(0.3)
 
 
-def throughput(cluster: Any, seconds: float, rounds: int) -> dict[str, Any]:
-    """x/a (n1) -> y/a (n2) and -> y/b (n1), logging off and on, four phases a round."""
-    from pod_throughput import SERVER, stream
-
-    _apply(cluster, "bench-namespaces.yaml", namespaces("x", "y", "t"))
-    src = cluster.add_pod("n1", "x/a", "app=client", server=False)
-    dsts = {"cross_node": cluster.add_pod("n2", "y/a", "app=server"),  # with TCP 80/81 for _warm
-            "same_node": cluster.add_pod("n1", "y/b", "app=server")}
-    servers: dict[str, subprocess.Popen[str]] = {}
-    phases: list[dict[str, Any]] = []
-    try:
-        for where, dst in dsts.items():
-            servers[where] = subprocess.Popen(["ip", "netns", "exec", dst["netns"], sys.executable, "-c", SERVER,
-                                               str(PORT)], stdout=subprocess.PIPE, text=True)
-            out = servers[where].stdout
-            if out is None or out.readline().strip() != "ready":
-                raise SystemExit(f"throughput server in {dst['netns']} did not start")
-        _wait_pods_everywhere(cluster, ["n1", "n2"], 3)
-        _warm(cluster, src, list(dsts.values()))
-        before = 0
-        for rnd in range(rounds):
-            order = (False, True) if rnd % 2 == 0 else (True, False)
-            for half, logging in enumerate(order):
-                _apply(cluster, "bench-throughput.yaml", stream_policy(logging))
-                time.sleep(1.5)  # three polls of the shared source
-                # Cross-node last, then first: its off and on streams run back to back (the figure).
-                for where in (("same_node", "cross_node") if half == 0 else ("cross_node", "same_node")):
-                    result = stream(cluster, servers[where], src["netns"], dsts[where]["ip"], seconds)
-                    time.sleep(0.3)
-                    records = sum(1 for n in ("n1", "n2") for r in cluster.audit_records(n)
-                                  if r.get("labels", {}).get("log_label") == "bench-stream")
-                    result.update(round=rnd, path=where, logging="on" if logging else "off",
-                                  audit_records=records - before)
-                    before = records
-                    phases.append(result)
-    finally:
-        for proc in servers.values():
-            proc.kill()
-            proc.wait()
-
-    def rate(rnd: int, where: str, logging: str) -> float:
-        return float(next(p["mbit_per_s"] for p in phases
-                          if p["round"] == rnd and p["path"] == where and p["logging"] == logging))
-
-    def median(where: str, logging: str) -> float:
-        return round(statistics.median(rate(r, where, logging) for r in range(rounds)), 1)
-
-    on_off = [rate(r, "cross_node", "on") / rate(r, "cross_node", "off") for r in range(rounds)
-              if rate(r, "cross_node", "off")]
-    cross_same = [rate(r, "cross_node", "off") / rate(r, "same_node", "off") for r in range(rounds)
-                  if rate(r, "same_node", "off")]
-    logging_ratio = round(statistics.median(on_off), 3) if on_off else None
-    return {"seconds_per_stream": seconds, "rounds": rounds, "phases": phases,
-            "mbit_per_s_median": {f"{w}_{lg}": median(w, lg) for w in dsts for lg in ("off", "on")},
-            "cross_node_logging_on_vs_off_ratio": logging_ratio,
-            "same_node_logging_on_vs_off_ratio": ratio(median("same_node", "on"), median("same_node", "off")),
-            "cross_node_vs_same_node_ratio": round(statistics.median(cross_same), 3) if cross_same else None,
-            "target": f"cross-node logging on >= {THROUGHPUT_TARGET} of logging off",
-            "target_met": logging_ratio is not None and logging_ratio >= THROUGHPUT_TARGET}
-
-
 class _Prober:
     """PROBER in one Pod's namespace, its transitions collected by a thread."""
 
@@ -268,13 +199,43 @@ class _Prober:
         self.proc.wait()
 
 
-def propagation(cluster: Any, nodes: list[str], changes: int, period: float) -> dict[str, Any]:
-    """One target Pod per node, probed from the next node's; the Reject moved between ports `changes` times."""
-    targets = {n: cluster.add_pod(n, f"t/t{i + 1}", "app=target") for i, n in enumerate(nodes)}
-    _wait_pods_everywhere(cluster, nodes, len(targets) + 3)
+def propagation_summary(per_change: Sequence[dict[str, Any]], nodes: int) -> dict[str, Any]:
+    """The figures of the changes timed (each with seconds_by_node: node -> seconds or None, not seen):
+    a change is in force on all nodes when its slowest node saw it."""
+    node_samples = [v for ch in per_change for v in ch["seconds_by_node"].values() if v is not None]
+    slowest = [max(ch["seconds_by_node"].values()) for ch in per_change
+               if all(v is not None for v in ch["seconds_by_node"].values())]
+    missed = sum(1 for ch in per_change for v in ch["seconds_by_node"].values() if v is None)
+    all_nodes = summary_ms(slowest) if slowest else None
+    return {"in_force_on_all_nodes": all_nodes,
+            "in_force_per_node": summary_ms(node_samples) if node_samples else None,
+            "not_seen_within_10s": missed,
+            "target": f"p99 <= {PROPAGATION_TARGET_S} s, in force on all {nodes} nodes",
+            "target_met": all_nodes is not None and missed == 0 and all_nodes["p99_ms"] <= PROPAGATION_TARGET_S * 1000}
+
+
+def propagation_verdict(modes: dict[str, Any]) -> dict[str, Any]:
+    """The target is for a change picked up from the API: met by the kubernetes_api mode's figures (the
+    shared source's alone cannot meet it); the API's p99 over the shared source's beside it."""
+    api, shared = modes.get("kubernetes_api"), modes.get("shared_source")
+    p99 = {m: r["in_force_on_all_nodes"]["p99_ms"] if r and r.get("in_force_on_all_nodes") else None
+           for m, r in (("kubernetes_api", api), ("shared_source", shared))}
+    return {"in_force_on_all_nodes_p99_ms": p99,
+            "kubernetes_api_vs_shared_source_p99_ratio": ratio(p99["kubernetes_api"], p99["shared_source"]),
+            "target": f"p99 <= {PROPAGATION_TARGET_S} s from the Kubernetes API, in force on all nodes",
+            "target_met": bool(api and api["target_met"])}
+
+
+def propagation(cluster: Any, nodes: list[str], changes: int, period: float, write: Callable[[str], None],
+                add_pod: Callable[[str, str], dict[str, str]]) -> dict[str, Any]:
+    """One target Pod per node (`add_pod(node, ref)`), probed from the next node's; the Reject moved between
+    ports `changes` times, each time by `write(manifest)` (to the shared source, or to the API)."""
+    known = min(cluster.node_status(n)["policy"]["pods"] or 0 for n in nodes)
+    targets = {n: add_pod(n, f"t/t{i + 1}") for i, n in enumerate(nodes)}
+    _wait_pods_everywhere(cluster, nodes, known + len(targets))
     for i, n in enumerate(nodes):
         _warm(cluster, targets[nodes[(i + 1) % len(nodes)]], [targets[n]])
-    _apply(cluster, "bench-propagation.yaml", reject_policy(OTHER_PORT))
+    write(reject_policy(OTHER_PORT))
     time.sleep(1.5)
     probers = {n: _Prober(targets[nodes[(i + 1) % len(nodes)]]["netns"], targets[n]["ip"], PROBED_PORT, period)
                for i, n in enumerate(nodes)}
@@ -289,9 +250,9 @@ def propagation(cluster: Any, nodes: list[str], changes: int, period: float) -> 
         for c in range(changes):
             rejecting = c % 2 == 0
             expect = "refused" if rejecting else "connected"
-            time.sleep(rng.uniform(0.3, 0.8))  # the write falls anywhere in the source's poll period
+            time.sleep(rng.uniform(0.3, 0.8))  # the write falls anywhere in the shared source's poll period
             written = time.monotonic()
-            _apply(cluster, "bench-propagation.yaml", reject_policy(PROBED_PORT if rejecting else OTHER_PORT))
+            write(reject_policy(PROBED_PORT if rejecting else OTHER_PORT))
             seen: dict[str, float | None] = {n: None for n in nodes}
             give_up = written + 10
             while any(v is None for v in seen.values()) and time.monotonic() < give_up:
@@ -305,21 +266,14 @@ def propagation(cluster: Any, nodes: list[str], changes: int, period: float) -> 
     finally:
         for p in probers.values():
             p.close()
-    node_samples = [v for ch in per_change for v in ch["seconds_by_node"].values() if v is not None]
-    slowest = [max(ch["seconds_by_node"].values()) for ch in per_change
-               if all(v is not None for v in ch["seconds_by_node"].values())]
-    missed = sum(1 for ch in per_change for v in ch["seconds_by_node"].values() if v is None)
-    all_nodes = summary_ms(slowest) if slowest else None
     return {"nodes": len(nodes), "changes": changes, "probe_period_s": period,
-            "in_force_on_all_nodes": all_nodes, "in_force_per_node": summary_ms(node_samples) if node_samples else None,
-            "not_seen_within_10s": missed, "per_change": per_change,
-            "baseline_source_poll_interval_s": 0.5,
-            "target": f"p99 <= {PROPAGATION_TARGET_S} s, in force on all {len(nodes)} nodes",
-            "target_met": all_nodes is not None and missed == 0
-            and all_nodes["p99_ms"] <= PROPAGATION_TARGET_S * 1000}
+            **propagation_summary(per_change, len(nodes)), "per_change": per_change}
 
 
-def cluster_parts(parts: set[str], args: argparse.Namespace, result: dict[str, Any]) -> None:
+def shared_cluster(parts: set[str], args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Throughput, and propagation through the shared source (DIR/shared), on one `cluster up`."""
+    import _cluster_throughput
+
     from tests.support.local_cluster import LocalCluster
 
     nodes = [f"n{i}" for i in range(1, args.nodes + 1)]
@@ -329,17 +283,71 @@ def cluster_parts(parts: set[str], args: argparse.Namespace, result: dict[str, A
         cluster.up(args.nodes)
         result["cluster"] = {"nodes": args.nodes, "encapsulation": "geneve",
                              "seconds_to_up": round(time.monotonic() - t0, 1)}
+        _apply(cluster, "bench-namespaces.yaml", namespaces("x", "y", "t"))
         if "throughput" in parts:
-            result["throughput"] = {"load_average_before": load(), **throughput(cluster, args.seconds, args.rounds),
-                                    "load_average_after": load()}
-        else:
-            _apply(cluster, "bench-namespaces.yaml", namespaces("x", "y", "t"))
+            result["throughput"] = {
+                "load_average_before": load(),
+                **_cluster_throughput.run(cluster, lambda name, text: _apply(cluster, name, text),
+                                          lambda src, dsts: _warm(cluster, src, dsts),
+                                          lambda ns, count: _wait_pods_everywhere(cluster, ns, count),
+                                          args.seconds, args.steps),
+                "load_average_after": load()}
         if "propagation" in parts:
-            result["propagation"] = {"load_average_before": load(),
-                                     **propagation(cluster, nodes, args.changes, args.probe_period),
-                                     "load_average_after": load()}
+            result.setdefault("propagation", {})["shared_source"] = {
+                "load_average_before": load(), "source": "DIR/shared, polled every 0.5 s",
+                **propagation(cluster, nodes, args.changes, args.probe_period,
+                              lambda text: _apply(cluster, "bench-propagation.yaml", text),
+                              lambda node, ref: cluster.add_pod(node, ref, "app=target")),
+                "load_average_after": load()}
     finally:
         cluster.close()
+
+
+def api_cluster(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Propagation from a Kubernetes API: every node of `cluster up --kubernetes-api` watches one test API
+    server (tests/support/kube_store.py, every watch sees every change), which holds the Node objects `up`
+    wrote, the Namespace, each Pod (its object before its node's CNI ADD, then its status.podIP, as a
+    kubelet does) and the policy the bench rewrites."""
+    import yaml
+
+    from tests.support.k8s_objects import namespace, pod
+    from tests.support.kube_store import KubeStore
+    from tests.support.local_cluster import LocalCluster
+
+    nodes = [f"n{i}" for i in range(1, args.nodes + 1)]
+    api = KubeStore()
+    api.start()
+    cluster = LocalCluster()
+
+    def add_pod(node: str, ref: str) -> dict[str, str]:
+        ns, name = ref.split("/")
+        api.put(pod(ns, name, node, None, {"app": "target"}))
+        made: dict[str, str] = cluster.add_pod(node, ref, "app=target")
+        api.put(pod(ns, name, node, made["ip"], {"app": "target"}))
+        return made
+
+    try:
+        api.put(namespace("t"))
+        t0 = time.monotonic()
+        cluster.up(args.nodes, "--kubernetes-api", api.url)
+        for obj in yaml.safe_load_all((cluster.dir / "nodes.yaml").read_text()):
+            api.put(obj)
+        deadline = time.monotonic() + 60
+        while not all(len(cluster.node_status(n)["nodes"]["nodes"]) == len(nodes) - 1 for n in nodes):
+            if time.monotonic() > deadline:
+                raise SystemExit("not every node learnt its peers from the Node objects within 60 s")
+            time.sleep(0.3)
+        up = round(time.monotonic() - t0, 1)
+        result.setdefault("propagation", {})["kubernetes_api"] = {
+            "load_average_before": load(), "source": "one Kubernetes API server (the test one), watched by every node",
+            "seconds_to_up_and_peers": up,
+            **propagation(cluster, nodes, args.changes, args.probe_period, api.put_yaml, add_pod),
+            "load_average_after": load()}
+    finally:
+        try:
+            cluster.close()
+        finally:
+            api.close()
 
 
 def rss_part() -> dict[str, Any]:
@@ -375,8 +383,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each throughput stream")
-    ap.add_argument("--rounds", type=int, default=5, help="throughput rounds (4 streams each)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="length of each throughput stream")
+    ap.add_argument("--steps", type=int, default=24,
+                    help="throughput steps (logging switched each step; a cross-node and a same-node stream each)")
+    ap.add_argument("--propagation-modes", default=",".join(PROPAGATION_MODES),
+                    help=f"comma-separated, of {', '.join(PROPAGATION_MODES)}")
     ap.add_argument("--changes", type=int, default=40, help="policy changes timed")
     ap.add_argument("--probe-period", type=float, default=0.005, help="seconds between a prober's connects")
     ap.add_argument("--adds", type=int, default=100, help="CNI ADDs timed per case")
@@ -384,10 +395,17 @@ def main() -> int:
     parts = {p for p in args.parts.split(",") if p}
     if parts - set(PARTS):
         ap.error(f"unknown part(s): {', '.join(sorted(parts - set(PARTS)))}")
+    modes = {m for m in args.propagation_modes.split(",") if m}
+    if modes - set(PROPAGATION_MODES) or not modes:
+        ap.error(f"--propagation-modes: of {', '.join(PROPAGATION_MODES)}")
     started = time.monotonic()
     result: dict[str, Any] = {"benchmark": "cluster_scale", "notes": list(NOTES), "load_average_at_start": load()}
-    if parts & {"throughput", "propagation"}:
-        cluster_parts(parts, args, result)
+    if "throughput" in parts or ("propagation" in parts and "shared_source" in modes):
+        shared_cluster(parts if "shared_source" in modes else parts - {"propagation"}, args, result)
+    if "propagation" in parts and "kubernetes_api" in modes:
+        api_cluster(args, result)
+    if "propagation" in result:
+        result["propagation"].update(propagation_verdict(result["propagation"]))
     if "rss" in parts:
         result["rss"] = rss_part()
     if "cni_add" in parts:
