@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.test_tunnel_e2e import connect, labelled, place_pods, wait_records
+from tests.support.crossnode import connect, labelled, place_pods, wait_records
 from tests.support.multinode import MultiNode
 
 
