@@ -49,9 +49,10 @@ class ClusterConfig:
     encapsulation: str = field(default="geneve", metadata=checked(one_of("geneve", "routed")))
     # This node's underlay address with its prefix (198.51.100.11/24); "" = one node, no tunnel.
     node_address: str = field(default="", metadata=checked(_interface_address))
-    # Embedded OVS: the interface in ovs.netns that reaches the other nodes. geneve puts it on
-    # an OVS bridge of its own (underlay_bridge, which holds node_address: the userspace
-    # datapath sends tunnel packets through it); routed keeps it in the kernel with node_address.
+    # The interface in the switch's namespace that reaches the other nodes. geneve on the
+    # userspace (netdev) datapath, embedded or external, puts it on an OVS bridge of its own
+    # (underlay_bridge, which holds node_address: that datapath sends tunnel packets through it);
+    # the kernel datapath and routed keep it in the kernel with node_address.
     # "" with an external OVS: the host's own interfaces and routes carry the tunnel.
     underlay_interface: str = field(default="", metadata=checked(_optional_interface))
     underlay_bridge: str = field(default="br-phy", metadata=checked(interface_name))

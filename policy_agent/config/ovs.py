@@ -21,7 +21,9 @@ class OvsConfig:
     # so two instances must not share a namespace.
     netns: str = field(default="npaudit-ovs", metadata=checked(netns_name))
     # OVSDB remote. "" = <run_dir>/db.sock when embedded,
-    # unix:/var/run/openvswitch/db.sock when external.
+    # unix:/var/run/openvswitch/db.sock when external. External: the directory of a
+    # unix socket is taken as the OVS run dir (pid files, ovs-vswitchd.<pid>.ctl, and
+    # the controller socket with openflow.transport unix); /var/run/openvswitch for tcp.
     db: str = ""
     # At most 15 characters (an interface of this name is made).
     bridge: str = field(default="br-int", metadata=checked(interface_name))
@@ -46,7 +48,13 @@ class OvsConfig:
 
     @property
     def ovs_rundir(self) -> Path:
-        return Path(self.run_dir) if self.mode == "embedded" else Path("/var/run/openvswitch")
+        """Where the switch's pid files and control sockets are. External: beside its OVSDB socket
+        (`db` unix:/x/db.sock -> /x, as OVS_RUNDIR puts them), else /var/run/openvswitch."""
+        if self.mode == "embedded":
+            return Path(self.run_dir)
+        if self.db.startswith("unix:"):
+            return Path(self.db[len("unix:"):]).parent
+        return Path("/var/run/openvswitch")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
 """The node's side of the underlay: what carries Pod traffic to the other nodes, and the one adapter that makes it so.
 
-Geneve on the embedded (userspace, netdev) OVS: the userspace datapath sends tunnel packets
-itself, so the node's underlay address sits on an OVS bridge of its own (cluster.underlay_bridge,
-br-phy) whose port is the underlay interface; OVS learns the route to the other nodes from that
-address, and the tunnel port on br-int (type geneve, remote_ip=flow, key=flow) sends to whichever
-node a flow names in tun_dst (OVS's system-userspace tunnel tests use the same recipe).
-Geneve with an external OVS and no underlay_interface: only the tunnel port; the host's own
-addresses and routes carry it (the kernel datapath; not exercised by this project's tests).
+Geneve on the userspace (netdev) datapath, the embedded OVS's and an external one's alike: the
+userspace datapath sends tunnel packets itself, so the node's underlay address sits on an OVS bridge
+of its own (cluster.underlay_bridge, br-phy) whose port is the underlay interface; OVS learns the
+route to the other nodes from that address, and the tunnel port on br-int (type geneve,
+remote_ip=flow, key=flow) sends to whichever node a flow names in tun_dst (OVS's system-userspace
+tunnel tests use the same recipe). The agent makes br-phy when cluster.underlay_interface is set;
+an external netdev OVS without it must have its own (the admin's), which start-up warns of.
+Tested: the embedded OVS (tests/e2e/test_tunnel_e2e.py) and an external userspace OVS the test
+runs itself (tests/e2e/test_tunnel_external_ovs_e2e.py).
+Geneve on the kernel (system) datapath, an external OVS: the tunnel port, and the node address
+on underlay_interface in the kernel when that is set; the host's routes carry it. Not tested: this
+project's machines have no openvswitch kernel module.
 Routed: no tunnel port; the underlay interface keeps node_address in the kernel and each peer's
 Pod subnet is routed to the peer's address (`route_steps`), IPv4 forwarding on.
 
@@ -63,8 +68,14 @@ class TunnelPlan:
 
     @property
     def on_ovs_bridge(self) -> bool:
-        """The underlay address on an OVS bridge (the userspace datapath's tunnel recipe)."""
+        """The underlay address on an OVS bridge (the userspace datapath's tunnel recipe) whatever the
+        datapath: the embedded OVS always gets it."""
         return self.geneve and self.embedded and bool(self.underlay_interface)
+
+    def underlay_on_ovs_bridge(self, datapath_type: str) -> bool:
+        """The recipe on a switch of `datapath_type`: embedded always, external on netdev (its userspace
+        datapath cannot send a tunnel packet through an address the kernel holds)."""
+        return self.on_ovs_bridge or (self.geneve and bool(self.underlay_interface) and datapath_type == "netdev")
 
     def describe(self) -> str:
         if self.geneve:
@@ -117,18 +128,23 @@ class NodeUnderlay:
         """Idempotent; at start and after an OVS restart (interfaces and addresses checked again)."""
         p = self.plan
         if p.geneve:
-            if p.on_ovs_bridge:
+            if p.underlay_on_ovs_bridge(datapath_type):
                 self._ovs_underlay(ovsdb, datapath_type)
-                call_in_netns(self._netns or None, lambda: self._address(p.underlay_bridge, timeout))
+                call_in_netns(self._netns or None, lambda: self._address(p.underlay_bridge, timeout, True))
             elif p.underlay_interface:
-                call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout))
+                call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout, False))
             self._tunnel_port(ovsdb, timeout)
             if not p.embedded and not p.underlay_interface:
-                log.info("tunnel %s: the host's addresses and routes carry it (kernel datapath; "
-                         "only the embedded userspace datapath is tested here)", p.tunnel_port)
+                if datapath_type == "netdev":
+                    log.warning("tunnel %s on the userspace (netdev) datapath without cluster.underlay_interface: "
+                                "%s must be on an OVS bridge port of this OVS (br-phy, made by its admin), or "
+                                "no tunnel packet leaves the node", p.tunnel_port, p.node_address)
+                else:
+                    log.info("tunnel %s: the host's addresses and routes carry it (kernel datapath; "
+                             "not tested on this project's machines)", p.tunnel_port)
         else:
             if p.underlay_interface:
-                call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout))
+                call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout, False))
             self._run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         log.info("underlay: %s", p.describe())
 
@@ -178,7 +194,7 @@ class NodeUnderlay:
             raise OvsError(f"tunnel port {p.tunnel_port} on {self._bridge} got OpenFlow port {got}, not "
                            f"{p.tunnel_ofport} (cluster.tunnel_ofport): another port has that number")
 
-    def _address(self, ifname: str, timeout: float) -> None:
+    def _address(self, ifname: str, timeout: float, bridged: bool) -> None:
         """In the switch's namespace: `ifname` up with the node address."""
         deadline = time.monotonic() + timeout
         ip, prefix = self.plan.node_address.split("/")
@@ -195,7 +211,7 @@ class NodeUnderlay:
                     ipr.addr("add", index=index, address=ip, prefixlen=int(prefix))
                 except NetlinkError as exc:
                     raise OvsError(f"underlay {ifname}: cannot add {self.plan.node_address}: {exc}") from exc
-        if self.plan.on_ovs_bridge:  # the underlay port itself carries no address, only frames
+        if bridged:  # the underlay port itself carries no address, only frames
             with IPRoute() as ipr:
                 for index in ipr.link_lookup(ifname=self.plan.underlay_interface):
                     ipr.link("set", index=index, state="up")

@@ -137,6 +137,8 @@ class Cluster:
             f"packetin:\n  tap: {self.tap}\n"
             f"audit:\n  path: {self.dir / 'audit' / 'audit.jsonl'}\n" + extra_config)
         self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_netns = ""  # where the agent runs ("" = here); with an external OVS, that OVS's namespace
+        self.ovs_run_dir = self.dir / "ovs"  # the switch's run dir (br-int.mgmt)
         self.pods: dict[str, PodHandle] = {}
         self._servers: list[subprocess.Popen[bytes]] = []
         self._netns: list[str] = []
@@ -145,7 +147,8 @@ class Cluster:
     # --- agent -----------------------------------------------------------------------
 
     def start(self, timeout: float = 30) -> None:
-        self.agent = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config",
+        netns = ["ip", "netns", "exec", self.agent_netns] if self.agent_netns else []
+        self.agent = subprocess.Popen([*netns, sys.executable, "-m", "policy_agent.cli.main", "agent", "--config",
                                        str(self.config)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not (self.state / "api.sock").exists():
@@ -162,7 +165,7 @@ class Cluster:
     def flows(self) -> list[str]:
         """What OVS holds, through an independent client (ovs-ofctl)."""
         out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows",
-                              f"unix:{self.dir / 'ovs' / 'br-int.mgmt'}"], capture_output=True, text=True)
+                              f"unix:{self.ovs_run_dir / 'br-int.mgmt'}"], capture_output=True, text=True)
         return [line for line in out.stdout.splitlines() if "cookie=" in line]
 
     def controller_flow_packets(self) -> int:

@@ -14,10 +14,12 @@ import re
 import secrets
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
 from tests.support.cluster import Cluster, PodHandle
+from tests.support.external_ovs import ExternalOvs
 from tests.support.ports import free_port
 
 UNDERLAY_PREFIX = "198.51.100"  # TEST-NET-2: never routed anywhere but inside the test's namespaces
@@ -91,15 +93,18 @@ class MultiNode:
     `cluster_settings`: more `cluster:` fields for every node, e.g. "underlay_mtu: 9000".
     `deny_unknown_sources` is off unless asked for: these nodes know another node's Pod only from the
     objects a test applies to them, and most tests are about the tunnel, not about that check (the
-    tests of it turn it on; the agent's default is on)."""
+    tests of it turn it on; the agent's default is on).
+    `external_ovs`: each node's OVS is not the agent's but one started here (tests/support/external_ovs.py)
+    in the node's namespace, the agent run there too with `ovs.mode: external`; `external[i]` is node i's."""
 
     def __init__(self, n: int, encapsulation: str = "geneve", extra_peers: dict[int, str] | None = None,
-                 cluster_settings: str = "", deny_unknown_sources: bool = False) -> None:
+                 cluster_settings: str = "", deny_unknown_sources: bool = False, external_ovs: bool = False) -> None:
         self.tag = secrets.token_hex(3)
         self.underlay = f"npu-{self.tag}"
         self._made: list[str] = []  # namespaces made here (each node's OVS namespace, the underlay)
         self.nodes: dict[int, Cluster] = {}
         self.metrics: dict[int, str] = {}  # node -> its /metrics URL
+        self.external: dict[int, ExternalOvs] = {}
         try:
             self._netns(self.underlay)
             _run("ip", "-n", self.underlay, "link", "add", "br0", "type", "bridge")
@@ -122,6 +127,11 @@ class MultiNode:
                 _run("ip", "-n", self.underlay, "link", "add", far, "type", "veth", "peer", "name", UNDERLAY_IF,
                      "netns", ns)
                 _run("ip", "-n", self.underlay, "link", "set", far, "master", "br0", "up")
+                if external_ovs:
+                    self.external[i] = ext = ExternalOvs(Path(tempfile.mkdtemp(prefix=f"npx-{self.tag}{i}-", dir="/tmp")), ns)
+                    ext.up()
+                    node.add_settings("ovs", f"mode: external\ndb: '{ext.db}'\n")
+                    node.agent_netns, node.ovs_run_dir = ns, ext.run_dir
         except BaseException:
             self.close()
             raise
@@ -172,6 +182,8 @@ class MultiNode:
                 node.close()
             except Exception as exc:  # the other nodes and namespaces are still cleaned
                 errors.append(exc)
+        for ext in self.external.values():
+            ext.down()
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         self._made.clear()

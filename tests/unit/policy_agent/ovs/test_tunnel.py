@@ -1,0 +1,55 @@
+"""Which underlay recipe NodeUnderlay.ensure follows, by OVS mode and the datapath the switch runs:
+the OVS calls and addresses replaced by a record of what would be done."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from policy_agent.config.loader import loads
+from policy_agent.ovs.tunnel import NodeUnderlay
+
+CLUSTER = ("node_network: {pod_cidr: 10.246.1.0/24}\n"
+           "cluster:\n  node_address: 198.51.100.1/24\n  underlay_interface: underlay0\n"
+           "  peers: [{name: node-2, pod_cidr: 10.246.2.0/24, address: 198.51.100.2}]\n")
+EXTERNAL = "ovs: {mode: external}\n"
+
+
+def ensured(monkeypatch: pytest.MonkeyPatch, text: str, datapath_type: str) -> list[Any]:
+    done: list[Any] = []
+    monkeypatch.setattr(NodeUnderlay, "_ovs_underlay", lambda self, ovsdb, dp: done.append(("br-phy", dp)))
+    monkeypatch.setattr(NodeUnderlay, "_address", lambda self, ifname, timeout, bridged:
+                        done.append(("address", ifname, bridged)))
+    monkeypatch.setattr(NodeUnderlay, "_tunnel_port", lambda self, ovsdb, timeout: done.append(("tunnel",)))
+    cfg = loads(text)
+    underlay = NodeUnderlay.of(cfg.cluster, cfg.node_network, cfg.ovs)
+    assert underlay is not None
+    monkeypatch.setattr("policy_agent.ovs.tunnel.call_in_netns", lambda netns, fn: fn())
+    underlay.ensure(object(), datapath_type)  # type: ignore[arg-type]
+    return done
+
+
+@pytest.mark.parametrize("mode", ["", EXTERNAL])
+def test_the_userspace_datapath_gets_br_phy_whoever_runs_the_ovs(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # An external netdev OVS with the address in the kernel sends no tunnel packet at all (the old
+    # behaviour, caught by tests/e2e/test_tunnel_external_ovs_e2e.py): br-phy, as for the embedded one.
+    assert ensured(monkeypatch, CLUSTER + mode, "netdev") == [
+        ("br-phy", "netdev"), ("address", "br-phy", True), ("tunnel",)]
+
+
+def test_an_external_kernel_datapath_keeps_the_address_on_the_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ensured(monkeypatch, CLUSTER + EXTERNAL, "system") == [("address", "underlay0", False), ("tunnel",)]
+
+
+def test_an_external_netdev_ovs_without_underlay_interface_is_warned_of(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    text = CLUSTER.replace("  underlay_interface: underlay0\n", "") + EXTERNAL
+    with caplog.at_level(logging.INFO, "policy_agent.ovs.tunnel"):
+        assert ensured(monkeypatch, text, "netdev") == [("tunnel",)]
+    assert [r for r in caplog.records if r.levelno == logging.WARNING and "OVS bridge port" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "policy_agent.ovs.tunnel"):
+        assert ensured(monkeypatch, text, "system") == [("tunnel",)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
