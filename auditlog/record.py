@@ -8,7 +8,7 @@ import time
 import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, OBSERVER, SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.community_id import flow_community_id
@@ -17,7 +17,7 @@ from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 from packetin.registers import DISPOSITION_BITS
 
-__all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
+__all__ = ["PodDirectory", "PodTable", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
            "ACTIONS", "DISPOSITIONS", "OBSERVER"]
 
 # reg7[0..3] -> (npaudit.disposition, event.action, the verdict word of event.type).
@@ -88,6 +88,14 @@ class PodDirectory(Protocol):
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         """(namespace, name) of the Pod that has this address, if any."""
         ...
+
+
+class PodTable(PodDirectory, Protocol):
+    """A PodDirectory that can also hand out its whole address table: a mapping never changed once
+    handed out (a change of Pods makes a new one), so whatever was worked out from one table holds
+    while `ip_table()` returns that same object."""
+
+    def ip_table(self) -> Mapping[str, tuple[str, str]]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,6 +221,11 @@ class RecordEncoder:
         self._community: dict[tuple[str | None, str | None, int | None, int | None, int | None, int | None,
                                     int | None], str] = {}
         self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
+        # With a PodTable: per (source, destination, rule parts), the texts the Pods at both ends give
+        # (npaudit's destination and source, orchestrator, related), kept while the table is the same object.
+        self._ip_table: Callable[[], Mapping[str, tuple[str, str]]] | None = getattr(ctx.pods, "ip_table", None)
+        self._pairs_of: Mapping[str, tuple[str, str]] | None = None
+        self._pairs: dict[tuple[str | None, str | None, _RuleParts], tuple[str, str, str, str]] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
         self._observer = f',"observer":{canonical({**observer, **OBSERVER})}'
         self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
@@ -269,6 +282,33 @@ class RecordEncoder:
         return _cache(self._ovs_texts, key,
                       f'"ovs":{{"cookie":"0x{cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{port}"table":{table}}},')
 
+    def _pair_texts(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
+                    by_ip: Callable[[str], tuple[str, str] | None]) -> tuple[str, str, str, str]:
+        """(npaudit.destination's text, npaudit.source's, orchestrator's, related's) of a record of `rp`
+        between these addresses, with `by_ip` naming their Pods."""
+        src_found = by_ip(src_ip) if src_ip is not None else None
+        dst_found = by_ip(dst_ip) if dst_ip is not None else None
+        # The applied-to Pod is the one the rule protects: the destination of ingress
+        # traffic, the source of egress traffic.
+        direction = rp.direction
+        applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
+        applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
+        if dst_ip is not None:
+            related = (f',"related":{{"ip":["{src_ip}","{dst_ip}"]}}' if src_ip is not None and src_ip != dst_ip
+                       else f',"related":{{"ip":["{dst_ip}"]}}')
+        else:
+            related = "" if src_ip is None else f',"related":{{"ip":["{src_ip}"]}}'
+        pods = self._pods
+        dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
+        src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
+        orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
+        return dst_pod, src_pod, orchestrator, related
+
+    def _pair(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
+              by_ip: Callable[[str], tuple[str, str] | None]) -> tuple[str, str, str, str]:
+        """_pair_texts, kept for the table `by_ip` reads (see encode_positional)."""
+        return _cache(self._pairs, (src_ip, dst_ip, rp), self._pair_texts(rp, src_ip, dst_ip, by_ip))
+
     def _timestamp(self, t: float) -> str:
         # UTC, nearest millisecond: epoch floats carry binary noise (….512 may be
         # ….51199999), which truncation would turn into the previous millisecond.
@@ -301,27 +341,25 @@ class RecordEncoder:
         first_s = self._timestamp(first)
         last_s = first_s if last == first else self._timestamp(last)
         s = summary
-        by_ip = self._by_ip
         src_ip, dst_ip = s.src_ip, s.dst_ip
-        src_found = by_ip(src_ip) if src_ip is not None else None
-        dst_found = by_ip(dst_ip) if dst_ip is not None else None
-        # The applied-to Pod is the one the rule protects: the destination of ingress
-        # traffic, the source of egress traffic.
-        direction = rp.direction
-        applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
-        applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
-
+        ip_table = self._ip_table
+        if ip_table is not None:
+            table = ip_table()
+            if table is not self._pairs_of:  # the Pods changed: nothing worked out from the old table holds
+                self._pairs.clear()
+                self._pairs_of = table
+            pair = self._pairs.get((src_ip, dst_ip, rp)) or self._pair(rp, src_ip, dst_ip, table.get)
+        else:
+            pair = self._pair_texts(rp, src_ip, dst_ip, self._by_ip)
+        dst_pod, src_pod, orchestrator, related = pair
         # Addresses come from decode_frame (inet_ntop / ipaddress): digits, dots,
         # colons and hex, nothing JSON would escape.
         if dst_ip is not None:
             port = s.dst_port
             destination = (f',"destination":{{"ip":"{dst_ip}"}}' if port is None else
                            f',"destination":{{"ip":"{dst_ip}","port":{port}}}')
-            related = (f',"related":{{"ip":["{src_ip}","{dst_ip}"]}}' if src_ip is not None and src_ip != dst_ip
-                       else f',"related":{{"ip":["{dst_ip}"]}}')
         else:
             destination = ""
-            related = "" if src_ip is None else f',"related":{{"ip":["{src_ip}"]}}'
         event_id = self._new_event_id()
         if not (event_id.isascii() and event_id.isalnum()):
             event_id = canonical(_text(event_id))[1:-1]
@@ -351,14 +389,10 @@ class RecordEncoder:
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
-        pods = self._pods
-        dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
-        src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
         mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
                f'{rp.priority}{SEQ_KEY}')
-        orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
         if src_ip is not None:
             port = s.src_port
             source = (f',"source":{{"ip":"{src_ip}"}}}}' if port is None else
