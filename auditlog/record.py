@@ -8,7 +8,7 @@ import time
 import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, OBSERVER, SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.community_id import flow_community_id
@@ -17,7 +17,7 @@ from auditlog.packet import PacketSummary, transport_name
 from packetin.model import PacketIn
 from packetin.registers import DISPOSITION_BITS
 
-__all__ = ["PodDirectory", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
+__all__ = ["PodDirectory", "PodTable", "RecordContext", "RecordEncoder", "RuleLookup", "RuleView", "clean_text",
            "ACTIONS", "DISPOSITIONS", "OBSERVER"]
 
 # reg7[0..3] -> (npaudit.disposition, event.action, the verdict word of event.type).
@@ -90,6 +90,14 @@ class PodDirectory(Protocol):
         ...
 
 
+class PodTable(PodDirectory, Protocol):
+    """A PodDirectory that can also hand out its whole address table: a mapping never changed once
+    handed out (a change of Pods makes a new one), so whatever was worked out from one table holds
+    while `ip_table()` returns that same object."""
+
+    def ip_table(self) -> Mapping[str, tuple[str, str]]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecordContext:
     """What every record of this node shares; `cluster` "" means no cluster name is set.
@@ -125,6 +133,10 @@ def _pod_fields(found: tuple[str, str] | None) -> dict[str, str] | None:
     pod = {k: _text(v) for k, v in (("name", name), ("namespace", namespace)) if v}
     return pod or None
 
+
+_Pair = tuple[str, str] | None  # what PodDirectory.by_ip gives
+# RecordEncoder._pair_texts: the texts of a record that only its addresses, its rule and the Pods decide.
+_PairTexts = tuple[str, str, str, str, str, str, str, str, str, str]
 
 _FRAGMENT, _TRUNCATED = '"fragment":true,', ',"truncated":true'
 
@@ -206,6 +218,7 @@ class RecordEncoder:
         self._rules_get = ctx.rules.get
         self._by_ip = ctx.pods.by_ip
         self._new_event_id = ctx.new_event_id
+        self._hex_ids = isinstance(ctx.new_event_id, EventIds)  # its ids are hex digits: nothing to escape
         self._rules: dict[tuple[int, int], _RuleParts] = {}
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}
         self._orchestrators: dict[str, str] = {}
@@ -213,6 +226,11 @@ class RecordEncoder:
         self._community: dict[tuple[str | None, str | None, int | None, int | None, int | None, int | None,
                                     int | None], str] = {}
         self._ovs_texts: dict[tuple[int, int, int | None], str] = {}
+        # With a PodTable: per (source, destination, rule parts), the texts the Pods at both ends give
+        # (npaudit's destination and source, orchestrator, related), kept while the table is the same object.
+        self._ip_table: Callable[[], Mapping[str, tuple[str, str]]] | None = getattr(ctx.pods, "ip_table", None)
+        self._pairs_of: Mapping[str, tuple[str, str]] | None = None
+        self._pairs: dict[tuple[str | None, str | None, _RuleParts], _PairTexts] = {}
         observer: dict[str, Any] = {"hostname": _text(ctx.node)} if ctx.node else {}
         self._observer = f',"observer":{canonical({**observer, **OBSERVER})}'
         self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
@@ -269,6 +287,39 @@ class RecordEncoder:
         return _cache(self._ovs_texts, key,
                       f'"ovs":{{"cookie":"0x{cookie & 0xFFFF_FFFF_FFFF_FFFF:016x}",{port}"table":{table}}},')
 
+    def _pair_texts(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
+                    by_ip: Callable[[str], _Pair]) -> _PairTexts:
+        """(npaudit.destination's text, npaudit.source's, orchestrator's, related's, destination's up to its
+        port, source's, and for the message each end without its port and before it) of a record of `rp`
+        between these addresses, with `by_ip` naming their Pods."""
+        src_found = by_ip(src_ip) if src_ip is not None else None
+        dst_found = by_ip(dst_ip) if dst_ip is not None else None
+        # The applied-to Pod is the one the rule protects: the destination of ingress
+        # traffic, the source of egress traffic.
+        direction = rp.direction
+        applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
+        applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
+        if dst_ip is not None:
+            related = (f',"related":{{"ip":["{src_ip}","{dst_ip}"]}}' if src_ip is not None and src_ip != dst_ip
+                       else f',"related":{{"ip":["{dst_ip}"]}}')
+        else:
+            related = "" if src_ip is None else f',"related":{{"ip":["{src_ip}"]}}'
+        pods = self._pods
+        dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
+        src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
+        orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
+        # Addresses come from decode_frame (inet_ntop / ipaddress): digits, dots,
+        # colons and hex, nothing JSON would escape.
+        dst_head = "" if dst_ip is None else f',"destination":{{"ip":"{dst_ip}"'
+        src_head = "}" if src_ip is None else f',"source":{{"ip":"{src_ip}"'
+        return (dst_pod, src_pod, orchestrator, related, dst_head, src_head,
+                _endpoint(src_ip, None), _port_prefix(src_ip), _endpoint(dst_ip, None), _port_prefix(dst_ip))
+
+    def _pair(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
+              by_ip: Callable[[str], _Pair]) -> _PairTexts:
+        """_pair_texts, kept for the table `by_ip` reads (see encode_positional)."""
+        return _cache(self._pairs, (src_ip, dst_ip, rp), self._pair_texts(rp, src_ip, dst_ip, by_ip))
+
     def _timestamp(self, t: float) -> str:
         # UTC, nearest millisecond: epoch floats carry binary noise (….512 may be
         # ….51199999), which truncation would turn into the previous millisecond.
@@ -301,29 +352,32 @@ class RecordEncoder:
         first_s = self._timestamp(first)
         last_s = first_s if last == first else self._timestamp(last)
         s = summary
-        by_ip = self._by_ip
         src_ip, dst_ip = s.src_ip, s.dst_ip
-        src_found = by_ip(src_ip) if src_ip is not None else None
-        dst_found = by_ip(dst_ip) if dst_ip is not None else None
-        # The applied-to Pod is the one the rule protects: the destination of ingress
-        # traffic, the source of egress traffic.
-        direction = rp.direction
-        applied = dst_found if direction == "ingress" else src_found if direction == "egress" else None
-        applied_ns = (applied[0] if applied and applied[0] else "") or rp.namespace
-
-        # Addresses come from decode_frame (inet_ntop / ipaddress): digits, dots,
-        # colons and hex, nothing JSON would escape.
+        ip_table = self._ip_table
+        if ip_table is not None:
+            table = ip_table()
+            if table is not self._pairs_of:  # the Pods changed: nothing worked out from the old table holds
+                self._pairs.clear()
+                self._pairs_of = table
+            pair = self._pairs.get((src_ip, dst_ip, rp)) or self._pair(rp, src_ip, dst_ip, table.get)
+        else:
+            pair = self._pair_texts(rp, src_ip, dst_ip, self._by_ip)
+        dst_pod, src_pod, orchestrator, related, dst_head, src_head, src_ep, src_pre, dst_ep, dst_pre = pair
+        src_port, dst_port = s.src_port, s.dst_port
         if dst_ip is not None:
-            port = s.dst_port
-            destination = (f',"destination":{{"ip":"{dst_ip}"}}' if port is None else
-                           f',"destination":{{"ip":"{dst_ip}","port":{port}}}')
-            related = (f',"related":{{"ip":["{src_ip}","{dst_ip}"]}}' if src_ip is not None and src_ip != dst_ip
-                       else f',"related":{{"ip":["{dst_ip}"]}}')
+            destination = f'{dst_head}}}' if dst_port is None else f'{dst_head},"port":{dst_port}}}'
+            if dst_port is not None:
+                dst_ep = f"{dst_pre}{dst_port}"
         else:
             destination = ""
-            related = "" if src_ip is None else f',"related":{{"ip":["{src_ip}"]}}'
+        if src_ip is not None:
+            source = f'{src_head}}}}}' if src_port is None else f'{src_head},"port":{src_port}}}}}'
+            if src_port is not None:
+                src_ep = f"{src_pre}{src_port}"
+        else:
+            source = "}"
         event_id = self._new_event_id()
-        if not (event_id.isascii() and event_id.isalnum()):
+        if not self._hex_ids and not (event_id.isascii() and event_id.isalnum()):
             event_id = canonical(_text(event_id))[1:-1]
         icmp = ""
         if s.icmp_type is not None:  # ECS has no icmp field set: a vendor field
@@ -343,7 +397,15 @@ class RecordEncoder:
         community = self._community.get(flow)
         if community is None:
             community = self._community_text(flow)
-        message = _message(rp, s, packets)
+        # message: one short line, JSON-escaped; e.g. `Drop ingress udp 10.0.0.1:1000 -> 10.0.0.2:53, 50 packets,
+        # by sec rule drop-udp`. Addresses, numbers and protocol names need no escaping; the ends come from the
+        # pair's texts.
+        said, by = rp.said
+        icmp_said = "" if s.icmp_type is None else (f" type {s.icmp_type}" if s.icmp_code is None
+                                                     else f" type {s.icmp_type} code {s.icmp_code}")
+        proto = s.transport or (f"ip proto {s.protocol}" if s.protocol is not None else "non-IP")
+        message = (f"{said}{proto} {src_ep} -> {dst_ep}{icmp_said}, "
+                   f"{'1 packet' if packets == 1 else f'{packets} packets'}{by}")
         head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
                 f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
                 f',"message":"{message}"'
@@ -351,25 +413,22 @@ class RecordEncoder:
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
-        pods = self._pods
-        dst_pod = (pods.get(dst_found) or self._pod_texts(dst_found))[0] if dst_found else ""
-        src_pod = (pods.get(src_found) or self._pod_texts(src_found))[1] if src_found else ""
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
         mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
                f'{rp.priority}{SEQ_KEY}')
-        orchestrator = self._orchestrators.get(applied_ns) or self._orchestrator(applied_ns)
-        if src_ip is not None:
-            port = s.src_port
-            source = (f',"source":{{"ip":"{src_ip}"}}}}' if port is None else
-                      f',"source":{{"ip":"{src_ip}","port":{port}}}}}')
-        else:
-            source = "}"
         tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
                 f'{related}{rp.rule_text}{source}')
         text = RecordText(head, mid, tail)
         text.verdict = rp.verdict
         return text
+
+
+def _port_prefix(ip: str | None) -> str:
+    """An endpoint's text before its port: "10.0.0.1:" or "[fd00::1]:" ("" without an address)."""
+    if ip is None:
+        return ""
+    return f"[{ip}]:" if ":" in ip else f"{ip}:"
 
 
 def _endpoint(ip: str | None, port: int | None) -> str:
@@ -378,18 +437,6 @@ def _endpoint(ip: str | None, port: int | None) -> str:
     if port is None:
         return ip
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-def _message(rp: _RuleParts, s: PacketSummary, packets: int) -> str:
-    """message: one short line, JSON-escaped; e.g. `Drop ingress udp 10.0.0.1:1000 -> 10.0.0.2:53, 50 packets,
-    by AntreaClusterNetworkPolicy:sec rule drop-udp`. Addresses, numbers and protocol names need no escaping."""
-    verdict, by = rp.said
-    proto = s.transport or (f"ip proto {s.protocol}" if s.protocol is not None else "non-IP")
-    icmp = "" if s.icmp_type is None else (f" type {s.icmp_type}" if s.icmp_code is None
-                                           else f" type {s.icmp_type} code {s.icmp_code}")
-    count = "1 packet" if packets == 1 else f"{packets} packets"
-    return (f"{verdict}{proto} {_endpoint(s.src_ip, s.src_port)} -> {_endpoint(s.dst_ip, s.dst_port)}{icmp}, "
-            f"{count}{by}")
 
 
 def _cache(cache: dict[Any, Any], key: Any, value: Any) -> Any:

@@ -100,6 +100,8 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                   ("packet-ins in records / emitted at {2} pps", "summary.by_rate.*.in_records_vs_emitted"),
                   ("packet-ins at full detail (not in coarsened records) at {2} pps",
                    "summary.by_rate.*.full_detail_fraction")],
+    "agent_path": [("in-process packet-in -> record CPU us per packet-in, {1} a read",
+                    "by_per_read.*.this.us_per_packet_in_min")],
     "cluster_scale": [("cross-node TCP: logging on vs off", "throughput.cross_node_logging_on_vs_off_ratio"),
                       ("cross-node TCP: logging on vs off, adjacent pairs {3}",  # the spread: q1, q3, min, max
                        "throughput.logging_on_vs_off_adjacent_pairs.cross_node.q[13]"),

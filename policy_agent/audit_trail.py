@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -61,6 +62,15 @@ class _LateDirectory:
     def by_ip(self, ip: str) -> tuple[str, str] | None:
         engine = self._engine()
         return None if engine is None else engine.by_ip(ip)
+
+    def ip_table(self) -> Mapping[str, tuple[str, str]]:
+        """The engine's address table (auditlog.record.PodTable): the records' encoder keeps the Pod texts
+        it worked out while this is the same object."""
+        engine = self._engine()
+        return _NO_PODS if engine is None else engine.ip_table()
+
+
+_NO_PODS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
 def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], PolicyEngine | None],

@@ -325,6 +325,11 @@ class PolicyEngine:
         """(namespace, name) of the Pod with this address, on any node; None: unknown (auditlog's PodDirectory)."""
         return self._by_ip.get(ip)
 
+    def ip_table(self) -> Mapping[str, tuple[str, str]]:
+        """Address -> (namespace, name) of every Pod known: never changed once built (a change of Pods swaps
+        in a new one), so a reader may keep what it worked out from it while it gets the same object."""
+        return self._by_ip
+
     # --- the transaction ---------------------------------------------------------------
 
     def state(self) -> ClusterState:

@@ -40,6 +40,9 @@ class PolicyPacketIns:
         # tunnel port needs the sending node's address); None from it: the plain one.
         self._answer_out = answer_out
         self._logged = tuple(h for h in (audit, offload, tap) if h is not None)
+        # While the offload is not running (`active` False) its call is a no-op: a batch skips it.
+        self._offload = offload if hasattr(offload, "active") else None
+        self._logged_idle_offload = tuple(h for h in (audit, tap) if h is not None)
         # Logged handlers that take a batch of packet-ins (one read) as one: the audit pipeline.
         self._batched = tuple(h for h in self._logged if hasattr(h, "begin_batch") and hasattr(h, "end_batch"))
         self._suppress = suppress  # True for a trace's packet (npaudit trace): neither answered nor logged
@@ -47,9 +50,14 @@ class PolicyPacketIns:
         self._may_suppress = may_suppress
         self.answered = 0
         self.unanswerable = 0
+        # What a packet-in goes through now: outside a batch, `suppress` and every logged handler; within
+        # one, what begin_batch found could act (no trace packet lately: no suppress; offload idle: not it).
+        self._suppress_now = suppress
+        self._logged_now = self._logged
 
     def __call__(self, pin: PacketIn) -> None:
-        if self._suppress is not None and self._suppress(pin):
+        suppress = self._suppress_now
+        if suppress is not None and suppress(pin):
             return
         flags = pin.flags
         if flags is not None and flags & _REJECT and pin.in_port is not None:
@@ -61,15 +69,23 @@ class PolicyPacketIns:
                 self._send(out if out is not None else packet_out(answer, pin.in_port))
                 self.answered += 1
         if flags is None or flags & _LOG:
-            for handler in self._logged:
+            for handler in self._logged_now:
                 handler(pin)
 
     def begin_batch(self) -> None:
-        """The packet-ins up to `end_batch` are one read's: handlers that batch hand their output over once."""
+        """The packet-ins up to `end_batch` are one read's: handlers that batch hand their output over once.
+        Whether a trace packet may be among them, and whether the offload runs, is asked once for the batch
+        (both change only on the event loop, never while a read's packet-ins are handled)."""
+        if self._suppress is not None and self._may_suppress is not None and not self._may_suppress():
+            self._suppress_now = None
+        if self._offload is not None and not self._offload.active:
+            self._logged_now = self._logged_idle_offload
         for handler in self._batched:
             handler.begin_batch()
 
     def end_batch(self) -> None:
+        self._suppress_now = self._suppress
+        self._logged_now = self._logged
         for handler in self._batched:
             handler.end_batch()
 

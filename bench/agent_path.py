@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The agent's packet-in -> record path in process, OVS out of the way: CPU µs per packet-in. Prints JSON.
+
+The agent's own pieces, wired as the agent wires them: PacketInReader (learned-layout decode) ->
+Demux (admission, inline hand-off) -> PolicyPacketIns (with a trace registry and an idle offload,
+as a default agent has) -> AuditPipeline (1 s windows) -> AuditWriter (inline writes, a real file),
+the records enriched through the engine's address table (both ends are Pods) and a logged
+securityops Drop. The messages are the agent's own UDP Drop packet-ins as OVS 3.1 sent them
+(tests/unit/data/agent_udp_drop_packet_in2_stream.bin, 240 bytes), each given a new destination
+port: every packet-in a new audit key and a "first" record, as in bench/agent_cpu.py's flood.
+They are handed to the reader `--per-read` at a time (1: a packet-in a wake-up, as at 1k-5k/s on
+the real path; 64: a backlog).
+
+With --base DIR (another checkout of this tree), each round runs the same measurement in a child
+process on DIR's code and then on this one, alternating the order per round; the JSON gives the
+minimum per side (other work on the machine only ever makes a run slower). Nothing here times
+wake-ups, syscalls of the socket or the window timer: bench/agent_cpu.py measures the real path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def measure(root: Path, n: int, per_read: int) -> dict:
+    """One run on the code of the checkout at `root` (first on sys.path)."""
+    import asyncio
+    import tempfile
+    import time
+
+    from auditlog.aggregate import Aggregator
+    from auditlog.packet import decode_frame
+    from auditlog.pipeline import AuditPipeline
+    from auditlog.record import RecordContext
+    from auditlog.writer import AuditWriter
+    from packetin import wire
+    from packetin.demux import INLINE_MAX, Demux
+    from packetin.gctune import settle_heap
+    from packetin.model import Category
+    from packetin.reader import PacketInReader
+    from policy_agent.audit_trail import _LateDirectory
+    from policy_agent.config.loader import PacketInConfig
+    from policy_agent.config.offload import OffloadConfig
+    from policy_agent.limits import admission
+    from policy_agent.limits.offload_cache import DropOffload
+    from policy_agent.policy.model import Action, Direction
+    from policy_agent.policy.rules import RuleInfo, RuleRegistry
+    from policy_agent.traceflow.tags import TagRegistry
+
+    raw = (root / "tests/unit/data/agent_udp_drop_packet_in2_stream.bin").read_bytes()
+    template = wire.Framer().feed(raw)[0]
+    sample = wire.decode_packet_in2(template, 0.0)
+    at = bytes(template).find(sample.packet) + 36  # the UDP destination port in the message
+    msg = bytearray(template)
+    msgs = []
+    for i in range(n):
+        msg[at:at + 2] = (1024 + i % 64000).to_bytes(2, "big")
+        msgs.append(bytes(msg))
+    flow = decode_frame(sample.packet)
+
+    class Engine:  # the engine's Pod lookups: PolicyEngine.by_ip / ip_table
+        table = {flow.src_ip: ("frontend", "client-5d8f7c9b4-x2k8q"), flow.dst_ip: ("backend", "postgres-0")}
+
+        def by_ip(self, ip: str) -> tuple[str, str] | None:
+            return self.table.get(ip)
+
+        def ip_table(self) -> dict:
+            return self.table
+
+    engine = Engine()
+    rules = RuleRegistry()
+    rules.replace({sample.rule_id: RuleInfo(
+        rule_id=sample.rule_id, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="bench",
+        rule_name="drop-udp", tier="securityops", priority=1.0, action=Action.DROP, direction=Direction.INGRESS,
+        log_label="bench", logged=True)})
+    ctx = RecordContext(node="bench", cluster="bench", rules=rules, pods=_LateDirectory(lambda: engine))
+    tags = TagRegistry()
+
+    def suppress(pin: object) -> bool:  # TraceflowService.suppress
+        return tags.match(pin.packet) is not None  # type: ignore[attr-defined]
+
+    async def run() -> dict:
+        from policy_agent.policy_packetins import PolicyPacketIns
+
+        work = Path(tempfile.mkdtemp(prefix="npaudit-agent-path-"))
+        writer = AuditWriter(work / "audit.jsonl", backup_count=50)
+        writer.start()
+        pipeline = AuditPipeline(ctx, writer, Aggregator(window=1.0))
+        dispatcher = PolicyPacketIns(lambda m: 0, audit=pipeline, offload=DropOffload(OffloadConfig(), pipeline,
+                                                                                       ovs_netns=""),
+                                     suppress=suppress, may_suppress=tags.any_known)
+        demux = Demux(inline_max=INLINE_MAX)
+        admission.subscribe(demux, {Category.POLICY: dispatcher}, PacketInConfig(), direction=lambda r: "ingress",
+                            now=time.monotonic())
+        for sub in demux._subs.values():  # admission is policy, not capacity: as bench/agent_cpu.py opens it
+            sub.bucket = type(sub.bucket)(1e12, 1e12, time.monotonic())
+            sub.fair = None
+        demux.start()
+        reader = PacketInReader(demux.dispatch, lambda m: None)
+        settle_heap()
+        c0 = time.process_time()
+        for i in range(0, n, per_read):
+            reader.on_messages(msgs[i:i + per_read])
+        cpu = time.process_time() - c0
+        writer.flush_wait(60)
+        await demux.stop()
+        await pipeline.close()
+        writer.close()
+        records = sum(1 for f in work.glob("audit.jsonl*") for line in f.open() if line.strip())
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+        return {"us_per_packet_in": round(cpu / n * 1e6, 2), "packet_ins": pipeline.stats["packet_ins"],
+                "records": records, "delivered": demux.stats()[Category.POLICY]["delivered"]}
+
+    return asyncio.run(run())
+
+
+def child(root: Path, n: int, per_read: int) -> dict:
+    # This script, run on `root`'s code (a base checkout may not have it).
+    out = subprocess.run([sys.executable, __file__, "--one", str(root), str(n), str(per_read)],
+                         cwd=root, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packet-ins", type=int, default=20000)
+    ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--base", default="", help="another checkout: interleaved A/B against its code")
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        root = Path(args.one[0])
+        sys.path.insert(0, str(root))
+        print(json.dumps(measure(root, int(args.one[1]), int(args.one[2]))))
+        return 0
+    sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
+    result: dict = {"benchmark": "agent_path", "packet_ins": args.packet_ins, "rounds": args.rounds,
+                    "load_average_start": os.getloadavg(), "by_per_read": {}}
+    for per_read in [int(x) for x in args.per_read.split(",")]:
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
+        for r in range(args.rounds):
+            for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+                runs[side].append(child(sides[side], args.packet_ins, per_read))
+        row = {side: {"us_per_packet_in_min": min(x["us_per_packet_in"] for x in got),
+                      "us_per_packet_in_runs": [x["us_per_packet_in"] for x in got],
+                      "records_every_run": sorted({x["records"] for x in got})} for side, got in runs.items()}
+        if "base" in row:
+            row["this_vs_base"] = round(row["this"]["us_per_packet_in_min"] / row["base"]["us_per_packet_in_min"], 3)
+        result["by_per_read"][per_read] = row
+    result["load_average_end"] = os.getloadavg()
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
