@@ -159,8 +159,9 @@ def _wait_pods_everywhere(cluster: Any, nodes: list[str], pods: int, timeout: fl
 
 
 def _warm(cluster: Any, src: dict[str, str], dsts: Sequence[dict[str, str]], timeout: float = 60) -> None:
-    """Connect `src` to each of `dsts` (TCP 80) until every one answered: a tunnel's first packets to a
-    peer node fail (network unreachable) while its underlay neighbour is resolved."""
+    """Connect `src` to each of `dsts` (TCP 80) until every one answered: the first packet into a cold
+    tunnel is lost (silently) while OVS resolves the peer's underlay address, and a 1 s probe ends before
+    TCP's SYN retry."""
     targets = [f"{d['ip']}:{PROBED_PORT}/tcp" for d in dsts]
     deadline = time.monotonic() + timeout
     while True:

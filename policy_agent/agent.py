@@ -112,7 +112,8 @@ class Agent:
         self.subnet.subscribe(lambda _cidr: self.nodes.refresh())
         self.registry.register(KnownNodesCollector(self.nodes))
         if self.routes is not None:
-            self.registry.register(NodeRoutesCollector(self.routes, lambda: self.losses.unknown_source_drops()))
+            self.registry.register(NodeRoutesCollector(self.routes, lambda: self.losses.unknown_source_drops(),
+                                                       lambda: self.losses.unknown_vni_drops()))
         if config.cluster.peers:  # a source, once set, says the node subnets are all known
             self.nodes.set_peers("config", config_peers(config.cluster))
         self._gateway_task: asyncio.Task[None] | None = None
@@ -144,7 +145,9 @@ class Agent:
                                           "datapath drops before the pipeline go unstated").read,
             unknown_sources=self.routes.unknown_source_request if self.routes is not None
             and self.routes.denies_unknown else None,
-            unknown_via=self.routes.unknown_via if self.routes is not None else "tunnel")
+            unknown_via=self.routes.unknown_via if self.routes is not None else "tunnel",
+            unknown_vnis=self.routes.unknown_vni_request if self.routes is not None
+            and self.routes.underlay.plan.geneve else None)
         self.registry.register(MeterCollector(self.losses))
         # Category 1: copies of running traces (`npaudit trace`); their packets are neither
         # audited nor answered by the category-0 dispatcher.

@@ -75,9 +75,27 @@ def save_record(plan: ClusterPlan) -> None:
     write_atomically(plan.record_path, plan.to_json().encode(), mode=0o644)
 
 
-def _add_netns(name: str) -> None:
+def add_netns(name: str) -> None:
+    """A network namespace `name` with its loopback up."""
     _run(["ip", "netns", "add", name])
     _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+
+def make_underlay(netns: str) -> None:
+    """The underlay: a namespace `netns` holding the Linux bridge (UNDERLAY_BRIDGE) every node's veth joins."""
+    add_netns(netns)
+    _run(["ip", "-n", netns, "link", "add", UNDERLAY_BRIDGE, "type", "bridge"])
+    _run(["ip", "-n", netns, "link", "set", UNDERLAY_BRIDGE, "up"])
+
+
+def join_underlay(underlay_netns: str, port: str, node_netns: str) -> None:
+    """The node namespace `node_netns` (made already) on the underlay: a veth whose end `port` is on the
+    underlay's bridge and whose other end is NODE_UNDERLAY_IF in the node's namespace, both up. Made
+    before the node's agent starts, which finds it there (cluster.underlay_interface) and leaves it to us."""
+    _run(["ip", "-n", underlay_netns, "link", "add", port, "type", "veth", "peer", "name", NODE_UNDERLAY_IF,
+          "netns", node_netns])
+    _run(["ip", "-n", underlay_netns, "link", "set", port, "master", UNDERLAY_BRIDGE, "up"])
+    _run(["ip", "-n", node_netns, "link", "set", NODE_UNDERLAY_IF, "up"])
 
 
 # --- agents ------------------------------------------------------------------------------------
@@ -185,20 +203,14 @@ def _make(plan: ClusterPlan, say: Say) -> None:
             f"objects (podCIDR, InternalIP) are in {plan.nodes_path}: create them there")
     else:
         plan.shared_dir.mkdir(exist_ok=True)
-    ul = plan.underlay_netns
-    _add_netns(ul)
-    _run(["ip", "-n", ul, "link", "add", UNDERLAY_BRIDGE, "type", "bridge"])
-    _run(["ip", "-n", ul, "link", "set", UNDERLAY_BRIDGE, "up"])
+    make_underlay(plan.underlay_netns)
     for node in plan.nodes:
         for d in (node.path, node.state_dir, node.audit_path.parent, node.ipam_dir):
             d.mkdir(parents=True, exist_ok=True)
         write_atomically(node.config_path, node_config_yaml(plan, node).encode(), mode=0o644)
         write_atomically(node.netconf_path, (json.dumps(netconf(plan, node), indent=2) + "\n").encode(), mode=0o644)
-        _add_netns(node.netns)  # pre-created: the agent's embedded OVS runs in it and leaves it to us
-        _run(["ip", "-n", ul, "link", "add", node.underlay_port, "type", "veth", "peer", "name", NODE_UNDERLAY_IF,
-              "netns", node.netns])
-        _run(["ip", "-n", ul, "link", "set", node.underlay_port, "master", UNDERLAY_BRIDGE, "up"])
-        _run(["ip", "-n", node.netns, "link", "set", NODE_UNDERLAY_IF, "up"])
+        add_netns(node.netns)  # pre-created: the agent's embedded OVS runs in it and leaves it to us
+        join_underlay(plan.underlay_netns, node.underlay_port, node.netns)
         pid = start_agent(node)
         say(f"node {node.name}: agent pid {pid}, Pod subnet {node.pod_cidr}, underlay {node.address}, "
             f"netns {node.netns}")
@@ -383,7 +395,7 @@ def _wire_pod(node: NodePlan, pod: PodPlan, *, local_object: bool, ip: str) -> s
     node's `npaudit cni`; its address."""
     from policy_agent.sources.local_api import call
 
-    _add_netns(pod.netns)
+    add_netns(pod.netns)
     if local_object:
         reply = call(node.state_dir / "api.sock", {"op": "apply", "manifests": yaml.safe_dump(pod_object(pod)),
                                                     "source": f"cluster pod add {pod.ref}"})

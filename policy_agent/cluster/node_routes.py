@@ -28,7 +28,7 @@ from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
 from policy_agent.ovs.tunnel import NodeUnderlay
 from policy_agent.policy.tunnel_flows import (answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
-                                              unknown_peer_flow, unknown_source_request)
+                                              unknown_peer_flow, unknown_source_request, unknown_vni_request)
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,10 @@ class NodeRoutes:
         """The flow statistics request of this round's drop of unknown sources (only when `denies_unknown`)."""
         return unknown_source_request(self._round())
 
+    def unknown_vni_request(self) -> Any:
+        """The flow statistics request of this round's drop of unknown VNIs from the tunnel (Geneve only)."""
+        return unknown_vni_request(self._round())
+
     def say_window(self) -> None:
         """At start, loudly: whether a Pod of another node can pass a rule its labels would fail before
         its object reaches this node (the window deny_unknown_sources closes, in Geneve mode only)."""
@@ -264,11 +268,14 @@ class NodeRoutes:
 
 class NodeRoutesCollector:
     """npaudit_cluster_peers{state}, npaudit_cluster_peer_problems_total{reason} and, with deny_unknown_sources,
-    npaudit_cluster_unknown_source_drops_total (`unknown_drops`: None until first read)."""
+    npaudit_cluster_unknown_source_drops_total (`unknown_drops`: None until first read) and, with Geneve,
+    npaudit_cluster_unknown_vni_drops_total (`vni_drops`: the same)."""
 
-    def __init__(self, routes: NodeRoutes, unknown_drops: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(self, routes: NodeRoutes, unknown_drops: Callable[[], int | None] = lambda: None,
+                 vni_drops: Callable[[], int | None] = lambda: None) -> None:
         self._routes = routes
         self._unknown_drops = unknown_drops
+        self._vni_drops = vni_drops
 
     def collect(self) -> Iterator[Metric]:
         r = self._routes
@@ -289,3 +296,8 @@ class NodeRoutesCollector:
                                       "before any rule because no Pod this node knows holds their source address "
                                       "(cluster.deny_unknown_sources: a Pod of another node whose object has not "
                                       "arrived here yet)", value=self._unknown_drops() or 0)
+        if r.underlay.plan.geneve:
+            yield CounterMetricFamily("npaudit_cluster_unknown_vni_drops", "IPv4 packets from the tunnel dropped "
+                                      "before any rule because their Geneve VNI was neither Pod traffic's (0) nor "
+                                      "a trace mark this node knows (a node of a newer version, or something else "
+                                      "sending Geneve here)", value=self._vni_drops() or 0)

@@ -9,7 +9,10 @@ Nothing here runs on the packet-in path: it only reads counters.
 With cluster.deny_unknown_sources each window also reads the packet count of the flow dropping
 new connections from the tunnel whose source is no Pod this node knows (policy/tunnel_flows.py):
 no rule saw those packets, so they are stated like the drops before the pipeline (reason
-unknown_source) and exported as npaudit_cluster_unknown_source_drops_total.
+unknown_source) and exported as npaudit_cluster_unknown_source_drops_total. With Geneve it also
+reads the packet count of the flow dropping IPv4 from the tunnel whose VNI is neither Pod traffic's
+nor a trace mark's (npaudit_cluster_unknown_vni_drops_total, and a warning when it grows: a node
+of a newer version marking packets this one does not know, or something else sending Geneve here).
 
 Each window also reads the packet counts of every logged rule's flows (one OFPMP_FLOW_DESC
 request, policy_agent/limits/rule_flows.py) and states, per rule, what its flows matched
@@ -106,7 +109,8 @@ class LossAccounting:
     count, ovs/port_stats.py) and `datapath_drops` the datapath's drop counters before the
     pipeline (coverage); both blocking, run in a thread; None: not read. `unknown_sources` returns the
     flow statistics request of the drop of unknown sources for the current round (None: not read), which
-    come in through `unknown_via` (the source of their loss records: tunnel, or gateway when routed).
+    come in through `unknown_via` (the source of their loss records: tunnel, or gateway when routed);
+    `unknown_vnis` that of the drop of unknown VNIs from the tunnel (None: not read, no Geneve).
     """
 
     def __init__(self, channel: MeterChannel, *, interval: float,
@@ -120,6 +124,7 @@ class LossAccounting:
                  port_drops: Callable[[], Mapping[str, int]] | None = None,
                  datapath_drops: Callable[[], Mapping[str, int | None]] | None = None,
                  unknown_sources: Callable[[], Any] | None = None, unknown_via: str = "tunnel",
+                 unknown_vnis: Callable[[], Any] | None = None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._channel = channel
@@ -143,6 +148,9 @@ class LossAccounting:
         self._unknown_request, self._unknown_via = unknown_sources, unknown_via
         # This round's drop flow (asked for by its whole cookie) is this run's: counted from its first packet.
         self.unknown_sources = RuleFlowTotals(baseline=False)
+        self._vni_request = unknown_vnis
+        self.unknown_vnis = RuleFlowTotals(baseline=False)  # the same: this round's flow
+        self._vni_said = (0, float("-inf"))  # unknown-VNI drops as of the last warning, and when it was
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
         self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
         self._own_raw: dict[int, int] = {}  # per-rule meter id -> its drops as last read
@@ -234,6 +242,32 @@ class LossAccounting:
             self._errors.log(logging.WARNING, "unknown-sources", "OVS flow statistics of the drop of unknown "
                              "sources not read: %s", str(exc) or type(exc).__name__)
 
+    async def read_unknown_vnis(self) -> None:
+        """The packet count of the drop of unknown VNIs; a warning (rate-limited) when it grew."""
+        if self._vni_request is None or not self._channel.ready:
+            return
+        try:
+            parts = await self._channel.multipart(self._vni_request())
+            self.unknown_vnis.update(parse_flow_packets(parts))
+        except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
+            self.read_errors += 1
+            self._errors.log(logging.WARNING, "unknown-vnis", "OVS flow statistics of the drop of unknown "
+                             "VNIs not read: %s", str(exc) or type(exc).__name__)
+            return
+        n = self.unknown_vnis.totals.get(0, 0)
+        now = self._mono()
+        if n > self._vni_said[0] and now - self._vni_said[1] >= 60.0:  # at most a line a minute, saying the total
+            log.warning("%d packets from the tunnel dropped before any rule since start: their Geneve VNI was neither "
+                        "Pod traffic's (0) nor a trace mark this node knows (a node of a newer version, or something "
+                        "else sending Geneve here)", n)
+            self._vni_said = (n, now)
+
+    def unknown_vni_drops(self) -> int | None:
+        """Packets from the tunnel dropped because of their VNI; None: not counted (no Geneve) or not read yet."""
+        if self._vni_request is None or not self.unknown_vnis.read:
+            return None
+        return self.unknown_vnis.totals.get(0, 0)
+
     def unknown_source_drops(self) -> int | None:
         """Packets from the tunnel dropped because no Pod this node knows holds their source address;
         None: not counted (deny_unknown_sources off, routed, one node) or not read yet."""
@@ -292,6 +326,7 @@ class LossAccounting:
         self.ovs.update(await asyncio.to_thread(self._ovs_losses))
         await self.read_before_pipeline()
         await self.read_unknown_sources()
+        await self.read_unknown_vnis()
         if self.recorder is None:
             return None
         return self.recorder.tick(self.counts(), self._wall(), rules)

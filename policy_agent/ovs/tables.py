@@ -20,8 +20,9 @@ connections from the gateway address (the node itself) past ingress policy; tabl
 the gateway address and everything outside the Pod subnet to the gateway port.
 
 Between nodes (cluster.node_address; policy/tunnel_flows.py): with Geneve, table 0 takes IPv4
-from the tunnel port (-> 10, then ingress policy: egress policy applies to this node's Pods by
-their in_port only, so it was judged on the sending node); table 70 sends each other node's Pod
+with VNI 0 from the tunnel port (-> 10, then ingress policy: egress policy applies to this node's
+Pods by their in_port only, so it was judged on the sending node) and drops, counted, any other
+VNI that is no trace mark; table 70 sends each other node's Pod
 subnet into the tunnel with that node's address as tun_dst and never relays tunnel traffic to
 anything but a Pod of this node (or its gateway address); with cluster.deny_unknown_sources,
 table 25 takes new connections from the tunnel only from addresses the Pod directory holds.

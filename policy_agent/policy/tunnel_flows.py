@@ -1,8 +1,13 @@
 """The flows that carry Pod traffic between nodes over Geneve, as pure functions of the plan and the peers.
 
-  0 CLASSIFIER  in_port=tunnel, ip -> 10: another node's Pod traffic meets conntrack, then the
-                policy tables; anything else from the tunnel (ARP) is dropped: nodes send only IPv4
-                to each other, and the receiving node sets the Pod's MAC itself (table 70).
+  0 CLASSIFIER  in_port=tunnel, ip, tun_id=0 -> 10: another node's Pod traffic (Geneve VNI 0) meets
+                conntrack, then the policy tables; IPv4 from the tunnel with any other VNI is
+                dropped (above it only the trace marks' flows, traceflow/flows.py, take theirs) by a
+                flow with a cookie of its own (`unknown_vni_request` reads its packet count:
+                npaudit_cluster_unknown_vni_drops_total), so a mark this version does not know (a
+                newer node's) never reaches a Pod; anything else from the tunnel (ARP) is dropped:
+                nodes send only IPv4 to each other, and the receiving node sets the Pod's MAC
+                itself (table 70).
                 Egress rules match this node's Pods by their in_port, so a packet from the tunnel
                 meets ingress policy only: its egress was judged on the node it
                 left (before the tunnel), its ingress is judged here (after it).
@@ -46,6 +51,9 @@ from policy_agent.ovs import tables
 FROM_TUNNEL_PRIORITY = 25
 PEER_ROUTE_PRIORITY = 15
 TUN_DST_FIELD = "tun_ipv4_dst"
+TUN_ID_FIELD = "tunnel_id"
+POD_VNI = 0  # Pod traffic between nodes; the trace marks are other VNIs (traceflow/report.py)
+UNKNOWN_VNI_PRIORITY = 99  # table 0: below Pod traffic from the tunnel (100), above the table's miss
 
 
 def _cookie(round_: int) -> int:
@@ -60,19 +68,30 @@ def _unknown_source_cookie(round_: int) -> int:
     return tables.cookie(round_, UNKNOWN_SOURCE_KIND)
 
 
+# The drop of IPv4 from the tunnel with a VNI this node does not know: another sub-kind of the tunnel's.
+UNKNOWN_VNI_KIND = (2 << tables.GENERATION_SHIFT) | tables.COOKIE_KIND_TUNNEL
+
+
+def _unknown_vni_cookie(round_: int) -> int:
+    return tables.cookie(round_, UNKNOWN_VNI_KIND)
+
+
 KNOWN_SOURCE_PRIORITY = 50  # table 25: below the Pods' class flows (100, by in_port of a Pod: never the tunnel)
 UNKNOWN_SOURCE_PRIORITY = 40
 
 
 def tunnel_port_flows(round_: int, tunnel_ofport: int, deny_unknown: bool = False) -> list[messages.FlowSpec]:
-    """The flows of the tunnel port itself, whatever the peers. `deny_unknown`: IPv4 from the tunnel
-    opening a connection is dropped unless `known_source_flow` admits its source."""
+    """The flows of the tunnel port itself, whatever the peers: Pod traffic is IPv4 with VNI 0, any
+    other VNI is dropped and counted. `deny_unknown`: IPv4 from the tunnel opening a connection is
+    dropped unless `known_source_flow` admits its source."""
     c, ip = _cookie(round_), {"eth_type": ETH_TYPE_IPV4}
     deny = [messages.FlowSpec.make(tables.T_SRC_CLASS, UNKNOWN_SOURCE_PRIORITY, {**ip, "in_port": tunnel_ofport},
                                    cookie=_unknown_source_cookie(round_))] if deny_unknown else []
     return deny + [
-        messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport}, goto=tables.T_CONNTRACK,
-                               cookie=c),
+        messages.FlowSpec.make(tables.T_CLASSIFIER, 100, {**ip, "in_port": tunnel_ofport, TUN_ID_FIELD: POD_VNI},
+                               goto=tables.T_CONNTRACK, cookie=c),
+        messages.FlowSpec.make(tables.T_CLASSIFIER, UNKNOWN_VNI_PRIORITY, {**ip, "in_port": tunnel_ofport},
+                               cookie=_unknown_vni_cookie(round_)),
         # Above the Pods' ARP flows (100), which match the target address from any port.
         messages.FlowSpec.make(tables.T_CLASSIFIER, 101, {"eth_type": ETH_TYPE_ARP, "in_port": tunnel_ofport},
                                cookie=c),
@@ -86,6 +105,13 @@ def unknown_source_request(round_: int) -> Any:
     does not know."""
     return parser.OFPFlowDescStatsRequest(messages.CODEC, table_id=tables.T_SRC_CLASS,
                                           cookie=_unknown_source_cookie(round_), cookie_mask=(1 << 64) - 1)
+
+
+def unknown_vni_request(round_: int) -> Any:
+    """The statistics of this round's drop of IPv4 from the tunnel with a VNI that is neither Pod
+    traffic's nor a trace mark's (OFPMP_FLOW_DESC by its whole cookie)."""
+    return parser.OFPFlowDescStatsRequest(messages.CODEC, table_id=tables.T_CLASSIFIER,
+                                          cookie=_unknown_vni_cookie(round_), cookie_mask=(1 << 64) - 1)
 
 
 def unknown_peer_flow(round_: int, gateway_ofport: int, pod_cidr: str) -> messages.FlowSpec:

@@ -14,7 +14,6 @@ import subprocess
 import textwrap
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -24,30 +23,12 @@ NODE_SIDE, OUTSIDE = "192.0.2.1", "192.0.2.2"  # the node's address towards the 
 RECOVERY_BOUND = 20.0  # seconds; a bound for the test, not a speed claim
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(gateway=True)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
-
-def _ip(netns: str, *args: str) -> None:
-    subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True)
+pytestmark = pytest.mark.cluster(gateway=True)
 
 
 def outside_network(cluster: Cluster) -> str:
     """A namespace holding OUTSIDE, joined to the node's namespace (NODE_SIDE) by a veth."""
-    outside = cluster.new_netns()  # removed at close, and the veth with it
-    node = cluster.node_netns
-    _ip(node, "link", "add", "gwt-out", "type", "veth", "peer", "name", "eth0", "netns", outside)
-    _ip(node, "addr", "add", f"{NODE_SIDE}/24", "dev", "gwt-out")
-    _ip(node, "link", "set", "gwt-out", "up")
-    _ip(outside, "addr", "add", f"{OUTSIDE}/24", "dev", "eth0")
-    _ip(outside, "link", "set", "eth0", "up")
-    return outside
+    return cluster.linked_netns("gwt-out", f"{NODE_SIDE}/24", f"{OUTSIDE}/24")
 
 
 def peers(path: Path, timeout: float = 5.0) -> list[str]:

@@ -9,45 +9,28 @@ enter br-int through the gateway port as another node's would.
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 from tests.support.cluster import SUBNET, Cluster
+from tests.support.podnet import ip
 
 REMOTE_IP, STRANGER_IP = "10.245.0.7", "10.245.0.8"  # another node's subnet: a Pod's address, and no one's
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(gateway=True)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
-
-def _ip(netns: str, *args: str) -> None:
-    subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True)
+pytestmark = pytest.mark.cluster(gateway=True)
 
 
 def remote_host(cluster: Cluster, address: str, link: int) -> str:
     """A namespace holding `address`, reached from the node's namespace over veth 192.0.2.<4 link>/30."""
-    ns = cluster.new_netns()  # removed at close, and the veth with it
-    node_side, far_side, dev = f"192.0.2.{4 * link + 1}", f"192.0.2.{4 * link + 2}", f"rpt-{link}"
-    node = cluster.node_netns
-    _ip(node, "link", "add", dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
-    _ip(node, "addr", "add", f"{node_side}/30", "dev", dev)
-    _ip(node, "link", "set", dev, "up")
-    _ip(node, "route", "add", f"{address}/32", "via", far_side)
-    _ip(ns, "addr", "add", f"{far_side}/30", "dev", "eth0")
-    _ip(ns, "addr", "add", f"{address}/32", "dev", "eth0")
-    _ip(ns, "link", "set", "eth0", "up")
-    _ip(ns, "route", "add", SUBNET, "via", node_side, "src", address)
+    node_side, far_side = f"192.0.2.{4 * link + 1}", f"192.0.2.{4 * link + 2}"
+    ns = cluster.linked_netns(f"rpt-{link}", f"{node_side}/30", f"{far_side}/30")
+    ip("route", "add", f"{address}/32", "via", far_side, netns=cluster.node_netns)
+    ip("addr", "add", f"{address}/32", "dev", "eth0", netns=ns)
+    ip("route", "add", SUBNET, "via", node_side, "src", address, netns=ns)
     return ns
 
 

@@ -2,7 +2,8 @@
 servers and probes inside the Pods' network namespaces.
 
 Everything is named with a random tag and removed by that name (namespaces) or
-pid (processes) at the end, even when a test fails.
+pid (processes) at the end, even when a test fails. `with Cluster(...) as c` starts the agent
+and closes everything at the end (the e2e `cluster` fixture, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from types import TracebackType
+from typing import Iterable, Self
 
 SUBNET = "10.246.0.0/24"
 GATEWAY = "10.246.0.1"
@@ -115,7 +117,29 @@ class PodHandle:
         return f"{self.namespace}/{self.name}"
 
 
-class Cluster:
+class StartedInWith:
+    """`with x:` runs x.start() and, at the end or when the start fails, x.close()."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Cluster(StartedInWith):
     """The agent (embedded OVS in its own namespace) plus Pods on it."""
 
     def __init__(self, extra_config: str = "", metrics_listen: str = "", gateway: bool = False,
@@ -227,6 +251,17 @@ class Cluster:
         subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
         self._netns.append(netns)
         return netns
+
+    def linked_netns(self, dev: str, node_side: str, far_side: str) -> str:
+        """A new namespace joined to the node's (`node_netns`) by a veth: `dev` there holding the address
+        `node_side` ("ip/prefix"), `eth0` in the new one holding `far_side`, both up; removed at close
+        (the veth with it). Routes and more addresses are the caller's."""
+        ns, node = self.new_netns(), self.node_netns
+        for netns, args in ((node, ("link", "add", dev, "type", "veth", "peer", "name", "eth0", "netns", ns)),
+                            (node, ("addr", "add", node_side, "dev", dev)), (node, ("link", "set", dev, "up")),
+                            (ns, ("addr", "add", far_side, "dev", "eth0")), (ns, ("link", "set", "eth0", "up"))):
+            subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True)
+        return ns
 
     def add_pod(self, namespace: str, name: str, server: bool = True, netns: str | None = None) -> PodHandle:
         netns = netns or self.new_netns()

@@ -26,6 +26,7 @@ class Verdict:
     regs: dict[str, int] = field(default_factory=dict)
     copy_log: list[tuple[int, int, int, bytes]] = field(default_factory=list)  # (table, reg7, reg6, raw userdata)
     committed: bool = False  # a ct(commit) ran
+    flows: list[messages.FlowSpec] = field(default_factory=list)  # every flow the packet matched, in order
 
     @property
     def forwarded(self) -> bool:
@@ -39,6 +40,8 @@ def _ip_in(value: str, want: Any) -> bool:
 
 
 def _field_matches(pkt: dict[str, Any], name: str, want: Any) -> bool:
+    if name == "tunnel_id" and name not in pkt:
+        pkt = {**pkt, name: 0}  # as in OVS: a packet that came in through no tunnel (or VNI 0) has tun_id 0
     if name not in pkt:
         return False
     have = pkt[name]
@@ -103,6 +106,7 @@ class FlowTable:
             flow = self._lookup(table, {**pkt, **regs})
             if flow is None:
                 return  # table miss = drop
+            verdict.flows.append(flow)
             recirculate = None
             for a in flow.actions:
                 if isinstance(a, messages.SetField):

@@ -2,10 +2,13 @@
 agent and embedded OVS in a network namespace of its own) with its own Pod subnet 10.246.N.0/24
 and underlay address 198.51.100.N/24, joined by an underlay: a Linux bridge in a namespace of its
 own, one veth per node whose other end sits in the node's OVS namespace (made here, before the
-agent starts, so the agent finds it there and leaves it to us).
+agent starts, so the agent finds it there and leaves it to us), made by the same functions as
+`npaudit cluster up`'s (policy_agent/cluster/local_run.py). Unlike that verb, each node here is a
+Cluster: a test drives its agent (stop, restart, config) and its Pods directly.
 
 Everything is named with a random tag and removed by that name (namespaces: the veths go with
-them) or pid (the agents, through Cluster.close), even when a test fails.
+them) or pid (the agents, through Cluster.close), even when a test fails. `with MultiNode(...) as m`
+starts every node and closes them all at the end.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from tests.support.cluster import Cluster, PodHandle
+from policy_agent.cluster.local import NODE_UNDERLAY_IF
+from policy_agent.cluster.local_run import add_netns, join_underlay, make_underlay
+from policy_agent.ovs.embedded import netns_exists
+from tests.support.cluster import Cluster, PodHandle, StartedInWith
 from tests.support.external_ovs import ExternalOvs
 from tests.support.ports import free_port
 
 UNDERLAY_PREFIX = "198.51.100"  # TEST-NET-2: never routed anywhere but inside the test's namespaces
-UNDERLAY_IF = "underlay0"  # the node's end of its underlay veth
 
 # Receives TCP on port argv[1]; for each connection reads to EOF and answers the byte count.
 BULK_SINK = r"""
@@ -43,20 +48,13 @@ while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
-# Sends argv[3] bytes to argv[1]:argv[2] (retrying the connect: a tunnel's first packet may be lost
-# to its ARP); prints the count the sink answered and the connection's MSS.
+# Sends argv[3] bytes to argv[1]:argv[2] (one connect: TCP's own SYN retry covers a packet a cold
+# tunnel loses); prints the count the sink answered and the connection's MSS.
 BULK_SOURCE = r"""
-import socket, sys, time
+import socket, sys
 ip, port, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-deadline = time.monotonic() + 30
-while True:
-    s = socket.socket(); s.settimeout(10)
-    try:
-        s.connect((ip, port)); break
-    except OSError:
-        s.close()
-        if time.monotonic() > deadline: raise
-        time.sleep(0.5)
+s = socket.socket(); s.settimeout(10)
+s.connect((ip, port))
 mss = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
 chunk = b"x" * 65536; sent = 0
 while sent < total:
@@ -71,10 +69,6 @@ print(got.decode(), mss)
 """
 
 
-def _run(*args: str) -> None:
-    subprocess.run(list(args), check=True, capture_output=True)
-
-
 def node_name(i: int) -> str:
     return f"node-{i}"
 
@@ -87,7 +81,7 @@ def node_ip(i: int) -> str:
     return f"{UNDERLAY_PREFIX}.{i}"
 
 
-class MultiNode:
+class MultiNode(StartedInWith):
     """`n` nodes (1..n) joined by an underlay; `encapsulation` geneve or routed. `extra_peers` adds
     to what node i's config lists as peers: {i: YAML list items, one per line, indented by 2};
     `cluster_settings`: more `cluster:` fields for every node, e.g. "underlay_mtu: 9000".
@@ -106,9 +100,7 @@ class MultiNode:
         self.metrics: dict[int, str] = {}  # node -> its /metrics URL
         self.external: dict[int, ExternalOvs] = {}
         try:
-            self._netns(self.underlay)
-            _run("ip", "-n", self.underlay, "link", "add", "br0", "type", "bridge")
-            _run("ip", "-n", self.underlay, "link", "set", "br0", "up")
+            make_underlay(self._claim(self.underlay))
             for i in range(1, n + 1):
                 peers = "".join(f"  - {{name: {node_name(j)}, pod_cidr: '{pod_cidr(j)}', address: '{node_ip(j)}'}}\n"
                                 for j in range(1, n + 1) if j != i) + (extra_peers or {}).get(i, "")
@@ -117,16 +109,13 @@ class MultiNode:
                 node = Cluster(gateway=True, subnet=pod_cidr(i), metrics_listen=listen, extra_config=(
                     f"node_name: {node_name(i)}\n"
                     f"cluster:\n  encapsulation: {encapsulation}\n  node_address: '{node_ip(i)}/24'\n"
-                    f"  underlay_interface: {UNDERLAY_IF}\n"
+                    f"  underlay_interface: {NODE_UNDERLAY_IF}\n"
                     f"  deny_unknown_sources: {'true' if deny_unknown_sources else 'false'}\n  peers:\n{peers}"
                     + "".join(f"  {line}\n" for line in cluster_settings.splitlines())))
                 self.nodes[i] = node
+                add_netns(self._claim(node.node_netns))
+                join_underlay(self.underlay, f"ul{self.tag}{i}", node.node_netns)
                 ns = node.node_netns
-                self._netns(ns)
-                far = f"ul{self.tag}{i}"
-                _run("ip", "-n", self.underlay, "link", "add", far, "type", "veth", "peer", "name", UNDERLAY_IF,
-                     "netns", ns)
-                _run("ip", "-n", self.underlay, "link", "set", far, "master", "br0", "up")
                 if external_ovs:
                     self.external[i] = ext = ExternalOvs(Path(tempfile.mkdtemp(prefix=f"npx-{self.tag}{i}-", dir="/tmp")), ns)
                     ext.up()
@@ -136,10 +125,13 @@ class MultiNode:
             self.close()
             raise
 
-    def _netns(self, name: str) -> None:
-        _run("ip", "netns", "add", name)
-        self._made.append(name)
-        _run("ip", "-n", name, "link", "set", "lo", "up")
+    def _claim(self, netns: str) -> str:
+        """`netns`, to be made here and so deleted at close (also when its making fails half-way); never
+        one that exists already (another's)."""
+        if netns_exists(netns):
+            raise AssertionError(f"network namespace {netns} exists already")
+        self._made.append(netns)
+        return netns
 
     def start(self, timeout: float = 120) -> None:
         for node in self.nodes.values():

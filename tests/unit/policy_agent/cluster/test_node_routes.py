@@ -139,7 +139,7 @@ def test_peers_from_several_sources_are_routed_and_one_change_touches_only_its_p
         r, channel, _, masq = routes()
         r.set_peers("config", [N2])
         await r.start()
-        assert channel.tun_dsts() == {"198.51.100.2"} and len(channel.flows) == 3 + 1  # tunnel port + N2
+        assert channel.tun_dsts() == {"198.51.100.2"} and len(channel.flows) == 4 + 1  # tunnel port + N2
         before = list(channel.flows)
         r.set_peers("kubernetes", [N2, N3])
         await r.sync()
@@ -298,6 +298,15 @@ def test_a_cluster_denies_unknown_sources_by_default_and_says_at_start_where_the
     assert "npaudit_cluster_unknown_source_drops_total" not in samples(off, None)
     assert samples(routed, 2)["npaudit_cluster_unknown_source_drops_total"] == 2
     assert "npaudit_cluster_unknown_source_drops_total" not in samples(routed_off, None)
+
+    def vni_drops(r: NodeRoutes, drops: int | None) -> float | None:
+        got = {s.name: s.value for m in NodeRoutesCollector(r, lambda: None, lambda: drops).collect() for s in m.samples}
+        return got.get("npaudit_cluster_unknown_vni_drops_total")
+
+    # Geneve, with or without the check of sources: drops of unknown VNIs are counted; routed has no tunnel.
+    assert vni_drops(on, 5) == 5 and vni_drops(off, 3) == 3 and vni_drops(on, None) == 0
+    assert vni_drops(routed, None) is None and vni_drops(routed_off, None) is None
+    assert on.unknown_vni_request().cookie != on.unknown_source_request().cookie
 
 
 def test_routed_with_deny_unknown_sources_each_peer_subnet_gets_a_drop_through_the_gateway_and_loses_it_with_the_peer(

@@ -256,3 +256,40 @@ def test_without_the_check_of_unknown_sources_nothing_is_asked_and_no_such_loss_
     asyncio.run(acc.tick())
     assert channel.requests == [] and acc.unknown_source_drops() is None
     assert not any(k.reason == "unknown_source" for k in acc.counts())
+
+
+def test_packets_dropped_for_an_unknown_vni_are_counted_from_the_first_and_said_in_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from policy_agent.policy.tunnel_flows import unknown_vni_request
+
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
+    acc = LossAccounting(channel, interval=5.0, admission=lambda: world.admission, ovs_losses=lambda: dict(world.ovs),
+                         submit=world.submit, mono_clock=mono, wall_clock=wall,
+                         unknown_vnis=lambda: unknown_vni_request(3))
+    assert acc.unknown_vni_drops() is None  # not read yet: unknown, not zero
+    cookie = unknown_vni_request(3).cookie
+    channel.replies.append(flow_desc_reply(0, 99, cookie, 0))
+    with caplog.at_level(logging.WARNING, logger="policy_agent.limits.losses"):
+        asyncio.run(acc.tick())
+        assert acc.unknown_vni_drops() == 0 and not caplog.records  # read, none: no warning
+        assert channel.requests[-1].cookie == cookie and channel.requests[-1].table_id == 0
+        channel.replies.append(flow_desc_reply(0, 99, cookie, 4))
+        mono.now += 5
+        asyncio.run(acc.tick())
+        assert acc.unknown_vni_drops() == 4
+        (said,) = [r.getMessage() for r in caplog.records]
+        assert said.startswith("4 packets from the tunnel dropped before any rule since start: their Geneve VNI")
+        channel.replies.append(flow_desc_reply(0, 99, cookie, 4))  # nothing new: nothing said
+        mono.now += 5
+        asyncio.run(acc.tick())
+        channel.replies.append(flow_desc_reply(0, 99, cookie, 9))  # more, but within the minute: held back...
+        mono.now += 5
+        asyncio.run(acc.tick())
+        assert acc.unknown_vni_drops() == 9 and len(caplog.records) == 1
+        channel.replies.append(flow_desc_reply(0, 99, cookie, 9))  # ...and said at the next look after it
+        mono.now += 60
+        asyncio.run(acc.tick())
+        assert [r.getMessage()[:11] for r in caplog.records] == ["4 packets f", "9 packets f"]
+    channel.replies.append(asyncio.TimeoutError())  # a failed read: counted, the total stands
+    asyncio.run(acc.tick())
+    assert acc.read_errors == 1 and acc.unknown_vni_drops() == 9

@@ -17,6 +17,7 @@ from policy_agent.policy.model import (
 from policy_agent.policy.reject import build_reject
 from policy_agent.policy.tunnel_flows import (
     TUN_DST_FIELD, admission_change, admission_next, unknown_source_request, answer_through_tunnel, known_source_flow, peer_flows, tunnel_port_flows,
+    unknown_vni_request,
 )
 from tests.support.flowsim import FlowTable
 
@@ -93,9 +94,30 @@ def test_traffic_from_the_tunnel_meets_ingress_policy_only() -> None:
     assert ft.run(tcp(TUN, REMOTE.ips[0], SERVER.ip, 82)).output == 100
 
 
+def test_only_vni_0_from_the_tunnel_is_pod_traffic_any_other_vni_is_dropped_by_its_own_counted_flow() -> None:
+    ft = table()
+    assert ft.run({**tcp(TUN, "10.246.2.5", SERVER.ip), "tunnel_id": 0}).output == 100
+    counted = unknown_vni_request(1)
+    # A mark this node does not know (a newer node's; today's trace marks included, without their flows
+    # above: traceflow/flows.py) never reaches a Pod, its gateway or policy, and its drop is counted.
+    for vni in (1, 5, 0x7FFFFC, 0x7FFFFD, 0x7FFFFE, 0xFFFFFF):
+        out = ft.run({**tcp(TUN, "10.246.2.5", SERVER.ip), "tunnel_id": vni})
+        assert not out.forwarded and not out.copies and out.tables == [0]
+        assert [f.cookie for f in out.flows] == [counted.cookie]
+        assert not ft.run({**tcp(TUN, "10.246.2.5", "10.246.1.1"), "tunnel_id": vni}).forwarded
+    assert counted.table_id == 0 and counted.cookie_mask == (1 << 64) - 1
+    # A Pod's own packets (no tunnel: tun_id 0) and ARP from the tunnel are as before.
+    assert ft.run(tcp(100, SERVER.ip, CLIENT.ip)).output == 101
+    arp = ft.run({"in_port": TUN, "eth_type": 0x0806, "arp_tpa": SERVER.ip, "tunnel_id": 5})
+    assert not arp.forwarded and unknown_vni_request(1).cookie not in [f.cookie for f in arp.flows]
+
+
 def test_the_flows_carry_the_tunnel_cookie_and_serialise() -> None:
     flows = tunnel_port_flows(7, TUN) + peer_flows(7, TUN, *PEER)
-    assert {f.cookie for f in flows} == {tables.cookie(7, tables.COOKIE_KIND_TUNNEL)}
+    vni_drop = [f for f in flows if f.cookie == unknown_vni_request(7).cookie]
+    assert len(vni_drop) == 1 and vni_drop[0].table == 0 and not vni_drop[0].actions
+    assert {f.cookie for f in flows if f not in vni_drop} == {tables.cookie(7, tables.COOKIE_KIND_TUNNEL)}
+    assert (unknown_vni_request(7).cookie & ~tables.ROUND_MASK) & 0xFF == tables.COOKIE_KIND_TUNNEL
     assert tables.marker_generation(flows[0].cookie) is None
     for f in flows:
         assert len(messages.flow_add(f).encode(1)) > 16
