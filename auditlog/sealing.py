@@ -26,7 +26,11 @@ def seal_records(records: Sequence[RecordText], seq: int, chain: str, skipped: C
 
 def chunk_bounds(lines: Sequence[str], chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
     """(start, end, bytes with newlines) of consecutive chunks of `lines`, each at most `chunk_bytes`
-    unless one line alone is longer."""
+    unless one line alone is longer. Most batches (one read's records) fit one chunk: no walk then."""
+    total = sum(map(len, lines)) + len(lines)
+    if lines and (total <= chunk_bytes or len(lines) == 1):
+        yield 0, len(lines), total
+        return
     start = 0
     while start < len(lines):
         end, size = start + 1, len(lines[start]) + 1

@@ -439,13 +439,7 @@ class AuditWriter:
     def _emit_records(self, records: list[RecordText]) -> None:
         sealed, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
         lines = [line for _, line in sealed]
-        if not lines:  # every record unencodable (counted): nothing to write
-            return
-        size = sum(map(len, lines)) + len(lines)
-        # Most batches (a read's records) are one chunk: cut only what is larger.
-        bounds = ((0, len(lines), size),) if size <= self._chunk_bytes or len(lines) == 1 else \
-            chunk_bounds(lines, self._chunk_bytes)
-        for start, end, size in bounds:
+        for start, end, size in chunk_bounds(lines, self._chunk_bytes):
             try:
                 self._emit("\n".join(lines[start:end]))
             except Exception as exc:
