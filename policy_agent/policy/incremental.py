@@ -24,8 +24,11 @@ from packetin import messages
 from policy_agent.policy import classes
 from policy_agent.policy.classes import ALL as _ALL
 from policy_agent.policy.classes import ClassKey, GroupKey, by_class, group_keys, is_member, rule_groups
-from policy_agent.policy.compiler import ClusterState, Layout, Memo, PlacedRule, isolation_flows, layout, rule_flows
-from policy_agent.policy.model import AppliedTo, Peer, Pod, Policy
+from policy_agent.ovs import tables
+from policy_agent.policy.compiler import (
+    ISOLATION_PRIORITY, ClusterState, Layout, Memo, PlacedRule, applied_match, layout, rule_flows,
+)
+from policy_agent.policy.model import AppliedTo, Direction, Peer, Pod, Policy
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy.selection import Endpoint, ns_labels_of, scope
 
@@ -235,14 +238,24 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
     sel = _IndexedSelection(groups, cls.of_group)
     for key in dirty:
         old = outputs.get(key)
-        if key == _ISOLATION:
+        if key == _ISOLATION:  # by Pod: a change of a few Pods redoes theirs, not every isolated Pod's
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
-            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
-            isolation_flows(sel, lay, memo)
-        else:
-            inputs = placed[key].inputs(lay.cookie)
-            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
-            rule_flows(sel, placed[key], lay.cookie, memo)
+            same = old is not None and old.inputs == inputs and uses[_ISOLATION] is prev.uses.get(_ISOLATION)
+            new_memo = _isolation(groups, lay, uses[_ISOLATION], old.memo if old is not None else {},
+                                  moved if same else None)
+            outputs[key] = _RuleOut(inputs, new_memo)
+            was_memo = old.memo if old is not None else {}
+            for k in was_memo.keys() | new_memo.keys():
+                was_flow, now_flow = was_memo.get(k), new_memo.get(k)
+                if was_flow is not now_flow:
+                    if was_flow is not None:
+                        removed.append(was_flow)
+                    if now_flow is not None:
+                        added.append(now_flow)
+            continue
+        inputs = placed[key].inputs(lay.cookie)
+        memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
+        rule_flows(sel, placed[key], lay.cookie, memo)
         outputs[key] = _RuleOut(inputs, memo.new)
         before = old.memo.values() if old is not None else ()
         kept_ids = {id(f) for f in before}
@@ -251,6 +264,43 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         removed += [f for f in before if id(f) not in new_ids]
     snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls)
     return snap, Delta(added, removed)
+
+
+_ISO_DIRECTIONS = ((Direction.EGRESS, tables.T_EGRESS_K8S), (Direction.INGRESS, tables.T_INGRESS_K8S))
+
+
+def _isolation(groups: dict[GroupKey, _Group], lay: Layout, gkeys: list[GroupKey], old: dict[Any, messages.FlowSpec],
+               pods: Iterable[PodKey] | None) -> dict[Any, messages.FlowSpec]:
+    """compiler.isolation_flows' flows, by (direction, Pod key); `gkeys`: the applied-to group of each
+    of lay.isolating. `pods`: the only Pods whose flows may differ from `old`'s (None: any). A flow
+    whose content is unchanged stays the same object."""
+    memo: dict[Any, messages.FlowSpec] = {}
+    firsts: dict[Direction, dict[PodKey, tuple[Endpoint, Any]]] = {d: {} for d, _ in _ISO_DIRECTIONS}
+    if pods is None:
+        for iso, g in zip(lay.isolating, gkeys):
+            first = firsts[iso.direction]
+            for ep in groups[g].ordered:
+                first.setdefault(ep.pod.key, (ep, iso))  # the first isolating policy names the drop
+    else:
+        memo = dict(old)
+        pods = list(pods)
+        for iso, g in zip(lay.isolating, gkeys):
+            members, first = groups[g].members, firsts[iso.direction]
+            for pk in pods:
+                member = members.get(pk)
+                if member is not None:
+                    first.setdefault(pk, (member, iso))
+        for pk in pods:
+            for d, _ in _ISO_DIRECTIONS:
+                memo.pop((d, pk), None)
+    for direction, table in _ISO_DIRECTIONS:
+        for pk, (ep, iso) in firsts[direction].items():
+            match = applied_match(ep, direction)
+            was = old.get((direction, pk))
+            if was is None or was.match != match or was.actions != iso.actions or was.cookie != lay.cookie:
+                was = messages.FlowSpec.make(table, ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)
+            memo[(direction, pk)] = was
+    return memo
 
 
 def _users(prev: Snapshot, uses: dict[str, list[GroupKey]]) -> dict[GroupKey, frozenset[str]]:
