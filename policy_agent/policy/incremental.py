@@ -66,6 +66,7 @@ class _Classes:
     flows: dict[PodKey, tuple[messages.FlowSpec, ...]]
     cache: dict[ClassKey, int]  # class key -> its hash (shared: a pure function's memo)
     by_key: dict[ClassKey, int]  # class key -> its id
+    key_counts: dict[ClassKey, int]  # class key -> how many known Pods have it (by_key's keys but the empty one)
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
         prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
-                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}))
+                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}, {}))
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
@@ -357,10 +358,10 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             keys.pop(pk, None)
         else:
             keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
-    by_key = classes.assign_ids(keys.values(), old.cache)
+    by_key, key_counts = _class_ids(old, keys, changed, bool(fresh or gone))
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
-    if fresh or gone or any(old.by_key.get(k, cid) != cid for k, cid in by_key.items()):
+    if fresh or gone or (by_key is not old.by_key and any(old.by_key.get(k, cid) != cid for k, cid in by_key.items())):
         ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
     else:  # every class kept its id: the other Pods' ids are the ones they had
@@ -372,7 +373,7 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
                 ids.pop(pk, None)
         suspects = changed
 
-    counts = {g: c for g, c in old.counts.items() if g in cgroups}
+    counts = {g: c for g, c in old.counts.items() if g in cgroups} if fresh or gone else dict(old.counts)
     counts.update((g, {}) for g in fresh)
     touched: set[GroupKey] = set(fresh)
     for pk in suspects:
@@ -391,7 +392,7 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
                     counts[g][cid] = n  # type: ignore[index]
                 else:
                     del counts[g][cid]  # type: ignore[arg-type]
-    of_group = {g: c for g, c in old.of_group.items() if g in cgroups}
+    of_group = {g: c for g, c in old.of_group.items() if g in cgroups} if fresh or gone else dict(old.of_group)
     for g in touched:
         of_group[g] = tuple(sorted(counts.get(g, {})))
     class_changed = {g for g in touched if of_group[g] != old.of_group.get(g)}
@@ -411,5 +412,38 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             removed += before_flows
         if after_flows:
             flows[pk] = after_flows
-    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key)
+    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key, key_counts)
     return cls, class_changed, added, removed
+
+
+def _class_ids(old: _Classes, keys: dict[PodKey, ClassKey], changed: set[PodKey], regroup: bool
+               ) -> tuple[dict[ClassKey, int], dict[ClassKey, int]]:
+    """(class key -> id, class key -> its number of Pods) for `keys`, which differ from `old.keys` only in
+    the Pods `changed` unless `regroup`. Ids are a function of the set of keys alone (classes.assign_ids):
+    while no class appears or empties, they are the ones `old` has, and no Pod's key is hashed again."""
+    if regroup:
+        counts: dict[ClassKey, int] = {}
+        for key in keys.values():
+            if key:
+                counts[key] = counts.get(key, 0) + 1
+        return classes.assign_ids(counts, old.cache), counts
+    counts = old.key_counts
+    copied, reshaped = False, not old.by_key  # (the first state has no ids yet, not even the empty key's)
+    for pk in changed:
+        before, after = old.keys.get(pk), keys.get(pk)
+        if before is after or before == after:
+            continue
+        if not copied:
+            counts, copied = dict(counts), True
+        if before:
+            n = counts[before] - 1
+            if n:
+                counts[before] = n
+            else:
+                del counts[before]
+                reshaped = True
+        if after:
+            n = counts.get(after, 0)
+            counts[after] = n + 1
+            reshaped = reshaped or not n
+    return (classes.assign_ids(counts, old.cache) if reshaped else old.by_key), counts
