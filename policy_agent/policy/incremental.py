@@ -17,6 +17,7 @@ one, so a change the switch refused leaves the previous Snapshot valid.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -30,7 +31,7 @@ from policy_agent.policy.compiler import (
 )
 from policy_agent.policy.model import AppliedTo, Direction, Peer, Pod, Policy
 from policy_agent.policy.rules import RuleInfo
-from policy_agent.policy.selection import Endpoint, ns_labels_of, scope
+from policy_agent.policy.selection import Endpoint, NsLabels, RemotePod, ns_labels_of, scope
 
 PodKey = tuple[str, str]
 _ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flows
@@ -39,11 +40,36 @@ _ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flow
 @dataclass(frozen=True)
 class _Group:
     members: dict[PodKey, Endpoint]
-    ordered: tuple[Endpoint, ...]  # sorted by Pod key, as the compiler lists them
 
     @staticmethod
     def of(members: dict[PodKey, Endpoint]) -> "_Group":
-        return _Group(members, tuple(members[k] for k in sorted(members)))
+        return _Group(members)
+
+    @functools.cached_property
+    def ordered(self) -> tuple[Endpoint, ...]:
+        """Sorted by Pod key, as the compiler lists them; on first use (rules naming classes never ask, so
+        a Pod joining a group of every Pod does not sort it)."""
+        return tuple(self.members[k] for k in sorted(self.members))
+
+
+Features = tuple[bool, str, Any]  # what decides a Pod's groups: (not running here, Namespace, labels)
+_MEMO_LIMIT = 65_536  # distinct label sets remembered before the memo starts over
+
+
+def _features(pod: Pod) -> Features:
+    return (isinstance(pod, RemotePod), pod.namespace, pod.labels)
+
+
+def _groups_of(memo: dict[Features, frozenset[GroupKey]], keys: Iterable[GroupKey], pod: Pod,
+               labels: NsLabels) -> frozenset[GroupKey]:
+    """The groups among `keys` that `pod` is in, remembered per label set: Pods sharing labels
+    (and remote Pods mostly do) are tested against every group once. `memo` is valid for one set
+    of group keys and Namespace labels."""
+    f = _features(pod)
+    got = memo.get(f)
+    if got is None:
+        got = memo[f] = frozenset(g for g in keys if classes.pod_member(g, pod, labels))
+    return got
 
 
 @dataclass(frozen=True)
@@ -67,6 +93,8 @@ class _Classes:
     cache: dict[ClassKey, int]  # class key -> its hash (shared: a pure function's memo)
     by_key: dict[ClassKey, int]  # class key -> its id
     key_counts: dict[ClassKey, int]  # class key -> how many known Pods have it (by_key's keys but the empty one)
+    key_of: dict[Features, ClassKey]  # label set -> its class key (shared, for `groups` and the Namespaces)
+    clash_free: bool  # every class's id is its key's hash (classes.reassign_ids)
 
 
 @dataclass(frozen=True)
@@ -83,6 +111,8 @@ class Snapshot:
     users: dict[GroupKey, frozenset[str]]  # and back
     outputs: dict[str, _RuleOut]  # rule key (or _ISOLATION) -> its flows
     classes: _Classes
+    member_of: dict[Features, frozenset[GroupKey]]  # label set -> its groups (shared, for `groups`' keys)
+    iso_first: dict[Direction, dict[GroupKey, int]]  # group -> the first isolating policy (lay.isolating) it is of
 
     @property
     def rules(self) -> dict[int, RuleInfo]:
@@ -164,13 +194,13 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
         prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
-                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}, {}))
+                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, False), {}, {})
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
         changed_ns = _changed_keys(prev.state.namespaces, state.namespaces)
         relayout = bool(changed_ns) or prev.state.tiers != state.tiers or \
-            not _same_items(prev.state.policies, state.policies)
+            (prev.state.policies is not state.policies and not _same_items(prev.state.policies, state.policies))
 
     # Pods whose membership may have changed: changed ones, and those of a relabelled Namespace.
     touched = hint.touched if hint is not None and hint.base is prev.endpoints else None
@@ -179,12 +209,27 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         moved |= {k for k in prev.endpoints.keys() | endpoints.keys() if k[0] in changed_ns}
     groups = dict(prev.groups)
     changed_groups: set[GroupKey] = set()
-    for gkey, group in prev.groups.items():
-        members: dict[PodKey, Endpoint] | None = None
+    member_of = {} if changed_ns or len(prev.member_of) > _MEMO_LIMIT else prev.member_of
+    now_in: dict[PodKey, frozenset[GroupKey]] | None = None  # a moved running Pod -> its groups
+    if changed_ns:  # Namespace labels changed: every group tests every moved Pod
+        edits: dict[GroupKey, list[PodKey]] = {g: list(moved) for g in prev.groups}
+    else:  # only the groups a moved Pod was or is in
+        edits, now_in = {}, {}
         for pkey in moved:
+            was_ep, ep = prev.endpoints.get(pkey), endpoints.get(pkey)
+            was_in = _groups_of(member_of, prev.groups, was_ep.pod, labels) if was_ep is not None else frozenset()
+            is_in = _groups_of(member_of, prev.groups, ep.pod, labels) if ep is not None else frozenset()
+            if ep is not None:
+                now_in[pkey] = is_in
+            for g in was_in | is_in:
+                edits.setdefault(g, []).append(pkey)
+    for gkey, pkeys in edits.items():
+        group = prev.groups[gkey]
+        members: dict[PodKey, Endpoint] | None = None
+        for pkey in pkeys:
             ep = endpoints.get(pkey)
             was = group.members.get(pkey)
-            if ep is not None and is_member(gkey, ep, labels):
+            if ep is not None and (gkey in now_in[pkey] if now_in is not None else is_member(gkey, ep, labels)):
                 if was is ep or was == ep:
                     continue
                 members = dict(group.members) if members is None else members
@@ -218,8 +263,10 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         users = _users(prev, uses)
         for gkey in users.keys() - groups.keys():
             groups[gkey] = _Group.of({k: ep for k, ep in endpoints.items() if is_member(gkey, ep, labels)})
+            member_of = {}  # its label sets were remembered for other groups
         if groups.keys() != users.keys():
             groups = {g: groups[g] for g in users}
+            member_of = {}
         dirty = {key for key, p in placed.items()
                  if key not in prev.outputs or prev.outputs[key].inputs != p.inputs(lay.cookie)}
         dirty.add(_ISOLATION)
@@ -233,7 +280,7 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
     for gkey in class_changed:  # rules that name classes: when the group's classes change
         dirty |= users.get(gkey, frozenset()) & class_rules
 
-    outputs = dict(prev.outputs)
+    outputs, iso_first = dict(prev.outputs), prev.iso_first
     for key in [k for k in outputs if k not in placed and k != _ISOLATION] if relayout else ():
         removed += outputs.pop(key).memo.values()  # rules gone (only a relayout changes `placed`)
     sel = _IndexedSelection(groups, cls.of_group)
@@ -242,8 +289,10 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         if key == _ISOLATION:  # by Pod: a change of a few Pods redoes theirs, not every isolated Pod's
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
             same = old is not None and old.inputs == inputs and uses[_ISOLATION] is prev.uses.get(_ISOLATION)
-            new_memo = _isolation(groups, lay, uses[_ISOLATION], old.memo if old is not None else {},
-                                  moved if same else None)
+            if not same or now_in is None:
+                iso_first = _first_isolating(lay, uses[_ISOLATION])
+            new_memo = _isolation(groups, lay, iso_first, old.memo if old is not None else {},
+                                  (endpoints, moved, now_in) if same and now_in is not None else None)
             outputs[key] = _RuleOut(inputs, new_memo)
             was_memo = old.memo if old is not None else {}
             for k in was_memo.keys() | new_memo.keys():
@@ -263,44 +312,62 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         new_ids = {id(f) for f in memo.new.values()}
         added += [f for f in memo.new.values() if id(f) not in kept_ids]
         removed += [f for f in before if id(f) not in new_ids]
-    snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls)
+    snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls, member_of,
+                    iso_first)
     return snap, Delta(added, removed)
 
 
 _ISO_DIRECTIONS = ((Direction.EGRESS, tables.T_EGRESS_K8S), (Direction.INGRESS, tables.T_INGRESS_K8S))
 
 
-def _isolation(groups: dict[GroupKey, _Group], lay: Layout, gkeys: list[GroupKey], old: dict[Any, messages.FlowSpec],
-               pods: Iterable[PodKey] | None) -> dict[Any, messages.FlowSpec]:
-    """compiler.isolation_flows' flows, by (direction, Pod key); `gkeys`: the applied-to group of each
-    of lay.isolating. `pods`: the only Pods whose flows may differ from `old`'s (None: any). A flow
+def _first_isolating(lay: Layout, gkeys: list[GroupKey]) -> dict[Direction, dict[GroupKey, int]]:
+    """Per direction, each applied-to group (`gkeys`: of each of lay.isolating) -> the first isolating policy
+    of it: the one a Pod of the group gets its drop from, unless a group of an earlier one has it."""
+    first: dict[Direction, dict[GroupKey, int]] = {d: {} for d, _ in _ISO_DIRECTIONS}
+    for i, (iso, g) in enumerate(zip(lay.isolating, gkeys)):
+        first[iso.direction].setdefault(g, i)
+    return first
+
+
+def _isolation(groups: dict[GroupKey, _Group], lay: Layout, first: dict[Direction, dict[GroupKey, int]],
+               old: dict[Any, messages.FlowSpec],
+               moved: tuple[dict[PodKey, Endpoint], set[PodKey], dict[PodKey, frozenset[GroupKey]]] | None
+               ) -> dict[Any, messages.FlowSpec]:
+    """compiler.isolation_flows' flows, by (direction, Pod key). `moved`: (the endpoints, the only Pods
+    whose flows may differ from `old`'s, the groups of each running one); None: any Pod's may. A flow
     whose content is unchanged stays the same object."""
     memo: dict[Any, messages.FlowSpec] = {}
-    firsts: dict[Direction, dict[PodKey, tuple[Endpoint, Any]]] = {d: {} for d, _ in _ISO_DIRECTIONS}
-    if pods is None:
-        for iso, g in zip(lay.isolating, gkeys):
-            first = firsts[iso.direction]
-            for ep in groups[g].ordered:
-                first.setdefault(ep.pod.key, (ep, iso))  # the first isolating policy names the drop
-    else:
-        memo = dict(old)
-        pods = list(pods)
-        for iso, g in zip(lay.isolating, gkeys):
-            members, first = groups[g].members, firsts[iso.direction]
-            for pk in pods:
-                member = members.get(pk)
-                if member is not None:
-                    first.setdefault(pk, (member, iso))
+    drops: list[tuple[Direction, PodKey, Endpoint, int]] = []
+    for direction, _ in _ISO_DIRECTIONS:
+        at = first[direction]
+        if moved is None:
+            found: dict[PodKey, tuple[int, Endpoint]] = {}
+            for g, i in at.items():
+                for pk, ep in groups[g].members.items():
+                    if pk not in found or i < found[pk][0]:
+                        found[pk] = (i, ep)
+            drops += [(direction, pk, ep, i) for pk, (i, ep) in found.items()]
+            continue
+        endpoints, pods, now_in = moved
         for pk in pods:
+            ins = now_in.get(pk)
+            pos = min((at[g] for g in ins if g in at), default=None) if ins else None
+            if pos is not None:
+                drops.append((direction, pk, endpoints[pk], pos))
+    if moved is not None:
+        memo = dict(old)
+        for pk in moved[1]:
             for d, _ in _ISO_DIRECTIONS:
                 memo.pop((d, pk), None)
-    for direction, table in _ISO_DIRECTIONS:
-        for pk, (ep, iso) in firsts[direction].items():
-            match = applied_match(ep, direction)
-            was = old.get((direction, pk))
-            if was is None or was.match != match or was.actions != iso.actions or was.cookie != lay.cookie:
-                was = messages.FlowSpec.make(table, ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)
-            memo[(direction, pk)] = was
+    tables_of = dict(_ISO_DIRECTIONS)
+    for direction, pk, ep, i in drops:
+        iso = lay.isolating[i]
+        match = applied_match(ep, direction)
+        was = old.get((direction, pk))
+        if was is None or was.match != match or was.actions != iso.actions or was.cookie != lay.cookie:
+            was = messages.FlowSpec.make(tables_of[direction], ISOLATION_PRIORITY, dict(match), iso.actions,
+                                         cookie=lay.cookie)
+        memo[(direction, pk)] = was
     return memo
 
 
@@ -352,16 +419,17 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             if pk not in changed:
                 key = keys[pk]
                 keys[pk] = (key - gone) | {g for g in fresh if classes.pod_member(g, pod, labels)}
+    key_of = {} if fresh or gone or changed_ns or len(old.key_of) > _MEMO_LIMIT else old.key_of
     for pk in changed:
         current = known.get(pk)
         if current is None:
             keys.pop(pk, None)
         else:
-            keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
-    by_key, key_counts = _class_ids(old, keys, changed, bool(fresh or gone))
+            keys[pk] = _groups_of(key_of, cgroups, current, labels)
+    by_key, key_counts, free, kept = _class_ids(old, keys, changed, bool(fresh or gone))
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
-    if fresh or gone or (by_key is not old.by_key and any(old.by_key.get(k, cid) != cid for k, cid in by_key.items())):
+    if fresh or gone or (not kept and any(old.by_key.get(k, cid) != cid for k, cid in by_key.items())):
         ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
     else:  # every class kept its id: the other Pods' ids are the ones they had
@@ -412,23 +480,26 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             removed += before_flows
         if after_flows:
             flows[pk] = after_flows
-    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key, key_counts)
+    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key, key_counts, key_of, free)
     return cls, class_changed, added, removed
 
 
 def _class_ids(old: _Classes, keys: dict[PodKey, ClassKey], changed: set[PodKey], regroup: bool
-               ) -> tuple[dict[ClassKey, int], dict[ClassKey, int]]:
-    """(class key -> id, class key -> its number of Pods) for `keys`, which differ from `old.keys` only in
-    the Pods `changed` unless `regroup`. Ids are a function of the set of keys alone (classes.assign_ids):
-    while no class appears or empties, they are the ones `old` has, and no Pod's key is hashed again."""
+               ) -> tuple[dict[ClassKey, int], dict[ClassKey, int], bool, bool]:
+    """(class key -> id, class key -> its number of Pods, whether no id clashed, whether every key of `old`
+    still there kept its id) for `keys`, which differ from `old.keys` only in the Pods `changed` unless
+    `regroup`. Ids are a function of the set of keys alone (classes.assign_ids): while no class appears
+    or empties they are `old`'s; while no hash clashes, a class coming or going moves no other."""
     if regroup:
         counts: dict[ClassKey, int] = {}
         for key in keys.values():
             if key:
                 counts[key] = counts.get(key, 0) + 1
-        return classes.assign_ids(counts, old.cache), counts
+        ids = classes.assign_ids(counts, old.cache)
+        return ids, counts, classes.clash_free(ids, old.cache), False
     counts = old.key_counts
-    copied, reshaped = False, not old.by_key  # (the first state has no ids yet, not even the empty key's)
+    copied, first = False, not old.by_key  # (the first state has no ids yet, not even the empty key's)
+    moved: set[ClassKey] = set()
     for pk in changed:
         before, after = old.keys.get(pk), keys.get(pk)
         if before is after or before == after:
@@ -441,9 +512,18 @@ def _class_ids(old: _Classes, keys: dict[PodKey, ClassKey], changed: set[PodKey]
                 counts[before] = n
             else:
                 del counts[before]
-                reshaped = True
+                moved.add(before)
         if after:
             n = counts.get(after, 0)
             counts[after] = n + 1
-            reshaped = reshaped or not n
-    return (classes.assign_ids(counts, old.cache) if reshaped else old.by_key), counts
+            if not n:
+                moved.add(after)
+    appeared = [k for k in moved if k in counts and k not in old.key_counts]
+    emptied = [k for k in moved if k not in counts and k in old.key_counts]
+    if not first and not appeared and not emptied:
+        return old.by_key, counts, old.clash_free, True
+    kept = classes.reassign_ids(old.by_key, appeared, emptied, old.cache) if old.clash_free and not first else None
+    if kept is not None:
+        return kept, counts, True, True
+    ids = classes.assign_ids(counts, old.cache)
+    return ids, counts, classes.clash_free(ids, old.cache), False
