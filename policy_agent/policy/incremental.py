@@ -400,11 +400,14 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
     if hinted is None:
         known = classes.known_pods(state.pods, endpoints.values())
         changed = _changed_keys(old.pods, known)
-    else:  # the known Pods of `prev`, with the touched ones as they are now
-        known = dict(old.pods)
+    else:  # the known Pods of `prev`, with the touched ones as they are now (copied only if one differs)
+        known = old.pods
         for pk in hinted[0]:
             ep = endpoints.get(pk)
             current = ep.pod if ep is not None else hinted[1].get(pk)
+            if known.get(pk) is current:
+                continue
+            known = dict(old.pods) if known is old.pods else known
             if current is None:
                 known.pop(pk, None)
             else:
@@ -412,8 +415,8 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
         changed = _changed_keys(old.pods, known, hinted[0])
     if changed_ns:
         changed |= {k for k in old.pods.keys() | known.keys() if k[0] in changed_ns}
-    keys = dict(old.keys)
     fresh, gone = cgroups - old.groups, old.groups - cgroups
+    keys = dict(old.keys) if fresh or gone else old.keys  # (then copied only if a Pod's key differs)
     if fresh or gone:  # only the new groups are tested against every Pod
         for pk, pod in known.items():
             if pk not in changed:
@@ -422,10 +425,14 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
     key_of = {} if fresh or gone or changed_ns or len(old.key_of) > _MEMO_LIMIT else old.key_of
     for pk in changed:
         current = known.get(pk)
-        if current is None:
+        key = None if current is None else _groups_of(key_of, cgroups, current, labels)
+        if keys.get(pk) is key:
+            continue
+        keys = dict(old.keys) if keys is old.keys else keys
+        if key is None:
             keys.pop(pk, None)
         else:
-            keys[pk] = _groups_of(key_of, cgroups, current, labels)
+            keys[pk] = key
     by_key, key_counts, free, kept = _class_ids(old, keys, changed, bool(fresh or gone))
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
@@ -433,12 +440,16 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
         ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
     else:  # every class kept its id: the other Pods' ids are the ones they had
-        ids = dict(old.ids)
+        ids = old.ids  # (copied only if a Pod's id differs)
         for pk in changed:
-            if pk in keys:
-                ids[pk] = by_key[keys[pk]]
-            else:
+            cid = by_key[keys[pk]] if pk in keys else None
+            if ids.get(pk) == cid:
+                continue
+            ids = dict(old.ids) if ids is old.ids else ids
+            if cid is None:
                 ids.pop(pk, None)
+            else:
+                ids[pk] = cid
         suspects = changed
 
     counts = {g: c for g, c in old.counts.items() if g in cgroups} if fresh or gone else dict(old.counts)
