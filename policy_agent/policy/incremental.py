@@ -6,8 +6,11 @@ and address groups): one membership per distinct selector, kept per Pod. Most ru
 name Pods by class (policy/classes.py: the set of groups a Pod is in), so a Pod
 joining or leaving a group rebuilds such a rule only when the group's classes
 change; a Pod joining an existing class makes just its own two class flows. Rules
-that stay per Pod (namespaces-Self, named ports) and Kubernetes isolation are
-rebuilt when their groups' members change, each from a memo of its previous flows.
+that stay per Pod (namespaces-Self, named ports) are rebuilt when their groups'
+members change, each from a memo of its previous flows; Kubernetes isolation is
+kept by Pod (policy/isolation.py). A moved Pod's groups and class key are found
+once per label set (remembered while the groups and Namespaces stay), so a change
+costs what the Pods it touches cost, not what every known Pod does.
 A change of policies, Tiers or Namespaces lays the rules out again (ids and
 priorities, kept where the order allows) and rebuilds the rules whose place
 changed. Pure: each Snapshot is immutable and `update` never touches the old
@@ -22,13 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from packetin import messages
-from policy_agent.policy import classes
+from policy_agent.policy import classes, isolation
 from policy_agent.policy.classes import ALL as _ALL
 from policy_agent.policy.classes import ClassKey, GroupKey, by_class, group_keys, is_member, rule_groups
-from policy_agent.ovs import tables
-from policy_agent.policy.compiler import (
-    ISOLATION_PRIORITY, ClusterState, Layout, Memo, PlacedRule, applied_match, layout, rule_flows,
-)
+from policy_agent.policy.compiler import ClusterState, Layout, Memo, PlacedRule, layout, rule_flows
 from policy_agent.policy.model import AppliedTo, Direction, Peer, Pod, Policy
 from policy_agent.policy.rules import RuleInfo
 from policy_agent.policy.selection import Endpoint, NsLabels, RemotePod, ns_labels_of, scope
@@ -290,8 +290,8 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
             same = old is not None and old.inputs == inputs and uses[_ISOLATION] is prev.uses.get(_ISOLATION)
             if not same or now_in is None:
-                iso_first = _first_isolating(lay, uses[_ISOLATION])
-            new_memo = _isolation(groups, lay, iso_first, old.memo if old is not None else {},
+                iso_first = isolation.first_isolating(lay, uses[_ISOLATION])
+            new_memo = isolation.by_pod(groups, lay, iso_first, old.memo if old is not None else {},
                                   (endpoints, moved, now_in) if same and now_in is not None else None)
             outputs[key] = _RuleOut(inputs, new_memo)
             was_memo = old.memo if old is not None else {}
@@ -315,60 +315,6 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
     snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls, member_of,
                     iso_first)
     return snap, Delta(added, removed)
-
-
-_ISO_DIRECTIONS = ((Direction.EGRESS, tables.T_EGRESS_K8S), (Direction.INGRESS, tables.T_INGRESS_K8S))
-
-
-def _first_isolating(lay: Layout, gkeys: list[GroupKey]) -> dict[Direction, dict[GroupKey, int]]:
-    """Per direction, each applied-to group (`gkeys`: of each of lay.isolating) -> the first isolating policy
-    of it: the one a Pod of the group gets its drop from, unless a group of an earlier one has it."""
-    first: dict[Direction, dict[GroupKey, int]] = {d: {} for d, _ in _ISO_DIRECTIONS}
-    for i, (iso, g) in enumerate(zip(lay.isolating, gkeys)):
-        first[iso.direction].setdefault(g, i)
-    return first
-
-
-def _isolation(groups: dict[GroupKey, _Group], lay: Layout, first: dict[Direction, dict[GroupKey, int]],
-               old: dict[Any, messages.FlowSpec],
-               moved: tuple[dict[PodKey, Endpoint], set[PodKey], dict[PodKey, frozenset[GroupKey]]] | None
-               ) -> dict[Any, messages.FlowSpec]:
-    """compiler.isolation_flows' flows, by (direction, Pod key). `moved`: (the endpoints, the only Pods
-    whose flows may differ from `old`'s, the groups of each running one); None: any Pod's may. A flow
-    whose content is unchanged stays the same object."""
-    memo: dict[Any, messages.FlowSpec] = {}
-    drops: list[tuple[Direction, PodKey, Endpoint, int]] = []
-    for direction, _ in _ISO_DIRECTIONS:
-        at = first[direction]
-        if moved is None:
-            found: dict[PodKey, tuple[int, Endpoint]] = {}
-            for g, i in at.items():
-                for pk, ep in groups[g].members.items():
-                    if pk not in found or i < found[pk][0]:
-                        found[pk] = (i, ep)
-            drops += [(direction, pk, ep, i) for pk, (i, ep) in found.items()]
-            continue
-        endpoints, pods, now_in = moved
-        for pk in pods:
-            ins = now_in.get(pk)
-            pos = min((at[g] for g in ins if g in at), default=None) if ins else None
-            if pos is not None:
-                drops.append((direction, pk, endpoints[pk], pos))
-    if moved is not None:
-        memo = dict(old)
-        for pk in moved[1]:
-            for d, _ in _ISO_DIRECTIONS:
-                memo.pop((d, pk), None)
-    tables_of = dict(_ISO_DIRECTIONS)
-    for direction, pk, ep, i in drops:
-        iso = lay.isolating[i]
-        match = applied_match(ep, direction)
-        was = old.get((direction, pk))
-        if was is None or was.match != match or was.actions != iso.actions or was.cookie != lay.cookie:
-            was = messages.FlowSpec.make(tables_of[direction], ISOLATION_PRIORITY, dict(match), iso.actions,
-                                         cookie=lay.cookie)
-        memo[(direction, pk)] = was
-    return memo
 
 
 def _users(prev: Snapshot, uses: dict[str, list[GroupKey]]) -> dict[GroupKey, frozenset[str]]:

@@ -11,7 +11,7 @@ import pytest
 
 from policy_agent.engine import PolicyEngine
 from policy_agent.ovs import tables
-from policy_agent.policy import incremental
+from policy_agent.policy import incremental, isolation
 from policy_agent.policy.compiler import compile_policies
 from policy_agent.policy.model import (
     Action, AppliedTo, Direction, LabelSelector, Namespace, Peer, Pod, Policy, PolicyKind, PortSpec, Rule,
@@ -95,7 +95,7 @@ def _last_isolating(lay: Any, gkeys: list) -> dict:
 
 @pytest.mark.parametrize("where,name,plant", [
     (incremental, "_features", _coarse_features),
-    (incremental, "_first_isolating", _last_isolating),
+    (isolation, "first_isolating", _last_isolating),
 ])
 def test_the_check_catches_a_planted_mistake(monkeypatch: pytest.MonkeyPatch, where: Any, name: str,
                                              plant: Callable[..., Any]) -> None:
