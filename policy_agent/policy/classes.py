@@ -97,6 +97,32 @@ def assign_ids(keys: Iterable[ClassKey], cache: dict[ClassKey, int]) -> dict[Cla
     return ids
 
 
+def reassign_ids(ids: dict[ClassKey, int], appeared: Iterable[ClassKey], emptied: Iterable[ClassKey],
+                 cache: dict[ClassKey, int]) -> dict[ClassKey, int] | None:
+    """assign_ids of `ids`' keys with the keys `appeared` added and `emptied` removed, when `ids` gave
+    every key its hash (no clash) and the new keys' hashes clash with no key's either: then a key
+    coming or going moves no other, and only the keys that came are hashed. None: a clash, for
+    assign_ids to settle over every key."""
+    out = dict(ids)
+    for key in emptied:
+        del out[key]
+    taken = set(out.values())
+    for key in appeared:
+        raw = cache.get(key)
+        if raw is None:
+            raw = cache[key] = _raw_id(key)
+        if raw in taken:
+            return None
+        taken.add(raw)
+        out[key] = raw
+    return out
+
+
+def clash_free(ids: dict[ClassKey, int], cache: dict[ClassKey, int]) -> bool:
+    """Every class key's id is its hash (what reassign_ids needs of the ids it starts from)."""
+    return all(cache[key] == cid for key, cid in ids.items() if key)
+
+
 def pod_class_flows(ep: Endpoint, class_id: int, cookie: int) -> tuple[messages.FlowSpec, ...]:
     """The two flows that load a Pod's class for its new connections (none for class 0). A Pod of
     another node (no port here) is known by its source address, below every local port's flow:

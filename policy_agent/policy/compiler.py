@@ -52,7 +52,7 @@ __all__ = ["ClusterState", "Compiled", "Endpoint", "Layout", "Memo", "PlacedRule
 # representation to the other (at 64, a Pod ADD at 1,000 rules rewrote ~20k flows
 # and took 4 s), and conjunction is never more flows than the cross product.
 CONJUNCTION_THRESHOLD = 4
-_ISOLATION_PRIORITY = 100
+ISOLATION_PRIORITY = 100
 _DISPOSITION = {Action.ALLOW: Disposition.ALLOW, Action.DROP: Disposition.DROP,
                 Action.REJECT: Disposition.REJECT, Action.PASS: Disposition.PASS}
 ISOLATION_RULE = "default-isolation"
@@ -475,7 +475,7 @@ def isolation_flows(sel: Selection, lay: Layout, memo: Memo | None = None) -> li
             ep, iso = isolated[key]
             match = applied_match(ep, direction)
             flows.append(memo.get((match, iso.actions, lay.cookie), lambda: messages.FlowSpec.make(
-                table, _ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)))
+                table, ISOLATION_PRIORITY, dict(match), iso.actions, cookie=lay.cookie)))
     return flows
 
 

@@ -6,8 +6,11 @@ and address groups): one membership per distinct selector, kept per Pod. Most ru
 name Pods by class (policy/classes.py: the set of groups a Pod is in), so a Pod
 joining or leaving a group rebuilds such a rule only when the group's classes
 change; a Pod joining an existing class makes just its own two class flows. Rules
-that stay per Pod (namespaces-Self, named ports) and Kubernetes isolation are
-rebuilt when their groups' members change, each from a memo of its previous flows.
+that stay per Pod (namespaces-Self, named ports) are rebuilt when their groups'
+members change, each from a memo of its previous flows; Kubernetes isolation is
+kept by Pod (policy/isolation.py). A moved Pod's groups and class key are found
+once per label set (remembered while the groups and Namespaces stay), so a change
+costs what the Pods it touches cost, not what every known Pod does.
 A change of policies, Tiers or Namespaces lays the rules out again (ids and
 priorities, kept where the order allows) and rebuilds the rules whose place
 changed. Pure: each Snapshot is immutable and `update` never touches the old
@@ -17,17 +20,18 @@ one, so a change the switch refused leaves the previous Snapshot valid.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from packetin import messages
-from policy_agent.policy import classes
+from policy_agent.policy import classes, isolation
 from policy_agent.policy.classes import ALL as _ALL
 from policy_agent.policy.classes import ClassKey, GroupKey, by_class, group_keys, is_member, rule_groups
-from policy_agent.policy.compiler import ClusterState, Layout, Memo, PlacedRule, isolation_flows, layout, rule_flows
-from policy_agent.policy.model import AppliedTo, Peer, Pod, Policy
+from policy_agent.policy.compiler import ClusterState, Layout, Memo, PlacedRule, layout, rule_flows
+from policy_agent.policy.model import AppliedTo, Direction, Peer, Pod, Policy
 from policy_agent.policy.rules import RuleInfo
-from policy_agent.policy.selection import Endpoint, ns_labels_of, scope
+from policy_agent.policy.selection import Endpoint, NsLabels, RemotePod, ns_labels_of, scope
 
 PodKey = tuple[str, str]
 _ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flows
@@ -36,11 +40,36 @@ _ISOLATION = "\x00isolation"  # the users entry of the Kubernetes isolation flow
 @dataclass(frozen=True)
 class _Group:
     members: dict[PodKey, Endpoint]
-    ordered: tuple[Endpoint, ...]  # sorted by Pod key, as the compiler lists them
 
     @staticmethod
     def of(members: dict[PodKey, Endpoint]) -> "_Group":
-        return _Group(members, tuple(members[k] for k in sorted(members)))
+        return _Group(members)
+
+    @functools.cached_property
+    def ordered(self) -> tuple[Endpoint, ...]:
+        """Sorted by Pod key, as the compiler lists them; on first use (rules naming classes never ask, so
+        a Pod joining a group of every Pod does not sort it)."""
+        return tuple(self.members[k] for k in sorted(self.members))
+
+
+Features = tuple[bool, str, Any]  # what decides a Pod's groups: (not running here, Namespace, labels)
+_MEMO_LIMIT = 65_536  # distinct label sets remembered before the memo starts over
+
+
+def _features(pod: Pod) -> Features:
+    return (isinstance(pod, RemotePod), pod.namespace, pod.labels)
+
+
+def _groups_of(memo: dict[Features, frozenset[GroupKey]], keys: Iterable[GroupKey], pod: Pod,
+               labels: NsLabels) -> frozenset[GroupKey]:
+    """The groups among `keys` that `pod` is in, remembered per label set: Pods sharing labels
+    (and remote Pods mostly do) are tested against every group once. `memo` is valid for one set
+    of group keys and Namespace labels."""
+    f = _features(pod)
+    got = memo.get(f)
+    if got is None:
+        got = memo[f] = frozenset(g for g in keys if classes.pod_member(g, pod, labels))
+    return got
 
 
 @dataclass(frozen=True)
@@ -63,6 +92,9 @@ class _Classes:
     flows: dict[PodKey, tuple[messages.FlowSpec, ...]]
     cache: dict[ClassKey, int]  # class key -> its hash (shared: a pure function's memo)
     by_key: dict[ClassKey, int]  # class key -> its id
+    key_counts: dict[ClassKey, int]  # class key -> how many known Pods have it (by_key's keys but the empty one)
+    key_of: dict[Features, ClassKey]  # label set -> its class key (shared, for `groups` and the Namespaces)
+    clash_free: bool  # every class's id is its key's hash (classes.reassign_ids)
 
 
 @dataclass(frozen=True)
@@ -79,6 +111,8 @@ class Snapshot:
     users: dict[GroupKey, frozenset[str]]  # and back
     outputs: dict[str, _RuleOut]  # rule key (or _ISOLATION) -> its flows
     classes: _Classes
+    member_of: dict[Features, frozenset[GroupKey]]  # label set -> its groups (shared, for `groups`' keys)
+    iso_first: dict[Direction, dict[GroupKey, int]]  # group -> the first isolating policy (lay.isolating) it is of
 
     @property
     def rules(self) -> dict[int, RuleInfo]:
@@ -160,13 +194,13 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         prev = None  # every action or cookie changes: nothing to keep
     if prev is None:
         prev = Snapshot(state, {}, layout(ClusterState({}, (), ())), {}, {}, {}, frozenset(), {}, {},
-                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}))
+                        _Classes(frozenset(), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, False), {}, {})
         changed_ns: set[str] = set(state.namespaces)
         relayout = True
     else:
         changed_ns = _changed_keys(prev.state.namespaces, state.namespaces)
         relayout = bool(changed_ns) or prev.state.tiers != state.tiers or \
-            not _same_items(prev.state.policies, state.policies)
+            (prev.state.policies is not state.policies and not _same_items(prev.state.policies, state.policies))
 
     # Pods whose membership may have changed: changed ones, and those of a relabelled Namespace.
     touched = hint.touched if hint is not None and hint.base is prev.endpoints else None
@@ -175,12 +209,27 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         moved |= {k for k in prev.endpoints.keys() | endpoints.keys() if k[0] in changed_ns}
     groups = dict(prev.groups)
     changed_groups: set[GroupKey] = set()
-    for gkey, group in prev.groups.items():
-        members: dict[PodKey, Endpoint] | None = None
+    member_of = {} if changed_ns or len(prev.member_of) > _MEMO_LIMIT else prev.member_of
+    now_in: dict[PodKey, frozenset[GroupKey]] | None = None  # a moved running Pod -> its groups
+    if changed_ns:  # Namespace labels changed: every group tests every moved Pod
+        edits: dict[GroupKey, list[PodKey]] = {g: list(moved) for g in prev.groups}
+    else:  # only the groups a moved Pod was or is in
+        edits, now_in = {}, {}
         for pkey in moved:
+            was_ep, ep = prev.endpoints.get(pkey), endpoints.get(pkey)
+            was_in = _groups_of(member_of, prev.groups, was_ep.pod, labels) if was_ep is not None else frozenset()
+            is_in = _groups_of(member_of, prev.groups, ep.pod, labels) if ep is not None else frozenset()
+            if ep is not None:
+                now_in[pkey] = is_in
+            for g in was_in | is_in:
+                edits.setdefault(g, []).append(pkey)
+    for gkey, pkeys in edits.items():
+        group = prev.groups[gkey]
+        members: dict[PodKey, Endpoint] | None = None
+        for pkey in pkeys:
             ep = endpoints.get(pkey)
             was = group.members.get(pkey)
-            if ep is not None and is_member(gkey, ep, labels):
+            if ep is not None and (gkey in now_in[pkey] if now_in is not None else is_member(gkey, ep, labels)):
                 if was is ep or was == ep:
                     continue
                 members = dict(group.members) if members is None else members
@@ -214,8 +263,10 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
         users = _users(prev, uses)
         for gkey in users.keys() - groups.keys():
             groups[gkey] = _Group.of({k: ep for k, ep in endpoints.items() if is_member(gkey, ep, labels)})
+            member_of = {}  # its label sets were remembered for other groups
         if groups.keys() != users.keys():
             groups = {g: groups[g] for g in users}
+            member_of = {}
         dirty = {key for key, p in placed.items()
                  if key not in prev.outputs or prev.outputs[key].inputs != p.inputs(lay.cookie)}
         dirty.add(_ISOLATION)
@@ -229,27 +280,40 @@ def update(prev: Snapshot | None, state: ClusterState, hint: Hint | None = None)
     for gkey in class_changed:  # rules that name classes: when the group's classes change
         dirty |= users.get(gkey, frozenset()) & class_rules
 
-    outputs = dict(prev.outputs)
+    outputs, iso_first = dict(prev.outputs), prev.iso_first
     for key in [k for k in outputs if k not in placed and k != _ISOLATION] if relayout else ():
         removed += outputs.pop(key).memo.values()  # rules gone (only a relayout changes `placed`)
     sel = _IndexedSelection(groups, cls.of_group)
     for key in dirty:
         old = outputs.get(key)
-        if key == _ISOLATION:
+        if key == _ISOLATION:  # by Pod: a change of a few Pods redoes theirs, not every isolated Pod's
             inputs: tuple[Any, ...] = (lay.isolating, lay.cookie)
-            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
-            isolation_flows(sel, lay, memo)
-        else:
-            inputs = placed[key].inputs(lay.cookie)
-            memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
-            rule_flows(sel, placed[key], lay.cookie, memo)
+            same = old is not None and old.inputs == inputs and uses[_ISOLATION] is prev.uses.get(_ISOLATION)
+            if not same or now_in is None:
+                iso_first = isolation.first_isolating(lay, uses[_ISOLATION])
+            new_memo = isolation.by_pod(groups, lay, iso_first, old.memo if old is not None else {},
+                                  (endpoints, moved, now_in) if same and now_in is not None else None)
+            outputs[key] = _RuleOut(inputs, new_memo)
+            was_memo = old.memo if old is not None else {}
+            for k in was_memo.keys() | new_memo.keys():
+                was_flow, now_flow = was_memo.get(k), new_memo.get(k)
+                if was_flow is not now_flow:
+                    if was_flow is not None:
+                        removed.append(was_flow)
+                    if now_flow is not None:
+                        added.append(now_flow)
+            continue
+        inputs = placed[key].inputs(lay.cookie)
+        memo = Memo(old.memo if old is not None and old.inputs == inputs else None)
+        rule_flows(sel, placed[key], lay.cookie, memo)
         outputs[key] = _RuleOut(inputs, memo.new)
         before = old.memo.values() if old is not None else ()
         kept_ids = {id(f) for f in before}
         new_ids = {id(f) for f in memo.new.values()}
         added += [f for f in memo.new.values() if id(f) not in kept_ids]
         removed += [f for f in before if id(f) not in new_ids]
-    snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls)
+    snap = Snapshot(state, endpoints, lay, placed, groups, uses, class_rules, users, outputs, cls, member_of,
+                    iso_first)
     return snap, Delta(added, removed)
 
 
@@ -282,11 +346,14 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
     if hinted is None:
         known = classes.known_pods(state.pods, endpoints.values())
         changed = _changed_keys(old.pods, known)
-    else:  # the known Pods of `prev`, with the touched ones as they are now
-        known = dict(old.pods)
+    else:  # the known Pods of `prev`, with the touched ones as they are now (copied only if one differs)
+        known = old.pods
         for pk in hinted[0]:
             ep = endpoints.get(pk)
             current = ep.pod if ep is not None else hinted[1].get(pk)
+            if known.get(pk) is current:
+                continue
+            known = dict(old.pods) if known is old.pods else known
             if current is None:
                 known.pop(pk, None)
             else:
@@ -294,35 +361,44 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
         changed = _changed_keys(old.pods, known, hinted[0])
     if changed_ns:
         changed |= {k for k in old.pods.keys() | known.keys() if k[0] in changed_ns}
-    keys = dict(old.keys)
     fresh, gone = cgroups - old.groups, old.groups - cgroups
+    keys = dict(old.keys) if fresh or gone else old.keys  # (then copied only if a Pod's key differs)
     if fresh or gone:  # only the new groups are tested against every Pod
         for pk, pod in known.items():
             if pk not in changed:
                 key = keys[pk]
                 keys[pk] = (key - gone) | {g for g in fresh if classes.pod_member(g, pod, labels)}
+    key_of = {} if fresh or gone or changed_ns or len(old.key_of) > _MEMO_LIMIT else old.key_of
     for pk in changed:
         current = known.get(pk)
-        if current is None:
+        key = None if current is None else _groups_of(key_of, cgroups, current, labels)
+        if keys.get(pk) is key:
+            continue
+        keys = dict(old.keys) if keys is old.keys else keys
+        if key is None:
             keys.pop(pk, None)
         else:
-            keys[pk] = frozenset(g for g in cgroups if classes.pod_member(g, current, labels))
-    by_key = classes.assign_ids(keys.values(), old.cache)
+            keys[pk] = key
+    by_key, key_counts, free, kept = _class_ids(old, keys, changed, bool(fresh or gone))
     # The Pods whose (class key, id) may differ: those whose key changed, unless the class groups
     # changed or a class kept its key but not its id (an id clash settled anew): then any Pod.
-    if fresh or gone or any(old.by_key.get(k, cid) != cid for k, cid in by_key.items()):
+    if fresh or gone or (not kept and any(old.by_key.get(k, cid) != cid for k, cid in by_key.items())):
         ids = {pk: by_key[k] for pk, k in keys.items()}
         suspects: set[PodKey] = keys.keys() | old.keys.keys()
     else:  # every class kept its id: the other Pods' ids are the ones they had
-        ids = dict(old.ids)
+        ids = old.ids  # (copied only if a Pod's id differs)
         for pk in changed:
-            if pk in keys:
-                ids[pk] = by_key[keys[pk]]
-            else:
+            cid = by_key[keys[pk]] if pk in keys else None
+            if ids.get(pk) == cid:
+                continue
+            ids = dict(old.ids) if ids is old.ids else ids
+            if cid is None:
                 ids.pop(pk, None)
+            else:
+                ids[pk] = cid
         suspects = changed
 
-    counts = {g: c for g, c in old.counts.items() if g in cgroups}
+    counts = {g: c for g, c in old.counts.items() if g in cgroups} if fresh or gone else dict(old.counts)
     counts.update((g, {}) for g in fresh)
     touched: set[GroupKey] = set(fresh)
     for pk in suspects:
@@ -341,7 +417,7 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
                     counts[g][cid] = n  # type: ignore[index]
                 else:
                     del counts[g][cid]  # type: ignore[arg-type]
-    of_group = {g: c for g, c in old.of_group.items() if g in cgroups}
+    of_group = {g: c for g, c in old.of_group.items() if g in cgroups} if fresh or gone else dict(old.of_group)
     for g in touched:
         of_group[g] = tuple(sorted(counts.get(g, {})))
     class_changed = {g for g in touched if of_group[g] != old.of_group.get(g)}
@@ -361,5 +437,50 @@ def _reclass(prev: Snapshot, state: ClusterState, cgroups: frozenset[GroupKey], 
             removed += before_flows
         if after_flows:
             flows[pk] = after_flows
-    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key)
+    cls = _Classes(cgroups, known, keys, ids, counts, of_group, flows, old.cache, by_key, key_counts, key_of, free)
     return cls, class_changed, added, removed
+
+
+def _class_ids(old: _Classes, keys: dict[PodKey, ClassKey], changed: set[PodKey], regroup: bool
+               ) -> tuple[dict[ClassKey, int], dict[ClassKey, int], bool, bool]:
+    """(class key -> id, class key -> its number of Pods, whether no id clashed, whether every key of `old`
+    still there kept its id) for `keys`, which differ from `old.keys` only in the Pods `changed` unless
+    `regroup`. Ids are a function of the set of keys alone (classes.assign_ids): while no class appears
+    or empties they are `old`'s; while no hash clashes, a class coming or going moves no other."""
+    if regroup:
+        counts: dict[ClassKey, int] = {}
+        for key in keys.values():
+            if key:
+                counts[key] = counts.get(key, 0) + 1
+        ids = classes.assign_ids(counts, old.cache)
+        return ids, counts, classes.clash_free(ids, old.cache), False
+    counts = old.key_counts
+    copied, first = False, not old.by_key  # (the first state has no ids yet, not even the empty key's)
+    moved: set[ClassKey] = set()
+    for pk in changed:
+        before, after = old.keys.get(pk), keys.get(pk)
+        if before is after or before == after:
+            continue
+        if not copied:
+            counts, copied = dict(counts), True
+        if before:
+            n = counts[before] - 1
+            if n:
+                counts[before] = n
+            else:
+                del counts[before]
+                moved.add(before)
+        if after:
+            n = counts.get(after, 0)
+            counts[after] = n + 1
+            if not n:
+                moved.add(after)
+    appeared = [k for k in moved if k in counts and k not in old.key_counts]
+    emptied = [k for k in moved if k not in counts and k in old.key_counts]
+    if not first and not appeared and not emptied:
+        return old.by_key, counts, old.clash_free, True
+    kept = classes.reassign_ids(old.by_key, appeared, emptied, old.cache) if old.clash_free and not first else None
+    if kept is not None:
+        return kept, counts, True, True
+    ids = classes.assign_ids(counts, old.cache)
+    return ids, counts, classes.clash_free(ids, old.cache), False

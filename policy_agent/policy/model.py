@@ -9,6 +9,31 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _hash_once(cls: type[_T]) -> type[_T]:
+    """A frozen value that hashes its fields once. Selectors are in the keys of the compiler's group
+    maps (policy/classes.py), looked up on every change: a dataclass's own hash walks every field and
+    nested selector each time. The cached hash is never pickled (string hashes differ per process)."""
+    fields_hash = cls.__hash__
+
+    def __hash__(self: Any) -> int:
+        try:
+            return int(self.__dict__["_hash"])
+        except KeyError:
+            h = fields_hash(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self: Any) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__ = __hash__  # type: ignore[method-assign]
+    cls.__getstate__ = __getstate__  # type: ignore[method-assign]
+    return cls
 
 
 class Action(str, enum.Enum):
@@ -56,6 +81,7 @@ class Requirement:
     values: tuple[str, ...] = ()
 
 
+@_hash_once
 @dataclass(frozen=True)
 class LabelSelector:
     """Kubernetes label selector; the empty selector matches everything."""
@@ -81,6 +107,7 @@ class LabelSelector:
         return True
 
 
+@_hash_once
 @dataclass(frozen=True)
 class IPBlock:
     cidr: str
@@ -90,6 +117,7 @@ class IPBlock:
         return ipaddress.ip_network(self.cidr, strict=False)
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Peer:
     """One from/to entry. Selectors combine as in Kubernetes: both set = Pods matching
@@ -118,6 +146,7 @@ class IcmpSpec:
     icmp_code: int | None = None
 
 
+@_hash_once
 @dataclass(frozen=True)
 class AppliedTo:
     pod_selector: LabelSelector | None = None
