@@ -66,6 +66,8 @@ LONG_MODULES: dict[str, str] = {
     "auditlog/verify.py": "one walk over the files: damage, look-ahead and the per-node chains share its "
                           "position; the per-node bookkeeping is already in verify_nodes.py",
     "policy_agent/engine.py": "the transaction (plan, bundle, store, roll back) in one place",
+    "policy_agent/policy/incremental.py": "one change through the compiler: the moved Pods' groups, classes and "
+                                          "flows share one snapshot; Kubernetes isolation is in isolation.py already",
 }
 
 
