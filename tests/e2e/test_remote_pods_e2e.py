@@ -10,12 +10,11 @@ enter br-int through the gateway port as another node's would.
 from __future__ import annotations
 
 import textwrap
-import time
-from typing import Callable
 
 import pytest
 
 from tests.support.cluster import SUBNET, Cluster
+from tests.support.crossnode import labelled, wait_records
 from tests.support.podnet import ip
 
 REMOTE_IP, STRANGER_IP = "10.245.0.7", "10.245.0.8"  # another node's subnet: a Pod's address, and no one's
@@ -73,19 +72,6 @@ POLICY = textwrap.dedent("""
         logLabel: rest
         from: [{ipBlock: {cidr: 0.0.0.0/0}}]
     """)
-
-
-def wait_records(cluster: Cluster, want: Callable[[list[dict]], bool], timeout: float = 6.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    records = cluster.audit_records()
-    while not want(records) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        records = cluster.audit_records()
-    return records
-
-
-def labelled(records: list[dict], label: str) -> list[dict]:
-    return [r for r in records if r.get("labels", {}).get("log_label") == label]
 
 
 def test_a_remote_pod_is_matched_by_its_labels_and_named_and_a_reused_address_takes_the_new_name(
