@@ -28,6 +28,7 @@ from packetin.bundle_exchange import BundleExchange
 from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
+from packetin.read_pacing import ReadPacer
 from packetin.reader import GroupSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
@@ -47,6 +48,8 @@ class ChannelSettings:
     reconnect_min: float = 0.05
     reconnect_max: float = 2.0
     request_timeout: float = 10.0
+    # The longest pause between reads in a flood (packetin/read_pacing.py); 0 = no pacing.
+    read_pace_max: float = 0.0
 
 
 class OpenFlowChannel(BundleExchange):
@@ -174,7 +177,9 @@ class OpenFlowChannel(BundleExchange):
             echo.cancel()
 
     def _new_stream(self) -> OpenFlowStream:
-        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost)
+        pace = self.settings.read_pace_max
+        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost,
+                              ReadPacer(lambda: self._reader.packet_ins, delay_max=pace) if pace > 0 else None)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
         # Fail waiting requests now: a handshake or replay must not sit out its timeout.
@@ -342,6 +347,7 @@ class OpenFlowChannel(BundleExchange):
         if proto is None or proto.transport is None or proto.transport.is_closing():
             raise ChannelClosed(f"not connected to {self.settings.target}")
         proto.transport.write(data)
+        proto.hurry()  # whatever we send may be answered: read the answer now, not after a paced pause
 
     def _fail_pending(self, exc: Exception) -> None:
         for fut in self._pending.values():

@@ -11,6 +11,7 @@ from typing import Callable, TypeVar
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.netns_socket import socket_in_netns
+from packetin.read_pacing import ReadPacer
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,20 @@ async def open_target(target: str, netns: str, factory: Callable[[], P]) -> P:
 
 class OpenFlowStream(asyncio.Protocol):
     """One connection: whole messages go to `on_messages`, the loss of the connection to `on_lost`;
-    a stream that cannot be framed is aborted (the owner reconnects)."""
+    a stream that cannot be framed is aborted (the owner reconnects). With a `pacer`, a flood is
+    read in batches (packetin/read_pacing.py); `hurry()` ends a pause."""
 
     def __init__(self, target: str, on_messages: Callable[[list[bytes]], None],
-                 on_lost: Callable[["OpenFlowStream"], None]) -> None:
+                 on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None) -> None:
         self._target = target
         self._on_messages = on_messages
         self._on_lost = on_lost
         self._framer = wire.Framer()
+        self._pacer = pacer
+        self._loop = asyncio.get_running_loop()
+        self._resume: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -74,6 +79,23 @@ class OpenFlowStream(asyncio.Protocol):
                 framer.feed(b"")
             except DecodeError as exc:
                 self._broken(exc)
+                return
+        if self._pacer is not None:
+            delay = self._pacer.after_read(len(data))
+            transport = self.transport
+            if delay and transport is not None and not transport.is_closing() and self._resume is None:
+                transport.pause_reading()
+                self._resume = self._loop.call_later(delay, self.hurry)
+
+    def hurry(self) -> None:
+        """Read again now (a paced pause ends): a reply is awaited, or the pause is over."""
+        if self._resume is None:
+            return
+        self._resume.cancel()
+        self._resume = None
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
 
     def _broken(self, exc: DecodeError) -> None:
         log.error("OpenFlow stream from %s cannot be framed (%s); reconnecting", self._target, exc)
@@ -81,6 +103,9 @@ class OpenFlowStream(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         self._on_lost(self)
         if not self.closed.done():
             self.closed.set_result(None)

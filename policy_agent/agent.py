@@ -89,7 +89,8 @@ class Agent:
             ChannelSettings(target=config.openflow_target, netns=config.openflow_netns,
                             echo_interval=config.openflow.echo_interval,
                             echo_timeout=config.openflow.echo_timeout,
-                            reconnect_max=config.openflow.reconnect_max),
+                            reconnect_max=config.openflow.reconnect_max,
+                            read_pace_max=config.openflow.read_pace_max),
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
             # In audit overload, packet-ins a coarse record cannot tell apart come in groups.

@@ -1,0 +1,114 @@
+"""Read pacing: in a flood the stream reads in batches; a lone packet-in, and any reply the agent
+waits for, is read at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from packetin.read_pacing import READ_BIG, READ_DELAY_MIN, ReadPacer
+from tests.support.channel_rig import flow, rig, run, sock_path  # noqa: F401 (fixture)
+from tests.support.clock import ManualClock
+from tests.support.fake_switch import packet_in2
+from tests.support.waiting import eventually
+
+
+class Reads:
+    """The reader's running packet-in count and the pacer asked after each read."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.clock = ManualClock(100.0)
+        self.pacer = ReadPacer(lambda: self.count, batch=64, delay_max=0.02, mono_clock=self.clock)
+
+    def read(self, packet_ins: int, nbytes: int, after: float = 0.0) -> float:
+        self.clock.advance(after)
+        self.count += packet_ins
+        return self.pacer.after_read(nbytes)
+
+
+def test_a_read_after_a_quiet_spell_is_never_followed_by_a_pause() -> None:
+    r = Reads()
+    assert r.read(1, 200) == 0.0  # the first read ever
+    assert r.read(1, 200, after=0.5) == 0.0  # 17 pps: every packet-in read as it comes
+    assert r.read(1, 200, after=0.021) == 0.0
+    assert r.pacer.paced_reads == 0
+
+
+def test_a_flood_is_read_in_batches_sized_from_its_rate_and_capped() -> None:
+    r = Reads()
+    r.read(1, 200)
+    assert r.read(1, 200, after=0.001) == 0.02  # 1k/s: 64 would take 64 ms, capped at 20
+    assert r.read(20, 4000, after=0.02) == 0.02
+    assert abs(r.read(800, 60_000, after=0.02) - 0.0016) < 1e-9  # 40k/s: 64 take 1.6 ms
+    assert abs(r.read(64, 15_000, after=0.0016) - 0.0016) < 1e-9
+    assert r.pacer.paced_reads == 4
+
+
+def test_reads_without_packet_ins_neither_start_nor_size_a_pause() -> None:
+    r = Reads()
+    r.read(1, 200)
+    assert r.read(0, 40, after=0.001) == 0.0  # a barrier reply: no pause
+    assert r.read(0, 40, after=0.001) == 0.0
+    assert r.read(1, 200, after=0.001) == 0.02  # sized from the packet-in read 3 ms before
+    assert r.pacer.paced_reads == 1
+
+
+def test_a_big_read_or_a_tiny_pause_means_read_again_at_once() -> None:
+    r = Reads()
+    r.read(1, 200)
+    assert r.read(400, READ_BIG, after=0.001) == 0.0  # behind: no pause
+    assert r.read(64, 10_000, after=READ_DELAY_MIN / 100) == 0.0  # the pause would cost more than it saves
+    assert r.pacer.paced_reads == 0
+
+
+def _packet_in(i: int) -> bytes:
+    return packet_in2(xid=i, packet=bytes([i]) * 60, rule_id=7, reg7=1, userdata=bytes([1, 0, 0, 0, 0, 0, 7]))
+
+
+def test_the_stream_pauses_in_a_flood_and_delivers_every_packet_in(sock_path: str) -> None:  # noqa: F811
+    async def main() -> None:
+        # A pause of up to 0.5 s: longer than any scheduling hiccup, so the batches are known.
+        async with rig(sock_path, read_pace_max=0.5) as r:
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in, read at once")
+            await asyncio.sleep(0.02)  # 1 packet-in in 20 ms: a pause of 64 * 20 ms, capped at 0.5 s
+            r.fake.send(_packet_in(1))  # within the pause's reach of the first read: read, then pause
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in")
+            paused_at = time.monotonic()
+            for i in range(2, 12):
+                r.fake.send(_packet_in(i))
+                await asyncio.sleep(0.005)
+            assert len(r.packet_ins) == 2  # nothing read during the pause
+            await eventually(lambda: len(r.packet_ins) == 12, 2.0, "the paused packet-ins")
+            assert time.monotonic() - paused_at >= 0.05  # they waited for the pause to end
+            assert [len(b) for b in r.batches] == [1, 1, 10]  # one wake-up for the ten
+            assert [p.packet[0] for p in r.packet_ins] == list(range(12))
+    run(main())
+
+
+def test_a_request_during_a_pause_is_answered_at_once(sock_path: str) -> None:  # noqa: F811
+    async def main() -> None:
+        # A pause far longer than the request is allowed to take (the rig's request_timeout is 2 s).
+        async with rig(sock_path, read_pace_max=30.0) as r:
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
+            await asyncio.sleep(0.5)  # a pause of 64 * 0.5 s, capped at 30 s: far beyond the request's 2 s
+            r.fake.send(_packet_in(1))
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+            r.fake.send(_packet_in(2))  # waits in the socket during the pause
+            await asyncio.sleep(0.05)
+            assert len(r.packet_ins) == 2
+            await r.chan.install_flows([flow(0, 10, 1, in_port=5)])  # the barrier reply is read now
+            assert len(r.packet_ins) == 3  # and so is what came before it
+    run(main())
+
+
+def test_without_pacing_every_read_is_handed_over_as_it_comes(sock_path: str) -> None:  # noqa: F811
+    async def main() -> None:
+        async with rig(sock_path) as r:  # read_pace_max 0: the channel's default outside the agent
+            for i in range(5):
+                r.fake.send(_packet_in(i))
+                await eventually(lambda: len(r.packet_ins) == i + 1, 1.0, f"packet-in {i}")
+            assert [len(b) for b in r.batches] == [1] * 5
+    run(main(), timeout=6.0)
