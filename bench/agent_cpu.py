@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.overload_scenario import (FIRST_PORT, PORTS, flood_records, new_key_flood_cluster,  # noqa: E402
-                                             settled, start_flood_pods)
+from tests.support.overload_scenario import (FIRST_PORT, PORTS, agent_counts, flood_records,  # noqa: E402
+                                             new_key_flood_cluster, settled, start_flood_pods)
 
 HZ = os.sysconf("SC_CLK_TCK")
 FLOOR = Path(__file__).resolve().parent / "_of_floor.py"
@@ -230,6 +230,7 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
                idle_cpu_per_s: float) -> dict:
     pid = cluster.agent.pid  # type: ignore[union-attr]
     _, records0 = settled(cluster)
+    reads0 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
     flows0, meter0, overflow0 = emitted_now(cluster)
     profiler = None
     if args.py_spy and rate == args.profile_rate:  # sampled from outside, not pausing the agent; the thread holding
@@ -250,6 +251,9 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
         profile = profile_summary(raw.read_text()) if raw.exists() else {"error": err[-2000:]}
         subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
+    reads1 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
+    reads, paced = (reads1.get(k, 0.0) - reads0.get(k, 0.0)
+                    for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total"))
     flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
         raise RuntimeError(f"the agent exited during the run:\n{cluster.log()[-3000:]}")
@@ -269,6 +273,8 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             "us_per_packet_in": per_packet_in_us(run_s, emitted),
             "us_per_packet_in_idle_taken_off": per_packet_in_us(run_s - idle_cpu_per_s * elapsed, emitted),
             "us_per_record": per_packet_in_us(run_s, records["records"]),
+            "openflow_reads": int(reads), "openflow_reads_paced": int(paced),
+            "packet_ins_per_read": round(emitted / reads, 1) if reads else None,
             **({"profile_py_spy": profile} if profile is not None else {})}
 
 
@@ -340,7 +346,8 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
             "agent_switches_per_packet_in": round((a["cpu"]["total"]["voluntary_switches"]
                                                    + a["cpu"]["total"]["involuntary_switches"])
                                                   / a["packet_ins_ovs_emitted"], 2)
-            if a["packet_ins_ovs_emitted"] else None}
+            if a["packet_ins_ovs_emitted"] else None,
+            "packet_ins_per_read": a["packet_ins_per_read"]}
     return {"floor_mode": floor_mode, "by_rate": by_rate,
             "target_issue_22": "<= 15 us of agent CPU per packet-in at every rate 1k-40k; no coarsening"}
 

@@ -92,6 +92,8 @@ class OpenFlowChannel(BundleExchange):
         self.datapath_id: int | None = None
         self.meter_support: MeterSupport | None = None
         self.connects = 0
+        self._pacer: ReadPacer | None = None  # the current connection's (packetin/read_pacing.py)
+        self._paced_before = 0  # paced reads of the connections before it
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -178,8 +180,10 @@ class OpenFlowChannel(BundleExchange):
 
     def _new_stream(self) -> OpenFlowStream:
         pace = self.settings.read_pace_max
-        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost,
-                              ReadPacer(lambda: self._reader.packet_ins, delay_max=pace) if pace > 0 else None)
+        if self._pacer is not None:
+            self._paced_before += self._pacer.paced_reads
+        self._pacer = ReadPacer(lambda: self._reader.packet_ins, delay_max=pace) if pace > 0 else None
+        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
         # Fail waiting requests now: a handshake or replay must not sit out its timeout.
@@ -376,6 +380,15 @@ class OpenFlowChannel(BundleExchange):
     @property
     def pressed_reads(self) -> int:
         return self._reader.pressed_reads
+
+    @property
+    def reads(self) -> int:
+        return self._reader.reads
+
+    @property
+    def paced_reads(self) -> int:
+        """Reads followed by a paced pause, over every connection."""
+        return self._paced_before + (self._pacer.paced_reads if self._pacer is not None else 0)
 
     def _on_control(self, raw: bytes) -> None:
         msg_type = raw[1]

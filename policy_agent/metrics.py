@@ -73,6 +73,11 @@ class AgentCollector:
                                   value=ch.connects)
         yield CounterMetricFamily("npaudit_openflow_malformed", "OpenFlow messages that could not be decoded",
                                   value=ch.malformed)
+        yield CounterMetricFamily("npaudit_openflow_reads", "Reads of the OpenFlow socket (agent wake-ups for it)",
+                                  value=ch.reads)
+        yield CounterMetricFamily("npaudit_openflow_reads_paced", "Reads in a flood of packet-ins followed by a "
+                                  "pause so that the next read takes many (openflow.read_pace_max)",
+                                  value=ch.paced_reads)
         yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Reads of the OpenFlow socket that brought "
                                   "256 messages or more (input pressure: holds audit overload on)",
                                   value=ch.pressed_reads)
