@@ -10,7 +10,9 @@ The pause is sized from the arrival rate of the last read: long enough for about
 messages, never more than READ_DELAY_MAX. A read after a quiet spell (longer than READ_DELAY_MAX
 since the last) is never followed by a pause, so a lone packet-in is read, recorded and written
 at once: the latency of the first packet of anything stays what it was. A read of READ_BIG bytes
-or more means we are behind, and the next read comes at once.
+or of twice READ_BATCH packet-ins or more means we are behind (or near our capacity), and the next
+read comes at once: so a full read keeps meaning what packetin/reader.py's input pressure takes it
+for, a queue we do not keep up with, never a pause we chose.
 
 READ_BATCH is small on purpose: while we do not read, OVS's messages wait in the socket, charged
 to ovs-vswitchd's send buffer (about 1 KB of it per packet-in, 208 KiB by default), and behind
@@ -55,7 +57,7 @@ class ReadPacer:
             return 0.0
         now = self._mono()
         since, self._last = now - self._last, now
-        if since > self._delay_max or nbytes >= READ_BIG:
+        if since > self._delay_max or nbytes >= READ_BIG or messages >= 2 * self._batch:
             return 0.0
         # `messages` came in `since`: at that rate, `batch` take batch * since / messages.
         delay = min(self._delay_max, self._batch * since / messages)

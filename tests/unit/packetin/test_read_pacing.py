@@ -40,7 +40,7 @@ def test_a_flood_is_read_in_batches_sized_from_its_rate_and_capped() -> None:
     r.read(1, 200)
     assert r.read(1, 200, after=0.001) == 0.02  # 1k/s: 64 would take 64 ms, capped at 20
     assert r.read(20, 4000, after=0.02) == 0.02
-    assert abs(r.read(800, 60_000, after=0.02) - 0.0016) < 1e-9  # 40k/s: 64 take 1.6 ms
+    assert abs(r.read(100, 24_000, after=0.0025) - 0.0016) < 1e-9  # 40k/s: 64 take 1.6 ms
     assert abs(r.read(64, 15_000, after=0.0016) - 0.0016) < 1e-9
     assert r.pacer.paced_reads == 4
 
@@ -58,6 +58,7 @@ def test_a_big_read_or_a_tiny_pause_means_read_again_at_once() -> None:
     r = Reads()
     r.read(1, 200)
     assert r.read(400, READ_BIG, after=0.001) == 0.0  # behind: no pause
+    assert r.read(128, 30_000, after=0.001) == 0.0  # twice the batch: near capacity, no pause
     assert r.read(64, 10_000, after=READ_DELAY_MIN / 100) == 0.0  # the pause would cost more than it saves
     assert r.pacer.paced_reads == 0
 
