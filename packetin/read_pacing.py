@@ -7,9 +7,10 @@ caches, the event loop's turn and the syscalls. So while packet-ins keep coming,
 reading for a short while after each read, and the next read takes everything that came meanwhile.
 
 The pause is sized from the arrival rate of the last read: long enough for about READ_BATCH
-messages, never more than READ_DELAY_MAX. A read after a quiet spell (longer than READ_DELAY_MAX
-since the last) is never followed by a pause, so a lone packet-in is read, recorded and written
-at once: the latency of the first packet of anything stays what it was. A read of READ_BIG bytes
+messages, never more than READ_DELAY_MAX. While packet-ins come READ_DELAY_MAX apart or more (a
+lone one after a quiet spell, or a trickle), no pause is taken: the next would come after it ended,
+so each is read, recorded and written at once and the latency of the first packet of anything
+stays what it was. A read of READ_BIG bytes
 or of twice READ_BATCH packet-ins or more means we are behind (or near our capacity), and the next
 read comes at once: so a full read keeps meaning what packetin/reader.py's input pressure takes it
 for, a queue we do not keep up with, never a pause we chose.
@@ -57,7 +58,8 @@ class ReadPacer:
             return 0.0
         now = self._mono()
         since, self._last = now - self._last, now
-        if since > self._delay_max or nbytes >= READ_BIG or messages >= 2 * self._batch:
+        # Packet-ins a longest pause apart or more: the next would come after the pause ended anyway.
+        if since > self._delay_max * messages or nbytes >= READ_BIG or messages >= 2 * self._batch:
             return 0.0
         # `messages` came in `since`: at that rate, `batch` take batch * since / messages.
         delay = min(self._delay_max, self._batch * since / messages)

@@ -32,6 +32,7 @@ def test_a_read_after_a_quiet_spell_is_never_followed_by_a_pause() -> None:
     assert r.read(1, 200) == 0.0  # the first read ever
     assert r.read(1, 200, after=0.5) == 0.0  # 17 pps: every packet-in read as it comes
     assert r.read(1, 200, after=0.021) == 0.0
+    assert r.read(2, 400, after=0.041) == 0.0  # a trickle: each a longest pause apart or more
     assert r.pacer.paced_reads == 0
 
 
@@ -40,9 +41,10 @@ def test_a_flood_is_read_in_batches_sized_from_its_rate_and_capped() -> None:
     r.read(1, 200)
     assert r.read(1, 200, after=0.001) == 0.02  # 1k/s: 64 would take 64 ms, capped at 20
     assert r.read(20, 4000, after=0.02) == 0.02
+    assert r.read(20, 4000, after=0.0215) == 0.02  # the pause and the read's own time: still a flood
     assert abs(r.read(100, 24_000, after=0.0025) - 0.0016) < 1e-9  # 40k/s: 64 take 1.6 ms
     assert abs(r.read(64, 15_000, after=0.0016) - 0.0016) < 1e-9
-    assert r.pacer.paced_reads == 4
+    assert r.pacer.paced_reads == 5
 
 
 def test_reads_without_packet_ins_neither_start_nor_size_a_pause() -> None:
