@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.crossnode import connect, labelled, place_pods, pod_objects, wait_records
+from tests.support.crossnode import connect, labelled, place_pods, pod_objects, udp_arrivals, wait_records
 from tests.support.multinode import MultiNode, node_ip
 
 MTU_1500_GENEVE = 1450  # cluster.underlay_mtu 1500 less Geneve's 50 bytes
@@ -63,16 +63,6 @@ def test_pods_on_two_nodes_talk_tcp_and_udp_through_geneve_and_a_full_mtu_bulk_t
     assert MTU_1500_GENEVE - 40 - 12 <= mss <= MTU_1500_GENEVE - 40
 
 
-def udp_arrivals(netns: str) -> int:
-    """UDP datagrams the namespace's IP stack has received (to a socket or to no port): no other traffic
-    of the test (TCP, ARP) moves it."""
-    lines = [line.split() for line in subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"],
-                                                     capture_output=True, text=True, check=True).stdout.splitlines()
-             if line.startswith("Udp:")]
-    udp = dict(zip(lines[0][1:], map(int, lines[1][1:]), strict=True))
-    return udp["InDatagrams"] + udp["NoPorts"]
-
-
 def send_through_tunnel(c: Cluster, frame: bytes, peer_address: str, vni: int) -> None:
     """`frame` into node `c`'s tunnel to the node at `peer_address` with Geneve VNI `vni` (an OpenFlow
     packet-out by an independent client, as a node of another version would send it)."""
@@ -82,7 +72,7 @@ def send_through_tunnel(c: Cluster, frame: bytes, peer_address: str, vni: int) -
                    check=True, capture_output=True)
 
 
-def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_counted(geneve: MultiNode) -> None:
+def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_counted_and_stated(geneve: MultiNode) -> None:
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
@@ -110,6 +100,17 @@ def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_
         assert time.monotonic() < deadline, geneve.metric(2, "npaudit_cluster_unknown_vni_drops_total")
         time.sleep(0.5)
     assert "packets from the tunnel dropped before any rule since start: their Geneve VNI" in n2.log()
+    # No record can hold them (no rule saw them): node 2's trail states both as losses, so what was sent
+    # there adds up to its records and its stated losses.
+    def vni_losses(records: list[dict]) -> int:
+        return sum(b["count"] for r in records if r.get("event", {}).get("action") == "audit-loss"
+                   for b in r["npaudit"]["loss"]["by_reason"] if b["reason"] == "unknown_vni")
+
+    records = wait_records(n2, lambda rs: vni_losses(rs) >= 2)
+    assert vni_losses(records) == 2, records
+    assert all(b["source"] == "tunnel" and b["unit"] == "frames" for r in records
+               if r.get("event", {}).get("action") == "audit-loss"
+               for b in r["npaudit"]["loss"]["by_reason"] if b["reason"] == "unknown_vni")
 
 
 def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each_node_recording_both_pods(
