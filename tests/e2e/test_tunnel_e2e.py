@@ -34,12 +34,12 @@ def test_pods_on_two_nodes_talk_tcp_and_udp_through_geneve_and_a_full_mtu_bulk_t
     a = n1.add_pod("x", "a")
     b = n2.add_pod("y", "b")
     assert a.ip.startswith("10.246.1.") and b.ip.startswith("10.246.2.")
-    # The very first packet into the tunnel is lost: node 1's OVS has not resolved node 2's underlay
-    # address yet and sends an ARP instead. TCP's SYN retry (after 1 s) rides that out, in one probe...
+    # Each agent resolved the other node's underlay next hop for its OVS when it added the peer, so no
+    # first packet is lost to OVS's own ARP (tests/e2e/test_tunnel_first_packet_e2e.py sends lone datagrams);
+    # every first connection goes through, a single UDP datagram too, both ways (a Pod's ARP for its
+    # gateway is answered by OVS alone: policy_agent/cni/rtnl.py, NOARP).
     t80 = f"{b.ip}:80/tcp"
     assert n1.probe("x/a", [t80], timeout=3.0) == {t80: "connected"}
-    # ...and from then on every first connection goes through, a single UDP datagram too, both ways (a
-    # Pod's ARP for its gateway is answered by OVS alone: policy_agent/cni/rtnl.py, NOARP).
     u53 = f"{b.ip}:53/udp"
     assert n1.probe("x/a", [u53], timeout=2.0) == {u53: "connected"}
     back = [f"{a.ip}:81/tcp", f"{a.ip}:53/udp"]
@@ -118,7 +118,7 @@ def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each
     n1, n2 = geneve.nodes[1], geneve.nodes[2]
     a, b = place_pods(geneve)
     t80, t81, t82 = (f"{b.ip}:{p}/tcp" for p in (80, 81, 82))
-    assert n1.probe("x/client", [t80], timeout=3.0) == {t80: "connected"}  # (a first SYN the tunnel lost: sent again)
+    assert n1.probe("x/client", [t80], timeout=3.0) == {t80: "connected"}
     # Dropped by the client's egress rule on node 1: never reaches node 2.
     assert n1.probe("x/client", [t81], timeout=2.0) == {t81: "timeout"}
     # Rejected by the server's ingress rule on node 2: the RST comes back through the tunnel.
@@ -135,7 +135,7 @@ def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each
     assert drop and all(r["event"]["action"] == "dropped" and pods_of(r) == both for r in drop), r1
     assert drop[0]["destination"]["port"] == 81 and drop[0]["observer"]["hostname"] == "node-1"
     # The connection on port 80, judged at both ends: records on each node, each with its own hostname
-    # (a SYN the tunnel's first ARP cost is sent again, and judged again: a connection may have two).
+    # (a SYN sent again is judged again: a connection may have two).
     allow1, allow2 = labelled(r1, "egress-allow"), labelled(r2, "ingress-allow")
     assert allow1 and allow2, (r1, r2)
     assert all(pods_of(r) == both and r["observer"]["hostname"] == "node-1" for r in allow1), allow1

@@ -17,8 +17,7 @@ from tests.support.multinode import MultiNode, node_name
 def connect(c: Cluster, src: str, targets: list[str], want: str = "connected", timeout: float = 30.0
             ) -> dict[str, str]:
     """Probe until every target gives `want` or `timeout` passes: for what takes time to come about
-    (a Pod object reaching a node, an agent restarted), and for the one packet a cold tunnel loses
-    while OVS resolves the peer's underlay address."""
+    (a Pod object reaching a node, an agent restarted)."""
     deadline = time.monotonic() + timeout
     while True:
         got = c.probe(src, targets, timeout=2.0)

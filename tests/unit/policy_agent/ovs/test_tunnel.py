@@ -23,6 +23,8 @@ def ensured(monkeypatch: pytest.MonkeyPatch, text: str, datapath_type: str) -> l
     monkeypatch.setattr(NodeUnderlay, "_address", lambda self, ifname, timeout, bridged:
                         done.append(("address", ifname, bridged)))
     monkeypatch.setattr(NodeUnderlay, "_tunnel_port", lambda self, ovsdb, timeout: done.append(("tunnel",)))
+    monkeypatch.setattr(NodeUnderlay, "_run", lambda self, cmd: done.append(("run", *cmd)) or "")
+    monkeypatch.setattr(NodeUnderlay, "announce", lambda self: done.append(("announce", self.resolves_next_hops)))
     cfg = loads(text)
     underlay = NodeUnderlay.of(cfg.cluster, cfg.node_network, cfg.ovs)
     assert underlay is not None
@@ -35,21 +37,27 @@ def ensured(monkeypatch: pytest.MonkeyPatch, text: str, datapath_type: str) -> l
 def test_the_userspace_datapath_gets_br_phy_whoever_runs_the_ovs(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     # An external netdev OVS with the address in the kernel sends no tunnel packet at all (the old
     # behaviour, caught by tests/e2e/test_tunnel_external_ovs_e2e.py): br-phy, as for the embedded one.
+    # The port's kernel side answers no ARP for the address (only br-phy does: one MAC for the peers to take),
+    # and the node announces itself to the other nodes' OVS.
     assert ensured(monkeypatch, CLUSTER + mode, "netdev") == [
-        ("br-phy", "netdev"), ("address", "br-phy", True), ("tunnel",)]
+        ("br-phy", "netdev"), ("address", "br-phy", True), ("run", "sysctl", "-qw",
+                                                             "net/ipv4/conf/underlay0/arp_ignore=1"),
+        ("tunnel",), ("announce", True)]
 
 
 def test_an_external_kernel_datapath_keeps_the_address_on_the_interface(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ensured(monkeypatch, CLUSTER + EXTERNAL, "system") == [("address", "underlay0", False), ("tunnel",)]
+    # The kernel resolves next hops there (and holds the packet meanwhile): the agent resolves none.
+    assert ensured(monkeypatch, CLUSTER + EXTERNAL, "system") == [("address", "underlay0", False), ("tunnel",),
+                                                                  ("announce", False)]
 
 
 def test_an_external_netdev_ovs_without_underlay_interface_is_warned_of(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     text = CLUSTER.replace("  underlay_interface: underlay0\n", "") + EXTERNAL
     with caplog.at_level(logging.INFO, "policy_agent.ovs.tunnel"):
-        assert ensured(monkeypatch, text, "netdev") == [("tunnel",)]
+        assert ensured(monkeypatch, text, "netdev") == [("tunnel",), ("announce", True)]
     assert [r for r in caplog.records if r.levelno == logging.WARNING and "OVS bridge port" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.INFO, "policy_agent.ovs.tunnel"):
-        assert ensured(monkeypatch, text, "system") == [("tunnel",)]
+        assert ensured(monkeypatch, text, "system") == [("tunnel",), ("announce", False)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
