@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -124,6 +125,7 @@ class NodeUnderlay:
         self._userspace_tunnel = False  # Geneve on the netdev datapath: its own neighbour cache (ensure says)
         self._on_bridge = False  # node_address on underlay_bridge, made by the agent (ensure says)
         self._kept: set[str] = set()  # peer addresses whose next hops are kept resolved
+        self._kept_lock = threading.Lock()  # the routes' thread and an OVS restart's (ensure) both use it
 
     @classmethod
     def of(cls, cluster: ClusterConfig, node: NodeNetworkConfig, ovs: OvsConfig) -> "NodeUnderlay | None":
@@ -144,8 +146,9 @@ class NodeUnderlay:
         """The next hops of the peer addresses `add` resolved and set in OVS's tunnel neighbour cache
         (ovs/tunnel_neighbours.py) and kept so (`refresh_peers`, an OVS restart); `drop` no longer kept.
         {address: why not resolved}; {} where the agent does not resolve (`resolves_next_hops`)."""
-        self._kept.difference_update(drop)
-        self._kept.update(add)
+        with self._kept_lock:
+            self._kept.difference_update(drop)
+            self._kept.update(add)
         if not self.resolves_next_hops or not add or self._neighbours is None:
             return {}
         return self._neighbours.resolve(sorted(set(add)))
@@ -154,7 +157,11 @@ class NodeUnderlay:
         """This node announced again, and every kept peer's next hop resolved and set again (its entry's
         aging starts over)."""
         self.announce()
-        return self.resolve_peers(sorted(self._kept))
+        return self.resolve_peers(self._kept_now())
+
+    def _kept_now(self) -> list[str]:
+        with self._kept_lock:
+            return sorted(self._kept)
 
     def announce(self) -> None:
         """Our node address announced on the underlay bridge (a gratuitous ARP) where the agent made it."""
@@ -200,8 +207,8 @@ class NodeUnderlay:
         self._userspace_tunnel = p.geneve and datapath_type == "netdev"
         self._on_bridge = p.underlay_on_ovs_bridge(datapath_type)
         self.announce()
-        if self._kept:  # after an OVS restart: its tunnel neighbour cache went with it
-            for address, why in sorted(self.resolve_peers(sorted(self._kept)).items()):
+        if kept := self._kept_now():  # after an OVS restart: its tunnel neighbour cache went with it
+            for address, why in sorted(self.resolve_peers(kept).items()):
                 log.warning("cluster: the next hop to peer address %s is not resolved after the OVS restart "
                             "(%s): the first packet towards it may be lost", address, why)
 

@@ -61,3 +61,39 @@ def test_an_external_netdev_ovs_without_underlay_interface_is_warned_of(
     with caplog.at_level(logging.INFO, "policy_agent.ovs.tunnel"):
         assert ensured(monkeypatch, text, "system") == [("tunnel",), ("announce", False)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+class CountingNeighbours:
+    """TunnelNeighbours' surface, recording what it was asked to resolve."""
+
+    def __init__(self) -> None:
+        self.resolved: list[list[str]] = []
+
+    def resolve(self, peers: list[str]) -> dict[str, str]:
+        self.resolved.append(list(peers))
+        return {}
+
+    def announce(self, bridge: str, address: str) -> None:
+        pass
+
+
+def test_an_ovs_restart_resolves_the_kept_peers_again_and_the_kernel_datapath_resolves_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NodeUnderlay, "_ovs_underlay", lambda self, ovsdb, dp: None)
+    monkeypatch.setattr(NodeUnderlay, "_address", lambda self, ifname, timeout, bridged: None)
+    monkeypatch.setattr(NodeUnderlay, "_tunnel_port", lambda self, ovsdb, timeout: None)
+    monkeypatch.setattr(NodeUnderlay, "_run", lambda self, cmd: "")
+    monkeypatch.setattr("policy_agent.ovs.tunnel.call_in_netns", lambda netns, fn: fn())
+    cfg = loads(CLUSTER)
+    base = NodeUnderlay.of(cfg.cluster, cfg.node_network, cfg.ovs)
+    assert base is not None
+    fake = CountingNeighbours()
+    underlay = NodeUnderlay(base.plan, "br-int", "", fake)  # type: ignore[arg-type]
+    assert underlay.resolve_peers(["198.51.100.2"]) == {} and fake.resolved == []  # before ensure: not known yet
+    underlay.ensure(object(), "netdev")  # type: ignore[arg-type]
+    assert fake.resolved == [["198.51.100.2"]]  # kept from before: resolved at once
+    underlay.resolve_peers(["198.51.100.3"], drop=["198.51.100.2"])
+    underlay.ensure(object(), "netdev")  # type: ignore[arg-type]  # an OVS restart: the cache is empty again
+    assert fake.resolved[-2:] == [["198.51.100.3"], ["198.51.100.3"]]
+    underlay.ensure(object(), "system")  # type: ignore[arg-type]
+    assert not underlay.resolves_next_hops and len(fake.resolved) == 3
