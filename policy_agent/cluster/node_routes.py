@@ -115,6 +115,7 @@ class NodeRoutes:
         self._refresh = refresh  # seconds between resolutions of every peer's next hop (a failed one: 10 s)
         self._aging_said = False
         self._retry = FIRST_RETRY
+        self._refreshed = 0.0  # the event loop's time of the last refresh of every peer (start: sync's)
         self.problems: Counter[str] = Counter()  # reason -> times a peer was refused or found unreachable
         self._flows: dict[PeerNode, list[messages.FlowSpec]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -206,6 +207,7 @@ class NodeRoutes:
     async def start(self) -> None:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
+        self._refreshed = self._loop.time()
         self.say_window()
         if self.underlay.plan.geneve:
             plan = self.underlay.plan
@@ -222,12 +224,15 @@ class NodeRoutes:
     async def _follow(self) -> None:
         while True:
             if self.underlay.resolves_next_hops:  # the next hops resolved again before OVS's aging lapses them
+                loop = asyncio.get_running_loop()
+                due = self._refreshed + self._refresh - loop.time()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), min(self._refresh, self._retry) if self.unresolved
-                                           else self._refresh)
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, min(due, self._retry) if self.unresolved
+                                                                  else due))
                 except asyncio.TimeoutError:
-                    try:
-                        await self.refresh_next_hops()
+                    try:  # every peer when the refresh is due, else only those that did not answer
+                        await (self.refresh_next_hops() if loop.time() >= self._refreshed + self._refresh
+                               else self.retry_unresolved())
                     except Exception as exc:  # the next round retries
                         log.warning("node routes: %s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
                     continue
@@ -240,12 +245,17 @@ class NodeRoutes:
 
     async def refresh_next_hops(self) -> None:
         """Every routed peer's underlay next hop resolved and set in OVS again (its aging starts over)."""
+        self._refreshed = asyncio.get_running_loop().time()
         failed = await asyncio.to_thread(self.underlay.refresh_peers)
-        self._retry = min(self._retry * 2, RETRY) if self.unresolved else FIRST_RETRY
         self._resolved(self.routed, failed)
-        if not self.unresolved:
-            self._retry = FIRST_RETRY
         await self._check_aging()
+
+    async def retry_unresolved(self) -> None:
+        """The peers whose next hop did not answer, tried again (the wait before the next try doubles)."""
+        peers = [p for p in self.routed if p.name in self.unresolved]
+        failed = await asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in peers])
+        self._retry = min(self._retry * 2, RETRY)
+        self._resolved(peers, failed)
 
     async def _check_aging(self) -> None:
         """Once: a warning when OVS's tunnel neighbour aging lapses an entry before the agent sets it again."""
@@ -271,6 +281,8 @@ class NodeRoutes:
                             "towards it would be lost while OVS resolves it; retried from %gs to every %gs",
                             p.name, p.address, why, FIRST_RETRY, min(self._refresh, RETRY))
             self.unresolved[p.name] = why
+        if not self.unresolved:
+            self._retry = FIRST_RETRY
 
     async def sync(self) -> None:
         """Make the datapath route exactly the chosen peers."""

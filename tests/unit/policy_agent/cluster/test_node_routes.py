@@ -422,16 +422,19 @@ def test_a_peer_not_answering_is_said_counted_and_retried_until_it_answers(caplo
     async def go() -> None:
         r, channel, underlay = resolving()
         underlay.dead = {"198.51.100.2"}
-        r.set_peers("config", [N2])
+        r.set_peers("config", [N2, N3])
         await r.start()
-        assert channel.tun_dsts() == {"198.51.100.2"}  # routed all the same: OVS resolves it itself, late
+        assert channel.tun_dsts() == {"198.51.100.2", "198.51.100.3"}  # routed all the same: OVS resolves late
         assert set(r.unresolved) == {"node-2"}
         assert samples_of(r)[("npaudit_cluster_peers", ("unresolved",))] == 1
-        await r.refresh_next_hops()  # still dead: said once, counted once
+        # The follow task retries on its own after 1 s, then 2 s..., well before the 300 s refresh, and only
+        # the peer that did not answer; still dead: said once, counted once.
+        await asyncio.wait_for(_until(lambda: len(underlay.calls) == 2), 5.0)
         assert samples_of(r)[("npaudit_cluster_peer_problems_total", ("unresolved",))] == 1
         underlay.dead = set()
-        # The follow task retries on its own (1 s, then 2 s...), well before the 300 s refresh.
         await asyncio.wait_for(_until(lambda: not r.unresolved), 5.0)
+        assert [c[0] for c in underlay.calls] == [["198.51.100.2", "198.51.100.3"], ["198.51.100.2"],
+                                                  ["198.51.100.2"]]
         assert samples_of(r)[("npaudit_cluster_peers", ("unresolved",))] == 0
         await r.close()
     with caplog.at_level(logging.INFO, "policy_agent.cluster.node_routes"):
