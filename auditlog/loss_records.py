@@ -38,10 +38,13 @@ DATAPATH_DROP = "datapath_drop"                # the userspace datapath dropped 
 # Dropped by design, before any rule: a new connection from another node whose source address is no Pod
 # this node knows yet (cluster.deny_unknown_sources; source: the tunnel). Stated so the refusal is never silent.
 UNKNOWN_SOURCE = "unknown_source"
+# Dropped before any rule: a packet from the tunnel whose Geneve VNI is neither Pod traffic's (0) nor a trace mark
+# this node knows (a node of a newer version, or something else sending Geneve here; source: the tunnel).
+UNKNOWN_VNI = "unknown_vni"
 PACKET_INS, RECORDS, FRAMES = "packet_ins", "records", "frames"  # units
 # Where along the way a loss happens.
-_PATH_ORDER = {PORT_RX_DROPPED: 0, PORT_SOCKET_OVERFLOW: 1, DATAPATH_DROP: 2, UNKNOWN_SOURCE: 3,
-               METER: 4, OVS_QUEUE: 5, ADMISSION: 6, WRITER_FULL: 7}
+_PATH_ORDER = {PORT_RX_DROPPED: 0, PORT_SOCKET_OVERFLOW: 1, DATAPATH_DROP: 2, UNKNOWN_VNI: 3, UNKNOWN_SOURCE: 4,
+               METER: 5, OVS_QUEUE: 6, ADMISSION: 7, WRITER_FULL: 8}
 
 
 class LossKey(NamedTuple):
@@ -64,7 +67,9 @@ def _phrase(key: LossKey, n: int) -> str:
                                   "was full)",
             DATAPATH_DROP: f"{n} packets ovs-vswitchd's datapath dropped before the pipeline ({key.source})",
             UNKNOWN_SOURCE: f"{n} packets from another node ({key.source}) dropped before any rule: their source "
-                            "address was no Pod this node knew yet (cluster.deny_unknown_sources)"}.get(
+                            "address was no Pod this node knew yet (cluster.deny_unknown_sources)",
+            UNKNOWN_VNI: f"{n} packets from another node ({key.source}) dropped before any rule: their Geneve VNI "
+                         "was neither Pod traffic's (0) nor a trace mark this node knows"}.get(
         key.reason, f"{what} lost ({key.reason}, {key.source})")
 
 

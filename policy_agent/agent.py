@@ -105,8 +105,8 @@ class Agent:
         # and judges them: the config's peers (source "config") and the Node objects (Kubernetes mode).
         gateway = self.gateway
         self.routes = NodeRoutes(self.underlay, self.channel, lambda: self.round_,
-                                 masquerade=gateway.exclude_from_masquerade if gateway is not None else None
-                                 ) if self.underlay is not None else None
+                                 masquerade=gateway.exclude_from_masquerade if gateway is not None else None,
+                                 refresh=config.cluster.underlay_refresh) if self.underlay is not None else None
         self.nodes = KnownNodes(lambda: self.subnet.cidr, downstream=self.routes)
         if own_node.wanted(config):  # still: its Node gave no address at start (a warning line said so)
             self.nodes.problems[NO_ADDRESS] += 1

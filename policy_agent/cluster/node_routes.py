@@ -16,7 +16,7 @@ import ipaddress
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -31,6 +31,9 @@ from policy_agent.policy.tunnel_flows import (answer_through_tunnel, known_sourc
                                               unknown_peer_flow, unknown_source_request, unknown_vni_request)
 
 log = logging.getLogger(__name__)
+
+# A peer whose next hop did not resolve (a node still starting) is tried again after 1 s, then 2, 4, 8, 10...
+FIRST_RETRY, RETRY = 1.0, 10.0
 
 
 class FlowTarget(Protocol):
@@ -99,7 +102,7 @@ class NodeRoutes:
     routed peer's subnet, so Pod traffic to another node's Pods keeps its source address."""
 
     def __init__(self, underlay: NodeUnderlay, channel: FlowTarget, round_: Callable[[], int],
-                 masquerade: Callable[[Sequence[str]], None] | None = None) -> None:
+                 masquerade: Callable[[Sequence[str]], None] | None = None, refresh: float = 300.0) -> None:
         self.underlay = underlay
         self._channel = channel
         self._round = round_
@@ -108,6 +111,11 @@ class NodeRoutes:
         self.routed: list[PeerNode] = []
         self.refused: list[Refusal] = []
         self.unreachable: dict[str, str] = {}  # peer name -> why
+        self.unresolved: dict[str, str] = {}  # peer name -> why its underlay next hop is not resolved (routed to)
+        self._refresh = refresh  # seconds between resolutions of every peer's next hop (a failed one: 10 s)
+        self._aging_said = False
+        self._retry = FIRST_RETRY
+        self._refreshed = 0.0  # the event loop's time of the last refresh of every peer (start: sync's)
         self.problems: Counter[str] = Counter()  # reason -> times a peer was refused or found unreachable
         self._flows: dict[PeerNode, list[messages.FlowSpec]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,12 +207,14 @@ class NodeRoutes:
     async def start(self) -> None:
         """The tunnel port's flows, then the peers known so far; later changes follow in a task."""
         self._loop = asyncio.get_running_loop()
+        self._refreshed = self._loop.time()
         self.say_window()
         if self.underlay.plan.geneve:
             plan = self.underlay.plan
             await self._channel.install_flows(tunnel_port_flows(self._round(), plan.tunnel_ofport,
                                                                 plan.deny_unknown_sources))
         await self.sync()
+        await self._check_aging()
         self._task = asyncio.create_task(self._follow(), name="node-routes")
 
     async def close(self) -> None:
@@ -213,11 +223,66 @@ class NodeRoutes:
 
     async def _follow(self) -> None:
         while True:
-            await self._wake.wait()
+            if self.underlay.resolves_next_hops:  # the next hops resolved again before OVS's aging lapses them
+                loop = asyncio.get_running_loop()
+                due = self._refreshed + self._refresh - loop.time()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, min(due, self._retry) if self.unresolved
+                                                                  else due))
+                except asyncio.TimeoutError:
+                    try:  # every peer when the refresh is due, else only those that did not answer
+                        await (self.refresh_next_hops() if loop.time() >= self._refreshed + self._refresh
+                               else self.retry_unresolved())
+                    except Exception as exc:  # the next round retries
+                        log.warning("node routes: %s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+                    continue
+            else:
+                await self._wake.wait()
             try:
                 await self.sync()
             except Exception as exc:  # one failed sync must not end the routes: the next change retries
                 log.warning("node routes: %s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+
+    async def refresh_next_hops(self) -> None:
+        """Every routed peer's underlay next hop resolved and set in OVS again (its aging starts over)."""
+        self._refreshed = asyncio.get_running_loop().time()
+        failed = await asyncio.to_thread(self.underlay.refresh_peers)
+        self._resolved(self.routed, failed)
+        await self._check_aging()
+
+    async def retry_unresolved(self) -> None:
+        """The peers whose next hop did not answer, tried again (the wait before the next try doubles)."""
+        peers = [p for p in self.routed if p.name in self.unresolved]
+        failed = await asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in peers])
+        self._retry = min(self._retry * 2, RETRY)
+        self._resolved(peers, failed)
+
+    async def _check_aging(self) -> None:
+        """Once: a warning when OVS's tunnel neighbour aging lapses an entry before the agent sets it again."""
+        aging = await asyncio.to_thread(self.underlay.neighbour_aging)
+        if aging is not None and aging <= self._refresh and not self._aging_said:
+            self._aging_said = True
+            log.warning("cluster: cluster.underlay_refresh (%gs) is not shorter than OVS's tnl/neigh/aging (%ds): "
+                        "an idle peer's next hop lapses before it is set again, and the first packet after that "
+                        "is lost", self._refresh, aging)
+
+    def _resolved(self, peers: Sequence[PeerNode], failed: Mapping[str, str]) -> None:
+        """Note which of `peers` (just resolved) have an unresolved next hop; said once per peer and change.
+        An unreachable peer is reported as that alone."""
+        for p in peers:
+            why = failed.get(p.address)
+            if why is None or p.name in self.unreachable:
+                if self.unresolved.pop(p.name, None) is not None:
+                    log.info("cluster: peer %s's underlay next hop is resolved now", p.name)
+                continue
+            if p.name not in self.unresolved:
+                self.problems["unresolved"] += 1
+                log.warning("cluster: peer %s at %s: its underlay next hop is not resolved (%s): the first packet "
+                            "towards it would be lost while OVS resolves it; retried from %gs to every %gs",
+                            p.name, p.address, why, FIRST_RETRY, min(self._refresh, RETRY))
+            self.unresolved[p.name] = why
+        if not self.unresolved:
+            self._retry = FIRST_RETRY
 
     async def sync(self) -> None:
         """Make the datapath route exactly the chosen peers."""
@@ -238,6 +303,11 @@ class NodeRoutes:
         # with deny_unknown_sources: the drop of its subnet's unknown sources through the gateway, in before
         # its kernel route (the peer node itself comes from its underlay address, outside that subnet).
         flows = {p: self._peer_flows(p) for p in new if plan.geneve or plan.deny_unknown_sources}
+        # Geneve on the userspace datapath: each new peer's next hop known to OVS before its route exists, so
+        # no Pod packet is the one OVS drops while it resolves (ovs/tunnel_neighbours.py).
+        kept = {p.address for p in chosen}
+        failed = await asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in new],
+                                         [p.address for p in gone if p.address not in kept])
         # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
         rewritten = {f.key for fl in flows.values() for f in fl}
         stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
@@ -253,6 +323,7 @@ class NodeRoutes:
             await asyncio.to_thread(self._masquerade, [p.pod_cidr for p in chosen])
         for p in gone:  # before the new ones: a peer that moved keeps its name
             self.unreachable.pop(p.name, None)
+            self.unresolved.pop(p.name, None)
         for p in new:
             why = await asyncio.to_thread(self.underlay.unreachable, p.address)
             if why is not None:
@@ -260,6 +331,7 @@ class NodeRoutes:
                 self.unreachable[p.name] = why
                 log.warning("cluster: peer %s at %s is unreachable from this node (%s): its Pods (%s) "
                             "cannot be reached until it is", p.name, p.address, why, p.pod_cidr)
+        self._resolved(new, failed)
         if new or gone:
             log.info("cluster: routing %d peer(s)%s%s", len(chosen),
                      "; added " + ", ".join(f"{p.name} {p.pod_cidr} via {p.address}" for p in new) if new else "",
@@ -281,14 +353,18 @@ class NodeRoutesCollector:
         r = self._routes
         peers = GaugeMetricFamily("npaudit_cluster_peers", "Other nodes by state: routed (Pod traffic goes to "
                                   "them), refused (overlapping or malformed), unreachable (routed, no underlay "
-                                  "route to the address)", labels=["state"])
+                                  "route to the address), unresolved (routed, Geneve on the userspace datapath: "
+                                  "the underlay next hop did not answer ARP, so OVS drops the first packet towards "
+                                  "it while it resolves)", labels=["state"])
         peers.add_metric(["routed"], len(r.routed))
         peers.add_metric(["refused"], len(r.refused))
         peers.add_metric(["unreachable"], len(r.unreachable))
+        peers.add_metric(["unresolved"], len(r.unresolved))
         yield peers
-        problems = CounterMetricFamily("npaudit_cluster_peer_problems", "Peers refused or found unreachable, "
-                                       "by reason (overlap, invalid, unreachable)", labels=["reason"])
-        for reason in ("overlap", "invalid", "unreachable"):
+        problems = CounterMetricFamily("npaudit_cluster_peer_problems", "Peers refused or found unreachable or "
+                                       "unresolved, by reason (overlap, invalid, unreachable, unresolved)",
+                                       labels=["reason"])
+        for reason in ("overlap", "invalid", "unreachable", "unresolved"):
             problems.add_metric([reason], r.problems.get(reason, 0))
         yield problems
         if r.denies_unknown:

@@ -71,6 +71,12 @@ class ClusterConfig:
     # object arrives (the Pod watch's delay; SYNs are retried). Off: that window is open, and the
     # agent says so at start.
     deny_unknown_sources: bool = True
+    # Geneve on the userspace (netdev) datapath: each peer's underlay next hop is resolved (ARP) and set
+    # in OVS's tunnel neighbour cache when the peer is added, so no Pod packet is the one OVS drops while
+    # it resolves; and again every this many seconds, within OVS's tnl/neigh/aging (900 s by default; an
+    # entry unused that long lapses), and after an OVS restart. A peer that does not answer is retried
+    # every 10 s (npaudit_cluster_peers{state="unresolved"}).
+    underlay_refresh: float = field(default=300.0, metadata=checked(bounded(1.0, 3600.0)))
 
     @property
     def enabled(self) -> bool:

@@ -12,7 +12,8 @@ no rule saw those packets, so they are stated like the drops before the pipeline
 unknown_source) and exported as npaudit_cluster_unknown_source_drops_total. With Geneve it also
 reads the packet count of the flow dropping IPv4 from the tunnel whose VNI is neither Pod traffic's
 nor a trace mark's (npaudit_cluster_unknown_vni_drops_total, and a warning when it grows: a node
-of a newer version marking packets this one does not know, or something else sending Geneve here).
+of a newer version marking packets this one does not know, or something else sending Geneve here);
+no rule saw those either, so they are stated the same way (reason unknown_vni, source tunnel).
 
 Each window also reads the packet counts of every logged rule's flows (one OFPMP_FLOW_DESC
 request, policy_agent/limits/rule_flows.py) and states, per rule, what its flows matched
@@ -32,8 +33,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import RecordText
 from auditlog.loss_records import (ADMISSION, DATAPATH_DROP, FRAMES, METER, OVS_QUEUE, PORT_RX_DROPPED,
-                                   PORT_SOCKET_OVERFLOW, RECORDS, UNKNOWN_SOURCE, WRITER_FULL, LossKey,
-                                   LossRecorder)
+                                   PORT_SOCKET_OVERFLOW, RECORDS, UNKNOWN_SOURCE, UNKNOWN_VNI, WRITER_FULL,
+                                   LossKey, LossRecorder)
 from meters.ovs import MeterSupport
 from meters.rule_meters import RuleMeterRange
 from meters.stats import METER_CATEGORIES, Dropped, MeterTotals, meter_name
@@ -309,6 +310,8 @@ class LossAccounting:
         counts.update({LossKey("all", DATAPATH_DROP, name, FRAMES): n for name, n in self.datapath.totals.items()})
         if (unknown := self.unknown_source_drops()) is not None:
             counts[LossKey("all", UNKNOWN_SOURCE, self._unknown_via, FRAMES)] = unknown
+        if (vnis := self.unknown_vni_drops()) is not None:
+            counts[LossKey("all", UNKNOWN_VNI, "tunnel", FRAMES)] = vnis
         for category, outcomes in self._admission().items():
             for outcome, source in ADMISSION_SOURCES.items():
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)

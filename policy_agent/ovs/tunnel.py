@@ -5,7 +5,8 @@ userspace datapath sends tunnel packets itself, so the node's underlay address s
 of its own (cluster.underlay_bridge, br-phy) whose port is the underlay interface; OVS learns the
 route to the other nodes from that address, and the tunnel port on br-int (type geneve,
 remote_ip=flow, key=flow) sends to whichever node a flow names in tun_dst (OVS's system-userspace
-tunnel tests use the same recipe). The agent makes br-phy when cluster.underlay_interface is set;
+tunnel tests use the same recipe; its tunnel neighbour cache is kept filled by
+ovs/tunnel_neighbours.py). The agent makes br-phy when cluster.underlay_interface is set;
 an external netdev OVS without it must have its own (the admin's), which start-up warns of.
 Tested: the embedded OVS (tests/e2e/test_tunnel_e2e.py) and an external userspace OVS the test
 runs itself (tests/e2e/test_tunnel_external_ovs_e2e.py).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -36,7 +38,9 @@ from policy_agent.config.node import NodeNetworkConfig
 from policy_agent.config.ovs import OvsConfig
 from policy_agent.errors import OvsError
 from policy_agent.ovs.bridge import Ovsdb
+from policy_agent.ovs.coverage import vswitchd_ctl_path
 from policy_agent.ovs.gateway import run_in_netns
+from policy_agent.ovs.tunnel_neighbours import TunnelNeighbours
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +116,66 @@ def route_steps(current: Sequence[str], routes: Sequence[tuple[str, str]]) -> li
 class NodeUnderlay:
     """Makes `tunnel` so on `bridge` (br-int), whose vswitchd runs in `netns` ("" = the agent's namespace)."""
 
-    def __init__(self, tunnel: TunnelPlan, bridge: str, netns: str) -> None:
+    def __init__(self, tunnel: TunnelPlan, bridge: str, netns: str, neighbours: TunnelNeighbours | None = None
+                 ) -> None:
         self.plan = tunnel
         self._bridge = bridge
         self._netns = netns
+        self._neighbours = neighbours  # None: next hops left to OVS (tests without a switch)
+        self._userspace_tunnel = False  # Geneve on the netdev datapath: its own neighbour cache (ensure says)
+        self._on_bridge = False  # node_address on underlay_bridge, made by the agent (ensure says)
+        self._kept: set[str] = set()  # peer addresses whose next hops are kept resolved
+        self._kept_lock = threading.Lock()  # the routes' thread and an OVS restart's (ensure) both use it
 
     @classmethod
     def of(cls, cluster: ClusterConfig, node: NodeNetworkConfig, ovs: OvsConfig) -> "NodeUnderlay | None":
         tunnel = plan(cluster, node, ovs)
         if tunnel is None:
             return None
-        return cls(tunnel, ovs.bridge, ovs.netns if ovs.mode == "embedded" else "")
+        netns = ovs.netns if ovs.mode == "embedded" else ""
+        rundir = ovs.ovs_rundir
+        return cls(tunnel, ovs.bridge, netns, TunnelNeighbours(lambda: vswitchd_ctl_path(rundir), netns))
+
+    @property
+    def resolves_next_hops(self) -> bool:
+        """Whether the agent resolves peers' next hops for OVS (Geneve on the userspace datapath); elsewhere
+        the kernel resolves them and holds a packet meanwhile."""
+        return self._userspace_tunnel and self._neighbours is not None
+
+    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = ()) -> dict[str, str]:
+        """The next hops of the peer addresses `add` resolved and set in OVS's tunnel neighbour cache
+        (ovs/tunnel_neighbours.py) and kept so (`refresh_peers`, an OVS restart); `drop` no longer kept.
+        {address: why not resolved}; {} where the agent does not resolve (`resolves_next_hops`)."""
+        with self._kept_lock:
+            self._kept.difference_update(drop)
+            self._kept.update(add)
+        if not self.resolves_next_hops or not add or self._neighbours is None:
+            return {}
+        return self._neighbours.resolve(sorted(set(add)))
+
+    def refresh_peers(self) -> dict[str, str]:
+        """This node announced again, and every kept peer's next hop resolved and set again (its entry's
+        aging starts over)."""
+        self.announce()
+        return self.resolve_peers(self._kept_now())
+
+    def _kept_now(self) -> list[str]:
+        with self._kept_lock:
+            return sorted(self._kept)
+
+    def announce(self) -> None:
+        """Our node address announced on the underlay bridge (a gratuitous ARP) where the agent made it."""
+        if self.resolves_next_hops and self._neighbours is not None and self._on_bridge:
+            self._neighbours.announce(self.plan.underlay_bridge, self.plan.node_ip)
+
+    def neighbour_aging(self) -> int | None:
+        """OVS's tnl/neigh/aging in seconds; None where the agent does not resolve or OVS did not say."""
+        if not self.resolves_next_hops or self._neighbours is None:
+            return None
+        try:
+            return self._neighbours.aging()
+        except (OvsError, ValueError):
+            return None
 
     def ensure(self, ovsdb: Ovsdb, datapath_type: str, timeout: float = 10.0) -> None:
         """Idempotent; at start and after an OVS restart (interfaces and addresses checked again)."""
@@ -131,6 +184,10 @@ class NodeUnderlay:
             if p.underlay_on_ovs_bridge(datapath_type):
                 self._ovs_underlay(ovsdb, datapath_type)
                 call_in_netns(self._netns or None, lambda: self._address(p.underlay_bridge, timeout, True))
+                # The port's kernel side must not answer ARP for node_address too (Linux answers for any of its
+                # addresses on any interface): a peer taking that answer's MAC sends its tunnel packets where
+                # OVS never ends the tunnel, and which of the two answers it keeps is a race.
+                self._run(["sysctl", "-qw", f"net/ipv4/conf/{p.underlay_interface}/arp_ignore=1"])
             elif p.underlay_interface:
                 call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout, False))
             self._tunnel_port(ovsdb, timeout)
@@ -147,6 +204,13 @@ class NodeUnderlay:
                 call_in_netns(self._netns or None, lambda: self._address(p.underlay_interface, timeout, False))
             self._run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         log.info("underlay: %s", p.describe())
+        self._userspace_tunnel = p.geneve and datapath_type == "netdev"
+        self._on_bridge = p.underlay_on_ovs_bridge(datapath_type)
+        self.announce()
+        if kept := self._kept_now():  # after an OVS restart: its tunnel neighbour cache went with it
+            for address, why in sorted(self.resolve_peers(kept).items()):
+                log.warning("cluster: the next hop to peer address %s is not resolved after the OVS restart "
+                            "(%s): the first packet towards it may be lost", address, why)
 
     def set_routes(self, routes: Sequence[tuple[str, str]]) -> None:
         """Routed mode: the kernel routes each (Pod subnet, peer address) of `routes`, and no others of ours."""

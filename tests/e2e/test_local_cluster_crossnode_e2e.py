@@ -75,8 +75,8 @@ def test_pods_on_different_nodes_talk_and_both_ends_record_the_connection(local:
     wait_for(lambda: [local.node_status(n)["policy"]["pods"] for n in NODES] == [3, 3, 3], timeout=120,
              what="every Pod known on every node")
 
-    # No policy: every pair of Pods on different nodes connects, TCP and UDP (retried: a tunnel's first
-    # packets to a peer may be lost while its underlay neighbour is resolved).
+    # No policy: every pair of Pods on different nodes connects, TCP and UDP (retried: what takes time to
+    # come about, a Pod object reaching every node, is not this test's subject).
     for src, dsts in ((a, (b, c)), (b, (a, c)), (c, (a, b))):
         _reach(local, src, [f"{d['ip']}:{port}" for d in dsts for port in ("80/tcp", "53/udp")])
 

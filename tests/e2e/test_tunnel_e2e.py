@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.crossnode import connect, labelled, place_pods, pod_objects, wait_records
+from tests.support.crossnode import connect, labelled, place_pods, pod_objects, udp_arrivals, wait_records
 from tests.support.multinode import MultiNode, node_ip
 
 MTU_1500_GENEVE = 1450  # cluster.underlay_mtu 1500 less Geneve's 50 bytes
@@ -34,12 +34,12 @@ def test_pods_on_two_nodes_talk_tcp_and_udp_through_geneve_and_a_full_mtu_bulk_t
     a = n1.add_pod("x", "a")
     b = n2.add_pod("y", "b")
     assert a.ip.startswith("10.246.1.") and b.ip.startswith("10.246.2.")
-    # The very first packet into the tunnel is lost: node 1's OVS has not resolved node 2's underlay
-    # address yet and sends an ARP instead. TCP's SYN retry (after 1 s) rides that out, in one probe...
+    # Each agent resolved the other node's underlay next hop for its OVS when it added the peer, so no
+    # first packet is lost to OVS's own ARP (tests/e2e/test_tunnel_first_packet_e2e.py sends lone datagrams);
+    # every first connection goes through, a single UDP datagram too, both ways (a Pod's ARP for its
+    # gateway is answered by OVS alone: policy_agent/cni/rtnl.py, NOARP).
     t80 = f"{b.ip}:80/tcp"
     assert n1.probe("x/a", [t80], timeout=3.0) == {t80: "connected"}
-    # ...and from then on every first connection goes through, a single UDP datagram too, both ways (a
-    # Pod's ARP for its gateway is answered by OVS alone: policy_agent/cni/rtnl.py, NOARP).
     u53 = f"{b.ip}:53/udp"
     assert n1.probe("x/a", [u53], timeout=2.0) == {u53: "connected"}
     back = [f"{a.ip}:81/tcp", f"{a.ip}:53/udp"]
@@ -63,16 +63,6 @@ def test_pods_on_two_nodes_talk_tcp_and_udp_through_geneve_and_a_full_mtu_bulk_t
     assert MTU_1500_GENEVE - 40 - 12 <= mss <= MTU_1500_GENEVE - 40
 
 
-def udp_arrivals(netns: str) -> int:
-    """UDP datagrams the namespace's IP stack has received (to a socket or to no port): no other traffic
-    of the test (TCP, ARP) moves it."""
-    lines = [line.split() for line in subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"],
-                                                     capture_output=True, text=True, check=True).stdout.splitlines()
-             if line.startswith("Udp:")]
-    udp = dict(zip(lines[0][1:], map(int, lines[1][1:]), strict=True))
-    return udp["InDatagrams"] + udp["NoPorts"]
-
-
 def send_through_tunnel(c: Cluster, frame: bytes, peer_address: str, vni: int) -> None:
     """`frame` into node `c`'s tunnel to the node at `peer_address` with Geneve VNI `vni` (an OpenFlow
     packet-out by an independent client, as a node of another version would send it)."""
@@ -82,7 +72,7 @@ def send_through_tunnel(c: Cluster, frame: bytes, peer_address: str, vni: int) -
                    check=True, capture_output=True)
 
 
-def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_counted(geneve: MultiNode) -> None:
+def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_counted_and_stated(geneve: MultiNode) -> None:
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
@@ -110,6 +100,17 @@ def test_a_packet_from_the_tunnel_with_a_vni_other_than_0_reaches_no_pod_and_is_
         assert time.monotonic() < deadline, geneve.metric(2, "npaudit_cluster_unknown_vni_drops_total")
         time.sleep(0.5)
     assert "packets from the tunnel dropped before any rule since start: their Geneve VNI" in n2.log()
+    # No record can hold them (no rule saw them): node 2's trail states both as losses, so what was sent
+    # there adds up to its records and its stated losses.
+    def vni_losses(records: list[dict]) -> int:
+        return sum(b["count"] for r in records if r.get("event", {}).get("action") == "audit-loss"
+                   for b in r["npaudit"]["loss"]["by_reason"] if b["reason"] == "unknown_vni")
+
+    records = wait_records(n2, lambda rs: vni_losses(rs) >= 2)
+    assert vni_losses(records) == 2, records
+    assert all(b["source"] == "tunnel" and b["unit"] == "frames" for r in records
+               if r.get("event", {}).get("action") == "audit-loss"
+               for b in r["npaudit"]["loss"]["by_reason"] if b["reason"] == "unknown_vni")
 
 
 def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each_node_recording_both_pods(
@@ -117,7 +118,7 @@ def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each
     n1, n2 = geneve.nodes[1], geneve.nodes[2]
     a, b = place_pods(geneve)
     t80, t81, t82 = (f"{b.ip}:{p}/tcp" for p in (80, 81, 82))
-    assert n1.probe("x/client", [t80], timeout=3.0) == {t80: "connected"}  # (a first SYN the tunnel lost: sent again)
+    assert n1.probe("x/client", [t80], timeout=3.0) == {t80: "connected"}
     # Dropped by the client's egress rule on node 1: never reaches node 2.
     assert n1.probe("x/client", [t81], timeout=2.0) == {t81: "timeout"}
     # Rejected by the server's ingress rule on node 2: the RST comes back through the tunnel.
@@ -134,7 +135,7 @@ def test_egress_is_judged_on_the_source_node_and_ingress_on_the_destination_each
     assert drop and all(r["event"]["action"] == "dropped" and pods_of(r) == both for r in drop), r1
     assert drop[0]["destination"]["port"] == 81 and drop[0]["observer"]["hostname"] == "node-1"
     # The connection on port 80, judged at both ends: records on each node, each with its own hostname
-    # (a SYN the tunnel's first ARP cost is sent again, and judged again: a connection may have two).
+    # (a SYN sent again is judged again: a connection may have two).
     allow1, allow2 = labelled(r1, "egress-allow"), labelled(r2, "ingress-allow")
     assert allow1 and allow2, (r1, r2)
     assert all(pods_of(r) == both and r["observer"]["hostname"] == "node-1" for r in allow1), allow1

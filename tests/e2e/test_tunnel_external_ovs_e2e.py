@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.crossnode import connect, labelled, place_pods, wait_records
+from tests.support.crossnode import connect, datagram_arrives, labelled, place_pods, wait_records
 from tests.support.multinode import MultiNode
 
 
@@ -65,6 +65,9 @@ def test_pods_on_two_external_userspace_ovs_talk_through_geneve_a_drop_is_record
 
     a, b = place_pods(external)
     assert a.ip.startswith("10.246.1.") and b.ip.startswith("10.246.2.")
+    # The first packet into the fresh tunnel, a lone UDP datagram, arrives: the agent resolved node 2's
+    # underlay next hop for this OVS too (policy_agent/ovs/tunnel_neighbours.py).
+    assert datagram_arrives(a.netns, b.netns, b.ip, 53), n1.log()
     t80, t81 = f"{b.ip}:80/tcp", f"{b.ip}:81/tcp"
     assert connect(n1, "x/client", [t80]) == {t80: "connected"}
     # Dropped (and logged) by the client's egress rule on node 1.

@@ -4,6 +4,8 @@ and a server Pod on two nodes with logged egress and ingress rules."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import time
 from typing import Callable
@@ -15,13 +17,41 @@ from tests.support.multinode import MultiNode, node_name
 def connect(c: Cluster, src: str, targets: list[str], want: str = "connected", timeout: float = 30.0
             ) -> dict[str, str]:
     """Probe until every target gives `want` or `timeout` passes: for what takes time to come about
-    (a Pod object reaching a node, an agent restarted), and for the one packet a cold tunnel loses
-    while OVS resolves the peer's underlay address."""
+    (a Pod object reaching a node, an agent restarted)."""
     deadline = time.monotonic() + timeout
     while True:
         got = c.probe(src, targets, timeout=2.0)
         if all(v == want for v in got.values()) or time.monotonic() > deadline:
             return got
+
+
+def udp_arrivals(netns: str) -> int:
+    """UDP datagrams the namespace's IP stack has received (to a socket or to no port): no other traffic
+    of the test (TCP, ARP) moves it."""
+    lines = [line.split() for line in subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"],
+                                                     capture_output=True, text=True, check=True).stdout.splitlines()
+             if line.startswith("Udp:")]
+    udp = dict(zip(lines[0][1:], map(int, lines[1][1:]), strict=True))
+    return udp["InDatagrams"] + udp["NoPorts"]
+
+
+def send_datagram(netns: str, ip: str, port: int) -> None:
+    """ONE UDP datagram from `netns` to ip:port, never sent again (a DNS client's first query)."""
+    code = ("import socket, sys\n"
+            "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'one', (sys.argv[1], int(sys.argv[2])))")
+    subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code, ip, str(port)], check=True, timeout=30)
+
+
+def datagram_arrives(src_netns: str, dst_netns: str, ip: str, port: int, within: float = 3.0) -> bool:
+    """Whether one datagram from `src_netns` to ip:port reaches `dst_netns` within `within` seconds."""
+    before = udp_arrivals(dst_netns)
+    send_datagram(src_netns, ip, port)
+    deadline = time.monotonic() + within
+    while udp_arrivals(dst_netns) == before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def wait_records(c: Cluster, want: Callable[[list[dict]], bool], timeout: float = 15.0) -> list[dict]:

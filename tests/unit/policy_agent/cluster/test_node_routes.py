@@ -4,7 +4,8 @@ masquerade that spares other nodes' Pods: pure parts, and NodeRoutes against a f
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+import logging
+from typing import Callable, Sequence
 
 import pytest
 
@@ -359,3 +360,115 @@ def test_geneve_with_deny_unknown_sources_takes_each_peers_gateway_address_from_
     # The peer node itself (a host process reaching this node's Pods through its gateway) is no Pod.
     assert asyncio.run(go(True)) == {"10.246.2.1", "10.246.3.1"}
     assert asyncio.run(go(False)) == set()
+
+
+class ResolvingUnderlay(FakeUnderlay):
+    """Geneve on the userspace datapath: next hops resolved by the agent; `dead` addresses never answer.
+    Records, per call, what was asked and which peer flows the channel held at that moment."""
+
+    def __init__(self, tunnel: TunnelPlan, channel: FakeChannel) -> None:
+        super().__init__(tunnel)
+        self._userspace_tunnel = True
+        self.channel = channel
+        self.dead: set[str] = set()
+        self.calls: list[tuple[list[str], list[str], set[str]]] = []
+        self.aging = 900
+
+    @property
+    def resolves_next_hops(self) -> bool:
+        return True
+
+    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = ()) -> dict[str, str]:
+        self.calls.append((list(add), list(drop), self.channel.tun_dsts()))
+        self._kept.difference_update(drop)
+        self._kept.update(add)
+        return {a: "no ARP answer" for a in add if a in self.dead}
+
+    def refresh_peers(self) -> dict[str, str]:
+        return self.resolve_peers(sorted(self._kept))
+
+    def neighbour_aging(self) -> int | None:
+        return self.aging
+
+
+def resolving(refresh: float = 300.0) -> tuple[NodeRoutes, FakeChannel, ResolvingUnderlay]:
+    tunnel = TunnelPlan("geneve", "198.51.100.1/24", OWN, "npaudit-tun0", 1, "underlay0", "br-phy", True)
+    channel = FakeChannel()
+    underlay = ResolvingUnderlay(tunnel, channel)
+    return NodeRoutes(underlay, channel, lambda: 3, refresh=refresh), channel, underlay
+
+
+def samples_of(r: NodeRoutes) -> dict[tuple[str, tuple[str, ...]], float]:
+    return {(s.name, tuple(s.labels.values())): s.value for m in NodeRoutesCollector(r).collect() for s in m.samples}
+
+
+def test_a_new_peers_next_hop_is_resolved_before_its_route_exists_and_a_gone_one_is_let_go() -> None:
+    async def go() -> None:
+        r, channel, underlay = resolving()
+        r.set_peers("config", [N2])
+        await r.start()
+        assert underlay.calls == [(["198.51.100.2"], [], set())]  # no route into the tunnel yet
+        assert channel.tun_dsts() == {"198.51.100.2"} and r.unresolved == {}
+        r.set_peers("config", [N3])
+        await r.sync()
+        assert underlay.calls[-1] == (["198.51.100.3"], ["198.51.100.2"], {"198.51.100.2"})
+        await r.refresh_next_hops()  # the periodic round: every routed peer again
+        assert underlay.calls[-1][0] == ["198.51.100.3"]
+        await r.close()
+    asyncio.run(go())
+
+
+def test_a_peer_not_answering_is_said_counted_and_retried_until_it_answers(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        r, channel, underlay = resolving()
+        underlay.dead = {"198.51.100.2"}
+        r.set_peers("config", [N2, N3])
+        await r.start()
+        assert channel.tun_dsts() == {"198.51.100.2", "198.51.100.3"}  # routed all the same: OVS resolves late
+        assert set(r.unresolved) == {"node-2"}
+        assert samples_of(r)[("npaudit_cluster_peers", ("unresolved",))] == 1
+        # The follow task retries on its own after 1 s, then 2 s..., well before the 300 s refresh, and only
+        # the peer that did not answer; still dead: said once, counted once.
+        await asyncio.wait_for(_until(lambda: len(underlay.calls) == 2), 5.0)
+        assert samples_of(r)[("npaudit_cluster_peer_problems_total", ("unresolved",))] == 1
+        underlay.dead = set()
+        await asyncio.wait_for(_until(lambda: not r.unresolved), 5.0)
+        assert [c[0] for c in underlay.calls] == [["198.51.100.2", "198.51.100.3"], ["198.51.100.2"],
+                                                  ["198.51.100.2"]]
+        assert samples_of(r)[("npaudit_cluster_peers", ("unresolved",))] == 0
+        await r.close()
+    with caplog.at_level(logging.INFO, "policy_agent.cluster.node_routes"):
+        asyncio.run(go())
+    said = [m for m in caplog.messages if "next hop is not resolved" in m]
+    assert len(said) == 1 and "peer node-2 at 198.51.100.2" in said[0] and "no ARP answer" in said[0]
+    assert any("node-2's underlay next hop is resolved now" in m for m in caplog.messages)
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.05)
+
+
+def test_a_refresh_not_shorter_than_ovs_aging_is_warned_of_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    async def go(refresh: float) -> None:
+        r, _, _ = resolving(refresh)
+        r.set_peers("config", [N2])
+        await r.start()
+        await r.close()
+    with caplog.at_level(logging.WARNING, "policy_agent.cluster.node_routes"):
+        asyncio.run(go(300.0))
+        assert not [m for m in caplog.messages if "tnl/neigh/aging" in m]
+        asyncio.run(go(900.0))
+    (said,) = [m for m in caplog.messages if "tnl/neigh/aging" in m]
+    assert "cluster.underlay_refresh (900s) is not shorter than OVS's tnl/neigh/aging (900s)" in said
+
+
+def test_routed_mode_resolves_no_next_hop_and_keeps_no_timer() -> None:
+    async def go() -> None:
+        r, _, underlay, _ = routes("routed")
+        r.set_peers("config", [N2])
+        await r.start()
+        assert not underlay.resolves_next_hops and r.unresolved == {}
+        assert samples_of(r)[("npaudit_cluster_peers", ("unresolved",))] == 0
+        await r.close()
+    asyncio.run(go())

@@ -293,3 +293,36 @@ def test_packets_dropped_for_an_unknown_vni_are_counted_from_the_first_and_said_
     channel.replies.append(asyncio.TimeoutError())  # a failed read: counted, the total stands
     asyncio.run(acc.tick())
     assert acc.read_errors == 1 and acc.unknown_vni_drops() == 9
+
+
+def test_packets_dropped_for_an_unknown_vni_are_stated_in_the_windows_loss_records_frame_for_frame() -> None:
+    from policy_agent.policy.tunnel_flows import unknown_vni_request
+
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
+    acc = LossAccounting(channel, interval=5.0, admission=lambda: world.admission, ovs_losses=lambda: dict(world.ovs),
+                         submit=world.submit, mono_clock=mono, wall_clock=wall,
+                         unknown_vnis=lambda: unknown_vni_request(3))
+    cookie = unknown_vni_request(3).cookie
+    # This round's flow, made by this run: what it counted by the first reading is stated in full.
+    channel.replies.append(flow_desc_reply(0, 99, cookie, 2))
+    mono.now, wall.now = 105.0, wall.now + 5
+    asyncio.run(acc.tick())
+    (record,) = world.records
+    assert by_reason(record) == {("unknown_vni", "tunnel"): 2}
+    assert record["npaudit"]["loss"]["frames"] == 2 and record["npaudit"]["loss"]["packet_ins"] == 0
+    assert "2 packets from another node (tunnel) dropped before any rule: their Geneve VNI was neither Pod " \
+           "traffic's (0) nor a trace mark this node knows" in record["message"]
+    channel.replies.append(flow_desc_reply(0, 99, cookie, 2))  # nothing new: no record
+    asyncio.run(acc.tick())
+    channel.replies.append(flow_desc_reply(0, 99, cookie, 7))
+    asyncio.run(acc.tick())
+    assert len(world.records) == 2 and by_reason(world.records[-1]) == {("unknown_vni", "tunnel"): 5}
+    # Over the trail, the stated losses add up to every packet the drop counted.
+    assert sum(n for r in world.records for (reason, _), n in by_reason(r).items() if reason == "unknown_vni") == 7
+
+
+def test_without_geneve_no_unknown_vni_loss_is_stated() -> None:
+    channel, world, mono, wall = FakeChannel(UNSUPPORTED), World(), ManualClock(100.0), ManualClock(1_700_000_000.0)
+    acc = accounting(channel, world, mono, wall)
+    asyncio.run(acc.tick())
+    assert acc.unknown_vni_drops() is None and not any(k.reason == "unknown_vni" for k in acc.counts())
