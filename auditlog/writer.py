@@ -437,20 +437,20 @@ class AuditWriter:
         return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
-        sealed, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
-        lines = [line for _, line in sealed]
+        sealed, lines, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
+        counts = self._counts
         for start, end, size in chunk_bounds(lines, self._chunk_bytes):
             try:
-                self._emit("\n".join(lines[start:end]))
+                self._emit(lines[0] if end == 1 else "\n".join(lines[start:end]))
             except Exception as exc:
-                raise _WriteFailed([r for r, _ in sealed[start:]], exc) from exc
-            self._counts["written"] += end - start
-            self._written_seq = sealed[end - 1][0].seq
-            self._counts["batches"] += 1
-            self._counts["bytes"] += size
+                raise _WriteFailed(sealed[start:], exc) from exc
+            counts["written"] += end - start
+            self._written_seq = sealed[end - 1].seq
+            counts["batches"] += 1
+            counts["bytes"] += size
             if self._on_written is not None:
                 try:
-                    self._on_written([r for r, _ in sealed[start:end]], self._clock())
+                    self._on_written(sealed[start:end], self._clock())
                 except Exception:  # metrics only: never a reason to hold or lose a record
                     self._errors.log(logging.ERROR, "on-written", "audit log %s: counting written records failed",
                                      self.path, exc_info=True)
