@@ -94,7 +94,7 @@ def _pod_fields(found: tuple[str, str] | None) -> dict[str, str] | None:
 
 _Pair = tuple[str, str] | None  # what PodDirectory.by_ip gives
 # RecordEncoder._pair_texts: the texts of a record that only its addresses, its rule and the Pods decide.
-_PairTexts = tuple[str, str, str, str, str, str, str, str, str, str]
+_PairTexts = tuple[str, str, str, str, str, str, str, str, str, str, str, str, str]
 
 _FRAGMENT, _TRUNCATED = '"fragment":true,', ',"truncated":true'
 
@@ -273,8 +273,11 @@ class RecordEncoder:
         # colons and hex, nothing JSON would escape.
         dst_head = "" if dst_ip is None else f',"destination":{{"ip":"{dst_ip}"'
         src_head = "}" if src_ip is None else f',"source":{{"ip":"{src_ip}"'
+        # And the runs of `mid` and `tail` (see encode_positional) that only these and the rule decide.
         return (dst_pod, src_pod, orchestrator, related, dst_head, src_head,
-                _endpoint(src_ip, None), _port_prefix(src_ip), _endpoint(dst_ip, None), _port_prefix(dst_ip))
+                _endpoint(src_ip, None), _port_prefix(src_ip), _endpoint(dst_ip, None), _port_prefix(dst_ip),
+                f"{FORMAT_MEMBER}{dst_pod}{rp.disposition}", f"{src_pod}{rp.tier}",
+                f"}}{self._observer}{orchestrator}{related}{rp.rule_text}")
 
     def _pair(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
               by_ip: Callable[[str], _Pair]) -> _PairTexts:
@@ -327,7 +330,8 @@ class RecordEncoder:
             pair = self._pairs.get((src_ip, dst_ip, rp)) or self._pair(rp, src_ip, dst_ip, table.get)
         else:
             pair = self._pair_texts(rp, src_ip, dst_ip, self._by_ip)
-        dst_pod, src_pod, orchestrator, related, dst_head, src_head, src_ep, src_pre, dst_ep, dst_pre = pair
+        (dst_pod, src_pod, orchestrator, related, dst_head, src_head, src_ep, src_pre, dst_ep, dst_pre,
+         mid_head, tail_head, tail_rest) = pair
         src_port, dst_port = s.src_port, s.dst_port
         if dst_ip is not None:
             destination = f'{dst_head}}}' if dst_port is None else f'{dst_head},"port":{dst_port}}}'
@@ -393,10 +397,10 @@ class RecordEncoder:
 
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
-        mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
-               f'{rp.priority}{SEQ_KEY}')
-        tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
-                f'{related}{rp.rule_text}{source}')
+        # mid: FORMAT_MEMBER, the destination Pod, disposition, fragment, icmp, ovs, priority, SEQ_KEY;
+        # tail: the source Pod, tier, truncated, "}", observer, orchestrator, related, rule, source.
+        mid = f'{mid_head}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}{rp.priority}{SEQ_KEY}'
+        tail = f'{tail_head}{_TRUNCATED if s.truncated else ""}{tail_rest}{source}'
         text = RecordText(head, mid, tail)
         text.verdict = rp.verdict
         return text
