@@ -151,7 +151,7 @@ class AuditPipeline:
                 self._coarse(pin)
                 return
         summary = decode_frame(pin.packet)
-        self._decoded = (pin, summary)
+        decoded = self._decoded = (pin, summary)  # also the aggregator's sample: one tuple for both
         stats = self.stats
         if summary.truncated:
             stats["decode_truncated"] += 1
@@ -164,7 +164,7 @@ class AuditPipeline:
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
         key = (rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
         aggregate = disposition != _ALLOW
-        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, aggregate)
+        emissions = self._agg.add(key, decoded, pin.total_len, pin.received_at, aggregate)
         if emissions:  # nothing else opens or closes a window: no need to look at the timer otherwise
             self._emit(emissions)
             self._poke_timer()

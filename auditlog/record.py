@@ -103,7 +103,8 @@ class _RuleParts:
     """The text of everything a record takes from its rule and disposition, made once per rule."""
 
     __slots__ = ("rule", "event_head", "event_tail", "labels", "direction", "network_direction",
-                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict", "said")
+                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict", "said", "after_dst",
+                 "after_start")
 
     def __init__(self, rule: RuleView | None, pin: PacketIn) -> None:
         self.rule = rule
@@ -157,6 +158,9 @@ class _RuleParts:
                      canonical(by)[1:-1])
         # The labels of npaudit_policy_verdicts_total: the record's disposition, direction and tier.
         self.verdict = (name, self.direction, _text(rule.tier) if rule is not None and rule.tier else "")
+        # A record's text between its destination and event.end, and between event.start and the message.
+        self.after_dst = f"{_ECS},{self.event_head}"
+        self.after_start = f'{self.event_tail}{self.labels},"message":"'
 
 
 class RecordEncoder:
@@ -388,9 +392,8 @@ class RecordEncoder:
         proto = s.transport or (f"ip proto {protocol}" if protocol is not None else "non-IP")
         message = (f"{said}{proto} {src_ep} -> {dst_ep}{icmp_said}, "
                    f"{'1 packet' if packets == 1 else f'{packets} packets'}{by}")
-        head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
-                f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
-                f',"message":"{message}"'
+        head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{rp.after_dst}{last_s}","id":"{event_id}",'
+                f'"kind":"event","outcome":"success","start":"{first_s}{rp.after_start}{message}"'
                 f',"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
