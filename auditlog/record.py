@@ -392,9 +392,10 @@ class RecordEncoder:
         proto = s.transport or (f"ip proto {protocol}" if protocol is not None else "non-IP")
         message = (f"{said}{proto} {src_ep} -> {dst_ep}{icmp_said}, "
                    f"{'1 packet' if packets == 1 else f'{packets} packets'}{by}")
+        # Two f-strings of under 30 parts each: CPython builds a longer one through a list and a join.
         head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{rp.after_dst}{last_s}","id":"{event_id}",'
-                f'"kind":"event","outcome":"success","start":"{first_s}{rp.after_start}{message}"'
-                f',"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
+                f'"kind":"event","outcome":"success","start":"{first_s}{rp.after_start}{message}"')
+        head = (f'{head},"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
