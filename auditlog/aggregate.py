@@ -273,17 +273,29 @@ class Aggregator:
                      out: list[Emission]) -> _Window:
         # Close what is due first, so that eviction only ever takes a window that is
         # genuinely still open and memory stays bounded even if the caller ticks late.
-        self._expire(now, out)
-        if len(self._open) >= self._max_keys:
-            q = self._expiry
+        # (_expire, inline: with a new key every packet-in this runs per packet-in, and
+        # most windows it closes saw only their "first" packet: they close silently.)
+        q, open_ = self._expiry, self._open
+        while q:
+            due = q[0]
+            if due.live and due.deadline > now:
+                break
+            q.popleft()
+            if due.live:
+                if due.packets or due.off_packets:
+                    self._close(due, out)
+                else:
+                    due.live = False
+                    del open_[due.key]
+        if len(open_) >= self._max_keys:
             while not q[0].live:
                 q.popleft()
             # Evict the window that closes soonest: its record goes out early, never lost.
             self._evicted += 1
             self._close(q.popleft(), out)
         w = _Window(key, now + self._window, sample if announced else None, announced)
-        self._open[key] = w
-        self._expiry.append(w)
+        open_[key] = w
+        q.append(w)
         return w
 
     def _expire(self, now: float, out: list[Emission]) -> None:

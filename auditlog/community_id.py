@@ -87,6 +87,12 @@ def _ported(saddr: str, daddr: str, proto: int, sport: int, dport: int) -> str:
     return "1:" + binascii.b2a_base64(hashlib.sha1(data, usedforsecurity=False).digest(), newline=False).decode()
 
 
+# For a caller that already knows the flow is TCP/UDP/SCTP with both addresses and ports (the record
+# encoder's common case): community_id of it without flow_community_id's checks; ValueError as _ported.
+PORTED_PROTOCOLS = _PORTED
+ported_community_id = _ported
+
+
 def flow_community_id(src_ip: str | None, dst_ip: str | None, protocol: int | None, src_port: int | None,
                       dst_port: int | None, icmp_type: int | None, icmp_code: int | None) -> str | None:
     """The Community ID of a decoded packet's flow, None when the packet does not carry what it needs

@@ -151,7 +151,7 @@ class AuditPipeline:
                 self._coarse(pin)
                 return
         summary = decode_frame(pin.packet)
-        self._decoded = (pin, summary)
+        decoded = self._decoded = (pin, summary)  # also the aggregator's sample: one tuple for both
         stats = self.stats
         if summary.truncated:
             stats["decode_truncated"] += 1
@@ -164,7 +164,7 @@ class AuditPipeline:
         last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
         key = (rule_id, disposition, summary.src_ip, summary.dst_ip, summary.protocol, last)
         aggregate = disposition != _ALLOW
-        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, aggregate)
+        emissions = self._agg.add(key, decoded, pin.total_len, pin.received_at, aggregate)
         if emissions:  # nothing else opens or closes a window: no need to look at the timer otherwise
             self._emit(emissions)
             self._poke_timer()
@@ -294,33 +294,35 @@ class AuditPipeline:
     def _emit(self, emissions: list[Emission]) -> None:
         encode, submit, stats = self._encode, self._writer.submit, self.stats
         for e in emissions:
-            pin, summary = cast("tuple[PacketIn, PacketSummary]", e.sample)  # every sample added here is one
-            key = e.key
+            # One unpacking, not an attribute read per field; every sample added here is (PacketIn, summary).
+            key, sample, packets, bytes_, first, last, off_packets, off_bytes, kind = e
+            pin: PacketIn
+            summary: PacketSummary
+            pin, summary = sample  # type: ignore[misc]
             level = key[0]
             if isinstance(level, str):  # a coarse key (see _coarse): no ports, maybe no peer
                 _, _, _, src, dst, _ = cast("tuple[str, int, int, str | None, str | None, int]", key)
-                keys = 1 if e.kind == "first" else len(self._distinct.pop(key, ())) or 1
+                keys = 1 if kind == "first" else len(self._distinct.pop(key, ())) or 1
                 coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
                                           icmp_type=None, icmp_code=None)
-                record = encode(pin, coarse, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes,
-                                e.first, e.last, e.offloaded_packets, level, keys)
+                record = encode(pin, coarse, packets + off_packets, bytes_ + off_bytes,
+                                first, last, off_packets, level, keys)
                 stats["coarsened"] += 1
             else:
                 # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).
-                record = encode(pin, summary, e.packets + e.offloaded_packets, e.bytes + e.offloaded_bytes,
-                                e.first, e.last, e.offloaded_packets)
-            if e.kind != "aggregate":  # written at once: its packet-in's latency is the record's
+                record = encode(pin, summary, packets + off_packets, bytes_ + off_bytes, first, last, off_packets)
+            if kind != "aggregate":  # written at once: its packet-in's latency is the record's
                 record.received = pin.received_at
             if submit(record):
                 stats["records"] += 1
             else:
                 stats["writer_full"] += 1
                 rule_id = cast(int, key[1] if isinstance(level, str) else key[0])  # both keys hold the rule id
-                self.rule_refused[rule_id] = self.rule_refused.get(rule_id, 0) + e.packets
+                self.rule_refused[rule_id] = self.rule_refused.get(rule_id, 0) + packets
                 self._drops.log(logging.ERROR, "writer-full",
                                 "audit writer queue full: a record of %d packet(s) was dropped "
                                 "(%d so far; npaudit_audit_records_total{outcome=\"dropped_writer_full\"})",
-                                e.packets, stats["writer_full"])
+                                packets, stats["writer_full"])
 
     # --- window timer ----------------------------------------------------------------
 

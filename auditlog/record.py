@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from auditlog.chain import DATASET, ECS_VERSION, FORMAT_MEMBER, OBSERVER, SEQ_KEY, TIMESTAMP_KEY, RecordText
-from auditlog.community_id import flow_community_id
+from auditlog.community_id import PORTED_PROTOCOLS, flow_community_id, ported_community_id
 from auditlog.jcs import SAFE_INTEGER, canonical, number
 from auditlog.packet import PacketSummary, transport_name
 from auditlog.record_views import PodDirectory, PodTable, RuleLookup, RuleView
@@ -94,7 +94,7 @@ def _pod_fields(found: tuple[str, str] | None) -> dict[str, str] | None:
 
 _Pair = tuple[str, str] | None  # what PodDirectory.by_ip gives
 # RecordEncoder._pair_texts: the texts of a record that only its addresses, its rule and the Pods decide.
-_PairTexts = tuple[str, str, str, str, str, str, str, str, str, str]
+_PairTexts = tuple[str, str, str, str, str, str, str, str, str, str, str, str, str]
 
 _FRAGMENT, _TRUNCATED = '"fragment":true,', ',"truncated":true'
 
@@ -103,7 +103,8 @@ class _RuleParts:
     """The text of everything a record takes from its rule and disposition, made once per rule."""
 
     __slots__ = ("rule", "event_head", "event_tail", "labels", "direction", "network_direction",
-                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict", "said")
+                 "disposition", "priority", "tier", "rule_text", "namespace", "verdict", "said", "after_dst",
+                 "after_start")
 
     def __init__(self, rule: RuleView | None, pin: PacketIn) -> None:
         self.rule = rule
@@ -157,6 +158,9 @@ class _RuleParts:
                      canonical(by)[1:-1])
         # The labels of npaudit_policy_verdicts_total: the record's disposition, direction and tier.
         self.verdict = (name, self.direction, _text(rule.tier) if rule is not None and rule.tier else "")
+        # A record's text between its destination and event.end, and between event.start and the message.
+        self.after_dst = f"{_ECS},{self.event_head}"
+        self.after_start = f'{self.event_tail}{self.labels},"message":"'
 
 
 class RecordEncoder:
@@ -176,7 +180,10 @@ class RecordEncoder:
         self._rules_get = ctx.rules.get
         self._by_ip = ctx.pods.by_ip
         self._new_event_id = ctx.new_event_id
-        self._hex_ids = isinstance(ctx.new_event_id, EventIds)  # its ids are hex digits: nothing to escape
+        # EventIds' prefix and counter, so that a record's id costs no call of its own (and its ids are hex
+        # digits: nothing to escape)
+        ids = ctx.new_event_id
+        self._id_parts = (ids._prefix, ids._next) if type(ids) is EventIds else None
         self._rules: dict[tuple[int, int], _RuleParts] = {}
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}
         self._orchestrators: dict[str, str] = {}
@@ -270,8 +277,11 @@ class RecordEncoder:
         # colons and hex, nothing JSON would escape.
         dst_head = "" if dst_ip is None else f',"destination":{{"ip":"{dst_ip}"'
         src_head = "}" if src_ip is None else f',"source":{{"ip":"{src_ip}"'
+        # And the runs of `mid` and `tail` (see encode_positional) that only these and the rule decide.
         return (dst_pod, src_pod, orchestrator, related, dst_head, src_head,
-                _endpoint(src_ip, None), _port_prefix(src_ip), _endpoint(dst_ip, None), _port_prefix(dst_ip))
+                _endpoint(src_ip, None), _port_prefix(src_ip), _endpoint(dst_ip, None), _port_prefix(dst_ip),
+                f"{FORMAT_MEMBER}{dst_pod}{rp.disposition}", f"{src_pod}{rp.tier}",
+                f"}}{self._observer}{orchestrator}{related}{rp.rule_text}")
 
     def _pair(self, rp: _RuleParts, src_ip: str | None, dst_ip: str | None,
               by_ip: Callable[[str], _Pair]) -> _PairTexts:
@@ -306,8 +316,12 @@ class RecordEncoder:
         `coarsened` ("ports" or "peers") marks a record of the overload mode, which stands for
         `keys` distinct full-detail keys (`summary` then has no ports, maybe no peer address).
         """
-        rp = self._rule_parts(pin)
-        first_s = self._timestamp(first)
+        rule_id = pin.rule_id
+        rp = self._rules.get((rule_id, pin.reg7 & DISPOSITION_BITS))
+        if rp is None or rp.rule is not (self._rules_get(rule_id) if rule_id else None):
+            rp = self._rule_parts(pin)
+        # _timestamp's own shortcut, without the call: records of one millisecond share the text
+        first_s = self._ms_text if round(first * 1000) == self._ms else self._timestamp(first)
         last_s = first_s if last == first else self._timestamp(last)
         s = summary
         src_ip, dst_ip = s.src_ip, s.dst_ip
@@ -320,7 +334,8 @@ class RecordEncoder:
             pair = self._pairs.get((src_ip, dst_ip, rp)) or self._pair(rp, src_ip, dst_ip, table.get)
         else:
             pair = self._pair_texts(rp, src_ip, dst_ip, self._by_ip)
-        dst_pod, src_pod, orchestrator, related, dst_head, src_head, src_ep, src_pre, dst_ep, dst_pre = pair
+        (dst_pod, src_pod, orchestrator, related, dst_head, src_head, src_ep, src_pre, dst_ep, dst_pre,
+         mid_head, tail_head, tail_rest) = pair
         src_port, dst_port = s.src_port, s.dst_port
         if dst_ip is not None:
             destination = f'{dst_head}}}' if dst_port is None else f'{dst_head},"port":{dst_port}}}'
@@ -334,13 +349,19 @@ class RecordEncoder:
                 src_ep = f"{src_pre}{src_port}"
         else:
             source = "}"
-        event_id = self._new_event_id()
-        if not self._hex_ids and not (event_id.isascii() and event_id.isalnum()):
-            event_id = canonical(_text(event_id))[1:-1]
-        icmp = ""
-        if s.icmp_type is not None:  # ECS has no icmp field set: a vendor field
-            code = "" if s.icmp_code is None else f'"code":{s.icmp_code},'
-            icmp = f'"icmp":{{{code}"type":{s.icmp_type}}},'
+        id_parts = self._id_parts
+        if id_parts is not None:  # EventIds.__call__, inline
+            event_id = f"{id_parts[0]}{id_parts[1]():016x}"
+        else:
+            event_id = self._new_event_id()
+            if not (event_id.isascii() and event_id.isalnum()):
+                event_id = canonical(_text(event_id))[1:-1]
+        icmp_type, icmp_code, protocol = s.icmp_type, s.icmp_code, s.protocol
+        icmp = icmp_said = ""
+        if icmp_type is not None:  # ECS has no icmp field set: a vendor field
+            code = "" if icmp_code is None else f'"code":{icmp_code},'
+            icmp = f'"icmp":{{{code}"type":{icmp_type}}},'
+            icmp_said = f" type {icmp_type}" if icmp_code is None else f" type {icmp_type} code {icmp_code}"
         counts: tuple[int | str, int | str, int | str]
         if (packets | bytes_ | offloaded_packets) > SAFE_INTEGER:  # never in practice; JCS rounds these
             counts = number(packets), number(bytes_), number(offloaded_packets)
@@ -349,34 +370,41 @@ class RecordEncoder:
         n_packets, n_bytes, n_offloaded = counts
         # JCS order inside aggregate: bytes, coarsened, first, keys, last, offloaded_packets, packets.
         coarse_head, coarse_keys = (f'"coarsened":"{coarsened}",', f'"keys":{keys},') if coarsened else ("", "")
-        net_key = (rp.network_direction, s.protocol, s.ip_version, s.vlan)
+        net_key = (rp.network_direction, protocol, s.ip_version, s.vlan)
         net_before, net_after = self._networks.get(net_key) or self._network(net_key)
-        flow = (src_ip, dst_ip, s.protocol, s.src_port, s.dst_port, s.icmp_type, s.icmp_code)
+        flow = (src_ip, dst_ip, protocol, src_port, dst_port, icmp_type, icmp_code)
         community = self._community.get(flow)
         if community is None:
-            community = self._community_text(flow)
+            if (protocol in PORTED_PROTOCOLS and src_port is not None and dst_port is not None
+                    and src_ip is not None and dst_ip is not None):
+                # flow_community_id's common case, without its checks: a key's records share it
+                try:
+                    cid = ported_community_id(src_ip, dst_ip, protocol, src_port, dst_port)
+                    community = _cache(self._community, flow, f'"community_id":"{cid}",')
+                except ValueError:
+                    community = self._community_text(flow)
+            else:
+                community = self._community_text(flow)
         # message: one short line, JSON-escaped; e.g. `Drop ingress udp 10.0.0.1:1000 -> 10.0.0.2:53, 50 packets,
         # by sec rule drop-udp`. Addresses, numbers and protocol names need no escaping; the ends come from the
         # pair's texts.
         said, by = rp.said
-        icmp_said = "" if s.icmp_type is None else (f" type {s.icmp_type}" if s.icmp_code is None
-                                                     else f" type {s.icmp_type} code {s.icmp_code}")
-        proto = s.transport or (f"ip proto {s.protocol}" if s.protocol is not None else "non-IP")
+        proto = s.transport or (f"ip proto {protocol}" if protocol is not None else "non-IP")
         message = (f"{said}{proto} {src_ep} -> {dst_ep}{icmp_said}, "
                    f"{'1 packet' if packets == 1 else f'{packets} packets'}{by}")
-        head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{_ECS},{rp.event_head}{last_s}","id":"{event_id}",'
-                f'"kind":"event","outcome":"success","start":"{first_s}{rp.event_tail}{rp.labels}'
-                f',"message":"{message}"'
-                f',"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
+        # Two f-strings of under 30 parts each: CPython builds a longer one through a list and a join.
+        head = (f'{TIMESTAMP_KEY}{first_s}"{destination}{rp.after_dst}{last_s}","id":"{event_id}",'
+                f'"kind":"event","outcome":"success","start":"{first_s}{rp.after_start}{message}"')
+        head = (f'{head},"network":{{"bytes":{n_bytes},{community}{net_before}"packets":{n_packets}{net_after}}}'
                 f',"npaudit":{{"aggregate":{{"bytes":{n_bytes},{coarse_head}"first":"{first_s}",'
                 f'{coarse_keys}"last":"{last_s}","offloaded_packets":{n_offloaded},"packets":{n_packets}}},')
 
         ovs_key = (pin.cookie, pin.table_id, pin.in_port)
         ovs = self._ovs_texts.get(ovs_key) or self._ovs(ovs_key)
-        mid = (f'{FORMAT_MEMBER}{dst_pod}{rp.disposition}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}'
-               f'{rp.priority}{SEQ_KEY}')
-        tail = (f'{src_pod}{rp.tier}{_TRUNCATED if s.truncated else ""}}}{self._observer}{orchestrator}'
-                f'{related}{rp.rule_text}{source}')
+        # mid: FORMAT_MEMBER, the destination Pod, disposition, fragment, icmp, ovs, priority, SEQ_KEY;
+        # tail: the source Pod, tier, truncated, "}", observer, orchestrator, related, rule, source.
+        mid = f'{mid_head}{_FRAGMENT if s.fragment else ""}{icmp}{ovs}{rp.priority}{SEQ_KEY}'
+        tail = f'{tail_head}{_TRUNCATED if s.truncated else ""}{tail_rest}{source}'
         text = RecordText(head, mid, tail)
         text.verdict = rp.verdict
         return text

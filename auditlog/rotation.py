@@ -43,10 +43,14 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         stream = self.stream
         try:
             live = os.stat(self.baseFilename)
-            current = self._identity(stream) if stream is not None and not stream.closed else None
+            if stream is None or stream.closed:
+                current = None
+            else:  # _identity, its common case inline
+                known = self._opened
+                current = known[1:] if known is not None and known[0] is stream else self._identity(stream)
         except OSError:  # the live file is gone: emit opens a new one
             current = None
-        if current is None or (live.st_ino, live.st_dev) != current:
+        if current is None or live.st_ino != current[0] or live.st_dev != current[1]:
             self.size = None  # replaced under us (or closed): emit reopens it
             return False
         self.size = None  # unknown if the write fails part way

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from auditlog.chain import RecordText
 
 
 def seal_records(records: Sequence[RecordText], seq: int, chain: str, skipped: Callable[[Exception], None]
-                 ) -> tuple[list[tuple[RecordText, str]], int, str]:
-    """Each record with its sealed line, and the (seq, chain) after the last one. A record that cannot be
-    sealed (not ASCII: a bug upstream; not a RecordText) is told to `skipped` and takes no seq."""
-    sealed: list[tuple[RecordText, str]] = []
+                 ) -> tuple[list[RecordText], list[str], int, str]:
+    """The records sealed and their lines (two lists, in step), and the (seq, chain) after the last one.
+    A record that cannot be sealed (not ASCII: a bug upstream; not a RecordText) is told to `skipped`
+    and takes no seq."""
+    sealed: list[RecordText] = []
+    lines: list[str] = []
     for record in records:
         try:
             line, next_chain = record.seal(chain, seq + 1)
@@ -20,22 +22,24 @@ def seal_records(records: Sequence[RecordText], seq: int, chain: str, skipped: C
             continue
         seq += 1
         chain = next_chain
-        sealed.append((record, line))
-    return sealed, seq, chain
+        sealed.append(record)
+        lines.append(line)
+    return sealed, lines, seq, chain
 
 
-def chunk_bounds(lines: Sequence[str], chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
+def chunk_bounds(lines: Sequence[str], chunk_bytes: int) -> list[tuple[int, int, int]]:
     """(start, end, bytes with newlines) of consecutive chunks of `lines`, each at most `chunk_bytes`
     unless one line alone is longer. Most batches (one read's records) fit one chunk: no walk then."""
     total = sum(map(len, lines)) + len(lines)
     if lines and (total <= chunk_bytes or len(lines) == 1):
-        yield 0, len(lines), total
-        return
+        return [(0, len(lines), total)]
+    bounds: list[tuple[int, int, int]] = []
     start = 0
     while start < len(lines):
         end, size = start + 1, len(lines[start]) + 1
         while end < len(lines) and size + len(lines[end]) + 1 <= chunk_bytes:
             size += len(lines[end]) + 1
             end += 1
-        yield start, end, size
+        bounds.append((start, end, size))
         start = end
+    return bounds

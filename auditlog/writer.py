@@ -111,6 +111,7 @@ class AuditWriter:
         self._count_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._thread_running = False  # from start until _run ends: Thread.is_alive without its call per write
         self._handler: JsonlHandler | None = None
         self._owner_fd = -1
         self._seq, self._chain = 0, GENESIS
@@ -190,7 +191,7 @@ class AuditWriter:
             return False  # the thread is writing: the record queues behind what it holds
         try:
             # Checked under the lock: the thread takes records and exits only while holding it.
-            if self._queue or self._closing or self._thread is None or not self._thread.is_alive():
+            if self._queue or self._closing or not self._thread_running:
                 return False
             start = self._monotonic()
             try:
@@ -267,6 +268,7 @@ class AuditWriter:
             raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
         self._thread.start()
+        self._thread_running = True
         if self.compress:
             self._compressor.start()
 
@@ -386,6 +388,8 @@ class AuditWriter:
                         return  # under the lock: no inline write starts after this (it sees _closing)
         except Exception:
             log.critical("audit writer thread failed; records now queue up and are dropped", exc_info=True)
+        finally:
+            self._thread_running = False
 
     def _take(self) -> tuple[list[RecordText], list[threading.Event]]:
         records: list[RecordText] = []
@@ -437,20 +441,19 @@ class AuditWriter:
         return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
-        sealed, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
-        lines = [line for _, line in sealed]
+        sealed, lines, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
         for start, end, size in chunk_bounds(lines, self._chunk_bytes):
             try:
-                self._emit("\n".join(lines[start:end]))
+                self._emit(lines[0] if end == 1 else "\n".join(lines[start:end]))
             except Exception as exc:
-                raise _WriteFailed([r for r, _ in sealed[start:]], exc) from exc
+                raise _WriteFailed(sealed[start:], exc) from exc
             self._counts["written"] += end - start
-            self._written_seq = sealed[end - 1][0].seq
+            self._written_seq = sealed[end - 1].seq
             self._counts["batches"] += 1
             self._counts["bytes"] += size
             if self._on_written is not None:
                 try:
-                    self._on_written([r for r, _ in sealed[start:end]], self._clock())
+                    self._on_written(sealed[start:end], self._clock())
                 except Exception:  # metrics only: never a reason to hold or lose a record
                     self._errors.log(logging.ERROR, "on-written", "audit log %s: counting written records failed",
                                      self.path, exc_info=True)

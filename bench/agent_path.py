@@ -20,6 +20,7 @@ wake-ups, syscalls of the socket or the window timer: bench/agent_cpu.py measure
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -29,8 +30,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def measure(root: Path, n: int, per_read: int) -> dict:
-    """One run on the code of the checkout at `root` (first on sys.path)."""
+def measure(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
+    """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
+    fixed event ids, destination ports that repeat (aggregate records too), and the files' digest."""
     import asyncio
     import tempfile
     import time
@@ -38,7 +40,7 @@ def measure(root: Path, n: int, per_read: int) -> dict:
     from auditlog.aggregate import Aggregator
     from auditlog.packet import decode_frame
     from auditlog.pipeline import AuditPipeline
-    from auditlog.record import RecordContext
+    from auditlog.record import EventIds, RecordContext
     from auditlog.writer import AuditWriter
     from packetin import wire
     from packetin.demux import INLINE_MAX, Demux
@@ -61,7 +63,8 @@ def measure(root: Path, n: int, per_read: int) -> dict:
     msg = bytearray(template)
     msgs = []
     for i in range(n):
-        msg[at:at + 2] = (1024 + i % 64000).to_bytes(2, "big")
+        port = 1024 + (i * 7919) % 2500 if compare else 1024 + i % 64000
+        msg[at:at + 2] = port.to_bytes(2, "big")
         msgs.append(bytes(msg))
     flow = decode_frame(sample.packet)
 
@@ -80,7 +83,16 @@ def measure(root: Path, n: int, per_read: int) -> dict:
         rule_id=sample.rule_id, policy_kind="AntreaClusterNetworkPolicy", namespace="", policy_name="bench",
         rule_name="drop-udp", tier="securityops", priority=1.0, action=Action.DROP, direction=Direction.INGRESS,
         log_label="bench", logged=True)})
-    ctx = RecordContext(node="bench", cluster="bench", rules=rules, pods=_LateDirectory(lambda: engine))
+    ids = EventIds()
+    if compare:
+        ids._prefix = "0" * 16  # the same ids on both sides
+    clock = [1.7e9]
+
+    def wall() -> float:  # real time, or in a comparison a clock the loop steps
+        return clock[0] if compare else time.time()
+
+    ctx = RecordContext(node="bench", cluster="bench", rules=rules, pods=_LateDirectory(lambda: engine),
+                        new_event_id=ids)
     tags = TagRegistry()
 
     def suppress(pin: object) -> bool:  # TraceflowService.suppress
@@ -90,9 +102,9 @@ def measure(root: Path, n: int, per_read: int) -> dict:
         from policy_agent.policy_packetins import PolicyPacketIns
 
         work = Path(tempfile.mkdtemp(prefix="npaudit-agent-path-"))
-        writer = AuditWriter(work / "audit.jsonl", backup_count=50)
+        writer = AuditWriter(work / "audit.jsonl", backup_count=50, clock=wall)
         writer.start()
-        pipeline = AuditPipeline(ctx, writer, Aggregator(window=1.0))
+        pipeline = AuditPipeline(ctx, writer, Aggregator(window=1.0), wall_clock=wall)
         dispatcher = PolicyPacketIns(lambda m: 0, audit=pipeline, offload=DropOffload(OffloadConfig(), pipeline,
                                                                                        ovs_netns=""),
                                      suppress=suppress, may_suppress=tags.any_known)
@@ -103,10 +115,11 @@ def measure(root: Path, n: int, per_read: int) -> dict:
             sub.bucket = type(sub.bucket)(1e12, 1e12, time.monotonic())
             sub.fair = None
         demux.start()
-        reader = PacketInReader(demux.dispatch, lambda m: None)
+        reader = PacketInReader(demux.dispatch, lambda m: None, wall_clock=wall)
         settle_heap()
         c0 = time.process_time()
         for i in range(0, n, per_read):
+            clock[0] += 0.0002 * per_read  # a port comes back within its window
             reader.on_messages(msgs[i:i + per_read])
         cpu = time.process_time() - c0
         writer.flush_wait(60)
@@ -114,16 +127,25 @@ def measure(root: Path, n: int, per_read: int) -> dict:
         await pipeline.close()
         writer.close()
         records = sum(1 for f in work.glob("audit.jsonl*") for line in f.open() if line.strip())
+        files = sorted(work.glob("audit.jsonl*"))
+        digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
         subprocess.run(["rm", "-rf", str(work)], check=False)
+        if compare:
+            return {"files": [f.name for f in files], "sha256": digest, "records": records,
+                    "pipeline": pipeline.stats,
+                    # how many writes took them depends on the writer thread's timing: not compared
+                    "writer": {k: v for k, v in writer.stats.items() if k != "batches"},
+                    "delivered": demux.stats()[Category.POLICY]["delivered"]}
         return {"us_per_packet_in": round(cpu / n * 1e6, 2), "packet_ins": pipeline.stats["packet_ins"],
                 "records": records, "delivered": demux.stats()[Category.POLICY]["delivered"]}
 
     return asyncio.run(run())
 
 
-def child(root: Path, n: int, per_read: int) -> dict:
+def child(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
     # This script, run on `root`'s code (a base checkout may not have it).
-    out = subprocess.run([sys.executable, __file__, "--one", str(root), str(n), str(per_read)],
+    out = subprocess.run([sys.executable, __file__, "--compare-one" if compare else "--one", str(root), str(n),
+                          str(per_read)],
                          cwd=root, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -134,13 +156,19 @@ def main() -> int:
     ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--base", default="", help="another checkout: interleaved A/B against its code")
+    ap.add_argument("--compare", action="store_true",
+                    help="with --base: the same stream (fixed clock and ids) through both; are the files identical")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--compare-one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one:
-        root = Path(args.one[0])
+    one = args.one or args.compare_one
+    if one:
+        root = Path(one[0])
         sys.path.insert(0, str(root))
-        print(json.dumps(measure(root, int(args.one[1]), int(args.one[2]))))
+        print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one))))
         return 0
+    if args.compare:
+        return compare(HERE, Path(args.base).resolve(), args.packet_ins, args.per_read)
     sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
     result: dict = {"benchmark": "agent_path", "packet_ins": args.packet_ins, "rounds": args.rounds,
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
@@ -158,6 +186,22 @@ def main() -> int:
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=1))
     return 0
+
+
+def compare(this: Path, base: Path, n: int, per_reads: str) -> int:
+    """The same packet-in stream through `base`'s path and this one's: the files must be byte for byte the same,
+    and every count. Prints JSON; exit status 1 when anything differs."""
+    result: dict = {"benchmark": "agent_path_compare", "packet_ins": n, "by_per_read": {}}
+    same = True
+    for per_read in [int(x) for x in per_reads.split(",")]:
+        got = {"this": child(this, n, per_read, True), "base": child(base, n, per_read, True)}
+        identical = got["this"] == got["base"]
+        same = same and identical
+        result["by_per_read"][per_read] = {"identical": identical, "records": got["this"]["records"],
+                                           "sha256": got["this"]["sha256"], **({} if identical else got)}
+    result["identical"] = same
+    print(json.dumps(result, indent=1))
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

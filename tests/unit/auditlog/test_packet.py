@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)  # "MAC address not found" noise
@@ -370,3 +370,26 @@ def built_frames(draw: st.DrawFn) -> tuple[bytes, PacketSummary]:
 def test_frames_built_from_drawn_parameters_decode_to_those_parameters(built: tuple[bytes, PacketSummary]) -> None:
     frame, expected = built
     assert decode_frame(frame) == expected
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(ihl=st.sampled_from([0x45, 0x45, 0x46, 0x44, 0x55]),
+       flags_frag=st.sampled_from([0, 0x4000, 0x2000, 0x0001, 0x6000]),
+       proto=st.sampled_from([6, 6, 17, 17, 1, 132, 50]), doff=st.integers(0, 15), ns=st.integers(0, 1),
+       cut=st.integers(0, 64), ethertype=st.sampled_from([b"\x08\x00", b"\x08\x00", b"\x86\xdd", b"\x81\x00"]))
+@example(ihl=0x45, flags_frag=0, proto=6, doff=6, ns=1, cut=24, ethertype=b"\x08\x00")  # header just whole
+@example(ihl=0x45, flags_frag=0, proto=6, doff=6, ns=0, cut=23, ethertype=b"\x08\x00")  # an option byte cut
+def test_the_one_unpack_shortcut_gives_the_walks_summary(ihl: int, flags_frag: int, proto: int, doff: int, ns: int,
+                                                           cut: int, ethertype: bytes) -> None:
+    """decode_frame reads untagged, option-less, unfragmented IPv4 UDP/TCP frames with one unpack: for
+    such frames and their near misses (options, fragments, other protocols, headers cut anywhere,
+    other ethertypes) the summary is what the header walk gives (auditlog.packet._ipv4, called directly)."""
+    from auditlog import packet
+
+    header = bytes([ihl, 0, 0, 60, 0, 1]) + flags_frag.to_bytes(2, "big") + bytes([64, proto, 0, 0])
+    transport = bytes([4, 0, 0, 53, 0, 0, 0, 1, 0, 0, 0, 0, doff << 4 | ns, 0x12]) + bytes(range(50))
+    frame = b"\x02" * 12 + ethertype + header + bytes([10, 1, 0, 5, 10, 2, 0, 7]) + transport[:cut]
+    got = decode_frame(frame)
+    check_invariants(frame, got)
+    if ethertype == b"\x08\x00":
+        assert got == packet._ipv4(frame, 14, None)

@@ -16,6 +16,6 @@ def test_chunks_cover_every_line_once_and_stay_under_the_cap_unless_one_line_is_
 def test_a_record_that_cannot_be_sealed_is_told_and_takes_no_seq() -> None:
     good = RecordText.of({"message": "one"})
     told: list[Exception] = []
-    sealed, seq, chain = seal_records([good, object(), good], 7, GENESIS, told.append)  # type: ignore[list-item]
-    assert [r for r, _ in sealed] == [good, good] and seq == 9 and len(told) == 1
-    assert chain != GENESIS and sealed[0][1] != sealed[1][1]  # each line sealed at its own seq
+    sealed, lines, seq, chain = seal_records([good, object(), good], 7, GENESIS, told.append)  # type: ignore[list-item]
+    assert sealed == [good, good] and len(lines) == 2 and seq == 9 and len(told) == 1
+    assert chain != GENESIS and lines[0] != lines[1]  # each line sealed at its own seq
