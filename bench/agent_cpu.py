@@ -252,8 +252,9 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
         subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
     reads1 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-    reads, paced = (reads1.get(k, 0.0) - reads0.get(k, 0.0)
-                    for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total"))
+    reads, paced, pressed = (reads1.get(k, 0.0) - reads0.get(k, 0.0)
+                             for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
+                                       "npaudit_openflow_reads_pressed_total"))
     flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
         raise RuntimeError(f"the agent exited during the run:\n{cluster.log()[-3000:]}")
@@ -273,7 +274,7 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             "us_per_packet_in": per_packet_in_us(run_s, emitted),
             "us_per_packet_in_idle_taken_off": per_packet_in_us(run_s - idle_cpu_per_s * elapsed, emitted),
             "us_per_record": per_packet_in_us(run_s, records["records"]),
-            "openflow_reads": int(reads), "openflow_reads_paced": int(paced),
+            "openflow_reads": int(reads), "openflow_reads_paced": int(paced), "openflow_reads_pressed": int(pressed),
             "packet_ins_per_read": round(emitted / reads, 1) if reads else None,
             **({"profile_py_spy": profile} if profile is not None else {})}
 
