@@ -285,18 +285,33 @@ class LossAccounting:
             meters = {rule_id: own.get(meter, 0) for rule_id, meter in self.rule_meters.meter_of_rule().items()}
         return self.rule_ledger.tick(self.rule_flows.totals, self._rule_seen(), self._mono(), meters)
 
-    async def read_before_pipeline(self) -> None:
-        """The ports' and the datapath's drops (frames no rule saw); a failure is logged (rate-limited)."""
-        if self._datapath_drops is not None:
-            self.datapath.update(await asyncio.to_thread(self._datapath_drops))
-        if self._port_drops is None:
-            return
-        try:
-            self.ports.update(await asyncio.to_thread(self._port_drops))
-        except (OSError, ValueError) as exc:
+    def _read_counters(self) -> tuple[Mapping[str, int | None], Mapping[str, int | None] | None,
+                                      Mapping[str, int] | Exception | None]:
+        """The blocking reads of a window, in one thread hop (one wake-up of a worker and of the loop, not
+        three): vswitchd's packet-in losses, the datapath's drops, the ports' drops (or why not read)."""
+        ovs = self._ovs_losses()
+        datapath = self._datapath_drops() if self._datapath_drops is not None else None
+        ports: Mapping[str, int] | Exception | None = None
+        if self._port_drops is not None:
+            try:
+                ports = self._port_drops()
+            except (OSError, ValueError) as exc:
+                ports = exc
+        return ovs, datapath, ports
+
+    async def read_counters(self) -> None:
+        """vswitchd's packet-in losses, and the ports' and the datapath's drops (frames no rule saw); a port
+        reading that fails is logged (rate-limited) and counted, the others still taken."""
+        ovs, datapath, ports = await asyncio.to_thread(self._read_counters)
+        self.ovs.update(ovs)
+        if datapath is not None:
+            self.datapath.update(datapath)
+        if isinstance(ports, Exception):
             self.read_errors += 1
             self._errors.log(logging.WARNING, "port-drops", "frames lost on ports before ovs-vswitchd read them "
-                             "not read: %s", str(exc) or type(exc).__name__)
+                             "not read: %s", str(ports) or type(ports).__name__)
+        elif ports is not None:
+            self.ports.update(ports)
 
     def counts(self) -> dict[LossKey, int]:
         """Every loss counted so far, cumulative, by kind."""
@@ -323,8 +338,7 @@ class LossAccounting:
         rules = self.rule_losses() if flows_read else {}
         if self.rule_meters is not None:  # only from here: the task starts once the previous run's flows are gone
             await self.rule_meters.sweep(self._present)
-        self.ovs.update(await asyncio.to_thread(self._ovs_losses))
-        await self.read_before_pipeline()
+        await self.read_counters()
         await self.read_unknown_sources()
         await self.read_unknown_vnis()
         if self.recorder is None:

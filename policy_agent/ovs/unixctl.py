@@ -15,36 +15,53 @@ from typing import Any, Sequence
 
 from policy_agent.errors import OvsError
 
-__all__ = ["call", "vswitchd_version"]
+__all__ = ["call", "call_many", "vswitchd_version"]
 
 DEFAULT_TIMEOUT = 5.0  # seconds for connecting and for the answer; a healthy vswitchd answers in milliseconds
 
 
 def call(ctl_path: str | Path, command: str, args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT) -> str:
     """The answer of the daemon at `ctl_path` to `command args...` (its text, as ovs-appctl prints it)."""
+    (answer,) = call_many(ctl_path, [(command, args)], timeout)
+    if isinstance(answer, OvsError):
+        raise answer
+    return answer
+
+
+def call_many(ctl_path: str | Path, commands: Sequence[tuple[str, Sequence[str]]],
+              timeout: float = DEFAULT_TIMEOUT) -> list[str | OvsError]:
+    """The answers to several commands over one connection, in order (one connect, not one per command):
+    an error reply is that command's OvsError in the list; no connection, or no answer within `timeout`
+    (for them all), raises OvsError."""
     import ovs.jsonrpc
     import ovs.stream
     from ovs.unixctl.client import UnixctlClient
 
-    what = f"{command} on {ctl_path}"
+    names = ", ".join(command for command, _ in commands)
     deadline = time.monotonic() + timeout
     error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{ctl_path}"),
                                                  max(1, int(timeout * 1000)))
     if error:
-        raise OvsError(f"{what}: cannot connect: {_reason(error)}")
+        raise OvsError(f"{names} on {ctl_path}: cannot connect: {_reason(error)}")
     conn = ovs.jsonrpc.Connection(stream)
     client = UnixctlClient(conn)  # owns the connection: closing it closes the stream
+    answers: list[str | OvsError] = []
     try:
-        reply = _transact(conn, ovs.jsonrpc.Message.create_request(command, list(args)), deadline)
-    except OSError as exc:
-        if exc.errno == errno.ETIMEDOUT:
-            raise OvsError(f"{what}: no reply within {timeout:g}s") from exc
-        raise OvsError(f"{what}: {_reason(exc.errno)}") from exc
+        for command, args in commands:
+            what = f"{command} on {ctl_path}"
+            try:
+                reply = _transact(conn, ovs.jsonrpc.Message.create_request(command, list(args)), deadline)
+            except OSError as exc:
+                if exc.errno == errno.ETIMEDOUT:
+                    raise OvsError(f"{what}: no reply within {timeout:g}s") from exc
+                raise OvsError(f"{what}: {_reason(exc.errno)}") from exc
+            if reply.error is not None:
+                answers.append(OvsError(f"{what} failed: {str(reply.error).strip()}"))
+            else:
+                answers.append("" if reply.result is None else str(reply.result))
     finally:
         client.close()
-    if reply.error is not None:
-        raise OvsError(f"{what} failed: {str(reply.error).strip()}")
-    return "" if reply.result is None else str(reply.result)
+    return answers
 
 
 def _transact(conn: Any, request: Any, deadline: float) -> Any:
