@@ -36,17 +36,17 @@ def daemon(tmp_path: Path) -> Iterator[Callable[[Answer], Path]]:
             except OSError:  # closed by the fixture
                 return
             with conn:
-                buf, decoder = b"", json.JSONDecoder()
+                buf, decoder = "", json.JSONDecoder()
                 while True:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    buf += chunk
                     try:
-                        request, end = decoder.raw_decode(buf.decode())
-                    except ValueError:
+                        request, end = decoder.raw_decode(buf)
+                    except ValueError:  # no whole request yet: read on
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            return
+                        buf += chunk.decode()
                         continue
-                    buf = buf.decode()[end:].encode()
+                    buf = buf[end:]
                     requests.append(request)
                     reply = answer(request)
                     if reply is None:
