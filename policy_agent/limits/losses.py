@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Protocol
 
 from auditlog.chain import RecordText
@@ -164,6 +165,9 @@ class LossAccounting:
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
         self.rule_meters: RuleMeterSource | None = None  # set when meters.per_rule is on
         self._present: list[int] = []  # the meter ids of the last reading
+        # The window's blocking reads run in one thread of their own: handing work to the loop's shared
+        # pool also wakes its other idle workers (each hand-off two or three thread wake-ups, not one).
+        self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="npaudit-loss-reads")
 
     def _fold(self, meter_id: int) -> int | None:
         """The meter a reading's drops count under: a per-rule meter's class; one of the range that
@@ -228,7 +232,7 @@ class LossAccounting:
             if sum(len(part) for part in parts) <= INLINE_PARSE_BYTES:
                 flows = parse_logged_flows(parts)
             else:
-                flows = await asyncio.to_thread(parse_logged_flows, parts)
+                flows = await asyncio.get_running_loop().run_in_executor(self._reads, parse_logged_flows, parts)
         except (OpenFlowError, ChannelClosed, DecodeError, asyncio.TimeoutError) as exc:
             self.read_errors += 1
             self._errors.log(logging.WARNING, "flow-stats", "OVS flow statistics of the logged rules not read: %s",
@@ -309,7 +313,7 @@ class LossAccounting:
     async def read_counters(self) -> None:
         """vswitchd's packet-in losses, and the ports' and the datapath's drops (frames no rule saw); a port
         reading that fails is logged (rate-limited) and counted, the others still taken."""
-        ovs, datapath, ports = await asyncio.to_thread(self._read_counters)
+        ovs, datapath, ports = await asyncio.get_running_loop().run_in_executor(self._reads, self._read_counters)
         self.ovs.update(ovs)
         if datapath is not None:
             self.datapath.update(datapath)
@@ -373,3 +377,4 @@ class LossAccounting:
             await self.tick()
         except Exception:
             log.error("last loss accounting window failed", exc_info=True)
+        self._reads.shutdown(wait=False)
