@@ -40,7 +40,7 @@ from policy_agent.limits.offload_cache import DropOffload, OffloadCollector, Off
 from policy_agent.metrics import MeterCollector, OvsSupervisorCollector, build_registry, category_name
 from policy_agent.ovs import tables
 from policy_agent.ovs.coverage import DATAPATH_DROP_COUNTERS, CoverageReader
-from policy_agent.ovs.port_stats import read_port_drops
+from policy_agent.ovs.port_stats import PortDropReader
 from policy_agent.ovs.gateway import NodeGateway
 from policy_agent.ovs.megaflows import MegaflowCache
 from policy_agent.ovs.rounds import next_round
@@ -133,6 +133,7 @@ class Agent:
         self.syslog: list[Forwarder | ProcessForwarder] = self.trail.forwarders if self.trail is not None else []
         # Meter statistics and the loss records stating what never became a record.
         audit, writer = self.audit, self.audit_writer
+        self.port_drops = PortDropReader(self.switch.netns or None)  # its sockets kept open between windows
         self.losses = LossAccounting(
             self.channel, interval=config.meters.stats_interval, ovs_losses=self.ovs_counters.read,
             admission=lambda: {category_name(c): n for c, n in self.demux.stats().items()},
@@ -141,7 +142,7 @@ class Agent:
             context=writer.state_fields if writer is not None else None,
             rule_seen=audit.rule_seen if audit is not None else None,
             describe=lambda rule_id: describe_rule(rule_id, self.rules.get(rule_id)),
-            port_drops=lambda: read_port_drops(self.switch.netns or None),
+            port_drops=self.port_drops.read,
             datapath_drops=CoverageReader(config.ovs.ovs_rundir, DATAPATH_DROP_COUNTERS,
                                           "datapath drops before the pipeline go unstated").read,
             unknown_sources=self.routes.unknown_source_request if self.routes is not None
@@ -364,6 +365,7 @@ class Agent:
         if self.routes is not None:
             await self.routes.close()
         await self.losses.close()  # a last loss window, read while the channel is still up
+        self.port_drops.close()
         await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()
         await self.demux.stop(drain=True)

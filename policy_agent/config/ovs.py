@@ -33,7 +33,9 @@ class OvsConfig:
     # Packet-ins OVS queues for the agent's connection before dropping
     # (rconn_overflow). OVS allows 1..512; its own default is 100.
     controller_queue_size: int = field(default=512, metadata=checked(ovs_queue_size))
-    # Seconds between looks at the OVS daemons' pid files. Embedded: a dead daemon is
+    # Seconds between looks at the OVS daemons' pid files while a daemon's death is not notified
+    # (it is dead, waiting for its restart, or no pidfd here); with notices a death is seen at once
+    # and the files are looked at once a minute only (ovs/supervisor.py). Embedded: a dead daemon is
     # restarted (ovsdb-server together with ovs-vswitchd), with backoff and a cap per
     # window. External: a dead daemon is only reported (log, npaudit_ovs_up).
     supervise_interval: float = field(default=1.0, metadata=checked(positive))

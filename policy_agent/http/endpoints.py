@@ -240,9 +240,11 @@ class HttpListener:
             elif mask & selectors.EVENT_WRITE:
                 self._write(conn)
 
-    def _timeout(self, now: float) -> float:
+    def _timeout(self, now: float) -> float | None:
+        """Until the next connection deadline or the end of an accept pause; None (no wake-up by time) when
+        neither is due: shutdown and rendered answers wake the loop through the wake socket."""
         due = [t for t in (self._table.next_deadline(), self._paused_until) if t is not None]
-        return max(0.0, min([1.0] + [t - now for t in due]))
+        return max(0.0, min(due) - now) if due else None
 
     # accepting
 

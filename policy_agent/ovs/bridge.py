@@ -68,6 +68,20 @@ class _WatchingIdl(connection.OvsdbIdl):
         super().notify(event, row, updates)
 
 
+# Columns vswitchd rewrites every few seconds whatever happens (counters every
+# other_config:stats-update-interval, 5 s; controller connection status): the agent reads none of them,
+# and monitoring them woke the IDL thread to parse an update each time, idle or not.
+UNWATCHED_COLUMNS = {"Interface": {"statistics"}, "Port": {"statistics"}, "Mirror": {"statistics"},
+                     "Open_vSwitch": {"statistics"}, "Controller": {"status"}, "Manager": {"status"}}
+
+
+def watch_columns(helper: Any) -> None:
+    """Registers every column of every table of `helper`'s schema but UNWATCHED_COLUMNS."""
+    for table, spec in helper.schema_json["tables"].items():
+        skip = UNWATCHED_COLUMNS.get(table, set())
+        helper.register_columns(table, [c for c in spec["columns"] if c not in skip])
+
+
 class _NoWaitTransaction(transaction.Transaction):
     """Done once ovsdb-server committed it, whatever vswitchd has made of it yet."""
 
@@ -82,7 +96,7 @@ class Ovsdb:
         self.remote = remote
         try:
             helper = idlutils.get_schema_helper(remote, "Open_vSwitch")
-            helper.register_all()
+            watch_columns(helper)
             self._idl = _WatchingIdl(remote, helper)
             self._conn = connection.Connection(idl=self._idl, timeout=timeout)
             # ovsdbapp keeps the connection in a class attribute (a process-wide

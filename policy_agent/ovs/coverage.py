@@ -51,16 +51,19 @@ class CoverageReader:
         self._warned = False
 
     def read(self, names: tuple[str, ...] | None = None) -> dict[str, int | None]:
+        """Every counter over one connection to vswitchd (it answers each in turn)."""
         names = self.names if names is None else names
         out: dict[str, int | None] = dict.fromkeys(names)
         ctl = vswitchd_ctl_path(self.ovs_rundir)  # each time: a restarted vswitchd has a new pid
-        for name in names:
-            try:
-                result = unixctl.call(ctl, "coverage/read-counter", [name])
-            except OvsError as exc:
-                self._warn(str(exc))
-                continue
-            if result.strip().isdigit():
+        try:
+            answers = unixctl.call_many(ctl, [("coverage/read-counter", [name]) for name in names])
+        except OvsError as exc:
+            self._warn(str(exc))
+            return out
+        for name, result in zip(names, answers):
+            if isinstance(result, OvsError):
+                self._warn(str(result))
+            elif result.strip().isdigit():
                 out[name] = int(result)
             else:
                 self._warn(f"coverage/read-counter {name}: {result!r}")

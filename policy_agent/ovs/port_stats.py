@@ -8,7 +8,10 @@ packet-in translated and queued) or not, overflows that socket's receive buffer;
 kernel counts those frames in the socket's drop counter (sock_diag SK_MEMINFO_DROPS),
 nowhere else: the port's statistics in OVS (which are the kernel's) count them as received.
 So on this datapath "dropped before the upcall path" and "never read off the port" are
-one number, read here per port. Pure parsing plus one netlink dump per reading.
+one number, read here per port. Pure parsing plus two netlink dumps per reading (packet sockets,
+links), over two sockets opened once in OVS's namespace and kept (PortDropReader): a reading
+costs no thread, no namespace switch and no library set-up, since it runs every loss window
+of an idle agent too.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import logging
 import os
 import socket
 import struct
-from typing import Mapping
+from typing import Callable, Mapping
 
-from meters.netns import call_in_netns
+from meters.netns import call_in_netns, netns_path
 
 log = logging.getLogger(__name__)
 
-NETLINK_SOCK_DIAG = 4
+NETLINK_ROUTE, NETLINK_SOCK_DIAG = 0, 4
 SOCK_DIAG_BY_FAMILY = 20
+RTM_NEWLINK, RTM_GETLINK = 16, 18
+IFLA_IFNAME, IFLA_STATS64 = 3, 23  # linux/if_link.h
+_STATS64_RX_DROPPED = 6  # the 7th u64 of struct rtnl_link_stats64
+_IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 PACKET_SHOW_INFO, PACKET_SHOW_MEMINFO = 0x01, 0x10
@@ -77,39 +84,118 @@ def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
     return drops, False
 
 
-def _dump(sock: socket.socket) -> dict[int, int]:
-    sock.sendto(packet_diag_request(), (0, 0))
-    drops: dict[int, int] = {}
+def link_dump_request(seq: int = 1) -> bytes:
+    """An RTM_GETLINK dump of every link of the socket's namespace (names and statistics)."""
+    body = _IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+    return _NLMSG.pack(_NLMSG.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+
+
+def parse_link_dump(data: bytes) -> tuple[dict[int, tuple[str, int]], bool]:
+    """({ifindex: (name, kernel rx_dropped)}, True once the dump's end is in `data`). ValueError for a
+    netlink error or a cut message."""
+    links: dict[int, tuple[str, int]] = {}
+    off = 0
+    while off + _NLMSG.size <= len(data):
+        length, kind, _, _, _ = _NLMSG.unpack_from(data, off)
+        if length < _NLMSG.size or off + length > len(data):
+            raise ValueError(f"netlink message of length {length} at {off} of {len(data)}")
+        if kind == NLMSG_DONE:
+            return links, True
+        if kind == NLMSG_ERROR:
+            errno = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
+            raise ValueError(f"dump of links: {os.strerror(errno)}")
+        if kind == RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
+            ifindex = _IFINFO.unpack_from(data, off + _NLMSG.size)[2]
+            name, rx_dropped = "", 0
+            at, end = off + _NLMSG.size + _IFINFO.size, off + length
+            while at + _RTA.size <= end:
+                rta_len, rta_type = _RTA.unpack_from(data, at)
+                if rta_len < _RTA.size:
+                    raise ValueError(f"attribute of length {rta_len}")
+                if rta_type == IFLA_IFNAME:
+                    name = data[at + 4:at + rta_len].split(b"\0", 1)[0].decode(errors="replace")
+                elif rta_type == IFLA_STATS64 and rta_len >= 4 + 8 * (_STATS64_RX_DROPPED + 1):
+                    rx_dropped = struct.unpack_from("=Q", data, at + 4 + 8 * _STATS64_RX_DROPPED)[0]
+                at += (rta_len + 3) & ~3
+            links[ifindex] = (name, rx_dropped)
+        off += (length + 3) & ~3
+    return links, False
+
+
+def _dump(sock: socket.socket, request: bytes, parse: Callable[[bytes], tuple[dict, bool]]) -> dict:
+    sock.sendto(request, (0, 0))
+    out: dict = {}
     while True:
-        part, done = parse_packet_diag(sock.recv(1 << 16))
-        for ifindex, n in part.items():
-            drops[ifindex] = drops.get(ifindex, 0) + n
+        part, done = parse(sock.recv(1 << 16))
+        for key, value in part.items():
+            out[key] = out[key] + value if isinstance(value, int) and key in out else value
         if done:
-            return drops
+            return out
 
 
-def _links() -> dict[int, tuple[str, int]]:
-    """{ifindex: (name, kernel rx_dropped)} of the links of the calling thread's namespace."""
-    from pyroute2 import IPRoute
+class PortDropReader:
+    """read(): {"<port> rx_dropped" | "<port> socket_dropped": count} of every port some packet socket
+    (ovs-vswitchd's, on the netdev datapath) reads, in `netns` (None: here). Blocking: run in a thread.
 
-    with IPRoute() as ipr:
-        out = {}
-        for link in ipr.get_links():
-            stats = link.get_attr("IFLA_STATS64") or {}
-            out[link["index"]] = (link.get_attr("IFLA_IFNAME"), int(stats.get("rx_dropped", 0)))
-        return out
+    Its two netlink sockets are opened in `netns` at the first reading and kept (a socket stays in the
+    namespace it was made in, whichever thread uses it); they are opened again after a failure, and when
+    `netns` was made again (its inode changed), so a new namespace is never read through the old one's."""
+
+    def __init__(self, netns: str | None) -> None:
+        self.netns = netns
+        self._socks: tuple[socket.socket, socket.socket] | None = None
+        self._ns_inode: int | None = None
+        self._seq = 0
+        self.opened = 0  # times the sockets were opened (a steady reader opens them once)
+
+    def _inode(self) -> int | None:
+        return None if self.netns is None else os.stat(netns_path(self.netns)).st_ino
+
+    def _open(self) -> tuple[socket.socket, socket.socket]:
+        def make() -> tuple[socket.socket, socket.socket]:
+            diag = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
+            try:
+                route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+            except BaseException:
+                diag.close()
+                raise
+            for sock in (diag, route):
+                sock.settimeout(5.0)
+            return diag, route
+
+        inode = self._inode()
+        self._socks = call_in_netns(self.netns, make)
+        self._ns_inode = inode
+        self.opened += 1
+        return self._socks
+
+    def read(self) -> dict[str, int]:
+        socks = self._socks
+        if socks is None or self._inode() != self._ns_inode:
+            self.close()
+            socks = self._open()
+        self._seq = self._seq % 0x7FFFFFFF + 1
+        try:
+            drops = _dump(socks[0], packet_diag_request(self._seq), parse_packet_diag)
+            links = _dump(socks[1], link_dump_request(self._seq), parse_link_dump)
+        except (OSError, ValueError):
+            self.close()  # a dump cut half-way leaves the socket out of step: the next reading opens new ones
+            raise
+        return port_counts(drops, links)
+
+    def close(self) -> None:
+        for sock in self._socks or ():
+            sock.close()
+        self._socks = None
 
 
 def read_port_drops(netns: str | None) -> dict[str, int]:
-    """{"<port> rx_dropped" | "<port> socket_dropped": count} of every port some packet socket (ovs-vswitchd's,
-    on the netdev datapath) reads, in `netns` (None: here). Blocking: run in a thread."""
-    def read() -> tuple[dict[int, int], dict[int, tuple[str, int]]]:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
-            sock.settimeout(5.0)
-            return _dump(sock), _links()
-
-    drops, links = call_in_netns(netns, read)
-    return port_counts(drops, links)
+    """One PortDropReader reading with sockets opened and closed for it."""
+    reader = PortDropReader(netns)
+    try:
+        return reader.read()
+    finally:
+        reader.close()
 
 
 def port_counts(drops: Mapping[int, int], links: Mapping[int, tuple[str, int]]) -> dict[str, int]:

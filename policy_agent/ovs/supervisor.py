@@ -7,6 +7,11 @@ flows (one atomic bundle). Until then the switch forwards nothing (fail closed).
 spins and stops forwarding once its ovsdb-server is gone, so an ovsdb-server
 death restarts both. With an external OVS the same watch only reports.
 
+The daemons are looked at after each death notice (a pidfd per daemon: ovs/death_notice.py),
+so a death is seen at once and an idle agent does not poll; the pid files are looked at every
+`interval` only while a daemon is not covered by a notice (dead and waiting for its restart's
+backoff, or no pidfd here), and every SAFETY_LOOK seconds otherwise.
+
 A look that could not be made (a pid file or /proc unreadable: EMFILE, ENFILE,
 EACCES ...) is not a death: it is counted and logged at a limited rate, and
 nothing is concluded or restarted from it.
@@ -25,6 +30,7 @@ from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
 from policy_agent.errors import AgentError
+from policy_agent.ovs.death_notice import DeathNotices
 from policy_agent.ovs.embedded import PidUnknown
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,9 @@ log = logging.getLogger(__name__)
 OVSDB_SERVER = "ovsdb-server"
 VSWITCHD = "ovs-vswitchd"
 DAEMONS = (OVSDB_SERVER, VSWITCHD)
+# Seconds between looks at the pid files while every watched daemon's death is notified: only a safety
+# net (a notice cannot be missed while its pidfd is open), long enough that an idle agent does not poll.
+SAFETY_LOOK = 60.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,9 @@ class OvsSupervisor:
                  after_restart: Callable[[], Awaitable[None]],
                  policy: RestartPolicy = RestartPolicy(),
                  clock: Callable[[], float] = time.monotonic,
-                 jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:
+                 jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),
+                 notices: Callable[[], DeathNotices] | None = DeathNotices) -> None:
+        """`notices` makes the death notices on the running loop (None: poll every `interval` only)."""
         self._daemons = daemons
         self._interval = interval
         self._restarting = restarting
@@ -142,6 +153,8 @@ class OvsSupervisor:
         self._clock = clock
         self._governor = RestartGovernor(policy, jitter)
         self._up: dict[str, bool] = {d: True for d in DAEMONS}
+        self._pids: dict[str, int] = {}  # the live pid of each daemon at the last look
+        self._make_notices = notices
         # External: only daemons found running at the first look (their pid files may live
         # elsewhere than we look); embedded: both, always.
         self._watched: tuple[str, ...] | None = DAEMONS if restarting else None
@@ -165,14 +178,34 @@ class OvsSupervisor:
         self._task = None
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the watch must outlive any one failed look or restart
-                log.exception("OVS supervisor: check failed; looking again in %.1fs", self._interval)
+        notices = self._make_notices() if self._make_notices is not None else None
+        try:
+            while True:
+                try:
+                    await self.check()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the watch must outlive any one failed look or restart
+                    log.exception("OVS supervisor: check failed; looking again in %.1fs", self._interval)
+                await self._wait(notices)
+        finally:
+            if notices is not None:
+                notices.close()
+
+    async def _wait(self, notices: DeathNotices | None) -> None:
+        """Until a watched daemon ends, or the next look by time: SAFETY_LOOK when every watched daemon
+        runs with its death notified, `interval` otherwise (one is dead or not covered)."""
+        watched = self._watched or ()
+        running = [self._pids[d] for d in watched if d in self._pids]
+        covered = notices is not None and len(running) == len(watched) and notices.watch(running)
+        if notices is None or not covered:
             await asyncio.sleep(self._interval)
+            return
+        try:
+            await asyncio.wait_for(notices.ended.wait(), max(self._interval, SAFETY_LOOK))
+        except asyncio.TimeoutError:
+            pass
+        notices.ended.clear()
 
     async def check(self) -> None:
         """One look at the daemons, and a restart if one is due."""
@@ -212,12 +245,18 @@ class OvsSupervisor:
         """Which daemons run; None when one could not be looked at (then nothing is concluded)."""
         alive: dict[str, bool] = {}
         failed: list[str] = []
+        pids: dict[str, int] = {}
         for daemon in DAEMONS:
             try:
-                alive[daemon] = self._daemons.look(daemon) is not None
+                pid = self._daemons.look(daemon)
             except PidUnknown as exc:
                 self._checks_failed[daemon] += 1
                 failed.append(f"{daemon}: {exc}")
+                continue
+            alive[daemon] = pid is not None
+            if pid is not None:
+                pids[daemon] = pid
+        self._pids = pids
         if failed:
             self._look_log.log(logging.WARNING, "look", "OVS supervisor: could not check %s; not a death: nothing "
                                "restarted, looking again in %.1fs", "; ".join(failed), self._interval)

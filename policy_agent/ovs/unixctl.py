@@ -15,63 +15,101 @@ from typing import Any, Sequence
 
 from policy_agent.errors import OvsError
 
-__all__ = ["call", "vswitchd_version"]
+__all__ = ["call", "call_many", "vswitchd_version"]
 
 DEFAULT_TIMEOUT = 5.0  # seconds for connecting and for the answer; a healthy vswitchd answers in milliseconds
 
 
 def call(ctl_path: str | Path, command: str, args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT) -> str:
     """The answer of the daemon at `ctl_path` to `command args...` (its text, as ovs-appctl prints it)."""
+    (answer,) = call_many(ctl_path, [(command, args)], timeout)
+    if isinstance(answer, OvsError):
+        raise answer
+    return answer
+
+
+def call_many(ctl_path: str | Path, commands: Sequence[tuple[str, Sequence[str]]],
+              timeout: float = DEFAULT_TIMEOUT) -> list[str | OvsError]:
+    """The answers to several commands over one connection, in order (one connect, not one per command):
+    an error reply is that command's OvsError in the list; no connection, or no answer within `timeout`
+    (for them all), raises OvsError."""
     import ovs.jsonrpc
     import ovs.stream
     from ovs.unixctl.client import UnixctlClient
 
-    what = f"{command} on {ctl_path}"
+    names = ", ".join(command for command, _ in commands)
     deadline = time.monotonic() + timeout
     error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{ctl_path}"),
                                                  max(1, int(timeout * 1000)))
     if error:
-        raise OvsError(f"{what}: cannot connect: {_reason(error)}")
+        raise OvsError(f"{names} on {ctl_path}: cannot connect: {_reason(error)}")
     conn = ovs.jsonrpc.Connection(stream)
     client = UnixctlClient(conn)  # owns the connection: closing it closes the stream
+    requests = [ovs.jsonrpc.Message.create_request(command, list(args)) for command, args in commands]
     try:
-        reply = _transact(conn, ovs.jsonrpc.Message.create_request(command, list(args)), deadline)
-    except OSError as exc:
-        if exc.errno == errno.ETIMEDOUT:
-            raise OvsError(f"{what}: no reply within {timeout:g}s") from exc
-        raise OvsError(f"{what}: {_reason(exc.errno)}") from exc
+        try:
+            # All sent at once, then all answers read: the daemon answers each in turn, so the thread waits
+            # for the daemon about once, not once per command.
+            replies = _transact_all(conn, requests, deadline)
+        except _Unanswered as exc:
+            what = f"{commands[exc.index][0]} on {ctl_path}"
+            if exc.errno == errno.ETIMEDOUT:
+                raise OvsError(f"{what}: no reply within {timeout:g}s") from exc
+            raise OvsError(f"{what}: {_reason(exc.errno)}") from exc
     finally:
         client.close()
-    if reply.error is not None:
-        raise OvsError(f"{what} failed: {str(reply.error).strip()}")
-    return "" if reply.result is None else str(reply.result)
+    answers: list[str | OvsError] = []
+    for (command, _), reply in zip(commands, replies):
+        if reply.error is not None:
+            answers.append(OvsError(f"{command} on {ctl_path} failed: {str(reply.error).strip()}"))
+        else:
+            answers.append("" if reply.result is None else str(reply.result))
+    return answers
 
 
-def _transact(conn: Any, request: Any, deadline: float) -> Any:
-    """The reply to `request` (UnixctlClient.transact with a deadline: the library's own waits
-    forever for the answer); OSError with the errno of a failed exchange or ETIMEDOUT."""
+class _Unanswered(OSError):
+    """The exchange failed (errno) while the request at `index` (the first unanswered) waited."""
+
+    def __init__(self, error: int, index: int) -> None:
+        super().__init__(error, _reason(error))
+        self.index = index
+
+
+def _transact_all(conn: Any, requests: list[Any], deadline: float) -> list[Any]:
+    """The replies to `requests`, in their order; _Unanswered on a failed exchange or ETIMEDOUT."""
     import ovs.jsonrpc
-    import ovs.poller
 
-    error = conn.send(request)
-    while not error:
+    def first_unanswered() -> int:
+        return next(i for i, r in enumerate(requests) if r.id not in replies)
+
+    replies: dict[Any, Any] = {}
+    for request in requests:
+        error = conn.send(request)
+        if error:
+            raise _Unanswered(error, 0)
+    while len(replies) < len(requests):
         error, reply = conn.recv()
         if error == errno.EAGAIN:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                error = errno.ETIMEDOUT
-                break
-            conn.run()
-            poller = ovs.poller.Poller()
-            conn.wait(poller)
-            conn.recv_wait(poller)
-            poller.timer_wait(max(1, int(left * 1000)))
-            poller.block()
-            error = 0
-        elif not error and reply is not None and reply.id == request.id and reply.type in (
-                ovs.jsonrpc.Message.T_REPLY, ovs.jsonrpc.Message.T_ERROR):
-            return reply
-    raise OSError(error, _reason(error))
+            if deadline - time.monotonic() <= 0:
+                raise _Unanswered(errno.ETIMEDOUT, first_unanswered())
+            _block(conn, deadline)
+        elif error:
+            raise _Unanswered(error, first_unanswered())
+        elif reply is not None and reply.type in (ovs.jsonrpc.Message.T_REPLY, ovs.jsonrpc.Message.T_ERROR):
+            replies[reply.id] = reply
+    return [replies[r.id] for r in requests]
+
+
+def _block(conn: Any, deadline: float) -> None:
+    """Flush what is unsent and wait until the connection can be read, or the deadline."""
+    import ovs.poller
+
+    conn.run()
+    poller = ovs.poller.Poller()
+    conn.wait(poller)
+    conn.recv_wait(poller)
+    poller.timer_wait(max(1, int((deadline - time.monotonic()) * 1000)))
+    poller.block()
 
 
 def _reason(code: int | None) -> str:

@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 from typing import Iterator
@@ -288,3 +289,22 @@ def test_a_connection_on_a_reserved_descriptor_is_closed_at_once_and_counted(reg
         assert caplog.text.count("the agent's reserve") == 1
     finally:
         _stopped(listener)
+
+
+def _voluntary_switches(thread: threading.Thread) -> int:
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")))
+
+
+def test_an_idle_listener_sleeps_until_a_client_or_shutdown_wakes_it(registry) -> None:
+    listener = serve("127.0.0.1", 0, registry, lambda: [], ListenerLimits(max_connections=8, fd_reserve=0))
+    try:
+        assert _get(listener.server_address[1], "/healthz", timeout=2) == (200, "ok\n")
+        time.sleep(0.2)  # the probe's connection closed: nothing is due
+        assert listener._thread is not None
+        before = _voluntary_switches(listener._thread)
+        time.sleep(3.5)
+        assert _voluntary_switches(listener._thread) - before <= 1  # no wake-up by time (each second before)
+    finally:
+        _stopped(listener)
+    assert listener._thread is not None and not listener._thread.is_alive()  # shutdown still wakes it

@@ -12,8 +12,10 @@ import pytest
 
 from auditlog.loss_records import FRAMES, PORT_SOCKET_OVERFLOW, LossKey, loss_record
 from policy_agent.limits.losses import LossAccounting
-from policy_agent.ovs.port_stats import (NLMSG_DONE, PortDropTotals, packet_diag_request, parse_packet_diag,
-                                         port_counts)
+from policy_agent.ovs import port_stats
+from policy_agent.ovs.port_stats import (IFLA_IFNAME, IFLA_STATS64, NETLINK_ROUTE, NLMSG_DONE, RTM_NEWLINK,
+                                         PortDropReader, PortDropTotals, _dump, link_dump_request,
+                                         packet_diag_request, parse_link_dump, parse_packet_diag, port_counts)
 from tests.support.clock import ManualClock
 
 # The kernel's answer (6.x) to packet_diag_request() for one packet socket bound to ifindex 1:
@@ -119,3 +121,54 @@ def test_a_port_reading_that_fails_is_logged_and_the_other_losses_still_stated(
     asyncio.run(acc.tick())
     assert acc.read_errors == 1 and "no such namespace" in caplog.text
     assert records and records[0]["npaudit"]["loss"]["records"] == 1
+
+
+def newlink(ifindex: int, name: str, rx_dropped: int) -> bytes:
+    """An RTM_NEWLINK as the kernel sends it in a link dump: ifinfomsg, IFLA_IFNAME, IFLA_STATS64."""
+    ifname = name.encode() + b"\0"
+    attrs = struct.pack("=HH", 4 + len(ifname), IFLA_IFNAME) + ifname + b"\0" * (-len(ifname) % 4)
+    stats = [0] * 24
+    stats[0], stats[6] = 1000, rx_dropped  # rx_packets, rx_dropped
+    attrs += struct.pack("=HH", 4 + 8 * 24, IFLA_STATS64) + struct.pack("=24Q", *stats)
+    body = struct.pack("=BxHiII", 0, 1, ifindex, 0, 0) + attrs
+    return struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, 2, 1, 0) + body
+
+
+def test_the_link_dump_gives_each_links_name_and_its_kernel_receive_drops_until_done() -> None:
+    raw = newlink(7, "np1", 3) + newlink(9, "a-longer-name", 2**40)
+    assert parse_link_dump(raw) == ({7: ("np1", 3), 9: ("a-longer-name", 2**40)}, False)
+    assert parse_link_dump(raw + done()) == ({7: ("np1", 3), 9: ("a-longer-name", 2**40)}, True)
+    with pytest.raises(ValueError, match="length"):
+        parse_link_dump(newlink(7, "np1", 3)[:-8])  # cut: the header says more than came
+
+
+def test_the_link_dump_of_this_namespace_says_what_pyroute2_says() -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        theirs = {link["index"]: (link.get_attr("IFLA_IFNAME"), int((link.get_attr("IFLA_STATS64") or {})
+                                                                   .get("rx_dropped", 0))) for link in ipr.get_links()}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
+        ours = _dump(sock, link_dump_request(), parse_link_dump)
+    assert ours == theirs and theirs
+
+
+def test_a_kept_reader_opens_its_sockets_once_and_again_only_after_a_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reader = PortDropReader(None)
+    try:
+        first = reader.read()
+        for _ in range(5):
+            assert reader.read().keys() == first.keys()
+        assert reader.opened == 1
+
+        def cut(data: bytes) -> tuple[dict[int, int], bool]:
+            raise ValueError("netlink message of length 9 at 0 of 4")
+
+        monkeypatch.setattr(port_stats, "parse_packet_diag", cut)
+        with pytest.raises(ValueError):
+            reader.read()
+        monkeypatch.undo()
+        assert reader.read().keys() == first.keys() and reader.opened == 2
+    finally:
+        reader.close()

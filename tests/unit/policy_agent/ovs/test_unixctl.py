@@ -12,14 +12,14 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from policy_agent.errors import OvsError
-from policy_agent.ovs.unixctl import call, vswitchd_version
+from policy_agent.ovs.unixctl import call, call_many, vswitchd_version
 
 Answer = Callable[[dict[str, Any]], dict[str, Any] | None]  # request -> reply (None: never answer)
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Callable[[Answer], Path]]:
-    """A unixctl server on a socket in tmp_path, one connection at a time, answering with `answer`."""
+    """A unixctl server on a socket in tmp_path, one connection, answering each request on it with `answer`."""
     listeners: list[socket.socket] = []
     requests: list[dict[str, Any]] = []
 
@@ -36,23 +36,23 @@ def daemon(tmp_path: Path) -> Iterator[Callable[[Answer], Path]]:
             except OSError:  # closed by the fixture
                 return
             with conn:
-                buf, decoder = b"", json.JSONDecoder()
+                buf, decoder = "", json.JSONDecoder()
                 while True:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    buf += chunk
                     try:
-                        request, _ = decoder.raw_decode(buf.decode())
-                    except ValueError:
+                        request, end = decoder.raw_decode(buf)
+                    except ValueError:  # no whole request yet: read on
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            return
+                        buf += chunk.decode()
                         continue
+                    buf = buf[end:]
                     requests.append(request)
                     reply = answer(request)
                     if reply is None:
                         conn.recv(1)  # holds the connection open, silent, until the client goes
                         return
-                    conn.sendall(json.dumps({"id": request["id"], **reply}).encode())
-                    return
+                    conn.sendall(json.dumps({"id": request["id"], **reply}).encode())  # then the next request
 
         threading.Thread(target=serve, daemon=True).start()
         return path
@@ -72,6 +72,20 @@ def test_a_command_returns_the_reply_text_and_sends_its_arguments(daemon: Callab
     ctl = daemon(answer)
     assert call(ctl, "coverage/read-counter", ["rconn_overflow"], timeout=5.0) == "42\n"
     assert seen[0]["method"] == "coverage/read-counter" and seen[0]["params"] == ["rconn_overflow"]
+
+
+def test_several_commands_share_one_connection_and_an_error_reply_is_that_commands_alone(
+        daemon: Callable[[Answer], Path]) -> None:
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        if request["params"] == ["nope"]:
+            return {"result": None, "error": "nope: no such counter\n"}
+        return {"result": f"{len(request['params'][0])}\n", "error": None}
+
+    ctl = daemon(answer)  # it accepts one connection only: a second connect would find nobody
+    answers = call_many(ctl, [("coverage/read-counter", ["rconn_overflow"]), ("coverage/read-counter", ["nope"]),
+                              ("coverage/read-counter", ["ab"])], timeout=5.0)
+    assert answers[0] == "14\n" and answers[2] == "2\n"
+    assert isinstance(answers[1], OvsError) and "nope: no such counter" in str(answers[1])
 
 
 def test_an_error_reply_is_an_ovs_error_naming_socket_command_and_the_daemons_text(
