@@ -139,8 +139,17 @@ def parse_switches(status: str) -> tuple[int, int]:
     return int(values["voluntary_ctxt_switches"]), int(values["nonvoluntary_ctxt_switches"])
 
 
-def sample_threads(pid: int) -> dict[int, ThreadSample]:
-    """Every thread of `pid` now (threads that end while being read are skipped)."""
+Sample = tuple[dict[int, ThreadSample], int]  # every live thread, and the whole process's user + sys ticks
+
+
+def sample_threads(pid: int) -> Sample:
+    """Every thread of `pid` now (threads that end while being read are skipped), and the process's
+    user + sys ticks (/proc/PID/stat: every thread's, those that have ended too)."""
+    _, user, system = parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    return _threads(pid), user + system
+
+
+def _threads(pid: int) -> dict[int, ThreadSample]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         base = f"/proc/{pid}/task/{tid}"
@@ -154,10 +163,12 @@ def sample_threads(pid: int) -> dict[int, ThreadSample]:
     return out
 
 
-def usage(before: dict[int, ThreadSample], after: dict[int, ThreadSample], hz: int = HZ) -> dict:
+def usage(before_sample: Sample, after_sample: Sample, hz: int = HZ) -> dict:
     """CPU and context switches between two samples: per thread (busiest first; a thread born in
-    between counts from zero) and in total. A thread gone by `after` is left out and counted in
-    threads_gone (its CPU in between is then missing from the total)."""
+    between counts from zero) and in total. A thread that ended in between (gone by `after`, or
+    born and gone between the samples) has no sample of its own: its CPU is the process's ticks
+    beyond the live threads' (ended_threads_s), added to the total's user and run time."""
+    (before, proc_before), (after, proc_after) = before_sample, after_sample
     zero = ThreadSample("", 0, 0, 0, 0, 0)
     threads = []
     for tid, a in after.items():
@@ -169,6 +180,10 @@ def usage(before: dict[int, ThreadSample], after: dict[int, ThreadSample], hz: i
     threads.sort(key=lambda t: -t["run_s"])
     total = {key: sum(t[key] for t in threads) for key in ("user_s", "sys_s", "run_s", "voluntary_switches",
                                                            "involuntary_switches")}
+    ended = max(0.0, (proc_after - proc_before) / hz - total["user_s"] - total["sys_s"])
+    total["ended_threads_s"] = ended
+    total["user_s"] += ended  # which of user or sys it was is not known: counted once, as user
+    total["run_s"] += ended
     return {"total": {k: round(v, 6) if isinstance(v, float) else v for k, v in total.items()},
             "threads": [{k: round(v, 6) if isinstance(v, float) else v for k, v in t.items()} for t in threads
                         if t["run_s"] or t["voluntary_switches"] or t["involuntary_switches"]],

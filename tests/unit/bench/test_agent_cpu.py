@@ -54,20 +54,27 @@ def test_usage_is_per_thread_differences_busiest_first_and_their_total() -> None
               3: t("gone", 1, 1, 1, 1, 1)}
     after = {1: t("main", 130, 60, 1_900_000_000, 40, 7), 2: t("writer", 10, 5, 150_000_000, 53, 0),
              4: t("born", 2, 1, 30_000_000, 4, 1), 5: t("idle", 0, 0, 0, 0, 0)}
-    got = bench.usage(before, after, hz=100)
+    # The process's ticks grew by 55: the live threads' 48 and 7 of threads that ended in between.
+    got = bench.usage((before, 1000), (after, 1055), hz=100)
     assert [(x["tid"], x["user_s"], x["sys_s"], x["run_s"], x["voluntary_switches"], x["involuntary_switches"])
             for x in got["threads"]] == [(1, 0.3, 0.1, 0.4, 30, 5), (2, 0.05, 0.0, 0.05, 50, 0),
                                          (4, 0.02, 0.01, 0.03, 4, 1)]
-    assert got["total"] == {"user_s": 0.37, "sys_s": 0.11, "run_s": 0.48, "voluntary_switches": 84,
-                            "involuntary_switches": 6}
+    assert got["total"] == {"user_s": 0.44, "sys_s": 0.11, "run_s": 0.55, "voluntary_switches": 84,
+                            "involuntary_switches": 6, "ended_threads_s": 0.07}
     assert got["threads_gone"] == 1
+
+
+def test_no_ended_thread_cpu_when_the_live_threads_account_for_the_process() -> None:
+    t = bench.ThreadSample
+    got = bench.usage(({1: t("main", 10, 10, 0, 0, 0)}, 20), ({1: t("main", 20, 12, 120_000_000, 0, 0)}, 32), hz=100)
+    assert got["total"]["ended_threads_s"] == 0.0 and got["total"]["run_s"] == 0.12
 
 
 def test_a_real_thread_sample_reads_this_process() -> None:
     import os
 
-    sample = bench.sample_threads(os.getpid())
-    assert os.getpid() in sample and sample[os.getpid()].run_ns > 0
+    threads, ticks = bench.sample_threads(os.getpid())
+    assert os.getpid() in threads and threads[os.getpid()].run_ns > 0 and ticks >= 0
 
 
 def _stream() -> tuple[bytes, int, int, list[bytes]]:
