@@ -17,6 +17,11 @@ key of an ingress record leaves the client's source port out (measured: with the
 every `keys` datagrams, one record pair per `keys` packet-ins), so only the destination port makes
 a key new; the source sockets only spread the flows.
 
+The machine's own price of waking (machine_wake_penalty): a fixed unit of Python work costs several
+times more right after a sleep than back to back on this shared VM, more the longer the sleep. At low
+rates it, not the agent's code, sets most of the µs per packet-in (the floor pays it too); read the
+low-rate figures beside it.
+
 Per rate, over the send plus a tail (--tail, the aggregation window closing and its records being
 written): the agent's CPU per thread (user and sys from /proc/<pid>/task/*/stat, run time from
 schedstat), voluntary and involuntary context switches; packet-ins OVS emitted (controller flows'
@@ -368,6 +373,32 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
             "target_issue_22": "<= 15 us of agent CPU per packet-in at every rate 1k-40k; no coarsening"}
 
 
+def wake_penalty(gaps_ms: tuple[float, ...] = (0, 1, 5, 20, 100), seconds: float = 1.0) -> dict:
+    """This machine's price of sleeping: one fixed unit of Python work (JSON and SHA-256 of a small record,
+    20 times), its CPU (this thread's) run back to back and after each of several sleeps. On the shared VM
+    the same work costs several times more after a sleep, the longer the sleep the more: what any
+    process that waits between packet-ins pays per wake-up, the agent and the floor alike."""
+    import hashlib
+
+    record = {"a": list(range(50)), "b": "x" * 200, "c": {"d": 1.5, "e": [1, 2, 3]}}
+
+    def unit() -> None:
+        for _ in range(20):
+            hashlib.sha256(json.dumps(record).encode()).hexdigest()
+
+    out = {}
+    for gap in gaps_ms:
+        n = max(10, int(seconds / (gap / 1000 + 0.0002)))
+        c0 = time.thread_time()
+        for _ in range(n):
+            unit()
+            if gap:
+                time.sleep(gap / 1000)
+        out[f"{gap:g}"] = round((time.thread_time() - c0) / n * 1e6, 1)
+    return {"us_per_unit_after_a_sleep_of_ms": out,
+            "after_20_ms_vs_back_to_back": round(out["20"] / out["0"], 1) if "20" in out and "0" in out else None}
+
+
 def main() -> int:
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -388,6 +419,7 @@ def main() -> int:
                                     marks=(marks.high_mark, marks.peers_mark, marks.low_mark))
     reader: FloorReader | None = None
     load0 = os.getloadavg()
+    penalty = wake_penalty()
     try:
         exe = compile_sender(work)
         cluster.start(timeout=120)
@@ -428,6 +460,7 @@ def main() -> int:
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "idle_agent_cpu_percent": round(100 * idle, 2),
+        "machine_wake_penalty": penalty,
         "floor": {"mode": floor_mode, "packet_ins_reached_mgmt_with_agent_stopped": reached,
                   "ovs_vswitchd_pid_after_agent_stop": vswitchd, "flows_after_floor": flows_kept,
                   "agent_records_at_stop": records_at_stop},

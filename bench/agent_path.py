@@ -8,8 +8,10 @@ the records enriched through the engine's address table (both ends are Pods) and
 securityops Drop. The messages are the agent's own UDP Drop packet-ins as OVS 3.1 sent them
 (tests/unit/data/agent_udp_drop_packet_in2_stream.bin, 240 bytes), each given a new destination
 port: every packet-in a new audit key and a "first" record, as in bench/agent_cpu.py's flood.
-They are handed to the reader `--per-read` at a time (1: a packet-in a wake-up, as at 1k-5k/s on
-the real path; 64: a backlog).
+They are handed to the reader `--per-read` at a time (1: a packet-in a wake-up; 22: what a paced read
+brings at 1k/s on the real path; 64: a backlog, the most handled inline). With --idle-ms the path
+sleeps after each read as the agent does between wake-ups: on this VM a path that has slept runs
+slower, the more so the longer it slept (likely its caches lost while the vCPU was halted).
 
 With --base DIR (another checkout of this tree), each round runs the same measurement in a child
 process on DIR's code and then on this one, alternating the order per round; the JSON gives the
@@ -30,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def measure(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
+def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0) -> dict:
     """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
     fixed event ids, destination ports that repeat (aggregate records too), and the files' digest."""
     import asyncio
@@ -121,6 +123,8 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
         for i in range(0, n, per_read):
             clock[0] += 0.0002 * per_read  # a port comes back within its window
             reader.on_messages(msgs[i:i + per_read])
+            if idle:
+                time.sleep(idle)  # the path waits for the next read, as the agent does between wake-ups
         cpu = time.process_time() - c0
         writer.flush_wait(60)
         await demux.stop()
@@ -142,10 +146,10 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
     return asyncio.run(run())
 
 
-def child(root: Path, n: int, per_read: int, compare: bool = False) -> dict:
+def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0) -> dict:
     # This script, run on `root`'s code (a base checkout may not have it).
     out = subprocess.run([sys.executable, __file__, "--compare-one" if compare else "--one", str(root), str(n),
-                          str(per_read)],
+                          str(per_read), "--idle-ms", str(idle_ms)],
                          cwd=root, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -155,6 +159,8 @@ def main() -> int:
     ap.add_argument("--packet-ins", type=int, default=20000)
     ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--idle-ms", default="0", help="ms the path sleeps after each read, comma separated (with "
+                    "--per-read: the agent's wake-ups at a given rate, e.g. 22 a read every 20 ms is 1k/s)")
     ap.add_argument("--base", default="", help="another checkout: interleaved A/B against its code")
     ap.add_argument("--compare", action="store_true",
                     help="with --base: the same stream (fixed clock and ids) through both; are the files identical")
@@ -165,24 +171,28 @@ def main() -> int:
     if one:
         root = Path(one[0])
         sys.path.insert(0, str(root))
-        print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one))))
+        print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one),
+                                 idle=float(args.idle_ms) / 1000)))
         return 0
     if args.compare:
         return compare(HERE, Path(args.base).resolve(), args.packet_ins, args.per_read)
     sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
     result: dict = {"benchmark": "agent_path", "packet_ins": args.packet_ins, "rounds": args.rounds,
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
-    for per_read in [int(x) for x in args.per_read.split(",")]:
+    idles = [float(x) for x in args.idle_ms.split(",")]
+    for per_read, idle_ms in [(int(x), i) for x in args.per_read.split(",") for i in idles]:
+        if per_read > 64:  # INLINE_MAX: a bigger read goes to the demux task, which runs after the timed loop
+            ap.error("--per-read above 64 would not be timed")
         runs: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                runs[side].append(child(sides[side], args.packet_ins, per_read))
+                runs[side].append(child(sides[side], args.packet_ins, per_read, idle_ms=idle_ms))
         row = {side: {"us_per_packet_in_min": min(x["us_per_packet_in"] for x in got),
                       "us_per_packet_in_runs": [x["us_per_packet_in"] for x in got],
                       "records_every_run": sorted({x["records"] for x in got})} for side, got in runs.items()}
         if "base" in row:
             row["this_vs_base"] = round(row["this"]["us_per_packet_in_min"] / row["base"]["us_per_packet_in_min"], 3)
-        result["by_per_read"][per_read] = row
+        result["by_per_read"][per_read if idles == [0.0] else f"{per_read} every {idle_ms:g} ms"] = row
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=1))
     return 0

@@ -152,3 +152,10 @@ def test_profile_summary_shares_self_and_inclusive_per_function_lines_merged() -
     # A function twice in one stack (recursion) counts once for that stack.
     assert got["inclusive"][:2] == [["run (loop.py)", 1.0], ["thread (1): Main", 1.0]]
     assert bench.profile_summary("") == {"samples": 0, "self": [], "inclusive": []}
+
+
+def test_the_wake_penalty_gives_a_figure_per_sleep_and_the_ratio() -> None:
+    got = bench.wake_penalty(gaps_ms=(0, 20), seconds=0.05)
+    assert set(got["us_per_unit_after_a_sleep_of_ms"]) == {"0", "20"}
+    assert all(v > 0 for v in got["us_per_unit_after_a_sleep_of_ms"].values())
+    assert got["after_20_ms_vs_back_to_back"] > 0
