@@ -53,35 +53,52 @@ def packet_diag_request(seq: int = 1) -> bytes:
     return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
-def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
-    """({ifindex: drops summed over the packet sockets bound to it}, True once the dump's end is in `data`).
-    Sockets bound to no interface are left out. ValueError for a netlink error or a cut message."""
-    drops: dict[int, int] = {}
+def _messages(data: bytes, what: str) -> tuple[list[tuple[int, int, int]], bool]:
+    """The netlink messages of a dump's read: ([(type, start, end)] of each, True once NLMSG_DONE is in
+    `data`). ValueError for a cut message or a netlink error (naming `what`)."""
+    out: list[tuple[int, int, int]] = []
     off = 0
     while off + _NLMSG.size <= len(data):
         length, kind, _, _, _ = _NLMSG.unpack_from(data, off)
         if length < _NLMSG.size or off + length > len(data):
             raise ValueError(f"netlink message of length {length} at {off} of {len(data)}")
         if kind == NLMSG_DONE:
-            return drops, True
+            return out, True
         if kind == NLMSG_ERROR:
             errno = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
-            raise ValueError(f"sock_diag of packet sockets: {os.strerror(errno)}")
+            raise ValueError(f"{what}: {os.strerror(errno)}")
+        out.append((kind, off, off + length))
+        off += (length + 3) & ~3
+    return out, False
+
+
+def _attributes(data: bytes, at: int, end: int) -> list[tuple[int, int, int]]:
+    """[(type, start, length)] of the route attributes between `at` and `end`."""
+    out = []
+    while at + _RTA.size <= end:
+        rta_len, rta_type = _RTA.unpack_from(data, at)
+        if rta_len < _RTA.size:
+            raise ValueError(f"attribute of length {rta_len}")
+        out.append((rta_type, at, rta_len))
+        at += (rta_len + 3) & ~3
+    return out
+
+
+def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
+    """({ifindex: drops summed over the packet sockets bound to it}, True once the dump's end is in `data`).
+    Sockets bound to no interface are left out. ValueError for a netlink error or a cut message."""
+    drops: dict[int, int] = {}
+    messages, done = _messages(data, "sock_diag of packet sockets")
+    for _, off, end in messages:
         ifindex, dropped = 0, 0
-        at, end = off + _NLMSG.size + _DIAG_MSG, off + length
-        while at + _RTA.size <= end:
-            rta_len, rta_type = _RTA.unpack_from(data, at)
-            if rta_len < _RTA.size:
-                raise ValueError(f"attribute of length {rta_len}")
+        for rta_type, at, rta_len in _attributes(data, off + _NLMSG.size + _DIAG_MSG, end):
             if rta_type == PACKET_DIAG_INFO and rta_len >= 8:
                 ifindex = struct.unpack_from("=I", data, at + 4)[0]
             elif rta_type == PACKET_DIAG_MEMINFO and rta_len >= 4 + 4 * (SK_MEMINFO_DROPS + 1):
                 dropped = struct.unpack_from("=I", data, at + 4 + 4 * SK_MEMINFO_DROPS)[0]
-            at += (rta_len + 3) & ~3
         if ifindex:
             drops[ifindex] = drops.get(ifindex, 0) + dropped
-        off += (length + 3) & ~3
-    return drops, False
+    return drops, done
 
 
 def link_dump_request(seq: int = 1) -> bytes:
@@ -94,32 +111,19 @@ def parse_link_dump(data: bytes) -> tuple[dict[int, tuple[str, int]], bool]:
     """({ifindex: (name, kernel rx_dropped)}, True once the dump's end is in `data`). ValueError for a
     netlink error or a cut message."""
     links: dict[int, tuple[str, int]] = {}
-    off = 0
-    while off + _NLMSG.size <= len(data):
-        length, kind, _, _, _ = _NLMSG.unpack_from(data, off)
-        if length < _NLMSG.size or off + length > len(data):
-            raise ValueError(f"netlink message of length {length} at {off} of {len(data)}")
-        if kind == NLMSG_DONE:
-            return links, True
-        if kind == NLMSG_ERROR:
-            errno = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
-            raise ValueError(f"dump of links: {os.strerror(errno)}")
-        if kind == RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
-            ifindex = _IFINFO.unpack_from(data, off + _NLMSG.size)[2]
-            name, rx_dropped = "", 0
-            at, end = off + _NLMSG.size + _IFINFO.size, off + length
-            while at + _RTA.size <= end:
-                rta_len, rta_type = _RTA.unpack_from(data, at)
-                if rta_len < _RTA.size:
-                    raise ValueError(f"attribute of length {rta_len}")
-                if rta_type == IFLA_IFNAME:
-                    name = data[at + 4:at + rta_len].split(b"\0", 1)[0].decode(errors="replace")
-                elif rta_type == IFLA_STATS64 and rta_len >= 4 + 8 * (_STATS64_RX_DROPPED + 1):
-                    rx_dropped = struct.unpack_from("=Q", data, at + 4 + 8 * _STATS64_RX_DROPPED)[0]
-                at += (rta_len + 3) & ~3
-            links[ifindex] = (name, rx_dropped)
-        off += (length + 3) & ~3
-    return links, False
+    messages, done = _messages(data, "dump of links")
+    for kind, off, end in messages:
+        if kind != RTM_NEWLINK or end - off < _NLMSG.size + _IFINFO.size:
+            continue
+        ifindex = _IFINFO.unpack_from(data, off + _NLMSG.size)[2]
+        name, rx_dropped = "", 0
+        for rta_type, at, rta_len in _attributes(data, off + _NLMSG.size + _IFINFO.size, end):
+            if rta_type == IFLA_IFNAME:
+                name = data[at + 4:at + rta_len].split(b"\0", 1)[0].decode(errors="replace")
+            elif rta_type == IFLA_STATS64 and rta_len >= 4 + 8 * (_STATS64_RX_DROPPED + 1):
+                rx_dropped = struct.unpack_from("=Q", data, at + 4 + 8 * _STATS64_RX_DROPPED)[0]
+        links[ifindex] = (name, rx_dropped)
+    return links, done
 
 
 def _dump(sock: socket.socket, request: bytes, parse: Callable[[bytes], tuple[dict, bool]]) -> dict:
