@@ -220,6 +220,7 @@ class Agent:
                         "the agent's token buckets (npaudit_datapath_meters_supported=0)", cfg.ovs.bridge)
         await asyncio.to_thread(self.offload.load)
         self.offload.start()
+        await self.losses.baseline()  # before the policy's flows are in
         await self._start_policy(meters_ok)
         self.losses.start()
         await self.traceflow.warm_up()

@@ -139,7 +139,8 @@ class LossAccounting:
         self._ovs_losses = ovs_losses
         self._writer_full = writer_full
         self._mono, self._wall = mono_clock, wall_clock
-        self.meters = MeterTotals(started=mono_clock())
+        self._started = mono_clock()
+        self.meters = MeterTotals(started=self._started)
         self.meters_read = False  # True once a reply came: before that the meter counts are unknown
         self.read_errors = 0
         self.ovs = Restartable()
@@ -203,24 +204,28 @@ class LossAccounting:
                 self._errors.log(logging.WARNING, "meter-stats", "OVS meter statistics not read: %s",
                                  str(exc) or type(exc).__name__)
                 return
-            self.meters.update(readings, self._mono(), self._fold)
-            self._own_meters(readings)
+            now = self._mono()
+            self.meters.update(readings, now, self._fold)
+            self._own_meters(readings, now)
             self.meters_read = True
             self._present = [r.meter_id for r in readings]
 
-    def _own_meters(self, readings: list[Any]) -> None:
-        """Each per-rule meter's drops (for the split of its rule's loss): the first reading is the
-        baseline; a meter made since counts in full; one that went down was made again."""
+    def _own_meters(self, readings: list[Any], now: float) -> None:
+        """Each per-rule meter's drops (for the split of its rule's loss): a meter OVS made before this agent
+        started (a restart's) counts from its first reading, one made since in full; one that went down was
+        made again."""
         rm = self.rule_meters
         if rm is None:
             return
-        looked_before = self.meters_read
         for r in readings:
             if r.meter_id not in rm.range or rm.class_of(r.meter_id) is None:
                 continue
             before = self._own_raw.get(r.meter_id)
             raw = r.dropped_packets
-            grew = (raw if looked_before else 0) if before is None else (raw - before if raw >= before else raw)
+            if before is None:
+                grew = 0 if now - r.age < self._started else raw
+            else:
+                grew = raw - before if raw >= before else raw
             self.own_meter_drops[r.meter_id] = self.own_meter_drops.get(r.meter_id, 0) + grew
             self._own_raw[r.meter_id] = raw
 
@@ -343,6 +348,15 @@ class LossAccounting:
                 counts[LossKey(category, ADMISSION, source)] = outcomes.get(outcome, 0)
         counts[LossKey("policy", WRITER_FULL, "audit_writer", RECORDS)] = self._writer_full()
         return counts
+
+    async def baseline(self) -> None:
+        """Read the logged rules' flows and the meters once, before this run installs any policy flow: the
+        baseline of the per-rule loss. Every flow (and meter) this run makes then counts from its first packet,
+        against packet-ins counted from the same moment; a baseline taken later, in the middle of a flood,
+        would leave the flows' count and the packet-ins taken apart by the packet-ins read in between."""
+        if self._rule_seen is not None and await self.read_rule_flows():
+            await self.read_meters()
+            self.rule_losses()
 
     async def tick(self) -> dict[str, Any] | None:
         """Read everything once; the loss record written for the window now ended, if any."""

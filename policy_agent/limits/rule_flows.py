@@ -106,7 +106,9 @@ def _flow_descs(parts: Iterable[bytes]) -> Iterator[tuple[tuple[Any, ...], bytes
                 if length < 32 or off + length > len(raw):
                     raise DecodeError(f"flow description of length {length} at {off}")
                 table_id, priority = raw[off + 4], _U16.unpack_from(raw, off + 6)[0]
-                cookie = int.from_bytes(raw[off + 16:off + 24], "big")
+                # Without its round: a restart's flow ADDed again in the new round replaces the old one in OVS
+                # with its counts (or from 0, seen as a reset), so it is the same flow to the totals.
+                cookie = int.from_bytes(raw[off + 16:off + 24], "big") & _KIND_MASK
                 match_len = _HEAD.unpack_from(raw, off + 24)[1]
                 stats = off + 24 + _pad8(match_len)
                 stats_len = _HEAD.unpack_from(raw, stats)[1]

@@ -75,6 +75,23 @@ def test_the_request_asks_every_table_for_policy_flows_of_any_round() -> None:
     assert (req.table_id, req.cookie, req.cookie_mask) == (0xFF, 3, 0xFFFFFFFF)
 
 
+def in_round(reply: bytes, round_: int) -> bytes:
+    """`reply` with every flow's cookie in agent round `round_` (the kind, policy, kept)."""
+    raw, at = bytearray(reply), 16
+    while at < len(raw):
+        raw[at + 16:at + 20] = struct.pack("!I", round_)
+        at += struct.unpack_from("!H", raw, at)[0]
+    return bytes(raw)
+
+
+def test_a_restarts_flow_added_again_in_the_new_round_goes_on_counting_where_it_was() -> None:
+    totals = RuleFlowTotals()
+    totals.update(parse_logged_flows([in_round(with_counts(50, 7), 1)]))  # the baseline: the old run's
+    # The new run ADDs the same flows with its round's cookie: OVS replaces them and keeps their counts.
+    totals.update(parse_logged_flows([in_round(with_counts(80, 7), 2)]))
+    assert totals.totals == {RULE_A: 30, RULE_B: 0}
+
+
 def flow(n: int, packets: int, rule: int = 7) -> FlowCount:
     return FlowCount((40, 100 + n, 3, b"m%d" % n), rule, packets)
 
@@ -165,9 +182,9 @@ def test_a_refused_record_keeps_the_rules_losses_for_the_next_window() -> None:
     assert recorder.tick({}, 3.0, {}) is None  # stated once
 
 
-def meter_reply(drops: dict[int, int]) -> bytes:
-    """OFPMP_METER reply: each meter id with its band's dropped packets."""
-    body = b"".join(struct.pack("!IH6xIQQIIQQ", m, 56, 0, 0, 0, 1, 0, n, 0) for m, n in drops.items())
+def meter_reply(drops: dict[int, int], age: int = 1) -> bytes:
+    """OFPMP_METER reply: each meter id with its band's dropped packets, made `age` seconds ago."""
+    body = b"".join(struct.pack("!IH6xIQQIIQQ", m, 56, 0, 0, 0, age, 0, n, 0) for m, n in drops.items())
     return struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16 + len(body), 1,
                        ofp.OFPMP_METER_STATS, 0) + body
 
@@ -181,9 +198,15 @@ class FlowChannel:
             if meters else None
         self.flows = with_counts(0, 0)
         self.meters: dict[int, int] = {}
+        self.meter_age = 1
+        self.read: list[Any] = []  # called between replies (as packet-ins are, while a reply is awaited)
 
     async def multipart(self, msg: Any) -> list[bytes]:
-        return [meter_reply(self.meters) if type(msg).__name__ == "OFPMeterStatsRequest" else self.flows]
+        for step in self.read:
+            step()
+        if type(msg).__name__ == "OFPMeterStatsRequest":
+            return [meter_reply(self.meters, self.meter_age)]
+        return [self.flows]
 
 
 class OwnMeters:
@@ -244,3 +267,57 @@ def test_each_window_states_the_loss_of_each_rule_its_flows_show() -> None:
     asyncio.run(windows())
     stated = [item for r in records for item in r["npaudit"]["loss"]["by_rule"]]
     assert stated == [{"rule": {"id": str(RULE_A), "name": "a"}, "count": 1050}]  # rule b lost nothing
+
+
+NO_FLOWS = struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16, 1, ofp.OFPMP_FLOW_DESC, 0)
+
+
+def test_the_baseline_before_the_policy_makes_a_flood_under_way_at_the_first_window_count_whole() -> None:
+    """The agent reads the baseline before its policy flows exist; the first window comes in mid-flood,
+    while packet-ins keep arriving between the flows' reply and the count of those taken: the rule's loss,
+    once quiet, is its flows' count less what the trail took, exactly."""
+    channel, mono, wall = FlowChannel(meters=True), ManualClock(0.0), ManualClock(1_700_000_000.0)
+    records: list[dict[str, Any]] = []
+    seen = {RULE_A: 0}
+    acc = LossAccounting(channel, interval=1.0, admission=lambda: {}, ovs_losses=lambda: {},
+                         submit=lambda t: records.append(t.record()) or True, rule_seen=lambda: dict(seen),
+                         mono_clock=mono, wall_clock=wall)
+    channel.flows, channel.meters = NO_FLOWS, {METER_POLICY_DENY: 0}
+
+    def arrive() -> None:  # 40 more packet-ins taken while each reply is awaited
+        seen[RULE_A] += 40
+
+    async def windows() -> None:
+        await acc.baseline()
+        channel.read.append(arrive)
+        for now, count, took in ((1.0, 700, 300), (2.0, 2000, 800), (4.0, 2000, 900), (6.0, 2000, 900)):
+            mono.now, wall.now = now, 1_700_000_000.0 + now
+            channel.flows, seen[RULE_A] = with_counts(count, 0), took
+            await acc.tick()
+        channel.read.clear()
+        mono.now = wall.now = 8.0
+        await acc.tick()
+
+    asyncio.run(windows())
+    stated = sum(item["count"] for r in records for item in r["npaudit"]["loss"].get("by_rule", ()))
+    assert stated == 2000 - (900 + 2 * 40)  # the flows' count less what the trail took, in full
+
+
+def test_a_per_rule_meter_a_restart_found_counts_from_its_first_reading_one_made_since_in_full() -> None:
+    channel, mono = FlowChannel(meters=True), ManualClock(100.0)
+    acc = LossAccounting(channel, interval=1.0, admission=lambda: {}, ovs_losses=lambda: {},
+                         rule_seen=lambda: {}, mono_clock=mono)
+    acc.rule_meters = OwnMeters()
+
+    async def read(now: float, drops: int, age: int) -> None:
+        mono.now, channel.meters, channel.meter_age = now, {100: drops}, age
+        await acc.read_meters()
+
+    asyncio.run(read(101.0, 500, 60))  # made 60 s ago, before this agent: the old run's drops
+    asyncio.run(read(102.0, 520, 61))
+    assert acc.own_meter_drops == {100: 20}
+    acc2 = LossAccounting(channel, interval=1.0, admission=lambda: {}, ovs_losses=lambda: {},
+                          rule_seen=lambda: {}, mono_clock=mono)
+    acc2.rule_meters, acc = OwnMeters(), acc2
+    asyncio.run(read(104.0, 30, 2))  # made after this agent started (at 102): all its drops are this run's
+    assert acc2.own_meter_drops == {100: 30}
