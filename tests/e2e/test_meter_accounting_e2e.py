@@ -82,12 +82,13 @@ def tally(records: list[dict[str, Any]]) -> tuple[int, int, list[dict[str, Any]]
 
 
 def settle(cluster: Cluster, port: int, sent: int, timeout: float = 15.0) -> tuple[int, int, int | None]:
-    """Wait until the records, the loss records and the metric agree on everything sent (or time out)."""
+    """Wait until the records, the loss records and the metric agree on everything sent (or time out: a
+    datagram the veth lost is in neither). Not sooner: the last packets' aggregate window may still be open."""
     deadline = time.monotonic() + timeout
     while True:
         recorded, dropped, _ = tally(cluster.audit_records())
         metric = meter_dropped(port)
-        if (recorded + dropped >= sent - IN_FLIGHT_MARGIN and metric == dropped) or time.monotonic() > deadline:
+        if (recorded + dropped == sent and metric == dropped) or time.monotonic() > deadline:
             return recorded, dropped, metric
         time.sleep(0.2)
 
