@@ -168,6 +168,18 @@ def _threads(pid: int) -> dict[int, ThreadSample]:
     return out
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) ticks of every CPU since boot (/proc/stat): busy is all but idle and iowait."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def process_ticks(pid: int) -> int:
+    """The user + sys ticks of every thread of `pid`, ended ones too."""
+    _, user, system = parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    return user + system
+
+
 def usage(before_sample: Sample, after_sample: Sample, hz: int = HZ) -> dict:
     """CPU and context switches between two samples: per thread (busiest first; a thread born in
     between counts from zero) and in total. A thread that ended in between (gone by `after`, or
@@ -261,10 +273,13 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
                                      "--output", str(raw), "--pid", str(pid)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
+    vswitchd = read_pid(cluster.dir / "ovs" / "ovs-vswitchd.pid")
+    machine0, switch0 = machine_ticks(), process_ticks(vswitchd)
     before, t0 = sample_threads(pid), time.monotonic()
     sent = send(exe, netns, ip, rate, args.seconds, args.keys)
     time.sleep(args.tail)
     after, elapsed = sample_threads(pid), time.monotonic() - t0
+    machine1, switch1 = machine_ticks(), process_ticks(vswitchd)
     profile = None
     if profiler is not None:
         _, err = profiler.communicate(timeout=120)
@@ -296,6 +311,10 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             "us_per_record": per_packet_in_us(run_s, records["records"]),
             "openflow_reads": int(reads), "openflow_reads_paced": int(paced), "openflow_reads_pressed": int(pressed),
             "packet_ins_per_read": round(emitted / reads, 1) if reads else None,
+            # Who else used the machine meanwhile (the sender, OVS, anything): busy share of all its CPUs, and
+            # ovs-vswitchd's own share of a core. Near 100 % busy, the machine, not the agent, is the limit.
+            "machine_busy_percent": round(100 * (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]), 1),
+            "ovs_vswitchd_cpu_percent_of_a_core": round(100 * (switch1 - switch0) / HZ / elapsed, 1),
             **({"profile_py_spy": profile} if profile is not None else {})}
 
 
@@ -368,7 +387,9 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
                                                    + a["cpu"]["total"]["involuntary_switches"])
                                                   / a["packet_ins_ovs_emitted"], 2)
             if a["packet_ins_ovs_emitted"] else None,
-            "packet_ins_per_read": a["packet_ins_per_read"]}
+            "packet_ins_per_read": a["packet_ins_per_read"],
+            "machine_busy_percent": a["machine_busy_percent"],
+            "ovs_vswitchd_cpu_percent_of_a_core": a["ovs_vswitchd_cpu_percent_of_a_core"]}
     return {"floor_mode": floor_mode, "by_rate": by_rate,
             "target_issue_22": "<= 15 us of agent CPU per packet-in at every rate 1k-40k; no coarsening"}
 
