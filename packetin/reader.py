@@ -31,8 +31,10 @@ GroupSink = Callable[[list[PacketInGroup], float], None]
 # (the socket, then its rconn queue of ovs.controller_queue_size) stays full: we are not keeping
 # up. `input_pressed` says so until PRESSURE_HOLD seconds after the last such read. A lone full
 # read, or a few (the backlog of a while off the CPU on a busy node, read at once), is a
-# catch-up, not overload.
-PRESSURE_MESSAGES = 256
+# catch-up, not overload. 512 packet-ins (~120 KB) is over half of what the socket holds before
+# OVS's own queue starts to fill; at 256 an agent keeping up at 50k/s on a 2-core VM (74 % of a
+# core, nothing lost) was taken for overloaded by the bursts of an ordinary flood, and coarsened.
+PRESSURE_MESSAGES = 512
 PRESSURE_READS = 8
 PRESSURE_SUSTAIN = 0.1
 PRESSURE_HOLD = 0.5

@@ -27,7 +27,7 @@ from tests.support.audit_pipeline import Writer
 from tests.support.packet_ins import AT, frame, message
 from tests.support.clock import ManualClock
 
-FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + 300)]
+FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1024 + PRESSURE_MESSAGES + 44)]
 
 
 def reader(clock: ManualClock, coarse: bool = False) -> tuple[PacketInReader, list, list]:
