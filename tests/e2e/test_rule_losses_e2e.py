@@ -4,7 +4,8 @@ Two Pods flood two logged Drop rules of one policy in the same window, 2,000 pac
 2,000 pps each: the deny meter they share drops most of their packet-ins. For each rule,
 the packets in its records plus the loss the trail states for that rule (npaudit.loss.by_rule)
 equal, exactly, the packets its flows matched in OVS (read by ovs-ofctl), each rule with its
-own figure; `npaudit stats --rule` shows the same sum.
+own figure; `npaudit stats --rule` shows the same sum. The same holds when the agent's first loss
+window falls in the middle of the flood, and across a restart (whose flows OVS replaces keeping their counts).
 """
 
 from __future__ import annotations
@@ -96,6 +97,28 @@ def account(records: list[dict[str, Any]], metered: dict[str, int] | None = None
     return recorded, stated
 
 
+def flood_both(cluster: Cluster, target_ip: str, count: int) -> list[int]:
+    senders = [subprocess.Popen(["ip", "netns", "exec", cluster.pods[src].netns, sys.executable, "-c", SENDER,
+                                 target_ip, port, str(count), str(PPS)], stdout=subprocess.PIPE, text=True)
+               for src, port in (("one/a", "53"), ("two/b", "54"))]
+    return [int(p.communicate(timeout=120)[0]) for p in senders]
+
+
+def settled(cluster: Cluster, timeout: float = 60) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(in records, stated lost, flows matched) per rule once records + stated = matched (or timed out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = cluster.audit_records()
+        ids = rule_ids(records)
+        flows = logged_rule_flow_packets(cluster)
+        recorded, stated = account(records)
+        matched = {name: flows.get(rule_id, 0) for name, rule_id in ids.items()}
+        if (len(ids) == 2 and all(recorded[n] + stated[n] == matched[n] for n in RULES)) \
+                or time.monotonic() > deadline:
+            return recorded, stated, matched
+        time.sleep(0.5)
+
+
 def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: tuple[Cluster, Variant]) -> None:
     cluster, variant = two_rules
     per_rule = variant.per_rule
@@ -103,23 +126,11 @@ def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: tu
     cluster.add_pod("one", "a", server=False)
     cluster.add_pod("two", "b", server=False)
     target = cluster.add_pod("target", "t")
-    senders = [subprocess.Popen(["ip", "netns", "exec", cluster.pods[src].netns, sys.executable, "-c", SENDER,
-                                 target.ip, port, str(variant.sent), str(PPS)], stdout=subprocess.PIPE, text=True)
-               for src, port in (("one/a", "53"), ("two/b", "54"))]
-    sent = [int(p.communicate(timeout=120)[0]) for p in senders]
+    sent = flood_both(cluster, target.ip, variant.sent)
 
     # The trail states a rule's loss once its flows' counts have settled (a window or two later).
-    deadline = time.monotonic() + 60
-    while True:
-        records = cluster.audit_records()
-        ids = rule_ids(records)
-        flows = logged_rule_flow_packets(cluster)
-        recorded, stated = account(records)
-        matched = {name: flows.get(rule_id, 0) for name, rule_id in ids.items()}
-        done = len(ids) == 2 and all(recorded[n] + stated[n] == matched[n] for n in RULES)
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    recorded, stated, matched = settled(cluster)
+    ids = rule_ids(cluster.audit_records())
     print(f"sent {sent}; flows matched {matched}; in records {recorded}; stated lost {stated}")
     assert len(ids) == 2, ids
     for name in RULES:
@@ -150,3 +161,33 @@ def test_each_flooded_logged_drop_rule_states_its_own_loss_exactly(two_rules: tu
     verify = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(cluster.dir / "audit")],
                             capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_after_a_restart_the_flows_the_new_run_added_again_go_on_counting_and_the_sum_stays_exact() -> None:
+    """The new run ADDs the rules' flows again in its own round: OVS replaces them and keeps their counts.
+    The restarted agent takes those counts as its baseline, so the trail (both runs') still adds up to
+    exactly what the flows matched, and the second flood's loss is stated once, not with the first's again."""
+    cluster = Cluster(extra_config="meters:\n  stats_interval: 0.5\n")
+    try:
+        cluster.start()
+        cluster.apply(TWO_LOGGED_DROPS)
+        cluster.add_pod("one", "a", server=False)
+        cluster.add_pod("two", "b", server=False)
+        target = cluster.add_pod("target", "t")
+        assert flood_both(cluster, target.ip, SENT) == [SENT, SENT]
+        recorded, stated, matched = settled(cluster)
+        assert matched == dict.fromkeys(RULES, SENT), matched
+        assert all(recorded[n] + stated[n] == SENT for n in RULES), (recorded, stated)
+
+        cluster.stop_agent()
+        (cluster.state / "api.sock").unlink(missing_ok=True)
+        cluster.start()
+        assert flood_both(cluster, target.ip, SENT) == [SENT, SENT]
+        recorded2, stated2, matched2 = settled(cluster)
+        print(f"first run {recorded} + {stated}; both runs {recorded2} + {stated2}; flows {matched2}")
+        assert matched2 == dict.fromkeys(RULES, 2 * SENT), "OVS kept the flows' counts across the re-add"
+        for name in RULES:
+            assert recorded2[name] + stated2[name] == 2 * SENT, (name, recorded2, stated2)
+            assert stated2[name] > stated[name], "the second flood's loss is stated too"
+    finally:
+        cluster.close()
