@@ -20,6 +20,8 @@ class TcpReceiver:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
         self.seqs: list[int] = []
+        self.connections = 0  # accepted so far
+        self.ended: list[str] = []  # how each accepted connection ended: "eof" or the error
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -29,14 +31,26 @@ class TcpReceiver:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            self.connections += 1
             rest = b""
             with conn:
                 try:
                     while chunk := conn.recv(1 << 16):
                         messages, rest = split_octet_counted(rest + chunk)
                         self.seqs += [int(parse_message(m).sd["npaudit@32473"]["seq"]) for m in messages]
-                except OSError:
-                    pass
+                    self.ended.append(f"eof ({len(rest)} bytes of a cut message left)")
+                except OSError as exc:
+                    self.ended.append(repr(exc))
+                except Exception as exc:  # said by missing(), not lost in a thread's traceback
+                    self.ended.append(f"receiver failed: {exc!r}")
+                    raise
+
+    def missing(self, first: int, last: int) -> str:
+        """For a timeout's message: which of seqs first..last never arrived, and the connections' state."""
+        gone = sorted(set(range(first, last + 1)) - set(self.seqs))
+        spans = f"{len(gone)} missing, {gone[:5]}..{gone[-5:]}" if gone else "none missing"
+        return (f"seqs {first}..{last}: {spans}; {self.connections} connection(s) accepted, "
+                f"ended: {self.ended or 'none yet'}")
 
     def close(self) -> None:
         self.listener.close()

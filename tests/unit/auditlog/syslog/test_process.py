@@ -96,7 +96,8 @@ def test_a_child_killed_mid_stream_is_restarted_counted_and_loses_nothing(
     finally:
         assert fwd.stop()
     # Acknowledged by the receiver's TCP (receive_buffer_bytes: 0) is not yet parsed by its thread.
-    wait_for(lambda: set(receiver.seqs) >= set(range(1, 3001)))  # every record arrived
+    wait_for(lambda: set(receiver.seqs) >= set(range(1, 3001)),  # every record arrived
+             what=lambda: receiver.missing(1, 3000))
     counts = Counter(receiver.seqs)
     assert sorted(counts) == list(range(1, 3001))
     repeated = sorted(seq for seq, n in counts.items() if n > 1)
