@@ -80,7 +80,9 @@ def test_follow_sees_every_record_once_across_rotation_and_compression(writer, t
         rotations = writer.stats["rotations"]
         write(writer, 20, 200, pause=0.002)  # a writer thread of its own, while the follower polls
         assert writer.wait_compressed(10)
-        wait_for(lambda: len(sink.seqs()) >= 220 - first + 1)
+        wait_for(lambda: len(sink.seqs()) >= 220 - first + 1,
+                 what=lambda: f"seqs {first}..220 shown; missing: {sorted(set(range(first, 221)) - set(sink.seqs()))}"
+                              f", follower alive: {follower.is_alive()}, stderr: {err.getvalue()!r}")
     finally:
         stop.set()
         follower.join(10)
