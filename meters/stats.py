@@ -96,6 +96,10 @@ class MeterTotals:
             total[1] += r.dropped_bytes - c.raw_bytes
             c.raw_packets, c.raw_bytes, c.created = r.dropped_packets, r.dropped_bytes, created
 
+    def packets_by_meter(self) -> dict[int, int]:
+        """Per meter id, before folding: its dropped packets counted so far (a baseline meter from 0)."""
+        return {meter_id: c.packets for meter_id, c in self._meters.items()}
+
     def totals(self) -> dict[int, Dropped]:
         """Per (folded) meter id: dropped packets and bytes counted so far."""
         return {meter_id: Dropped(*t) for meter_id, t in sorted(self._totals.items())}

@@ -139,8 +139,7 @@ class LossAccounting:
         self._ovs_losses = ovs_losses
         self._writer_full = writer_full
         self._mono, self._wall = mono_clock, wall_clock
-        self._started = mono_clock()
-        self.meters = MeterTotals(started=self._started)
+        self.meters = MeterTotals(started=mono_clock())
         self.meters_read = False  # True once a reply came: before that the meter counts are unknown
         self.read_errors = 0
         self.ovs = Restartable()
@@ -160,8 +159,7 @@ class LossAccounting:
         self._vni_said = (0, float("-inf"))  # unknown-VNI drops as of the last warning, and when it was
         # A packet-in reaches the pipeline well within a window (or two seconds) of its flow counting it.
         self.rule_ledger = RuleLossLedger(settle=max(interval, 2.0))
-        self._own_raw: dict[int, int] = {}  # per-rule meter id -> its drops as last read
-        self.own_meter_drops: dict[int, int] = {}  # per-rule meter id -> its drops since the first reading
+        self.own_meter_drops: dict[int, int] = {}  # per-rule meter id -> its drops this run (MeterTotals')
         self._errors = RateLimitedLog(log, 60.0, clock=mono_clock)
         self._task: asyncio.Task[None] | None = None
         self._reading = asyncio.Lock()  # one reading at a time: replies folded in the order taken
@@ -204,30 +202,12 @@ class LossAccounting:
                 self._errors.log(logging.WARNING, "meter-stats", "OVS meter statistics not read: %s",
                                  str(exc) or type(exc).__name__)
                 return
-            now = self._mono()
-            self.meters.update(readings, now, self._fold)
-            self._own_meters(readings, now)
+            self.meters.update(readings, self._mono(), self._fold)
+            if self.rule_meters is not None:  # for the split of each rule's loss
+                own = self.rule_meters.range
+                self.own_meter_drops = {m: n for m, n in self.meters.packets_by_meter().items() if m in own}
             self.meters_read = True
             self._present = [r.meter_id for r in readings]
-
-    def _own_meters(self, readings: list[Any], now: float) -> None:
-        """Each per-rule meter's drops (for the split of its rule's loss): a meter OVS made before this agent
-        started (a restart's) counts from its first reading, one made since in full; one that went down was
-        made again."""
-        rm = self.rule_meters
-        if rm is None:
-            return
-        for r in readings:
-            if r.meter_id not in rm.range or rm.class_of(r.meter_id) is None:
-                continue
-            before = self._own_raw.get(r.meter_id)
-            raw = r.dropped_packets
-            if before is None:
-                grew = 0 if now - r.age < self._started else raw
-            else:
-                grew = raw - before if raw >= before else raw
-            self.own_meter_drops[r.meter_id] = self.own_meter_drops.get(r.meter_id, 0) + grew
-            self._own_raw[r.meter_id] = raw
 
     async def read_rule_flows(self) -> bool:
         """One OFPMP_FLOW_DESC request over the policy flows into `rule_flows`; False if not read (logged)."""

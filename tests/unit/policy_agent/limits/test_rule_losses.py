@@ -238,6 +238,7 @@ def test_with_per_rule_meters_a_rules_loss_says_what_its_own_meter_dropped() -> 
                                            (4.0, (2000, 300), (990, 250), 1000)):
             mono.now, wall.now = now, 1_700_000_000.0 + now
             channel.flows, channel.meters = with_counts(*counts), {METER_POLICY_DENY: 0, 100: dropped}
+            channel.meter_age = int(now)  # both meters made at 0, as the agent started
             seen[RULE_A], seen[RULE_B] = took
             await acc.tick()
 
