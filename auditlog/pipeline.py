@@ -23,6 +23,7 @@ from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
+from auditlog.record_fast import fast_encoder
 from packetin.frames import ipv4_header_len
 from packetin.groups import FRAME_OFFSET, PacketInGroup
 from packetin.model import Disposition, PacketIn
@@ -108,7 +109,9 @@ def _second(group: PacketInGroup) -> tuple[PacketIn, PacketSummary]:
 class AuditPipeline:
     def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregator,
                  wall_clock: Callable[[], float] = time.time, overload: Overload | None = None) -> None:
-        self._encode = RecordEncoder(ctx).encode_positional
+        # RecordEncoder.encode_positional, its common case in C where auditlog._record_fast is built
+        self.encoder = fast_encoder(RecordEncoder(ctx))
+        self._encode = self.encoder.encode
         self._rules = ctx.rules
         self._overload = overload
         self._level = FULL

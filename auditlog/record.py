@@ -52,10 +52,6 @@ class EventIds:
         return f"{self._prefix}{self._next():016x}"
 
 
-def _event_ids() -> Callable[[], str]:
-    return EventIds()
-
-
 @dataclass(frozen=True, kw_only=True)
 class RecordContext:
     """What every record of this node shares; `cluster` "" means no cluster name is set.
@@ -72,7 +68,7 @@ class RecordContext:
     rules: RuleLookup
     pods: PodDirectory
     cluster: str = ""
-    new_event_id: Callable[[], str] = field(default_factory=_event_ids)
+    new_event_id: Callable[[], str] = field(default_factory=EventIds)
 
 
 def _enum_value(value: object) -> str:
@@ -201,6 +197,15 @@ class RecordEncoder:
         self._cluster = {"name": _text(ctx.cluster)} if ctx.cluster else None
         self._second = self._ms = -1
         self._second_text = self._ms_text = ""
+
+    def c_parts(self) -> dict[str, Any] | None:
+        """FastEncoder's view of this encoder's state (record_fast.py); None for ids or Pods not of the usual kind."""
+        if (ids := self._id_parts) is None or self._ip_table is None:
+            return None
+        return {"fallback": self.encode_positional, "rules": self._rules, "pairs": self._pairs,
+                "networks": self._networks, "community": self._community, "ovs_texts": self._ovs_texts,
+                "rules_get": self._rules_get, "ip_table": self._ip_table, "id_prefix": ids[0], "id_next": ids[1],
+                "fragment": _FRAGMENT, "truncated": _TRUNCATED, "max_cached": self.MAX_CACHED}
 
     def _rule_parts(self, pin: PacketIn) -> _RuleParts:
         rule_id = pin.rule_id

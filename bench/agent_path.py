@@ -22,6 +22,7 @@ wake-ups, syscalls of the socket or the window timer: bench/agent_cpu.py measure
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -130,7 +131,8 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
         await demux.stop()
         await pipeline.close()
         writer.close()
-        records = sum(1 for f in work.glob("audit.jsonl*") for line in f.open() if line.strip())
+        records = sum(1 for f in work.glob("audit.jsonl*")
+                      for line in (gzip.open(f, "rt") if f.suffix == ".gz" else f.open()) if line.strip())
         files = sorted(work.glob("audit.jsonl*"))
         digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
         subprocess.run(["rm", "-rf", str(work)], check=False)

@@ -1,0 +1,580 @@
+/* The audit record encoder's per-packet work in C: auditlog.record.RecordEncoder.encode_positional, for the
+ * records whose rule, Pods, network, OVS and flow texts the Python encoder has already worked out.
+ *
+ * FastEncoder(encoder, consts) reads the Python encoder's caches (dicts it fills; never replaced) and builds
+ * the record's three texts (chain.RecordText) straight into ASCII strings, computing a new flow's Community ID
+ * (SHA-1, base64) itself. Anything else -- a cache miss, a coarse record, a non-ASCII text, a count past
+ * JSON's safe integers, an address it cannot pack -- goes to the Python encoder, which fills the caches,
+ * so the text is always the Python encoder's; tests/unit/auditlog/test_record_fast.py compares the two.
+ * Decisions are all taken before the event id is drawn, so a fallback never skips an id.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <arpa/inet.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
+
+#define ROL(x, n) (((x) << (n)) | ((x) >> (32 - (n))))
+
+static void sha1_block(uint32_t h[5], const unsigned char *p) {
+    uint32_t w[80], a, b, c, d, e, t;
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 80; i++)
+        w[i] = ROL(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    a = h[0]; b = h[1]; c = h[2]; d = h[3]; e = h[4];
+#define ROUND(f, k) do { t = ROL(a, 5) + (f) + e + (k) + w[i]; e = d; d = c; c = ROL(b, 30); b = a; a = t; } while (0)
+    int i = 0;
+    for (; i < 20; i++) ROUND((b & c) | (~b & d), 0x5A827999);
+    for (; i < 40; i++) ROUND(b ^ c ^ d, 0x6ED9EBA1);
+    for (; i < 60; i++) ROUND((b & c) | (b & d) | (c & d), 0x8F1BBCDC);
+    for (; i < 80; i++) ROUND(b ^ c ^ d, 0xCA62C1D6);
+#undef ROUND
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e;
+}
+
+static void sha1(const unsigned char *data, size_t len, unsigned char out[20]) {
+    uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
+    unsigned char block[64];
+    size_t done = 0;
+    for (; len - done >= 64; done += 64)
+        sha1_block(h, data + done);
+    size_t rest = len - done;
+    memset(block, 0, 64);
+    memcpy(block, data + done, rest);
+    block[rest] = 0x80;
+    if (rest >= 56) {
+        sha1_block(h, block);
+        memset(block, 0, 64);
+    }
+    uint64_t bits = (uint64_t)len * 8;
+    for (int i = 0; i < 8; i++)
+        block[63 - i] = (unsigned char)(bits >> (8 * i));
+    sha1_block(h, block);
+    for (int i = 0; i < 5; i++) {
+        out[4 * i] = (unsigned char)(h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)h[i];
+    }
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* base64 with padding, as binascii.b2a_base64(newline=False); `out` holds 4 * ceil(n / 3) bytes */
+static size_t base64(const unsigned char *in, size_t n, char *out) {
+    size_t o = 0, i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        out[o++] = B64[v >> 18]; out[o++] = B64[(v >> 12) & 63]; out[o++] = B64[(v >> 6) & 63]; out[o++] = B64[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        out[o++] = B64[v >> 18]; out[o++] = B64[(v >> 12) & 63]; out[o++] = '='; out[o++] = '=';
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
+        out[o++] = B64[v >> 18]; out[o++] = B64[(v >> 12) & 63]; out[o++] = B64[(v >> 6) & 63]; out[o++] = '=';
+    }
+    return o;
+}
+
+/* ---- an ASCII text under construction ------------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    char small[2048];
+} Buf;
+
+static void buf_init(Buf *b) { b->p = b->small; b->len = 0; b->cap = sizeof b->small; }
+static void buf_free(Buf *b) { if (b->p != b->small) PyMem_Free(b->p); }
+
+/* 0, or -1 with MemoryError set */
+static int put(Buf *b, const char *s, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = (b->len + n) * 2;
+        char *p = PyMem_Malloc(cap);
+        if (p == NULL) { PyErr_NoMemory(); return -1; }
+        memcpy(p, b->p, b->len);
+        buf_free(b);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT_LIT(b, lit) put((b), (lit), sizeof(lit) - 1)
+
+/* An ASCII str's bytes, or NULL (no exception) when `s` is no str or not ASCII: the caller falls back. */
+static inline const char *ascii_of(PyObject *s, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s)) return NULL;
+    *n = PyUnicode_GET_LENGTH(s);
+    return (const char *)PyUnicode_DATA(s);
+}
+
+/* a non-negative count in decimal (callers hold nothing negative: safe_count, small_int) */
+static int put_ll(Buf *b, long long v) {
+    char tmp[24];
+    size_t i = sizeof tmp;
+    unsigned long long u = (unsigned long long)v;
+    do { tmp[--i] = (char)('0' + u % 10); u /= 10; } while (u);
+    return put(b, tmp + i, sizeof tmp - i);
+}
+
+static PyObject *buf_str(Buf *b) {
+    PyObject *s = PyUnicode_New((Py_ssize_t)b->len, 127);
+    if (s != NULL) memcpy(PyUnicode_DATA(s), b->p, b->len);
+    return s;
+}
+
+/* ---- the encoder ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *encoder, *fallback;                 /* RecordEncoder, its bound encode_positional */
+    PyObject *rules, *pairs, *networks, *community, *ovs_texts;  /* its cache dicts */
+    PyObject *rules_get, *ip_table;               /* ctx.rules.get, ctx.pods.ip_table */
+    PyObject *id_prefix, *id_next;                /* EventIds' prefix and counter */
+    PyObject *record_text;                        /* chain.RecordText */
+    PyObject *timestamp_key, *seq_key, *fragment, *truncated;  /* texts of record.py / chain.py */
+    long long disposition_bits, safe_integer;
+    Py_ssize_t max_cached;
+    long long ms, second;                         /* the last timestamp made, as record._timestamp keeps it */
+    char second_text[24], ms_text[32];
+    size_t ms_len;
+    Py_ssize_t fast, slow;                        /* records built here, and handed to the Python encoder */
+} FastEncoder;
+
+static PyObject *S_rule, *S_after_dst, *S_after_start, *S_said, *S_priority, *S_verdict, *S_network_direction,
+    *S_pairs_of;
+
+static void FastEncoder_dealloc(FastEncoder *self) {
+    Py_XDECREF(self->encoder); Py_XDECREF(self->fallback);
+    Py_XDECREF(self->rules); Py_XDECREF(self->pairs); Py_XDECREF(self->networks);
+    Py_XDECREF(self->community); Py_XDECREF(self->ovs_texts);
+    Py_XDECREF(self->rules_get); Py_XDECREF(self->ip_table);
+    Py_XDECREF(self->id_prefix); Py_XDECREF(self->id_next); Py_XDECREF(self->record_text);
+    Py_XDECREF(self->timestamp_key); Py_XDECREF(self->seq_key); Py_XDECREF(self->fragment);
+    Py_XDECREF(self->truncated);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *item(PyObject *consts, const char *name, int want_dict) {
+    PyObject *v = PyDict_GetItemString(consts, name);
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "FastEncoder: consts has no %s", name);
+        return NULL;
+    }
+    if (want_dict && !PyDict_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "FastEncoder: %s must be a dict", name);
+        return NULL;
+    }
+    Py_INCREF(v);
+    return v;
+}
+
+/* FastEncoder(encoder, consts): consts names the encoder's caches, callables and the record's fixed texts. */
+static int FastEncoder_init(FastEncoder *self, PyObject *args, PyObject *kwds) {
+    PyObject *encoder, *consts, *v;
+    if (!PyArg_ParseTuple(args, "OO!", &encoder, &PyDict_Type, &consts)) return -1;
+    Py_INCREF(encoder);
+    self->encoder = encoder;
+    if (!(self->fallback = item(consts, "fallback", 0)) || !(self->rules = item(consts, "rules", 1)) ||
+        !(self->pairs = item(consts, "pairs", 1)) || !(self->networks = item(consts, "networks", 1)) ||
+        !(self->community = item(consts, "community", 1)) || !(self->ovs_texts = item(consts, "ovs_texts", 1)) ||
+        !(self->rules_get = item(consts, "rules_get", 0)) || !(self->ip_table = item(consts, "ip_table", 0)) ||
+        !(self->id_prefix = item(consts, "id_prefix", 0)) || !(self->id_next = item(consts, "id_next", 0)) ||
+        !(self->record_text = item(consts, "record_text", 0)) ||
+        !(self->timestamp_key = item(consts, "timestamp_key", 0)) || !(self->seq_key = item(consts, "seq_key", 0)) ||
+        !(self->fragment = item(consts, "fragment", 0)) || !(self->truncated = item(consts, "truncated", 0)))
+        return -1;
+    Py_ssize_t n;
+    if (!ascii_of(self->id_prefix, &n) || !ascii_of(self->timestamp_key, &n) || !ascii_of(self->seq_key, &n) ||
+        !ascii_of(self->fragment, &n) || !ascii_of(self->truncated, &n)) {
+        PyErr_SetString(PyExc_TypeError, "FastEncoder: the fixed texts and the id prefix must be ASCII str");
+        return -1;
+    }
+    if (!(v = PyDict_GetItemString(consts, "disposition_bits")) || (self->disposition_bits = PyLong_AsLongLong(v)) < 0 ||
+        !(v = PyDict_GetItemString(consts, "safe_integer")) || (self->safe_integer = PyLong_AsLongLong(v)) < 0 ||
+        !(v = PyDict_GetItemString(consts, "max_cached")) || (self->max_cached = PyLong_AsSsize_t(v)) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "FastEncoder: bad disposition_bits / safe_integer / max_cached");
+        return -1;
+    }
+    self->ms = self->second = -1;
+    return 0;
+}
+
+/* The UTC text of epoch seconds `t` to the nearest millisecond (record._timestamp); 0, or 1 to fall back. */
+static int timestamp(FastEncoder *self, double t, char *out, size_t *len) {
+    double x = t * 1000.0;
+    if (!isfinite(x) || x < 0 || x > 253402300799000.0) return 1;
+    long long ms = (long long)nearbyint(x);  /* round half to even, as Python's round() */
+    if (ms != self->ms) {
+        long long seconds = ms / 1000, millis = ms % 1000;
+        if (seconds != self->second) {
+            time_t s = (time_t)seconds;
+            struct tm tm;
+            if (gmtime_r(&s, &tm) == NULL || strftime(self->second_text, sizeof self->second_text, "%Y-%m-%dT%H:%M:%S", &tm) != 19)
+                return 1;
+            self->second = seconds;
+        }
+        self->ms_len = (size_t)snprintf(self->ms_text, sizeof self->ms_text, "%s.%03lldZ", self->second_text, millis);
+        self->ms = ms;
+    }
+    memcpy(out, self->ms_text, self->ms_len);
+    *len = self->ms_len;
+    return 0;
+}
+
+/* The Community ID member of a TCP/UDP/SCTP flow (community_id._ported), or NULL with no exception to fall
+ * back (an address inet_pton refuses, two IP versions), or NULL with an exception. */
+static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, long sport, long dport) {
+    Py_ssize_t sn = 0, dn = 0;
+    const char *s = ascii_of(src_ip, &sn), *d = ascii_of(dst_ip, &dn);
+    char sz[64], dz[64];
+    unsigned char sa[16], da[16], data[40];
+    if (!s || !d || sn >= 64 || dn >= 64) return NULL;
+    memcpy(sz, s, sn); sz[sn] = 0;
+    memcpy(dz, d, dn); dz[dn] = 0;
+    int sv6 = memchr(s, ':', sn) != NULL, dv6 = memchr(d, ':', dn) != NULL;
+    if (sv6 != dv6) return NULL;
+    size_t alen = sv6 ? 16 : 4;
+    if (inet_pton(sv6 ? AF_INET6 : AF_INET, sz, sa) != 1 || inet_pton(dv6 ? AF_INET6 : AF_INET, dz, da) != 1)
+        return NULL;
+    int cmp = memcmp(sa, da, alen);
+    int forward = cmp < 0 || (cmp == 0 && sport <= dport);
+    size_t n = 0;
+    data[n++] = 0; data[n++] = 0;  /* seed 0 */
+    memcpy(data + n, forward ? sa : da, alen); n += alen;
+    memcpy(data + n, forward ? da : sa, alen); n += alen;
+    long p1 = forward ? sport : dport, p2 = forward ? dport : sport;
+    data[n++] = (unsigned char)proto; data[n++] = 0;
+    data[n++] = (unsigned char)(p1 >> 8); data[n++] = (unsigned char)p1;
+    data[n++] = (unsigned char)(p2 >> 8); data[n++] = (unsigned char)p2;
+    unsigned char digest[20];
+    sha1(data, n, digest);
+    char text[64] = "\"community_id\":\"1:";
+    size_t t = strlen(text);
+    t += base64(digest, 20, text + t);
+    memcpy(text + t, "\",", 2);
+    t += 2;
+    return PyUnicode_FromStringAndSize(text, (Py_ssize_t)t);
+}
+
+/* dict[key] = value, the dict emptied first when it holds max_cached (record._cache) */
+static int cache_put(FastEncoder *self, PyObject *cache, PyObject *key, PyObject *value) {
+    if (PyDict_GET_SIZE(cache) >= self->max_cached) PyDict_Clear(cache);
+    return PyDict_SetItem(cache, key, value);
+}
+
+/* An int argument that fits JSON's safe integers and a long long; 1 (no exception) otherwise. */
+static int safe_count(FastEncoder *self, PyObject *o, long long *v) {
+    if (!PyLong_CheckExact(o)) return 1;
+    int overflow;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || *v < 0 || *v > self->safe_integer) { PyErr_Clear(); return 1; }
+    return 0;
+}
+
+/* A small non-negative int field of a frame or packet-in (a port, an ICMP type or code); -1 if None,
+ * -2 (no exception) if anything else. */
+static long small_int(PyObject *o) {
+    if (o == Py_None) return -1;
+    if (!PyLong_CheckExact(o)) return -2;
+    long v = PyLong_AsLong(o);
+    if (v < 0 || v > 0xFFFF) { PyErr_Clear(); return -2; }
+    return v;
+}
+
+#define FALL_BACK(...) do { status = 1; goto done; } while (0)
+#define FAIL() do { status = -1; goto done; } while (0)
+#define ASCII(var, obj) do { if (!((var##_p) = ascii_of((obj), &(var##_n)))) FALL_BACK(); } while (0)
+#define PUTS(b, var) do { if (put((b), (var##_p), (size_t)(var##_n)) < 0) FAIL(); } while (0)
+#define PUTL(b, lit) do { if (PUT_LIT((b), lit) < 0) FAIL(); } while (0)
+#define PUTN(b, v) do { if (put_ll((b), (v)) < 0) FAIL(); } while (0)
+#define PUTC(b, s, n) do { if (put((b), (s), (n)) < 0) FAIL(); } while (0)
+#define STR(var) const char *var##_p = NULL; Py_ssize_t var##_n = 0
+
+/* encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened="", keys=0): as
+ * RecordEncoder.encode_positional, whose result it is whenever it cannot build the record itself. */
+static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "encode takes 7 or 9 positional arguments");
+        return NULL;
+    }
+    PyObject *pin = args[0], *s = args[1];
+    PyObject *result = NULL, *rule_key = NULL, *current = NULL, *table = NULL, *pairs_of = NULL,
+             *pair_key = NULL, *net_key = NULL, *flow = NULL, *ovs_key = NULL, *community = NULL,
+             *id = NULL, *head = NULL, *mid = NULL, *tail = NULL, *rp_attrs[7] = {0};
+    int status = 0;  /* 0 built, 1 fall back, -1 error */
+    Buf hb, mb, tb, msg;
+    buf_init(&hb); buf_init(&mb); buf_init(&tb); buf_init(&msg);
+    if (nargs == 9) {
+        PyObject *coarsened = args[7];
+        if (!PyUnicode_CheckExact(coarsened) || PyUnicode_GET_LENGTH(coarsened) != 0) FALL_BACK();
+    }
+    if (!PyTuple_Check(pin) || PyTuple_GET_SIZE(pin) < 6 || !PyTuple_Check(s) || PyTuple_GET_SIZE(s) < 14) FALL_BACK();
+    long long packets, bytes_, offloaded;
+    if (safe_count(self, args[2], &packets) || safe_count(self, args[3], &bytes_) ||
+        safe_count(self, args[6], &offloaded))
+        FALL_BACK();
+    if ((packets | bytes_ | offloaded) > self->safe_integer) FALL_BACK();
+    double first = PyFloat_AsDouble(args[4]), last = PyFloat_AsDouble(args[5]);
+    if ((first == -1.0 || last == -1.0) && PyErr_Occurred()) { PyErr_Clear(); FALL_BACK(); }
+
+    /* the rule's texts: RecordEncoder._rules[(rule_id, reg7 & DISPOSITION_BITS)], while the registry still
+     * hands out the same rule object */
+    PyObject *rule_id = PyTuple_GET_ITEM(pin, 4), *reg7 = PyTuple_GET_ITEM(pin, 5);
+    if (!PyLong_CheckExact(rule_id) || !PyLong_CheckExact(reg7)) FALL_BACK();
+    long long reg7_v = PyLong_AsLongLong(reg7);
+    if (reg7_v == -1 && PyErr_Occurred()) { PyErr_Clear(); FALL_BACK(); }
+    PyObject *disposition = PyLong_FromLongLong(reg7_v & self->disposition_bits);
+    if (disposition == NULL) FAIL();
+    rule_key = PyTuple_Pack(2, rule_id, disposition);
+    Py_DECREF(disposition);
+    if (rule_key == NULL) FAIL();
+    PyObject *rp = PyDict_GetItemWithError(self->rules, rule_key);
+    if (rp == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
+    static PyObject **names[7] = {&S_rule, &S_after_dst, &S_after_start, &S_said, &S_priority, &S_verdict,
+                                  &S_network_direction};
+    for (int i = 0; i < 7; i++)
+        if (!(rp_attrs[i] = PyObject_GetAttr(rp, *names[i]))) FAIL();
+    PyObject *rule = rp_attrs[0], *after_dst = rp_attrs[1], *after_start = rp_attrs[2], *said = rp_attrs[3],
+             *priority = rp_attrs[4], *verdict = rp_attrs[5], *network_direction = rp_attrs[6];
+    int has_rule = PyObject_IsTrue(rule_id);
+    if (has_rule < 0) FAIL();
+    if (has_rule) {
+        if (!(current = PyObject_CallOneArg(self->rules_get, rule_id))) FAIL();
+    } else {
+        current = Py_NewRef(Py_None);
+    }
+    if (current != rule) FALL_BACK();
+
+    /* the Pods at both ends: RecordEncoder._pairs, while the Pod table is the one they were worked out for */
+    PyObject *src_ip = PyTuple_GET_ITEM(s, 3), *dst_ip = PyTuple_GET_ITEM(s, 4);
+    if (!PyUnicode_CheckExact(src_ip) || !PyUnicode_CheckExact(dst_ip)) FALL_BACK();
+    if (!(table = PyObject_CallNoArgs(self->ip_table))) FAIL();
+    if (!(pairs_of = PyObject_GetAttr(self->encoder, S_pairs_of))) FAIL();
+    if (table != pairs_of) FALL_BACK();
+    if (!(pair_key = PyTuple_Pack(3, src_ip, dst_ip, rp))) FAIL();
+    PyObject *pair = PyDict_GetItemWithError(self->pairs, pair_key);
+    if (pair == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 13) FALL_BACK();
+
+    PyObject *protocol = PyTuple_GET_ITEM(s, 5), *transport = PyTuple_GET_ITEM(s, 6);
+    PyObject *src_port_o = PyTuple_GET_ITEM(s, 7), *dst_port_o = PyTuple_GET_ITEM(s, 8);
+    PyObject *icmp_type_o = PyTuple_GET_ITEM(s, 9), *icmp_code_o = PyTuple_GET_ITEM(s, 10);
+    long src_port = small_int(src_port_o), dst_port = small_int(dst_port_o);
+    long icmp_type = small_int(icmp_type_o), icmp_code = small_int(icmp_code_o);
+    if (src_port == -2 || dst_port == -2 || icmp_type == -2 || icmp_code == -2) FALL_BACK();
+    STR(proto);
+    ASCII(proto, transport);
+    if (proto_n == 0) FALL_BACK();
+
+    /* network members: RecordEncoder._networks */
+    if (!(net_key = PyTuple_Pack(4, network_direction, protocol, PyTuple_GET_ITEM(s, 2), PyTuple_GET_ITEM(s, 1))))
+        FAIL();
+    PyObject *net = PyDict_GetItemWithError(self->networks, net_key);
+    if (net == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
+    if (!PyTuple_CheckExact(net) || PyTuple_GET_SIZE(net) != 2) FALL_BACK();
+
+    /* the flow's Community ID: RecordEncoder._community, or worked out here for TCP/UDP/SCTP */
+    if (!(flow = PyTuple_Pack(7, src_ip, dst_ip, protocol, src_port_o, dst_port_o, icmp_type_o, icmp_code_o)))
+        FAIL();
+    community = PyDict_GetItemWithError(self->community, flow);
+    if (community != NULL) {
+        Py_INCREF(community);
+    } else {
+        if (PyErr_Occurred()) FAIL();
+        long proto_v = PyLong_CheckExact(protocol) ? PyLong_AsLong(protocol) : -1;
+        if (proto_v == -1 && PyErr_Occurred()) { PyErr_Clear(); FALL_BACK(); }
+        if (!((proto_v == 6 || proto_v == 17 || proto_v == 132) && src_port >= 0 && dst_port >= 0)) FALL_BACK();
+        community = community_text(src_ip, dst_ip, proto_v, src_port, dst_port);
+        if (community == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
+        if (cache_put(self, self->community, flow, community) < 0) FAIL();
+    }
+
+    /* npaudit.ovs: RecordEncoder._ovs_texts */
+    if (!(ovs_key = PyTuple_Pack(3, PyTuple_GET_ITEM(pin, 2), PyTuple_GET_ITEM(pin, 1), PyTuple_GET_ITEM(pin, 3))))
+        FAIL();
+    PyObject *ovs = PyDict_GetItemWithError(self->ovs_texts, ovs_key);
+    if (ovs == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
+
+    char first_s[32], last_s[32];
+    size_t first_n, last_n;
+    if (timestamp(self, first, first_s, &first_n) || timestamp(self, last, last_s, &last_n)) FALL_BACK();
+
+    STR(dst_pod); STR(src_pod); STR(dst_head); STR(src_head); STR(src_ep); STR(src_pre); STR(dst_ep);
+    STR(dst_pre); STR(mid_head); STR(tail_head); STR(tail_rest);
+    ASCII(dst_head, PyTuple_GET_ITEM(pair, 4)); ASCII(src_head, PyTuple_GET_ITEM(pair, 5));
+    ASCII(src_ep, PyTuple_GET_ITEM(pair, 6)); ASCII(src_pre, PyTuple_GET_ITEM(pair, 7));
+    ASCII(dst_ep, PyTuple_GET_ITEM(pair, 8)); ASCII(dst_pre, PyTuple_GET_ITEM(pair, 9));
+    ASCII(mid_head, PyTuple_GET_ITEM(pair, 10)); ASCII(tail_head, PyTuple_GET_ITEM(pair, 11));
+    ASCII(tail_rest, PyTuple_GET_ITEM(pair, 12));
+    (void)dst_pod_p; (void)dst_pod_n; (void)src_pod_p; (void)src_pod_n;
+    STR(after_dst); STR(after_start); STR(priority); STR(said0); STR(said1); STR(comm); STR(net_before);
+    STR(net_after); STR(ovs); STR(ts_key); STR(seq_key); STR(frag); STR(trunc); STR(prefix);
+    ASCII(after_dst, after_dst); ASCII(after_start, after_start); ASCII(priority, priority);
+    if (!PyTuple_CheckExact(said) || PyTuple_GET_SIZE(said) != 2) FALL_BACK();
+    ASCII(said0, PyTuple_GET_ITEM(said, 0)); ASCII(said1, PyTuple_GET_ITEM(said, 1));
+    ASCII(comm, community); ASCII(net_before, PyTuple_GET_ITEM(net, 0)); ASCII(net_after, PyTuple_GET_ITEM(net, 1));
+    ASCII(ovs, ovs); ASCII(ts_key, self->timestamp_key); ASCII(seq_key, self->seq_key);
+    ASCII(frag, self->fragment); ASCII(trunc, self->truncated); ASCII(prefix, self->id_prefix);
+    int fragment = PyObject_IsTrue(PyTuple_GET_ITEM(s, 12)), truncated = PyObject_IsTrue(PyTuple_GET_ITEM(s, 13));
+    if (fragment < 0 || truncated < 0) FAIL();
+
+    /* Everything is known: from here on the record is built here (the event id is drawn). */
+    if (!(id = PyObject_CallNoArgs(self->id_next))) FAIL();
+    unsigned long long id_v = PyLong_AsUnsignedLongLong(id);
+    if (id_v == (unsigned long long)-1 && PyErr_Occurred()) FAIL();
+    char id_text[16];  /* f"{n:016x}" */
+    for (int i = 15; i >= 0; i--, id_v >>= 4) id_text[i] = "0123456789abcdef"[id_v & 15];
+    int id_n = 16;
+
+    /* message: said, the transport, both ends, ICMP, the count, the rule */
+    PUTS(&msg, said0); PUTS(&msg, proto); PUTL(&msg, " ");
+    if (src_port >= 0) { PUTS(&msg, src_pre); PUTN(&msg, src_port); } else PUTS(&msg, src_ep);
+    PUTL(&msg, " -> ");
+    if (dst_port >= 0) { PUTS(&msg, dst_pre); PUTN(&msg, dst_port); } else PUTS(&msg, dst_ep);
+    if (icmp_type >= 0) {
+        PUTL(&msg, " type "); PUTN(&msg, icmp_type);
+        if (icmp_code >= 0) { PUTL(&msg, " code "); PUTN(&msg, icmp_code); }
+    }
+    PUTL(&msg, ", ");
+    if (packets == 1) PUTL(&msg, "1 packet"); else { PUTN(&msg, packets); PUTL(&msg, " packets"); }
+    PUTS(&msg, said1);
+
+    /* head: @timestamp, destination, ecs, event, labels, message, network, npaudit up to its aggregate */
+    PUTS(&hb, ts_key); PUTC(&hb, first_s, first_n); PUTL(&hb, "\"");
+    PUTS(&hb, dst_head);
+    if (dst_port >= 0) { PUTL(&hb, ",\"port\":"); PUTN(&hb, dst_port); }
+    PUTL(&hb, "}");
+    PUTS(&hb, after_dst); PUTC(&hb, last_s, last_n);
+    PUTL(&hb, "\",\"id\":\""); PUTS(&hb, prefix); PUTC(&hb, id_text, (size_t)id_n);
+    PUTL(&hb, "\",\"kind\":\"event\",\"outcome\":\"success\",\"start\":\"");
+    PUTC(&hb, first_s, first_n); PUTS(&hb, after_start); PUTC(&hb, msg.p, msg.len); PUTL(&hb, "\"");
+    PUTL(&hb, ",\"network\":{\"bytes\":"); PUTN(&hb, bytes_); PUTL(&hb, ",");
+    PUTS(&hb, comm); PUTS(&hb, net_before); PUTL(&hb, "\"packets\":"); PUTN(&hb, packets); PUTS(&hb, net_after);
+    PUTL(&hb, "},\"npaudit\":{\"aggregate\":{\"bytes\":"); PUTN(&hb, bytes_);
+    PUTL(&hb, ",\"first\":\""); PUTC(&hb, first_s, first_n);
+    PUTL(&hb, "\",\"last\":\""); PUTC(&hb, last_s, last_n);
+    PUTL(&hb, "\",\"offloaded_packets\":"); PUTN(&hb, offloaded);
+    PUTL(&hb, ",\"packets\":"); PUTN(&hb, packets); PUTL(&hb, "},");
+
+    /* mid: chain_format, the destination Pod, disposition, fragment, icmp, ovs, priority, "seq": */
+    PUTS(&mb, mid_head);
+    if (fragment) PUTS(&mb, frag);
+    if (icmp_type >= 0) {
+        PUTL(&mb, "\"icmp\":{");
+        if (icmp_code >= 0) { PUTL(&mb, "\"code\":"); PUTN(&mb, icmp_code); PUTL(&mb, ","); }
+        PUTL(&mb, "\"type\":"); PUTN(&mb, icmp_type); PUTL(&mb, "},");
+    }
+    PUTS(&mb, ovs); PUTS(&mb, priority); PUTS(&mb, seq_key);
+
+    /* tail: the source Pod, tier, truncated, observer, orchestrator, related, rule, source */
+    PUTS(&tb, tail_head);
+    if (truncated) PUTS(&tb, trunc);
+    PUTS(&tb, tail_rest); PUTS(&tb, src_head);
+    if (src_port >= 0) { PUTL(&tb, ",\"port\":"); PUTN(&tb, src_port); }
+    PUTL(&tb, "}}");
+
+    if (!(head = buf_str(&hb)) || !(mid = buf_str(&mb)) || !(tail = buf_str(&tb))) FAIL();
+    result = PyObject_CallFunctionObjArgs(self->record_text, head, mid, tail, NULL);
+    if (result == NULL || PyObject_SetAttr(result, S_verdict, verdict) < 0) FAIL();
+
+done:
+    buf_free(&hb); buf_free(&mb); buf_free(&tb); buf_free(&msg);
+    Py_XDECREF(rule_key); Py_XDECREF(current); Py_XDECREF(table); Py_XDECREF(pairs_of); Py_XDECREF(pair_key);
+    Py_XDECREF(net_key); Py_XDECREF(flow); Py_XDECREF(ovs_key); Py_XDECREF(community); Py_XDECREF(id);
+    Py_XDECREF(head); Py_XDECREF(mid); Py_XDECREF(tail);
+    for (int i = 0; i < 7; i++) Py_XDECREF(rp_attrs[i]);
+    if (status == 0) {
+        self->fast++;
+        return result;
+    }
+    Py_CLEAR(result);
+    if (status < 0) return NULL;
+    self->slow++;
+    return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
+}
+
+static PyObject *FastEncoder_counts(FastEncoder *self, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("{s:n,s:n}", "fast", self->fast, "python", self->slow);
+}
+
+static PyObject *community_id_ported(PyObject *mod, PyObject *args) {
+    PyObject *src, *dst;
+    long proto, sport, dport;
+    if (!PyArg_ParseTuple(args, "UUlll", &src, &dst, &proto, &sport, &dport)) return NULL;
+    if (proto < 0 || proto > 255 || sport < 0 || sport > 0xFFFF || dport < 0 || dport > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "community id: protocol or port out of range");
+        return NULL;
+    }
+    PyObject *text = community_text(src, dst, proto, sport, dport);
+    if (text == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "community id: cannot pack the addresses");
+    return text;
+}
+
+static PyObject *sha1_digest(PyObject *mod, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    unsigned char digest[20];
+    sha1(view.buf, (size_t)view.len, digest);
+    PyBuffer_Release(&view);
+    return PyBytes_FromStringAndSize((const char *)digest, 20);
+}
+
+static PyMethodDef FastEncoder_methods[] = {
+    {"encode", (PyCFunction)(void (*)(void))FastEncoder_encode, METH_FASTCALL,
+     "encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened='', keys=0) -> RecordText"},
+    {"counts", (PyCFunction)FastEncoder_counts, METH_NOARGS,
+     "{'fast': records built in C, 'python': records handed to the Python encoder}"},
+    {NULL}};
+
+static PyTypeObject FastEncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "auditlog._record_fast.FastEncoder",
+    .tp_basicsize = sizeof(FastEncoder),
+    .tp_dealloc = (destructor)FastEncoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FastEncoder(encoder, consts): RecordEncoder.encode_positional's common case in C",
+    .tp_methods = FastEncoder_methods,
+    .tp_init = (initproc)FastEncoder_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyMethodDef module_methods[] = {
+    {"community_id_ported", community_id_ported, METH_VARARGS,
+     "community_id_ported(saddr, daddr, proto, sport, dport) -> the '\"community_id\":\"1:...\",' member"},
+    {"sha1", sha1_digest, METH_O, "sha1(data) -> 20-byte digest (this module's own SHA-1, for its tests)"},
+    {NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "auditlog._record_fast",
+                                       "The audit record encoder's common case in C (see auditlog/record.py).", -1,
+                                       module_methods};
+
+PyMODINIT_FUNC PyInit__record_fast(void) {
+    if (PyType_Ready(&FastEncoderType) < 0) return NULL;
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&S_rule, "rule"}, {&S_after_dst, "after_dst"}, {&S_after_start, "after_start"}, {&S_said, "said"},
+        {&S_priority, "priority"}, {&S_verdict, "verdict"}, {&S_network_direction, "network_direction"},
+        {&S_pairs_of, "_pairs_of"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(*names[i].slot = PyUnicode_InternFromString(names[i].name))) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    Py_INCREF(&FastEncoderType);
+    if (PyModule_AddObject(m, "FastEncoder", (PyObject *)&FastEncoderType) < 0) {
+        Py_DECREF(&FastEncoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
