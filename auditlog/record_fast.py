@@ -23,7 +23,7 @@ try:
 except ImportError:  # not built (no compiler at install time): fast_encoder says so
     _record_fast = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "EncodeFn", "built", "fast_encoder"]
+__all__ = ["PURE_PYTHON_ENV", "EncodeFn", "built", "fast_encoder", "mode"]
 
 log = logging.getLogger(__name__)
 # Set (to anything but "" or "0") to encode every record in pure Python: to measure what the C part saves,
@@ -35,6 +35,12 @@ EncodeFn = Callable[..., RecordText]  # RecordEncoder.encode_positional's signat
 def built() -> bool:
     """Whether auditlog._record_fast is importable here."""
     return _record_fast is not None
+
+
+def mode() -> str:
+    """"c" where records are built in C here, "python" where the module is not built or NPAUDIT_PURE_PYTHON is
+    set (npaudit_build_info's record_encoder label)."""
+    return "python" if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") or _record_fast is None else "c"
 
 
 class _PythonOnly:
@@ -57,17 +63,17 @@ def fast_encoder(encoder: RecordEncoder) -> Any:
     """An object with `encode` (encode_positional's arguments) and `counts()` ({"fast": records built in C,
     "python": records built by `encoder`}): the C FastEncoder over `encoder` where it can be, else
     `encoder` alone, with a warning in the log when the module is missing or NPAUDIT_PURE_PYTHON is set."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        log.warning("%s is set: audit records are encoded in pure Python (a few µs more CPU per record)",
-                    PURE_PYTHON_ENV)
-        return _PythonOnly(encoder)
-    if _record_fast is None:
+    if mode() == "python":
+        if _record_fast is not None:
+            log.warning("%s is set: audit records are encoded in pure Python (a few µs more CPU per record)",
+                        PURE_PYTHON_ENV)
+            return _PythonOnly(encoder)
         log.warning("auditlog._record_fast is not built (was there no C compiler when npaudit was installed?): "
                     "audit records are encoded in pure Python, a few µs more CPU per record; `make setup` "
                     "builds it")
         return _PythonOnly(encoder)
     parts = encoder.c_parts()
-    if parts is None:
+    if parts is None or _record_fast is None:
         return _PythonOnly(encoder)
     return _record_fast.FastEncoder(encoder, {**parts, "record_text": RecordText, "timestamp_key": TIMESTAMP_KEY,
                                               "seq_key": SEQ_KEY, "disposition_bits": DISPOSITION_BITS,

@@ -53,12 +53,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.embedded import read_pid  # noqa: E402
@@ -420,6 +422,16 @@ def wake_penalty(gaps_ms: tuple[float, ...] = (0, 1, 5, 20, 100), seconds: float
             "after_20_ms_vs_back_to_back": round(out["20"] / out["0"], 1) if "20" in out and "0" in out else None}
 
 
+def record_encoder(port: int) -> str:
+    """npaudit_build_info's record_encoder: "c", or "python" (not built, or NPAUDIT_PURE_PYTHON set)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "npaudit_build_info":
+                return str(sample.labels["record_encoder"])
+    raise RuntimeError("the agent's metrics have no npaudit_build_info")
+
+
 def main() -> int:
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -447,6 +459,7 @@ def main() -> int:
         netns, ip = start_flood_pods(cluster)
         settled(cluster)
         idle = idle_cpu(cluster.agent.pid, 3.0)  # type: ignore[union-attr]
+        encoder = record_encoder(cluster.metrics_port)  # type: ignore[attr-defined]
         agent = [agent_rate(cluster, exe, netns, ip, rate, args, idle) for rate in rates]
         audit_path = cluster.dir / "audit" / "audit.jsonl"
         records_at_stop = flood_records(audit_path)["records"]
@@ -477,6 +490,7 @@ def main() -> int:
                      "policy_category_rate_burst": "1e9 (admission opened wide for the run)",
                      "fair_share": "disabled for the run", "debug_tap": "off",
                      "queues_and_overload_marks": "agent defaults", "overload": marks.enabled,
+                     "record_encoder": encoder,
                      "machine": "2 cores shared with other engineers' work: noisy, compare within this run only",
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},

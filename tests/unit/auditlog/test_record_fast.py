@@ -272,6 +272,7 @@ def test_without_the_module_records_are_python_and_the_log_says_so(
     with caplog.at_level(logging.WARNING, logger="auditlog.record_fast"):
         slow = record_fast.fast_encoder(encoder(rules, pods))
     assert "not built" in caplog.text and "pure Python" in caplog.text
+    assert record_fast.mode() == "python"  # npaudit_build_info's record_encoder
     for args in udp_stream(20, slow):
         assert outcome(slow.encode, args) == outcome(plain.encode_positional, args)
     assert slow.counts() == {"fast": 0, "python": 20}
@@ -284,9 +285,10 @@ def test_npaudit_pure_python_turns_the_c_part_off_loudly(
     rules.replace(dict(RULES))
     with caplog.at_level(logging.WARNING, logger="auditlog.record_fast"):
         pipeline = AuditPipeline(RecordContext(node="n", rules=rules, pods=Pods()), _Sink(), Aggregator(window=0))
-    assert record_fast.PURE_PYTHON_ENV in caplog.text
+    assert record_fast.PURE_PYTHON_ENV in caplog.text and record_fast.mode() == "python"
     assert pipeline.encoder.counts() == {"fast": 0, "python": 0}
     monkeypatch.setenv(record_fast.PURE_PYTHON_ENV, "0")  # "0" or "" is off
+    assert record_fast.mode() == "c"
     assert type(AuditPipeline(RecordContext(node="n", rules=rules, pods=Pods()), _Sink(),
                               Aggregator(window=0)).encoder).__name__ == "FastEncoder"
 
