@@ -62,6 +62,15 @@ def agent_counts(port: int) -> dict[str, float]:
 def flood_records(audit_path: Path) -> dict[str, int]:
     """The flood's records over the live audit file and its rotations: records, packets, coarsened
     records and the packets in them (loss records, which state gaps, are not flow records)."""
+    for _ in range(20):
+        try:
+            return _flood_records(audit_path)
+        except FileNotFoundError:  # the compressor turned a rotated file into .gz since the glob: count again
+            time.sleep(0.05)
+    return _flood_records(audit_path)
+
+
+def _flood_records(audit_path: Path) -> dict[str, int]:
     out = {"records": 0, "packets": 0, "coarsened_records": 0, "coarsened_packets": 0}
     for f in sorted(audit_path.parent.glob(audit_path.name + "*")):
         with (gzip.open(f, "rt") if f.suffix == ".gz" else open(f)) as fh:
