@@ -313,6 +313,8 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     PyObject *result = NULL, *rule_key = NULL, *current = NULL, *table = NULL, *pairs_of = NULL,
              *pair_key = NULL, *net_key = NULL, *flow = NULL, *ovs_key = NULL, *community = NULL,
              *id = NULL, *head = NULL, *mid = NULL, *tail = NULL, *rp_attrs[7] = {0};
+    /* what the caches gave, held: Python code runs in between (the registry's get, the Pods' ip_table) */
+    PyObject *rp = NULL, *pair = NULL, *net = NULL, *ovs = NULL;
     int status = 0;  /* 0 built, 1 fall back, -1 error */
     Buf hb, mb, tb, msg;
     buf_init(&hb); buf_init(&mb); buf_init(&tb); buf_init(&msg);
@@ -340,7 +342,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     rule_key = PyTuple_Pack(2, rule_id, disposition);
     Py_DECREF(disposition);
     if (rule_key == NULL) FAIL();
-    PyObject *rp = PyDict_GetItemWithError(self->rules, rule_key);
+    rp = Py_XNewRef(PyDict_GetItemWithError(self->rules, rule_key));
     if (rp == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
     static PyObject **names[7] = {&S_rule, &S_after_dst, &S_after_start, &S_said, &S_priority, &S_verdict,
                                   &S_network_direction};
@@ -364,7 +366,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     if (!(pairs_of = PyObject_GetAttr(self->encoder, S_pairs_of))) FAIL();
     if (table != pairs_of) FALL_BACK();
     if (!(pair_key = PyTuple_Pack(3, src_ip, dst_ip, rp))) FAIL();
-    PyObject *pair = PyDict_GetItemWithError(self->pairs, pair_key);
+    pair = Py_XNewRef(PyDict_GetItemWithError(self->pairs, pair_key));
     if (pair == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
     if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 13) FALL_BACK();
 
@@ -381,7 +383,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     /* network members: RecordEncoder._networks */
     if (!(net_key = PyTuple_Pack(4, network_direction, protocol, PyTuple_GET_ITEM(s, 2), PyTuple_GET_ITEM(s, 1))))
         FAIL();
-    PyObject *net = PyDict_GetItemWithError(self->networks, net_key);
+    net = Py_XNewRef(PyDict_GetItemWithError(self->networks, net_key));
     if (net == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
     if (!PyTuple_CheckExact(net) || PyTuple_GET_SIZE(net) != 2) FALL_BACK();
 
@@ -404,7 +406,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     /* npaudit.ovs: RecordEncoder._ovs_texts */
     if (!(ovs_key = PyTuple_Pack(3, PyTuple_GET_ITEM(pin, 2), PyTuple_GET_ITEM(pin, 1), PyTuple_GET_ITEM(pin, 3))))
         FAIL();
-    PyObject *ovs = PyDict_GetItemWithError(self->ovs_texts, ovs_key);
+    ovs = Py_XNewRef(PyDict_GetItemWithError(self->ovs_texts, ovs_key));
     if (ovs == NULL) { if (PyErr_Occurred()) FAIL(); FALL_BACK(); }
 
     char first_s[32], last_s[32];
@@ -495,6 +497,7 @@ done:
     Py_XDECREF(net_key); Py_XDECREF(flow); Py_XDECREF(ovs_key); Py_XDECREF(community); Py_XDECREF(id);
     Py_XDECREF(head); Py_XDECREF(mid); Py_XDECREF(tail);
     for (int i = 0; i < 7; i++) Py_XDECREF(rp_attrs[i]);
+    Py_XDECREF(rp); Py_XDECREF(pair); Py_XDECREF(net); Py_XDECREF(ovs);
     if (status == 0) {
         self->fast++;
         return result;
