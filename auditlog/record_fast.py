@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 from auditlog.chain import SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.jcs import SAFE_INTEGER
@@ -24,13 +24,12 @@ try:
 except ImportError:  # not built (no compiler at install time): fast_encoder says so
     _record_fast = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "EncodeFn", "built", "fast_encoder", "mode"]
+__all__ = ["PURE_PYTHON_ENV", "built", "fast_encoder", "mode"]
 
 log = logging.getLogger(__name__)
 # Set (to anything but "" or "0") to encode every record in pure Python: to measure what the C part saves,
 # and for the tests of the path a machine without a compiler takes.
 PURE_PYTHON_ENV = "NPAUDIT_PURE_PYTHON"
-EncodeFn = Callable[..., RecordText]  # RecordEncoder.encode_positional's signature
 
 
 def built() -> bool:
