@@ -8,14 +8,19 @@ read the same bytes), prints "ready", then reads in a loop, counting whole messa
 echo requests. On SIGUSR1 it prints "<packet-ins> <other messages>" on a line. Nothing but the
 standard library, and nothing per packet-in beyond finding the next header: this is what any
 controller pays to receive the packet-ins, the agent's cost is above it.
+
+With `--append FILE` (bench/agent_latency.py's floor) it also appends, per packet-in, the frame's UDP
+destination port as a line to FILE (one write(2) each, unbuffered): the file-append floor of a record.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import struct
 import sys
+from typing import Callable
 
 OFP_VERSION = 0x06
 OFPT_HELLO, OFPT_ECHO_REQUEST, OFPT_ECHO_REPLY, OFPT_EXPERIMENTER = 0, 2, 3, 4
@@ -33,10 +38,29 @@ def handshake() -> bytes:
             + struct.pack("!III", NX_VENDOR, NXT_SET_PACKET_IN_FORMAT, NXPIF_NXT_PACKET_IN2))
 
 
-def scan(buf: bytes | bytearray) -> tuple[int, int, list[bytes], int]:
+def udp_dst_port(msg: bytes) -> int | None:
+    """The UDP destination port of the frame in an NXT_PACKET_IN2 (its NXPINT_PACKET property), None if the
+    frame is not untagged IPv4 UDP."""
+    pos = 16  # OpenFlow header, experimenter id, subtype
+    while pos + 4 <= len(msg):
+        ptype, plen = struct.unpack_from("!HH", msg, pos)
+        if plen < 4:
+            return None
+        if ptype == 0:  # NXPINT_PACKET
+            frame = msg[pos + 4:pos + plen]
+            if len(frame) < 34 or frame[12:14] != b"\x08\x00" or frame[23] != 17:
+                return None
+            udp = 14 + (frame[14] & 0x0F) * 4
+            return int.from_bytes(frame[udp + 2:udp + 4], "big") if len(frame) >= udp + 4 else None
+        pos += (plen + 7) // 8 * 8
+    return None
+
+
+def scan(buf: bytes | bytearray, on_packet_in: Callable[[bytes], None] | None = None
+         ) -> tuple[int, int, list[bytes], int]:
     """The whole messages at the start of `buf`: (packet-ins (OFPT_PACKET_IN or NXT_PACKET_IN2),
     other messages, echo replies owed (each echo request's reply, ready to send), bytes consumed).
-    A message cut off at the end is left for the next read."""
+    A message cut off at the end is left for the next read. `on_packet_in` gets each NXT_PACKET_IN2."""
     packet_ins = others = 0
     replies: list[bytes] = []
     pos, end = 0, len(buf)
@@ -49,6 +73,8 @@ def scan(buf: bytes | bytearray) -> tuple[int, int, list[bytes], int]:
         if mtype == OFPT_PACKET_IN or (mtype == OFPT_EXPERIMENTER and length >= 16
                                        and _EXPERIMENTER.unpack_from(buf, pos + 8) == (NX_VENDOR, NXT_PACKET_IN2)):
             packet_ins += 1
+            if on_packet_in is not None and mtype == OFPT_EXPERIMENTER:
+                on_packet_in(bytes(buf[pos:pos + length]))
         else:
             others += 1
             if mtype == OFPT_ECHO_REQUEST:
@@ -58,6 +84,14 @@ def scan(buf: bytes | bytearray) -> tuple[int, int, list[bytes], int]:
 
 
 def main() -> int:
+    on_packet_in = None
+    if sys.argv[2:3] == ["--append"]:
+        fd = os.open(sys.argv[3], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def on_packet_in(msg: bytes) -> None:
+            port = udp_dst_port(msg)
+            if port is not None:
+                os.write(fd, b"%d\n" % port)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sys.argv[1])
     sock.sendall(handshake())
@@ -74,7 +108,7 @@ def main() -> int:
         if not chunk:
             return 0
         pending += chunk
-        packet_ins, others, replies, used = scan(pending)
+        packet_ins, others, replies, used = scan(pending, on_packet_in)
         counts[0] += packet_ins
         counts[1] += others
         del pending[:used]

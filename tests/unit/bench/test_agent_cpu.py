@@ -3,36 +3,19 @@ reader's (bench/_of_floor.py) message counting on OpenFlow bytes as OVS 3.1 send
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.support.bench_modules import load_bench
 from tests.support.packet_ins import frame, message
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load(name: str) -> ModuleType:
-    """A bench file as a module; sys.path as it was after (the bench puts bench/ in front)."""
-    before = list(sys.path)
-    try:
-        module_name = f"bench_{name.strip('_')}"
-        spec = importlib.util.spec_from_file_location(module_name, ROOT / "bench" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = before
-
-
-bench = _load("agent_cpu")
-floor = _load("_of_floor")
+bench = load_bench("agent_cpu")
+floor = load_bench("_of_floor")
 
 # A task's stat line whose comm holds a space and a ')': utime 250, stime 40 (fields 14 and 15).
 STAT = ("4242 (npaudit ag) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 40 0 0 20 0 7 0 4880 3133440 382 "

@@ -3,36 +3,19 @@ after a policy write, and the manifests it writes (valid for the loader the node
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
 from policy_agent.policy.manifests import load_documents
+from tests.support.bench_modules import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load(name: str) -> ModuleType:
-    """A bench file as a module; sys.path as it was after (the bench puts bench/ in front)."""
-    before = list(sys.path)
-    try:
-        module_name = f"bench_{name}"
-        spec = importlib.util.spec_from_file_location(module_name, ROOT / "bench" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = before
-
-
-bench = _load("cluster_scale")
-throughput = _load("_cluster_throughput")
+bench = load_bench("cluster_scale")
+throughput = load_bench("_cluster_throughput")
 
 
 def test_nearest_rank_percentile() -> None:
@@ -73,7 +56,7 @@ def test_ratio() -> None:
     assert bench.ratio(None, 1.0) is None
 
 
-def test_manifests_it_writes_load() -> None:
+def test_manifests_it_writesload_bench() -> None:
     docs = [d for text in (bench.namespaces("x", "y", "t"), throughput.stream_policy(True),
                            throughput.stream_policy(False),
                            bench.reject_policy(80)) for d in yaml.safe_load_all(text)]
@@ -109,7 +92,7 @@ def test_the_propagation_target_is_judged_on_the_kubernetes_api_mode() -> None:
 
 
 def test_run_all_takes_its_headline_figures() -> None:
-    run_all = _load("run_all")
+    run_all = load_bench("run_all")
     result = {"throughput": {"cross_node_logging_on_vs_off_ratio": 0.97, "cross_node_vs_same_node_ratio": 0.8,
                              "logging_on_vs_off_adjacent_pairs": {"cross_node": {"n": 23, "median": 0.97, "q1": 0.9,
                                                                                  "q3": 1.1, "min": 0.6, "max": 1.5},

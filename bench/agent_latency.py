@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Issue 22's latency through the real agent: a packet leaves a Pod, its record is readable in the file. JSON.
+
+bench/auditlog_throughput.py --latency-only times the agent's path in a consumer process; this times the
+agent itself, as a user sees it. The cluster is bench/agent_cpu.py's (tests/support/overload_scenario.py:
+the agent process, its embedded OVS, x/a and y/a through CNI, a logged Drop on UDP 1024-65535 from x/a to
+y/a). A sender in x/a sends one datagram every 1/--rate s, each to a new destination port (each a new audit
+key, so each record is a "first", written at once), and prints when it sent each. A watcher in this process
+(inotify on the file, IN_MODIFY: no polling that would take CPU from the agent) reads each appended line
+and notes when the line of each port became readable. Latency = readable - sent, wall clock on one machine.
+
+The floor, in the same run, once the agent is stopped (OVS keeps its flows, fail_mode=secure): a bare
+OpenFlow reader on the bridge's .mgmt socket (bench/_of_floor.py --append) that, per packet-in, finds the
+UDP destination port in the frame and appends it as a line to a file, watched the same way. That is what
+the sender, the kernel, OVS and any reader that writes a line cost before the agent's own work.
+
+The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
+this is one round of each: compare them within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agent_cpu import record_encoder  # noqa: E402
+
+from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
+from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+IN_MODIFY = 0x2
+SENDER = r"""
+import socket, sys, time
+dst, first, n, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(n):
+    t = time.time()
+    s.sendto(b"lat", (dst, first + i))
+    print(first + i, t, flush=True)
+    time.sleep(1.0 / rate)
+"""
+
+
+class Appends:
+    """Notes when each key's line became readable in `path` (a file only ever appended to), via inotify."""
+
+    def __init__(self, path: Path, key_of: Callable[[bytes], int | None]) -> None:
+        self.seen: dict[int, float] = {}
+        self._key_of = key_of
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = self._libc.inotify_init1(os.O_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        path.touch(exist_ok=True)
+        if self._libc.inotify_add_watch(self._fd, str(path).encode(), IN_MODIFY) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
+        self._file = open(path, "rb")
+        self._file.seek(0, os.SEEK_END)
+        self._pending = b""
+        self._wake_r, self._wake_w = os.pipe()  # close() ends the wait through it
+        self._thread = threading.Thread(target=self._run, name="appends", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [])  # until the file is written to
+            if self._wake_r in ready:
+                return
+            now = time.time()
+            os.read(self._fd, 4096)
+            self._pending += self._file.read()
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                key = self._key_of(line)
+                if key is not None and key not in self.seen:
+                    self.seen[key] = now
+
+    def close(self) -> None:
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            os.close(fd)
+        self._file.close()
+
+
+def record_port(line: bytes) -> int | None:
+    """The destination port of a flood record's line (the scenario's logged Drop), else None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if record.get("labels", {}).get("log_label") != "flood":
+        return None
+    port = record.get("destination", {}).get("port")
+    return port if isinstance(port, int) else None
+
+
+def floor_port(line: bytes) -> int | None:
+    return int(line) if line.strip().isdigit() else None
+
+
+def percentiles(ms: list[float]) -> dict:
+    if not ms:
+        return {"n": 0}
+    ms = sorted(ms)
+    q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
+    return {"n": len(ms), "p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3), "max_ms": round(ms[-1], 3)}
+
+
+def phase(netns: str, ip: str, first: int, n: int, rate: float, watched: Path,
+          key_of: Callable[[bytes], int | None]) -> dict:
+    appends = Appends(watched, key_of)
+    try:
+        out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", SENDER, ip, str(first), str(n),
+                              str(rate)], capture_output=True, text=True, check=True, timeout=n / rate * 3 + 60).stdout
+        time.sleep(1.0)  # the last packet's way through
+    finally:
+        appends.close()
+    sent = {int(port): float(t) for port, t in (line.split() for line in out.splitlines())}
+    lat = [(appends.seen[p] - t) * 1000 for p, t in sent.items() if p in appends.seen]
+    return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat)}
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packets", type=int, default=600, help="per phase")
+    ap.add_argument("--rate", type=float, default=17.0, help="packets/s (issue 22: 17)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
+    marks = AuditConfig().overload
+    cluster = new_key_flood_cluster(meter_rate=1000, overload=marks.enabled,
+                                    queue_size=PacketInConfig().policy.queue_size,
+                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark))
+    load0 = os.getloadavg()
+    floor_proc = None
+    try:
+        cluster.start(timeout=120)
+        netns, ip = start_flood_pods(cluster)
+        settled(cluster)
+        encoder = record_encoder(cluster.metrics_port)  # type: ignore[attr-defined]
+        agent = phase(netns, ip, 20000, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
+        cluster.stop_agent()
+        floor_file = work / "floor.lines"
+        floor_file.touch()
+        floor_proc = subprocess.Popen([sys.executable, str(HERE / "_of_floor.py"), str(cluster.dir / "ovs" / "br-int.mgmt"),
+                                       "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
+        if floor_proc.stdout is None or floor_proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the floor reader did not start")
+        floor = phase(netns, ip, 40000, args.packets, args.rate, floor_file, floor_port)
+    finally:
+        if floor_proc is not None:
+            floor_proc.terminate()
+            floor_proc.wait(10)
+        cluster.close()
+        subprocess.run(["rm", "-rf", str(work)])
+    a50, f50 = agent["sent_to_readable"].get("p50_ms"), floor["sent_to_readable"].get("p50_ms")
+    print(json.dumps({
+        "benchmark": "agent_latency",
+        "settings": {"packets_per_phase": args.packets, "rate_per_s": args.rate,
+                     "sender": "Python in x/a, one UDP datagram per 1/rate s, each to a new port (a new audit key)",
+                     "readable": "inotify IN_MODIFY on the file, the line read and parsed, stamped on wake-up",
+                     "record_encoder": encoder,
+                     "load_average_start": [round(x, 2) for x in load0],
+                     "load_average_end": [round(x, 2) for x in os.getloadavg()]},
+        "agent": agent,
+        "floor_bare_reader_appending": floor,
+        "agent_minus_floor_p50_ms": round(a50 - f50, 3) if a50 is not None and f50 is not None else None,
+        "target": {"p50_ms": 0.6, "p99_ms": 1.0},
+    }, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
