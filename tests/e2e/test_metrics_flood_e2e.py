@@ -77,6 +77,11 @@ class Flood:
         self._thread = threading.Thread(target=self._hold, name="flood", daemon=True)
         self.opened = 0
         self.closed_by_agent = 0
+        # The most the flood held open after each refill, counted from 1 s after start (by then the agent
+        # has met every one of the first HELD): a churn the agent clears thousands of times a second is
+        # seen after every pass, not in four snapshots (two clean-clone runs caught 295 and 550 there).
+        self.most_held = 0
+        self._count_from = float("inf")
 
     def _open(self) -> None:
         s = socket.socket()
@@ -102,10 +107,13 @@ class Flood:
                 self.closed_by_agent += 1
             for _ in range(min(REOPEN_PER_PASS, HELD - len(self._selector.get_map()))):
                 self._open()
+            if time.monotonic() >= self._count_from:
+                self.most_held = max(self.most_held, len(self._selector.get_map()))
 
     def start(self) -> None:
         for _ in range(HELD):
             self._open()
+        self._count_from = time.monotonic() + 1.0
         self._thread.start()
 
     def held(self) -> int:
@@ -171,8 +179,7 @@ def test_a_flood_of_half_sent_requests_on_the_metrics_port_starves_nothing() -> 
 
         flood.start()
         time.sleep(1.0)  # the agent has met every one of the first HELD connections by now
-        # How many the test holds is a snapshot of a churn (the agent closes thousands a second under
-        # load), so it is sampled beside each probe and the largest sample stands for the flood.
+        # How many the test holds beside each probe is printed; Flood.most_held is what is checked.
         probes, samples = [_probe_healthz(port)], [flood.held()]
         cluster.apply(MANIFESTS)  # raises when `npaudit apply` fails
         probes.append(_probe_healthz(port))
@@ -185,19 +192,22 @@ def test_a_flood_of_half_sent_requests_on_the_metrics_port_starves_nothing() -> 
         probes.append(_probe_healthz(port))
         samples.append(flood.held())
         agent_fds = len(os.listdir(f"/proc/{cluster.agent.pid}/fd"))
-        held, replaced = max(samples), flood.closed_by_agent
+        held, replaced = flood.most_held, flood.closed_by_agent
         ovs_after = _ovs_pids(cluster)
         log = cluster.log()[len(log_before):]
     finally:
         flood.close()
         cluster.close()
 
-    print(f"flood: {held} held at most of samples {samples}, {replaced} closed by the agent and replaced; agent descriptors {agent_fds}")
+    print(f"flood: {held} held at most after a refill (samples beside the probes {samples}), {replaced} closed by "
+          f"the agent and replaced; agent descriptors {agent_fds}")
     assert probes == ["ok"] * 4, f"/healthz under the flood: {probes}\n{log[-3000:]}"
     assert pod.ip.startswith("10.246.0.")
     assert status == 200 and 'npaudit_http_connections_max 64.0' in metrics, metrics[-2000:]
-    # The flood was real: the test held its connections and the agent kept closing them.
-    assert held > HELD // 2 and replaced > HELD, (held, replaced)
+    # The flood was real: at once the test held more connections than the agent has descriptors, and the
+    # agent kept closing them. (How many at once is a race the agent's own speed decides: the faster it
+    # closes, the fewer stay open; HELD // 2 failed a clean-clone run at 550.)
+    assert held > AGENT_NOFILE and replaced > HELD, (held, replaced)
     # The listener kept out of the agent's reserve (128 of 256 descriptors at the defaults).
     assert agent_fds < AGENT_NOFILE - 64, agent_fds
     assert "Traceback" not in log, log[-3000:]
