@@ -48,6 +48,19 @@ from auditlog.writer import AuditWriter
 from packetin.model import Category, PacketIn
 from policy_agent.config.overload import OverloadConfig
 
+# One UDP datagram every 1/rate s from a Pod, datagram i to port 20000 + i (each a new audit key); prints
+# "<port> <time.time() when sent>" per datagram. Args: destination address, count, rate.
+LOW_RATE_SENDER = r"""
+import socket, sys, time
+dst, n, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(n):
+    port = 20000 + i
+    t = time.time()
+    s.sendto(b"lat", (dst, port))
+    print(port, t, flush=True)
+    time.sleep(1.0 / rate)
+"""
 MARKS = OverloadConfig()  # the agent's default overload marks
 
 # (name, from stamp, to stamp): the hand-offs, in path order.
@@ -199,7 +212,8 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
     asyncio.run(main())
 
 
-def _quantiles(values: list[float]) -> dict[str, float]:
+def quantiles_ms(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of `values` (milliseconds, at least one), rounded to µs."""
     values = sorted(values)
     q = statistics.quantiles(values, n=100, method="inclusive") if len(values) >= 2 else [values[0]] * 99
     return {"p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3), "max_ms": round(values[-1], 3)}
@@ -222,8 +236,8 @@ def floor(rounds: list[Round]) -> dict:
                if (s := stamps.get(str(port))) is not None and "written" in s and port in in_file]
     sent = sum(len(r[0]) for r in rounds)
     return {"packets": sent, "read": len(lat), "cpu_us_per_packet": cpu_us_per_packet(rounds),
-            **({"sent_to_read": _quantiles(lat)} if lat else {}),
-            **({"sent_to_written_file_append": _quantiles(written)} if written else {})}
+            **({"sent_to_read": quantiles_ms(lat)} if lat else {}),
+            **({"sent_to_written_file_append": quantiles_ms(written)} if written else {})}
 
 
 def breakdown(rounds: list[Round]) -> dict:
@@ -243,7 +257,7 @@ def breakdown(rounds: list[Round]) -> dict:
     if not rows:
         return out
     out["written_inline"] = sum(1 for r in rows if r.get("inline"))
-    out["end_to_end"] = _quantiles([(r["written"] - r["sent"]) * 1000 for r in rows])
-    out["agent_read_to_written"] = _quantiles([(r["written"] - r["read"]) * 1000 for r in rows])
-    out["handoffs"] = {name: _quantiles([(r[b] - r[a]) * 1000 for r in rows]) for name, a, b in HANDOFFS}
+    out["end_to_end"] = quantiles_ms([(r["written"] - r["sent"]) * 1000 for r in rows])
+    out["agent_read_to_written"] = quantiles_ms([(r["written"] - r["read"]) * 1000 for r in rows])
+    out["handoffs"] = {name: quantiles_ms([(r[b] - r[a]) * 1000 for r in rows]) for name, a, b in HANDOFFS}
     return out

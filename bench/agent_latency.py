@@ -25,7 +25,6 @@ import ctypes
 import json
 import os
 import select
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _latency_probe import LOW_RATE_SENDER, quantiles_ms  # noqa: E402
 from agent_cpu import record_encoder  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
@@ -44,16 +44,6 @@ from tests.support.overload_scenario import new_key_flood_cluster, settled, star
 
 HERE = Path(__file__).resolve().parent
 IN_MODIFY = 0x2
-SENDER = r"""
-import socket, sys, time
-dst, first, n, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for i in range(n):
-    t = time.time()
-    s.sendto(b"lat", (dst, first + i))
-    print(first + i, t, flush=True)
-    time.sleep(1.0 / rate)
-"""
 
 
 class Appends:
@@ -115,18 +105,14 @@ def floor_port(line: bytes) -> int | None:
 
 
 def percentiles(ms: list[float]) -> dict:
-    if not ms:
-        return {"n": 0}
-    ms = sorted(ms)
-    q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
-    return {"n": len(ms), "p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3), "max_ms": round(ms[-1], 3)}
+    return {"n": len(ms), **quantiles_ms(ms)} if ms else {"n": 0}
 
 
-def phase(netns: str, ip: str, first: int, n: int, rate: float, watched: Path,
+def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
           key_of: Callable[[bytes], int | None]) -> dict:
     appends = Appends(watched, key_of)
     try:
-        out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", SENDER, ip, str(first), str(n),
+        out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", LOW_RATE_SENDER, ip, str(n),
                               str(rate)], capture_output=True, text=True, check=True, timeout=n / rate * 3 + 60).stdout
         time.sleep(1.0)  # the last packet's way through
     finally:
@@ -154,7 +140,7 @@ def main() -> int:
         netns, ip = start_flood_pods(cluster)
         settled(cluster)
         encoder = record_encoder(cluster.metrics_port)  # type: ignore[attr-defined]
-        agent = phase(netns, ip, 20000, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
+        agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
         cluster.stop_agent()
         floor_file = work / "floor.lines"
         floor_file.touch()
@@ -162,7 +148,7 @@ def main() -> int:
                                        "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
         if floor_proc.stdout is None or floor_proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the floor reader did not start")
-        floor = phase(netns, ip, 40000, args.packets, args.rate, floor_file, floor_port)
+        floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port)
     finally:
         if floor_proc is not None:
             floor_proc.terminate()

@@ -41,7 +41,7 @@ from typing import Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bridge import RULE_ID, bench_bridge, consumer_path, print_report, run_phase, until_sigterm  # noqa: E402
-from _latency_probe import Round, breakdown, consume_floor, consume_latency, floor  # noqa: E402
+from _latency_probe import LOW_RATE_SENDER, Round, breakdown, consume_floor, consume_latency, floor  # noqa: E402
 from packetin_throughput import consume_raw  # noqa: E402
 
 from auditlog.aggregate import Aggregator  # noqa: E402
@@ -141,19 +141,6 @@ def consume_audit(target: str, netns: str, audit_path: str) -> None:
 
 
 # One packet per destination port, so each is the first packet of a new audit key.
-LOW_RATE_SENDER = r"""
-import socket, sys, time
-dst, n, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for i in range(n):
-    port = 20000 + i
-    t = time.time()
-    s.sendto(b"lat", (dst, port))
-    print(port, t, flush=True)
-    time.sleep(1.0 / rate)
-"""
-
-
 LATENCY_KINDS = ("floor", "thread_only", "inline")  # bare reader; writer thread always; the agent's default
 
 
