@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.cluster import logged_udp_drop
 from tests.support.local_cluster import LocalCluster, npaudit
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 NODES = ("n1", "n2", "n3")
@@ -36,14 +37,6 @@ def local() -> Iterator[LocalCluster]:
         yield c
     finally:
         c.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
 
 
 def _netns() -> set[str]:
@@ -130,13 +123,13 @@ def test_three_nodes_up_status_apply_pods_and_down(local: LocalCluster, tmp_path
     # Down: every pid it started gone, every namespace it made gone, files left; a second down is fine.
     pids = [n["pid"] for n in local.status()["nodes"]]
     ovs_pids = [int(p.read_text()) for node in NODES for p in (local.dir / node / "ovs").glob("*.pid")]
-    assert len(ovs_pids) == 6 and all(_alive(p) for p in pids + ovs_pids)
+    assert len(ovs_pids) == 6 and all(alive(p) for p in pids + ovs_pids)
     made = {n["netns"] for n in record["nodes"]} | {record["underlay_netns"]} | {
         p["netns"] for p in local.record()["pods"]}
     assert len(made) == 7 and made <= _netns()
     res = local.cluster("down")
     assert res.returncode == 0, res.stderr
-    assert not any(_alive(p) for p in pids + ovs_pids)
+    assert not any(alive(p) for p in pids + ovs_pids)
     assert made & _netns() == set()
     assert (local.dir / "n1" / "npaudit.yaml").exists() and (local.dir / "n1" / "agent.log").exists()
     res = local.cluster("down")

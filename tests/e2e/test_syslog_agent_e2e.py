@@ -15,7 +15,8 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from tests.support.cluster import Cluster, _npaudit
-from tests.support.syslog_receiver import TcpReceiver, alive, write_records
+from tests.support.processes import alive
+from tests.support.syslog_receiver import TcpReceiver, write_records
 from tests.support.waiting import wait_for
 
 

@@ -24,7 +24,7 @@ from auditlog.syslog.process import ProcessForwarder
 from policy_agent.cli.main import main
 from tests.support.rsyslog import ForwardedCopies
 from tests.support.syslog_forwarders import NODE, write_records
-from tests.support.syslog_receiver import alive, state
+from tests.support.processes import alive, state
 from tests.support.waiting import wait_for
 
 RECORDS = 1500

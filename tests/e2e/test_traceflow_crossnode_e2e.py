@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.support.local_cluster import LocalCluster, npaudit
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 N2_ADDRESS = "198.51.100.12"  # node 2's underlay address in a local cluster (policy_agent/cluster/local.py)
@@ -151,8 +152,7 @@ def test_a_destination_node_that_does_not_answer_is_named_within_the_timeout(
         local: LocalCluster, pods: dict[str, dict[str, str]]) -> None:
     pid = int((local.dir / "n2" / "agent.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # the agent `cluster up` started for n2; its OVS keeps the flows
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
-             timeout=10, what="n2's agent gone")
+    wait_for(lambda: not alive(pid), timeout=10, what="n2's agent gone")
     code, result, elapsed = trace(local, "--port", "81", timeout=3.0)
     assert code == 3, result
     hop(result)

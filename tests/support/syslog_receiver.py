@@ -1,5 +1,5 @@
-"""A plain TCP syslog receiver on 127.0.0.1 for tests (keeps the npaudit seq of every octet-counted message), and the
-few helpers the forwarder process tests share."""
+"""A plain TCP syslog receiver on 127.0.0.1 for tests (keeps the npaudit seq of every octet-counted message), and
+records written for a forwarder to send."""
 
 from __future__ import annotations
 
@@ -62,16 +62,3 @@ def write_records(live: Path, first: int, count: int) -> None:
         for i in range(first, first + count):
             assert writer.submit(RecordText.of({"event": {"action": "allowed", "id": f"e{i}"}, "n": i}))
         assert writer.flush_wait()
-
-
-def state(pid: int) -> str | None:
-    """The process state letter of `pid` (R, S, T, Z, ...), None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not: it has exited, its parent has yet to reap it)."""
-    return state(pid) not in (None, "Z", "X")

@@ -20,7 +20,8 @@ from auditlog.syslog.forwarder import ForwarderStats, make_destination
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.status import SyslogStatus
 from auditlog.syslog.transport import TlsOptions
-from tests.support.syslog_receiver import TcpReceiver, alive, state, write_records
+from tests.support.processes import alive, state
+from tests.support.syslog_receiver import TcpReceiver, write_records
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[4]
