@@ -24,6 +24,10 @@ from policy_agent.engine import PolicyEngine
 from policy_agent.metrics import AuditCollector, SyslogCollector, VerdictCollector
 from policy_agent.policy.rules import RuleRegistry
 
+# Seconds past openflow.read_pace_max the window timer waits for a read that closes the windows due: a late
+# event-loop turn, not a second wake-up, should decide.
+WINDOW_SLACK_MARGIN = 0.005
+
 
 class AuditTrail:
     """Category 0's records: aggregated, written to the hash-chained files, forwarded to syslog from those."""
@@ -91,7 +95,9 @@ def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], P
     ov = ac.overload
     overload = Overload(lambda: max(packetin_fill(), writer.queue_fill()), high_mark=ov.high_mark,
                         peers_mark=ov.peers_mark, low_mark=ov.low_mark, pressed=pressed) if ov.enabled else None
-    return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload), writer
+    # While packet-ins flow, a read comes at most openflow.read_pace_max after the last: windows close in it.
+    slack = config.openflow.read_pace_max + WINDOW_SLACK_MARGIN
+    return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload, window_slack=slack), writer
 
 
 def build_syslog(config: AgentConfig) -> list[Forwarder | ProcessForwarder]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from auditlog.pipeline import AuditPipeline, tick_delay
 from auditlog.verify import verify
 from auditlog.writer import AuditWriter
 from packetin.demux import Demux
-from packetin.model import Category
+from packetin.model import Category, Disposition
 from policy_agent.policy_packetins import PolicyPacketIns
 from tests.support.audit_pipeline import Writer, context, pin, udp_to
 from tests.support.waiting import eventually
@@ -38,7 +39,8 @@ def test_one_reads_packet_ins_are_written_in_one_write_by_the_loop_thread(live):
     async def run() -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
         writer = AuditWriter(live, compress=False)
         writer.start()
-        pipeline = AuditPipeline(context(), writer, Aggregator(window=60.0))
+        # The clock of the packet-ins' times: no window is due until close().
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=60.0), wall_clock=lambda: 100.0)
         demux = Demux(inline_max=64)
         demux.subscribe(int(Category.POLICY), PolicyPacketIns(lambda msg: 0, audit=pipeline), rate=1e9, burst=1e9,
                         queue_size=1000, now=0.0)
@@ -91,3 +93,73 @@ def test_the_window_timer_waits_a_grain_after_a_tick_however_soon_the_next_windo
     assert tick_delay(deadline=101.0, now=100.0, ticked=100.0) == pytest.approx(1.0)  # a far window: its deadline
     assert tick_delay(deadline=99.0, now=100.0, ticked=50.0) < 0  # long since the last tick: at once
     assert tick_delay(deadline=50.0, now=50.0, ticked=100.0) == pytest.approx(grain)  # clock stepped back: one grain
+
+
+class BatchWriter(Writer):
+    """A batching sink: the records of each hold .. release, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []  # each batch's records, by destination port
+        self._open: list[int] | None = None
+
+    def hold(self) -> None:
+        self._open = []
+
+    def submit(self, record: Any) -> bool:
+        if self._open is not None:
+            self._open.append(record.record()["destination"]["port"])
+        return super().submit(record)
+
+    def release(self) -> None:
+        if self._open is not None:
+            self.batches.append(self._open)
+        self._open = None
+
+
+def test_windows_due_when_a_read_ends_are_closed_in_that_reads_write_and_the_timer_sleeps_past_them():
+    """A read's end closes the windows due (a read of Allows opens none, so nothing else would), and the
+    timer, whose window a new key's packet-in closed, sleeps towards the next one, not the closed one."""
+    allow = int(Disposition.ALLOW)
+    reads = ((100.0, (1, 1), 1), (101.5, (2,), allow), (102.0, (3, 3), 1), (103.5, (4,), 1))
+
+    async def run() -> tuple[BatchWriter, list[float | None]]:
+        writer = BatchWriter()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), wall_clock=lambda: clock[0],
+                                 window_slack=0.025)
+        pipeline.start()
+        untils = []
+        for at, ports, disposition in reads:
+            clock[0] = at
+            pipeline.begin_batch()
+            for port in ports:
+                pipeline(pin(udp_to(port), at, disposition))
+            pipeline.end_batch()
+            for _ in range(3):  # the timer's turns: it recomputes what it sleeps towards
+                await asyncio.sleep(0)
+            untils.append(pipeline._timer_until)
+        await pipeline.close()
+        return writer, untils
+
+    writer, untils = asyncio.run(run())
+    # Port 1's repeat is in the write of the read of Allows that came after its window; port 3's in port 4's.
+    assert writer.batches == [[1], [2, 1], [3], [3, 4]]
+    assert untils == [101.0, None, 103.0, 104.5]
+    assert writer.packets() == 6
+
+
+def test_with_a_slack_the_timer_still_closes_windows_when_no_read_comes():
+    async def run() -> Writer:
+        writer = Writer()
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=0.05), window_slack=0.03)
+        pipeline.start()
+        now = time.time()
+        for port in (1, 1, 2, 2, 2):
+            pipeline(pin(udp_to(port), now))
+        await eventually(lambda: len(writer.records) == 4, HANG_GUARD, lambda: f"4 records in {writer.records}")
+        await pipeline.close()
+        return writer
+
+    writer = asyncio.run(run())
+    assert writer.packets() == 5
