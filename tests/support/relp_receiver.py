@@ -8,6 +8,7 @@ import socket
 import threading
 
 from auditlog.syslog.relp import encode_frame, parse_frames
+from tests.support.accepting import AcceptThread
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 
@@ -15,27 +16,20 @@ class RelpReceiver:
     """One connection at a time; `hold` set: messages are kept but not answered until it is cleared."""
 
     def __init__(self, *, refuse: bool = False) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"relp://127.0.0.1:{self.listener.getsockname()[1]}"
         self.seqs: list[int] = []
         self.refuse = refuse
         self.hold = threading.Event()
         self.closes = 0  # `close` commands received
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._accepting = AcceptThread(self._connection)
+        self.url = f"relp://127.0.0.1:{self._accepting.port}"
 
-    def _run(self) -> None:
-        while True:
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
             try:
-                conn, _ = self.listener.accept()
+                self._serve(conn)
             except OSError:
-                return
-            with conn:
-                try:
-                    self._serve(conn)
-                except OSError:
-                    pass
+                pass
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
@@ -69,4 +63,4 @@ class RelpReceiver:
                     return
 
     def close(self) -> None:
-        self.listener.close()
+        self._accepting.close()

@@ -4,11 +4,11 @@ records written for a forwarder to send."""
 from __future__ import annotations
 
 import socket
-import threading
 from pathlib import Path
 
 from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
+from tests.support.accepting import AcceptThread
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
 
@@ -17,33 +17,26 @@ class TcpReceiver:
     end of stream (so a stopping forwarder knows everything sent was read)."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
         self.seqs: list[int] = []
         self.connections = 0  # accepted so far
         self.ended: list[str] = []  # how each accepted connection ended: "eof" or the error
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._accepting = AcceptThread(self._serve)
+        self.url = f"tcp://127.0.0.1:{self._accepting.port}"
 
-    def _run(self) -> None:
-        while True:
+    def _serve(self, conn: socket.socket) -> None:
+        self.connections += 1
+        rest = b""
+        with conn:
             try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            rest = b""
-            with conn:
-                try:
-                    while chunk := conn.recv(1 << 16):
-                        messages, rest = split_octet_counted(rest + chunk)
-                        self.seqs += [int(parse_message(m).sd["npaudit@32473"]["seq"]) for m in messages]
-                    self.ended.append(f"eof ({len(rest)} bytes of a cut message left)")
-                except OSError as exc:
-                    self.ended.append(repr(exc))
-                except Exception as exc:  # said by missing(), not lost in a thread's traceback
-                    self.ended.append(f"receiver failed: {exc!r}")
-                    raise
+                while chunk := conn.recv(1 << 16):
+                    messages, rest = split_octet_counted(rest + chunk)
+                    self.seqs += [int(parse_message(m).sd["npaudit@32473"]["seq"]) for m in messages]
+                self.ended.append(f"eof ({len(rest)} bytes of a cut message left)")
+            except OSError as exc:
+                self.ended.append(repr(exc))
+            except Exception as exc:  # said by missing(), not lost in a thread's traceback
+                self.ended.append(f"receiver failed: {exc!r}")
+                raise
 
     def missing(self, first: int, last: int) -> str:
         """For a timeout's message: which of seqs first..last never arrived, and the connections' state."""
@@ -53,7 +46,7 @@ class TcpReceiver:
                 f"ended: {self.ended or 'none yet'}")
 
     def close(self) -> None:
-        self.listener.close()
+        self._accepting.close()
 
 
 def write_records(live: Path, first: int, count: int) -> None:

@@ -5,35 +5,31 @@ from __future__ import annotations
 import socket
 import threading
 
+from tests.support.accepting import AcceptThread
+
 
 class WireTap:
     """Listens on 127.0.0.1 and relays each connection, both ways, to `backend` unchanged."""
 
     def __init__(self, backend: tuple[str, int]) -> None:
         self._backend = backend
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
         self.wire = bytearray()  # every byte clients sent, in arrival order
         self.connections = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._accepting = AcceptThread(self._relay)
+        self.port: int = self._accepting.port
 
     def close(self) -> None:
-        self._listener.close()
+        self._accepting.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            try:
-                server = socket.create_connection(self._backend)
-            except OSError:
-                client.close()
-                continue
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+    def _relay(self, client: socket.socket) -> None:
+        self.connections += 1
+        try:
+            server = socket.create_connection(self._backend)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
         try:

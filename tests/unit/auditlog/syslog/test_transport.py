@@ -12,6 +12,7 @@ import pytest
 
 from auditlog.syslog.errors import SyslogConfigError, SyslogTLSError, SyslogTransportError
 from auditlog.syslog.transport import Backoff, Endpoint, TlsOptions, open_sender, parse_endpoint, tls_context
+from tests.support.accepting import AcceptThread
 from tests.support.certs import Pki, make_pki
 
 
@@ -19,22 +20,13 @@ class Receiver:
     """A loopback TCP (optionally TLS) server that keeps every byte each connection sent."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.tls = tls
         self.received: list[bytes] = []
         self.handshake_errors: list[str] = []
         self.conns: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+        self._accepting = AcceptThread(lambda conn: threading.Thread(target=self._read, args=(conn,),
+                                                                     daemon=True).start())
+        self.port = self._accepting.port
 
     def _read(self, conn: socket.socket) -> None:
         data = bytearray()
@@ -66,7 +58,7 @@ class Receiver:
             conn.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self.listener.close()
+        self._accepting.close()
 
 
 @pytest.fixture
@@ -120,7 +112,6 @@ def test_tcp_frames_arrive_back_to_back(receiver: Receiver) -> None:
     sender.send([b"3 abc", b"2 de"])
     sender.send([b"1 f"])
     sender.close()
-    receiver.thread.join(0.01)
     for _ in range(200):
         if receiver.received:
             break
@@ -218,10 +209,14 @@ class StalledReceiver:
         self.tls = tls
         self.conn: socket.socket | None = None
         self.ready = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # shut down by close() before anyone connected
+            return
         self.conn = self.tls.wrap_socket(conn, server_side=True) if self.tls is not None else conn
         self.ready.set()
 
@@ -235,6 +230,9 @@ class StalledReceiver:
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+        # Shut down, and the thread gone, before the fd is freed (tests/support/accepting.py says why).
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
         self.listener.close()
 
 
