@@ -111,10 +111,11 @@ class AuditPipeline:
                  wall_clock: Callable[[], float] = time.time, overload: Overload | None = None,
                  window_slack: float = 0.0) -> None:
         # Windows due when a batch of packet-ins ends are closed in that batch (end_batch): their
-        # records share its write, and no wake-up of their own is paid (~0.4-0.8 ms of CPU each on
-        # this VM, bench/agent_cpu.py). The timer, for when no batch comes, sleeps `window_slack`
-        # past the deadline: the reader's longest pause in a flood (openflow.read_pace_max), so
-        # while packet-ins flow a read always comes first. A window's record is that much later.
+        # records share its write, and the timer does not wake for them (in a flood, one sleep a
+        # read instead of ~1.9; bench/agent_cpu.py, whose CPU figures it left unchanged). The timer,
+        # for when no batch comes, sleeps `window_slack` past the deadline: the reader's longest
+        # pause in a flood (openflow.read_pace_max), so while packet-ins flow a read always comes
+        # first. A window's record is that much later.
         self._slack = window_slack
         # RecordEncoder.encode_positional, its common case in C where auditlog._record_fast is built
         self.encoder = fast_encoder(RecordEncoder(ctx))
