@@ -11,30 +11,26 @@ import socket
 import struct
 from typing import Iterable
 
-# linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/veth.h
-_NLMSG_ERROR = 2
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-_RTM_NEWLINK, _RTM_DELLINK, _RTM_GETLINK, _RTM_NEWADDR, _RTM_NEWROUTE = 16, 17, 18, 20, 24
+from policy_agent.ovs.netlink import (IFINFO, IFLA_ADDRESS, IFLA_IFNAME, NLA_F_NESTED, NLA_TYPE_MASK, NLM_F_ACK,
+                                      NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NLMSG, NLMSG_ERROR, RTA, RTM_DELLINK,
+                                      RTM_GETLINK, RTM_NEWLINK, attr, attributes, message)
+
+# linux/rtnetlink.h, linux/if_link.h, linux/veth.h (the framing: policy_agent/ovs/netlink.py)
+_RTM_NEWADDR, _RTM_NEWROUTE = 20, 24
 _IFF_UP, _IFF_NOARP = 0x1, 0x80
-_IFLA_ADDRESS, _IFLA_IFNAME, _IFLA_MTU, _IFLA_LINK, _IFLA_LINKINFO, _IFLA_NET_NS_FD = 1, 3, 4, 5, 18, 28
+_IFLA_MTU, _IFLA_LINK, _IFLA_LINKINFO, _IFLA_NET_NS_FD = 4, 5, 18, 28
 _IFLA_INFO_KIND, _IFLA_INFO_DATA, _VETH_INFO_PEER = 1, 2, 1
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 _RTA_DST, _RTA_OIF, _RTA_GATEWAY = 1, 4, 5
 _RT_TABLE_MAIN, _RTPROT_BOOT, _RT_SCOPE_UNIVERSE, _RT_SCOPE_LINK, _RTN_UNICAST = 254, 3, 0, 253, 1
-_NLA_F_NESTED = 0x8000
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = 4 + len(payload)
-    return struct.pack("HH", length, kind) + payload + b"\0" * (-length % 4)
 
 
 def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
-    return struct.pack("BxHiII", socket.AF_UNSPEC, 0, index, flags, change)
+    return IFINFO.pack(socket.AF_UNSPEC, 0, index, flags, change)
 
 
 def _name(ifname: str) -> bytes:
-    return _attr(_IFLA_IFNAME, ifname.encode() + b"\0")
+    return attr(IFLA_IFNAME, ifname.encode() + b"\0")
 
 
 class Rtnl:
@@ -55,18 +51,18 @@ class Rtnl:
         """Send one request; the payloads of the answers before the ack. OSError(errno) on a refusal."""
         self._seq += 1
         seq = self._seq
-        self._sock.send(struct.pack("IHHII", 16 + len(body), kind, _NLM_F_REQUEST | _NLM_F_ACK | flags, seq, 0) + body)
+        self._sock.send(message(kind, NLM_F_REQUEST | NLM_F_ACK | flags, seq, body))
         answers: list[bytes] = []
         while True:
             data = self._sock.recv(65536)
             offset = 0
-            while offset + 16 <= len(data):
-                length, mtype, _, mseq, _ = struct.unpack_from("IHHII", data, offset)
-                payload = data[offset + 16:offset + length]
+            while offset + NLMSG.size <= len(data):
+                length, mtype, _, mseq, _ = NLMSG.unpack_from(data, offset)
+                payload = data[offset + NLMSG.size:offset + length]
                 offset += (length + 3) & ~3
                 if mseq != seq:
                     continue
-                if mtype == _NLMSG_ERROR:
+                if mtype == NLMSG_ERROR:
                     code = -struct.unpack_from("i", payload)[0]
                     if code:
                         raise OSError(code, os.strerror(code))
@@ -83,38 +79,38 @@ class Rtnl:
         too, which has no route to another node's Pods and answers "unreachable", resetting the Pod's
         connections there."""
         fd = os.open(peer_netns, os.O_RDONLY | os.O_CLOEXEC)
-        mtu_attr = _attr(_IFLA_MTU, struct.pack("I", mtu)) if mtu else b""
+        mtu_attr = attr(_IFLA_MTU, struct.pack("I", mtu)) if mtu else b""
         try:
-            peer_info = _ifinfo() + _name(peer) + mtu_attr + _attr(_IFLA_NET_NS_FD, struct.pack("I", fd))
-            data = _attr(_VETH_INFO_PEER | _NLA_F_NESTED, peer_info)
-            linkinfo = _attr(_IFLA_INFO_KIND, b"veth\0") + _attr(_IFLA_INFO_DATA | _NLA_F_NESTED, data)
+            peer_info = _ifinfo() + _name(peer) + mtu_attr + attr(_IFLA_NET_NS_FD, struct.pack("I", fd))
+            data = attr(_VETH_INFO_PEER | NLA_F_NESTED, peer_info)
+            linkinfo = attr(_IFLA_INFO_KIND, b"veth\0") + attr(_IFLA_INFO_DATA | NLA_F_NESTED, data)
             up = _IFF_UP | _IFF_NOARP
             body = (_ifinfo(flags=up, change=up) + _name(ifname) + mtu_attr
-                    + _attr(_IFLA_LINKINFO | _NLA_F_NESTED, linkinfo))
-            self._request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body)
+                    + attr(_IFLA_LINKINFO | NLA_F_NESTED, linkinfo))
+            self._request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body)
         finally:
             os.close(fd)
 
     def delete_link(self, ifname: str) -> None:
-        self._request(_RTM_DELLINK, 0, _ifinfo() + _name(ifname))
+        self._request(RTM_DELLINK, 0, _ifinfo() + _name(ifname))
 
     def link(self, ifname: str) -> tuple[str, int]:
         """(MAC, IFLA_LINK) of `ifname`: for a veth, IFLA_LINK is its peer's ifindex."""
-        for payload in self._request(_RTM_GETLINK, 0, _ifinfo() + _name(ifname)):
-            attrs = _attrs(payload[16:])
-            mac = ":".join(f"{b:02x}" for b in attrs[_IFLA_ADDRESS])
+        for payload in self._request(RTM_GETLINK, 0, _ifinfo() + _name(ifname)):
+            attrs = _attrs(payload[IFINFO.size:])
+            mac = ":".join(f"{b:02x}" for b in attrs[IFLA_ADDRESS])
             return mac, struct.unpack("i", attrs[_IFLA_LINK])[0]
         raise OSError(errno.ENODEV, f"{ifname}: no such link")
 
     def set_mac_up(self, index: int, mac: str) -> None:
-        body = _ifinfo(index, _IFF_UP, _IFF_UP) + _attr(_IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
-        self._request(_RTM_NEWLINK, 0, body)
+        body = _ifinfo(index, _IFF_UP, _IFF_UP) + attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
+        self._request(RTM_NEWLINK, 0, body)
 
     def add_address(self, index: int, address: ipaddress.IPv4Interface) -> None:
         packed = address.ip.packed
         body = (struct.pack("BBBBI", socket.AF_INET, address.network.prefixlen, 0, 0, index)
-                + _attr(_IFA_LOCAL, packed) + _attr(_IFA_ADDRESS, packed))
-        self._request(_RTM_NEWADDR, _NLM_F_CREATE | _NLM_F_EXCL, body)
+                + attr(_IFA_LOCAL, packed) + attr(_IFA_ADDRESS, packed))
+        self._request(_RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body)
 
     def add_routes(self, index: int, routes: Iterable[dict[str, str]]) -> None:
         """IPv4 routes {"dst": cidr, "gw": address (optional)} through `index`."""
@@ -125,20 +121,16 @@ class Rtnl:
             body = struct.pack("BBBBBBBBI", socket.AF_INET, dst.prefixlen, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT,
                                scope, _RTN_UNICAST, 0)
             if dst.prefixlen:
-                body += _attr(_RTA_DST, dst.network_address.packed)
+                body += attr(_RTA_DST, dst.network_address.packed)
             if gw:
-                body += _attr(_RTA_GATEWAY, ipaddress.IPv4Address(gw).packed)
-            body += _attr(_RTA_OIF, struct.pack("i", index))
-            self._request(_RTM_NEWROUTE, _NLM_F_CREATE | _NLM_F_EXCL, body)
+                body += attr(_RTA_GATEWAY, ipaddress.IPv4Address(gw).packed)
+            body += attr(_RTA_OIF, struct.pack("i", index))
+            self._request(_RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body)
 
 
 def _attrs(data: bytes) -> dict[int, bytes]:
+    """{type: payload} of the attributes in `data` (the first of a type; flag bits off)."""
     out: dict[int, bytes] = {}
-    offset = 0
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("HH", data, offset)
-        if length < 4:
-            break
-        out.setdefault(kind & 0x3FFF, data[offset + 4:offset + length])
-        offset += (length + 3) & ~3
+    for kind, at, length in attributes(data, 0, len(data)):
+        out.setdefault(kind & NLA_TYPE_MASK, data[at + RTA.size:at + length])
     return out

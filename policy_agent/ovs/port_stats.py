@@ -23,24 +23,20 @@ import struct
 from typing import Callable, Mapping
 
 from meters.netns import call_in_netns, netns_path
+from policy_agent.ovs.netlink import (IFINFO, IFLA_IFNAME, NETLINK_ROUTE, NETLINK_SOCK_DIAG, NLM_F_DUMP,
+                                      NLM_F_REQUEST, NLMSG, NLMSG_DONE, NLMSG_ERROR, RTM_GETLINK, RTM_NEWLINK,
+                                      attributes, message)
 
 log = logging.getLogger(__name__)
 
-NETLINK_ROUTE, NETLINK_SOCK_DIAG = 0, 4
 SOCK_DIAG_BY_FAMILY = 20
-RTM_NEWLINK, RTM_GETLINK = 16, 18
-IFLA_IFNAME, IFLA_STATS64 = 3, 23  # linux/if_link.h
+IFLA_STATS64 = 23  # linux/if_link.h
 _STATS64_RX_DROPPED = 6  # the 7th u64 of struct rtnl_link_stats64
-_IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 PACKET_SHOW_INFO, PACKET_SHOW_MEMINFO = 0x01, 0x10
 PACKET_DIAG_INFO, PACKET_DIAG_MEMINFO = 0, 6  # linux/packet_diag.h
 SK_MEMINFO_DROPS = 8
-_NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _REQ = struct.Struct("=BBHII8x")  # family, protocol, pad, ino, show, cookie
 _DIAG_MSG = 16  # struct packet_diag_msg: family, type, num, ino, cookie[2]
-_RTA = struct.Struct("=HH")
 
 # The two ways a frame dies on a port before ovs-vswitchd reads it (loss record sources: "<port> <kind>").
 RX_DROPPED = "rx_dropped"  # the kernel's receive drops of the port (its statistics)
@@ -50,7 +46,7 @@ SOCKET_DROPPED = "socket_dropped"  # ovs-vswitchd's packet socket on the port wa
 def packet_diag_request(seq: int = 1) -> bytes:
     """A SOCK_DIAG_BY_FAMILY dump of every packet socket, with its bound interface and memory counters."""
     body = _REQ.pack(socket.AF_PACKET, 0, 0, 0, PACKET_SHOW_INFO | PACKET_SHOW_MEMINFO)
-    return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, body)
 
 
 def _messages(data: bytes, what: str) -> tuple[list[tuple[int, int, int]], bool]:
@@ -58,30 +54,18 @@ def _messages(data: bytes, what: str) -> tuple[list[tuple[int, int, int]], bool]
     `data`). ValueError for a cut message or a netlink error (naming `what`)."""
     out: list[tuple[int, int, int]] = []
     off = 0
-    while off + _NLMSG.size <= len(data):
-        length, kind, _, _, _ = _NLMSG.unpack_from(data, off)
-        if length < _NLMSG.size or off + length > len(data):
+    while off + NLMSG.size <= len(data):
+        length, kind, _, _, _ = NLMSG.unpack_from(data, off)
+        if length < NLMSG.size or off + length > len(data):
             raise ValueError(f"netlink message of length {length} at {off} of {len(data)}")
         if kind == NLMSG_DONE:
             return out, True
         if kind == NLMSG_ERROR:
-            errno = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
+            errno = -struct.unpack_from("=i", data, off + NLMSG.size)[0]
             raise ValueError(f"{what}: {os.strerror(errno)}")
         out.append((kind, off, off + length))
         off += (length + 3) & ~3
     return out, False
-
-
-def _attributes(data: bytes, at: int, end: int) -> list[tuple[int, int, int]]:
-    """[(type, start, length)] of the route attributes between `at` and `end`."""
-    out = []
-    while at + _RTA.size <= end:
-        rta_len, rta_type = _RTA.unpack_from(data, at)
-        if rta_len < _RTA.size:
-            raise ValueError(f"attribute of length {rta_len}")
-        out.append((rta_type, at, rta_len))
-        at += (rta_len + 3) & ~3
-    return out
 
 
 def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
@@ -91,7 +75,7 @@ def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
     messages, done = _messages(data, "sock_diag of packet sockets")
     for _, off, end in messages:
         ifindex, dropped = 0, 0
-        for rta_type, at, rta_len in _attributes(data, off + _NLMSG.size + _DIAG_MSG, end):
+        for rta_type, at, rta_len in attributes(data, off + NLMSG.size + _DIAG_MSG, end):
             if rta_type == PACKET_DIAG_INFO and rta_len >= 8:
                 ifindex = struct.unpack_from("=I", data, at + 4)[0]
             elif rta_type == PACKET_DIAG_MEMINFO and rta_len >= 4 + 4 * (SK_MEMINFO_DROPS + 1):
@@ -103,8 +87,7 @@ def parse_packet_diag(data: bytes) -> tuple[dict[int, int], bool]:
 
 def link_dump_request(seq: int = 1) -> bytes:
     """An RTM_GETLINK dump of every link of the socket's namespace (names and statistics)."""
-    body = _IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    return _NLMSG.pack(_NLMSG.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return message(RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
 
 
 def parse_link_dump(data: bytes) -> tuple[dict[int, tuple[str, int]], bool]:
@@ -113,11 +96,11 @@ def parse_link_dump(data: bytes) -> tuple[dict[int, tuple[str, int]], bool]:
     links: dict[int, tuple[str, int]] = {}
     messages, done = _messages(data, "dump of links")
     for kind, off, end in messages:
-        if kind != RTM_NEWLINK or end - off < _NLMSG.size + _IFINFO.size:
+        if kind != RTM_NEWLINK or end - off < NLMSG.size + IFINFO.size:
             continue
-        ifindex = _IFINFO.unpack_from(data, off + _NLMSG.size)[2]
+        ifindex = IFINFO.unpack_from(data, off + NLMSG.size)[2]
         name, rx_dropped = "", 0
-        for rta_type, at, rta_len in _attributes(data, off + _NLMSG.size + _IFINFO.size, end):
+        for rta_type, at, rta_len in attributes(data, off + NLMSG.size + IFINFO.size, end):
             if rta_type == IFLA_IFNAME:
                 name = data[at + 4:at + rta_len].split(b"\0", 1)[0].decode(errors="replace")
             elif rta_type == IFLA_STATS64 and rta_len >= 4 + 8 * (_STATS64_RX_DROPPED + 1):

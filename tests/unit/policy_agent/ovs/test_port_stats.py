@@ -13,8 +13,8 @@ import pytest
 from auditlog.loss_records import FRAMES, PORT_SOCKET_OVERFLOW, LossKey, loss_record
 from policy_agent.limits.losses import LossAccounting
 from policy_agent.ovs import port_stats
-from policy_agent.ovs.port_stats import (IFLA_IFNAME, IFLA_STATS64, NETLINK_ROUTE, NLMSG_DONE, RTM_NEWLINK,
-                                         PortDropReader, PortDropTotals, _dump, link_dump_request,
+from policy_agent.ovs.netlink import IFLA_IFNAME, NETLINK_ROUTE, NLMSG_DONE, RTM_NEWLINK
+from policy_agent.ovs.port_stats import (IFLA_STATS64, PortDropReader, PortDropTotals, _dump, link_dump_request,
                                          packet_diag_request, parse_link_dump, parse_packet_diag, port_counts)
 from tests.support.clock import ManualClock
 
