@@ -381,6 +381,7 @@ class AuditPipeline:
                 now = self._ticked = self._clock()
                 if self._overload is not None:
                     self._level = self._overload.update(now)
+                self._timer_until = None  # recomputed at the loop's top: end_batch need not wake this task
                 self.begin_batch()
                 try:
                     self._emit(self._agg.tick(now))

@@ -163,3 +163,35 @@ def test_with_a_slack_the_timer_still_closes_windows_when_no_read_comes():
 
     writer = asyncio.run(run())
     assert writer.packets() == 5
+
+
+def test_the_window_timer_does_not_wake_itself_after_its_own_tick():
+    async def run() -> tuple[list[str], Writer]:
+        writer = Writer()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=0.01), wall_clock=lambda: clock[0])
+        events: list[str] = []
+        real_tick = pipeline._agg.tick
+        pipeline._agg.tick = lambda now: (events.append("tick"), real_tick(now))[1]  # type: ignore[method-assign]
+        pipeline.start()
+        wake = pipeline._wake
+        assert wake is not None
+        real_set = wake.set
+        wake.set = lambda: (events.append("wake"), real_set())[1]  # type: ignore[method-assign]
+        for _ in range(2):
+            pipeline(pin(udp_to(1), 100.0))  # a "first" and a repeat: the window holds one packet
+        for _ in range(3):  # the timer's turns: it goes to sleep towards the window's end (10 ms)
+            await asyncio.sleep(0)
+        clock[0] = 100.5  # due by the time that sleep ends
+        await eventually(lambda: len(writer.records) == 2, HANG_GUARD, lambda: f"2 records in {writer.records}")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await pipeline.close()
+        return events, writer
+
+    events, writer = asyncio.run(run())
+    tick = events.index("tick")
+    after = events[tick + 1:]
+    # Between its tick and close()'s flush: no wake of its own for the window it just closed.
+    assert after[:after.index("tick")] == [], events
+    assert writer.packets() == 2
