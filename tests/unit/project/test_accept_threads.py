@@ -1,14 +1,19 @@
-"""The tests' own receivers stop for good when closed: the port refuses and no thread of theirs is left to
-accept on a socket that takes the freed fd number next (tests/support/accepting.py)."""
+"""The tests' own helpers stop for good when closed: the receivers' ports refuse and no thread of theirs is
+left to accept on a socket that takes the freed fd number next (tests/support/accepting.py); a process
+reaped mid-read of /proc reads as gone (tests/support/processes.py)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from tests.support import processes
 from tests.support.accepting import AcceptThread
 from tests.support.relp_receiver import RelpReceiver
 from tests.support.syslog_receiver import TcpReceiver
@@ -34,7 +39,8 @@ def test_a_closed_receiver_accepts_nothing_more_and_leaves_no_thread(kind: str) 
     with socket.create_connection(("127.0.0.1", port), timeout=5):  # one served, as a test would
         pass
     rx.close()  # type: ignore[attr-defined]
-    # A listener closed under a thread blocked in accept() goes on listening until that thread returns.
+    # Closing stops the listening (the old helpers did that too); what they left was the thread, blocked in
+    # accept() or about to call it on the freed fd number.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
@@ -54,3 +60,21 @@ def test_close_ends_the_connection_being_served() -> None:
     assert served.wait(5)
     rx.close(timeout=5)  # AssertionError if the thread were still in serve()
     client.close()
+
+
+def test_a_process_reaped_between_the_open_and_the_read_of_its_stat_reads_as_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert processes.state(child.pid) in ("R", "S") and processes.alive(child.pid)
+
+        def reaped(self: Path, *args: object, **kwargs: object) -> str:
+            raise ProcessLookupError(3, "No such process")  # what read() of an open /proc/PID/stat then gives
+
+        with monkeypatch.context() as m:
+            m.setattr(Path, "read_text", reaped)
+            assert processes.state(child.pid) is None and not processes.alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert processes.state(child.pid) is None and not processes.alive(child.pid)
