@@ -30,33 +30,70 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     error: BaseException | None = None
     size: int | None = None  # bytes in the open live file after our last write; None: not known
     _opened: tuple[Any, int, int] | None = None  # (stream, inode, device) of the stream last looked at
+    strayed = 0  # records of the last append that went to a file no longer the live one (`append`)
+    strayed_kept = True  # that file still had a name (moved away), or not (removed)
+
+    def write_lines(self, text: str) -> None:
+        """Append `text` (whole lines, the last without its newline): a plain append while it can be
+        (`append`), else logging's emit, which rotates or opens the live file first. Raises what the
+        write raised."""
+        self.error = None
+        if not self.append(text):
+            self.emit(logging.LogRecord("npaudit.audit", logging.INFO, "", 0, text, None, None))
+        if self.error is not None:
+            raise self.error
+        if self.strayed:
+            log.error("audit log %s: moved or removed by another program: the last %d record(s) went to the "
+                      "file it was (%s), not to a live file; the next go to a new one", self.baseFilename,
+                      self.strayed, "moved away" if self.strayed_kept else "removed: they are lost with it")
+            self.strayed = 0
 
     def append(self, text: str) -> bool:
-        """Append `text` and a newline to the open live file, without logging's machinery (a
-        LogRecord, formatting, a lock-file round trip: most of a lone record's write time).
-        Only while no rotation is due and the open file is still the live one; False (nothing
-        written) otherwise, and `emit` then rotates or reopens. The lock file guards renames
-        against readers listing the set, and an append renames nothing. Write errors raise."""
+        """Append `text` and a newline to the open file with one write(2), without logging's machinery
+        (a LogRecord, formatting, a lock-file round trip). Only while no rotation is due; False (nothing
+        written) otherwise, and `emit` then rotates or reopens. The lock file guards renames against
+        readers listing the set, and an append renames nothing. Write errors raise.
+
+        Whether the open file is still the live one is looked at after the write, not before: the stat
+        is a syscall, and after a quiet spell each one costs a lone record ~50 µs on its way to being
+        readable (bench/agent_latency.py). Another program moving or removing the live file (never
+        ours: the writer owns its set) so costs the one write after it: `strayed` counts its records,
+        `strayed_kept` says whether the file still has a name, and the next append goes to emit."""
         size = self.size
-        if size is None or (self.maxBytes > 0 and size >= self.maxBytes):
-            return False
         stream = self.stream
-        try:
-            live = os.stat(self.baseFilename)
-            if stream is None or stream.closed:
-                current = None
-            else:  # _identity, its common case inline
-                known = self._opened
-                current = known[1:] if known is not None and known[0] is stream else self._identity(stream)
-        except OSError:  # the live file is gone: emit opens a new one
-            current = None
-        if current is None or live.st_ino != current[0] or live.st_dev != current[1]:
-            self.size = None  # replaced under us (or closed): emit reopens it
+        if (size is None or (self.maxBytes > 0 and size >= self.maxBytes) or stream is None or stream.closed
+                or not self._actual_keep_log_stream_open):  # (never off on Linux: the file stays open)
             return False
         self.size = None  # unknown if the write fails part way
         self.do_write(text)
-        self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
+        try:
+            live = os.stat(self.baseFilename)
+            same = (live.st_ino, live.st_dev) == self._identity(stream)
+        except OSError:  # no live file any more
+            same = False
+        if same:
+            self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
+        else:
+            self.strayed += text.count("\n") + 1
+            with suppress(OSError):
+                self.strayed_kept = os.fstat(stream.fileno()).st_nlink > 0
         return True
+
+    def do_write(self, msg: str) -> None:
+        """`msg` and a newline straight to the file with write(2), not through the text stream and its
+        buffer (every path writes here, so nothing ever waits in that buffer)."""
+        if self.stream is None or self.stream.closed:
+            self.stream = self.do_open()
+        text = msg + self.terminator
+        try:
+            data = text.encode(self.encoding or "ascii")
+        except UnicodeError:  # as the library does: in a form the encoding takes, by its error policy
+            data = text.encode(self.encoding or "ascii", self.unicode_error_policy)
+        fd, left = self.stream.fileno(), memoryview(data)
+        while left:  # a short write (a signal, the disk's last free block) leaves the rest to write
+            left = left[os.write(fd, left):]
+        if not self._actual_keep_log_stream_open:
+            self._close()
 
     def _identity(self, stream: Any) -> tuple[int, int]:
         """(inode, device) of the open `stream`: an open file's never change, so one fstat per stream

@@ -467,13 +467,8 @@ class AuditWriter:
         if handler is None:
             raise OSError("audit writer is not started")
         rotations = handler.num_rollovers
-        handler.error = None
         with self._files_lock:
-            # One chunk a write: the handler rotates before a write, never inside one.
-            if not handler.append(text):  # no rotation due: a plain write, no LogRecord
-                handler.emit(logging.LogRecord("npaudit.audit", logging.INFO, "", 0, text, None, None))
-        if handler.error is not None:
-            raise handler.error
+            handler.write_lines(text)  # one chunk a write: the handler rotates before a write, never inside one
         if self.fsync and handler.stream is not None:
             os.fsync(handler.stream.fileno())
         if handler.num_rollovers != rotations:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -119,16 +120,25 @@ def test_records_after_the_first_write_are_appended_without_the_logging_machiner
     assert verify([live.parent]).ok
 
 
-def test_appends_follow_the_live_file_when_it_is_replaced_and_rotation_still_happens(live):
+def test_appends_follow_the_live_file_when_it_is_replaced_and_rotation_still_happens(live, caplog):
     record = {"event": {"id": "x" * 200}, "npaudit": {"aggregate": {}}}
+    moved = live.with_name("moved-away.jsonl")
     with AuditWriter(live, max_bytes=4096, compress=False) as writer:
         assert writer.submit(RecordText.of(record)) and writer.flush_wait(HANG_GUARD)
-        live.rename(live.with_name("moved-away.jsonl"))  # someone else's doing
+        live.rename(moved)  # someone else's doing
+        with caplog.at_level(logging.ERROR, logger="auditlog.rotation"):
+            assert writer.submit(RecordText.of(record)) and writer.flush_wait(HANG_GUARD)
+        # The write that found it out (the live file is looked at after a write: auditlog/rotation.py) went
+        # with the moved file, and says so; the next go to a new live file, not into the moved one.
+        assert [r["npaudit"]["seq"] for r in lines_of(moved)] == [1, 2]
+        assert any("the last 1 record(s)" in r.getMessage() and "moved away" in r.getMessage()
+                   for r in caplog.records if r.levelno == logging.ERROR)
         assert writer.submit(RecordText.of(record)) and writer.flush_wait(HANG_GUARD)
-        assert [r["npaudit"]["seq"] for r in lines_of(live)] == [2]  # not into the unlinked name
+        assert [r["npaudit"]["seq"] for r in lines_of(live)] == [3]
         for _ in range(40):  # ~10 KiB, one record a write: rotations at 4 KiB
             assert writer.submit(RecordText.of(record)) and writer.flush_wait(HANG_GUARD)
         assert writer.stats["rotations"] >= 2
     sizes = [p.stat().st_size for index, p in audit_files(live) if index]
     assert sizes and all(4096 <= s < 4096 + 400 for s in sizes), sizes  # rotated at the size, not later
-    assert [r["npaudit"]["seq"] for r in lines_of(live)] == list(range(2, 43))
+    assert [r["npaudit"]["seq"] for r in lines_of(live)] == list(range(3, 44))
+    assert [r["npaudit"]["seq"] for r in lines_of(moved)] == [1, 2]

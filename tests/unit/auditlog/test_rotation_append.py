@@ -1,9 +1,14 @@
-"""auditlog.rotation.JsonlHandler.append: a plain append only while the open file is still the live one."""
+"""auditlog.rotation.JsonlHandler.append: a plain append to the open file; once the live file is no longer
+it (another program moved or removed it), the write that found out is counted as strayed and the next go
+through emit, which opens a new live file."""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
+
+import pytest
 
 from auditlog.rotation import JsonlHandler
 
@@ -15,20 +20,77 @@ def handler_for(live: Path) -> JsonlHandler:
     return handler
 
 
-def test_appends_go_to_the_live_file_until_it_is_replaced_then_to_the_new_one(tmp_path: Path) -> None:
+def test_appends_go_to_the_live_file_and_a_moved_one_takes_one_write(tmp_path: Path) -> None:
     live = tmp_path / "audit.jsonl"
     handler = handler_for(live)
     try:
-        assert handler.append("second") and handler.append("third")
-        assert live.read_text() == "first\nsecond\nthird\n"
-        live.rename(tmp_path / "audit.jsonl.1")  # replaced under the handler (moved away, a new one made)
+        assert handler.append("second") and handler.append("third\nthird-b")
+        assert live.read_text() == "first\nsecond\nthird\nthird-b\n"
+        assert handler.strayed == 0
+        live.rename(tmp_path / "audit.jsonl.1")  # moved away under the handler, a new live file made
         live.write_text("")
-        assert not handler.append("fourth")  # the open file is no longer the live one: nothing written
-        handler.emit(logging.LogRecord("t", logging.INFO, "", 0, "fourth", None, None))  # reopens the live file
-        assert handler.append("fifth")
-        assert live.read_text() == "fourth\nfifth\n"
-        assert (tmp_path / "audit.jsonl.1").read_text() == "first\nsecond\nthird\n"
-        live.unlink()  # gone: the next append leaves it to emit
-        assert not handler.append("sixth")
+        assert handler.append("fourth\nfourth-b")  # written, to the moved file: found out after the write
+        assert (handler.strayed, handler.strayed_kept) == (2, True)
+        assert not handler.append("fifth")  # nothing written: emit's to do
+        handler.emit(logging.LogRecord("t", logging.INFO, "", 0, "fifth", None, None))  # opens the live file
+        assert handler.append("sixth")
+        assert live.read_text() == "fifth\nsixth\n"
+        assert (tmp_path / "audit.jsonl.1").read_text() == "first\nsecond\nthird\nthird-b\nfourth\nfourth-b\n"
+    finally:
+        handler.close()
+
+
+def test_a_removed_live_file_takes_one_write_said_lost(tmp_path: Path) -> None:
+    live = tmp_path / "audit.jsonl"
+    handler = handler_for(live)
+    try:
+        handler.strayed = 0
+        live.unlink()
+        assert handler.append("second")
+        assert (handler.strayed, handler.strayed_kept) == (1, False)
+        assert not handler.append("third")
+    finally:
+        handler.close()
+
+
+@pytest.mark.parametrize("remove", [False, True])
+def test_write_lines_says_where_strayed_records_went_and_goes_on_in_a_new_live_file(
+        tmp_path: Path, remove: bool, caplog: pytest.LogCaptureFixture) -> None:
+    live = tmp_path / "audit.jsonl"
+    handler = handler_for(live)
+    try:
+        if remove:
+            live.unlink()
+        else:
+            live.rename(tmp_path / "elsewhere.jsonl")
+        with caplog.at_level(logging.ERROR, logger="auditlog.rotation"):
+            handler.write_lines("second\nthird")
+            handler.write_lines("fourth")
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert "the last 2 record(s)" in errors[0]
+        assert ("removed: they are lost with it" if remove else "moved away") in errors[0]
+        assert handler.strayed == 0
+        assert live.read_text() == "fourth\n"
+    finally:
+        handler.close()
+
+
+def test_an_append_finishes_a_short_write_and_keeps_the_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = tmp_path / "audit.jsonl"
+    handler = handler_for(live)
+    real_write = os.write
+    calls = []
+
+    def short_write(fd: int, data: bytes) -> int:  # as write(2) may, on a signal or a full disk's edge
+        calls.append(len(data))
+        return real_write(fd, bytes(data[:7]))
+
+    monkeypatch.setattr("auditlog.rotation.os.write", short_write)
+    try:
+        assert handler.append("second-line\nthird")
+        monkeypatch.undo()
+        assert live.read_text() == "first\nsecond-line\nthird\n"
+        assert handler.size == live.stat().st_size and len(calls) == 3
     finally:
         handler.close()
