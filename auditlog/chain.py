@@ -80,6 +80,10 @@ CHAIN_MISMATCH = "chain_mismatch"  # seq as expected but content or chain differ
 _V1_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _sha256 = hashlib.sha256
+try:  # CPython's own SHA-256: the same digest, for a lone record (RecordText.seal)
+    from _sha256 import sha256 as _sha256_lone  # type: ignore[import-not-found]  # CPython 3.11, no stub
+except ImportError:  # not built in (or renamed, as in 3.12): OpenSSL's
+    _sha256_lone = hashlib.sha256
 
 
 class ChainError(AuditLogError):
@@ -136,13 +140,17 @@ class RecordText:
         """The JCS text with npaudit.seq = seq and no chain: what the chain hashes."""
         return f"{self.head}{self.mid}{seq}{self.tail}"
 
-    def seal(self, prev_chain: str, seq: int) -> tuple[str, str]:
-        """(line, chain) for this record as number `seq` after `prev_chain`.
+    def seal(self, prev_chain: str, seq: int, lone: bool = False) -> tuple[str, str]:
+        """(line, chain) for this record as number `seq` after `prev_chain`. `lone`: the record is
+        written alone (after a quiet spell, as a rule), and its digest is taken with CPython's own
+        SHA-256 rather than OpenSSL's: ~1.5 µs slower on a warm CPU, but ~30 µs faster on a cold one
+        (OpenSSL's digest set-up is the larger code path), on the record's way to the file.
 
         UnicodeEncodeError (a ValueError) for text that is not valid Unicode (a lone surrogate).
         """
         head, mid, tail = self.head, self.mid, self.tail
-        chain = _sha256(f"{prev_chain}\n{head}{mid}{seq}{tail}".encode("utf-8")).hexdigest()
+        data = f"{prev_chain}\n{head}{mid}{seq}{tail}".encode("utf-8")
+        chain = (_sha256_lone if lone else _sha256)(data).hexdigest()
         self.seq = seq
         line = f'{head}{CHAIN_KEY}{chain}",{mid}{seq}{tail}'
         return (line if line.isascii() else ascii_form(line)), chain

@@ -14,9 +14,10 @@ def seal_records(records: Sequence[RecordText], seq: int, chain: str, skipped: C
     and takes no seq."""
     sealed: list[RecordText] = []
     lines: list[str] = []
+    lone = len(records) == 1
     for record in records:
         try:
-            line, next_chain = record.seal(chain, seq + 1)
+            line, next_chain = record.seal(chain, seq + 1, lone)
         except (ValueError, AttributeError) as exc:
             skipped(exc)
             continue
