@@ -137,12 +137,12 @@ class AuditPipeline:
         # reads it with decoded() instead of decoding the frame a second time.
         self._decoded: tuple[PacketIn, PacketSummary] | None = None
         self._wake: asyncio.Event | None = None
-        # The deadline the window timer sleeps until (None: until woken). Only a window that
-        # closes sooner wakes it: not every packet-in, whose wake-up would cost the loop time
-        # the writer thread then waits for (the GIL) before it writes the record.
+        # The deadline the window timer sleeps until (None: until woken). Only a window that closes
+        # sooner moves its alarm (or wakes it): not every packet-in (a wake-up costs a loop turn).
         self._timer_until: float | None = None
         self._ticked = -float("inf")  # wall clock of the timer's last tick
         self._task: asyncio.Task[None] | None = None
+        self._alarm: tuple[asyncio.TimerHandle, Callable[[], None], asyncio.AbstractEventLoop] | None = None
         self.stats = {"packet_ins": 0, "records": 0, "writer_full": 0, "decode_truncated": 0, "coarsened": 0}
         # Per rule id: packet-ins taken, and packets of records the writer refused (rule_seen).
         self.rule_packet_ins: dict[int, int] = {}
@@ -287,7 +287,8 @@ class AuditPipeline:
                 log.exception("closing aggregation windows failed")
             deadline = agg.next_deadline()
         wake, until = self._wake, self._timer_until
-        if wake is not None and until is not None and (deadline is None or deadline > until) and not wake.is_set():
+        if wake is not None and until is not None and (deadline is None or deadline > until) and not wake.is_set() \
+                and not self._move_alarm(deadline):
             wake.set()  # the timer recomputes in the next loop turn: no sleep, no wake-up of the process
 
     def decoded(self, pin: PacketIn) -> PacketSummary:
@@ -317,7 +318,7 @@ class AuditPipeline:
                 wake.set()
             return
         deadline = self._agg.next_deadline()
-        if deadline is not None and deadline < until:
+        if deadline is not None and deadline < until and not self._move_alarm(deadline):
             wake.set()
 
     def _emit(self, emissions: list[Emission]) -> None:
@@ -402,13 +403,27 @@ class AuditPipeline:
             timed_out = True
             wake.set()
 
-        handle = asyncio.get_running_loop().call_later(delay, due)
+        loop = asyncio.get_running_loop()
+        self._alarm = (loop.call_later(delay, due), due, loop)
         try:
             await wake.wait()
         finally:
-            handle.cancel()
+            if (alarm := self._alarm) is not None:
+                alarm[0].cancel()
+            self._alarm = None
         wake.clear()
         return timed_out
+
+    def _move_alarm(self, deadline: float | None) -> bool:
+        """Have the sleeping timer wake for `deadline`, its task left asleep (a wake-up: a loop turn, two getpid(2))."""
+        alarm = self._alarm
+        if alarm is None or deadline is None:
+            return False
+        handle, due, loop = alarm
+        handle.cancel()
+        self._alarm = (loop.call_later(tick_delay(deadline + self._slack, self._clock(), self._ticked), due), due, loop)
+        self._timer_until = deadline
+        return True
 
     @property
     def coarse(self) -> bool:

@@ -195,3 +195,44 @@ def test_the_window_timer_does_not_wake_itself_after_its_own_tick():
     # Between its tick and close()'s flush: no wake of its own for the window it just closed.
     assert after[:after.index("tick")] == [], events
     assert writer.packets() == 2
+
+
+def test_a_read_that_closes_the_timers_window_moves_its_alarm_without_waking_it():
+    """The timer sleeps towards window A; a read closes A and leaves B open: the timer's alarm moves to B's
+    end and its task sleeps on (waking it would be a loop turn a read), then B closes at its alarm."""
+    async def run() -> tuple[list[str], Writer, list[float | None]]:
+        writer = Writer()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=1.0), wall_clock=lambda: clock[0])
+        pipeline.start()
+        wake = pipeline._wake
+        assert wake is not None
+        events: list[str] = []
+        real_set = wake.set
+        wake.set = lambda: (events.append("wake"), real_set())[1]  # type: ignore[method-assign]
+        untils = []
+        for at, port in ((100.0, 1), (100.5, 2)):  # window A ends at 101.0, B at 101.5
+            clock[0] = at
+            pipeline(pin(udp_to(port), at, 1))
+            pipeline(pin(udp_to(port), at, 1))  # a repeat: the window's record comes when it closes
+            for _ in range(3):
+                await asyncio.sleep(0)
+        untils.append(pipeline._timer_until)
+        events.clear()
+        clock[0] = 101.2  # A due, B not
+        pipeline.begin_batch()
+        pipeline(pin(udp_to(3), 101.2, 1))
+        pipeline.end_batch()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        untils.append(pipeline._timer_until)
+        woken = list(events)
+        clock[0] = 101.6  # B due by the time its alarm rings (~0.3 s from now)
+        await eventually(lambda: writer.packets() == 5, HANG_GUARD, lambda: f"5 packets in {writer.records}")
+        await pipeline.close()
+        return woken, writer, untils
+
+    woken, writer, untils = asyncio.run(run())
+    assert untils == [101.0, 101.5]
+    assert woken == [], "the timer's task was woken for a window the read closed"
+    assert writer.packets() == 5
