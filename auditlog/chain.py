@@ -143,8 +143,8 @@ class RecordText:
     def seal(self, prev_chain: str, seq: int, lone: bool = False) -> tuple[str, str]:
         """(line, chain) for this record as number `seq` after `prev_chain`. `lone`: the record is
         written alone (after a quiet spell, as a rule), and its digest is taken with CPython's own
-        SHA-256 rather than OpenSSL's: ~1.5 µs slower on a warm CPU, but ~30 µs faster on a cold one
-        (OpenSSL's digest set-up is the larger code path), on the record's way to the file.
+        SHA-256 rather than OpenSSL's: 0.4-1.4 µs slower on a warm CPU, 30-40 µs faster on a cold one
+        (OpenSSL's digest set-up is the larger code path; bench/cold_calls.py), on its way to the file.
 
         UnicodeEncodeError (a ValueError) for text that is not valid Unicode (a lone surrogate).
         """

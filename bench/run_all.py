@@ -106,6 +106,8 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                        "floor_bare_reader_appending.sent_to_readable.p[59][09]_ms")],
     "agent_path": [("in-process packet-in -> record CPU us per packet-in, {1} a read",
                     "by_per_read.*.this.us_per_packet_in_min")],
+    "cold_calls": [("a lone record's step {1} after a 58 ms quiet spell, median us", "median_us.*.cold"),
+                   ("the same step {1} back to back, median us", "median_us.*.warm")],
     "cluster_scale": [("cross-node TCP: logging on vs off", "throughput.cross_node_logging_on_vs_off_ratio"),
                       ("cross-node TCP: logging on vs off, adjacent pairs {3}",  # the spread: q1, q3, min, max
                        "throughput.logging_on_vs_off_adjacent_pairs.cross_node.q[13]"),
