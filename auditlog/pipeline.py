@@ -415,7 +415,7 @@ class AuditPipeline:
         return timed_out
 
     def _move_alarm(self, deadline: float | None) -> bool:
-        """Have the sleeping timer wake for `deadline`, its task left asleep (a wake-up: a loop turn, two getpid(2))."""
+        """Move the sleeping timer's alarm to `deadline`, its task left asleep: False if it has none (wake it)."""
         alarm = self._alarm
         if alarm is None or deadline is None:
             return False

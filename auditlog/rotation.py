@@ -55,8 +55,8 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         readers listing the set, and an append renames nothing. Write errors raise.
 
         Whether the open file is still the live one is looked at after the write, not before: the stat
-        is a syscall, and after a quiet spell each one costs a lone record ~50 µs on its way to being
-        readable (bench/agent_latency.py). Another program moving or removing the live file (never
+        is a syscall, and after a quiet spell each one costs a lone record 50-80 µs on its way to being
+        readable (bench/cold_calls.py). Another program moving or removing the live file (never
         ours: the writer owns its set) so costs the one write after it: `strayed` counts its records,
         `strayed_kept` says whether the file still has a name, and the next append goes to emit."""
         size = self.size
@@ -75,8 +75,10 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
             self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
         else:
             self.strayed += text.count("\n") + 1
-            with suppress(OSError):
+            try:
                 self.strayed_kept = os.fstat(stream.fileno()).st_nlink > 0
+            except OSError:  # cannot tell: the worse case is said
+                self.strayed_kept = False
         return True
 
     def do_write(self, msg: str) -> None:
