@@ -40,6 +40,11 @@ def install_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # SIGUSR2: every thread's stack to stderr, for an agent that seems stuck (the C handler, so it
+    # answers even while the event loop does not; a forked child gets the same dump of its own).
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -183,8 +183,14 @@ class Cluster(StartedInWith):
     def stop_agent(self) -> None:
         if self.agent is not None and self.agent.poll() is None:
             self.agent.send_signal(signal.SIGTERM)
-            if self.agent.wait(timeout=15) != 0:
-                raise AssertionError(f"agent exited with {self.agent.returncode}:\n{self.log()}")
+            try:
+                code = self.agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.agent.send_signal(signal.SIGUSR2)  # the agent writes every thread's stack to its log
+                time.sleep(1)
+                raise AssertionError(f"agent still running 15 s after SIGTERM:\n{self.log()[-20000:]}") from None
+            if code != 0:
+                raise AssertionError(f"agent exited with {code}:\n{self.log()}")
 
     def flows(self) -> list[str]:
         """What OVS holds, through an independent client (ovs-ofctl)."""
