@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -40,3 +41,17 @@ def test_restart_keeps_policy_and_reconciles_flows(cluster: Cluster) -> None:
     # Pods survive the restart: CNI DEL of a Pod added before it still works.
     assert cluster.cni("DEL", client).returncode == 0
     cluster.pods.pop(client.ref)
+
+
+def test_sigusr2_logs_every_threads_stack_and_the_agent_goes_on(cluster: Cluster) -> None:
+    """What stop_agent asks of an agent that does not stop (tests/support/cluster.py): its stacks, in its log."""
+    before = len(cluster.log())
+    assert cluster.agent is not None
+    cluster.agent.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while "Current thread" not in cluster.log()[before:] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dump = cluster.log()[before:]
+    assert "Current thread" in dump and "asyncio/base_events.py" in dump, (cluster.agent.poll(), dump[-3000:])
+    assert cluster.agent.poll() is None, cluster.log()[-3000:]  # a dump, not a stop
+    cluster.stop_agent()  # and it still stops on SIGTERM, with 0
