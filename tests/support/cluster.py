@@ -186,7 +186,7 @@ class Cluster(StartedInWith):
             try:
                 code = self.agent.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.agent.send_signal(signal.SIGUSR2)  # the agent writes every thread's stack to its log
+                self.agent.send_signal(signal.SIGUSR2)  # the agent writes every thread's stack to its log (if its loop turns)
                 time.sleep(1)
                 raise AssertionError(f"agent still running 15 s after SIGTERM:\n{self.log()[-20000:]}") from None
             if code != 0:
