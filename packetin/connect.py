@@ -46,10 +46,28 @@ async def open_target(target: str, netns: str, factory: Callable[[], P]) -> P:
     return proto
 
 
+def timer_reader(transport: asyncio.Transport) -> Callable[[], None] | None:
+    """The transport's own read step (recv, then data_received; nothing if nothing came; the end of the
+    stream handled), to call from a timer while the transport is paused. asyncio has no public "read
+    now": this is its selector transport's `_read_ready` (Python 3.8-3.13). None, said once, where a
+    transport lacks it: each paced read then rejoins the poll set first, as resume_reading does."""
+    read_now: Callable[[], None] | None = getattr(transport, "_read_ready", None)
+    if read_now is None and not _NO_TIMER_READ:
+        _NO_TIMER_READ.append(type(transport).__name__)
+        log.warning("asyncio's %s has no _read_ready: a paced read rejoins the event loop's poll set first "
+                    "(two epoll_ctl and a loop turn more a read in a flood)", type(transport).__name__)
+    return read_now
+
+
+_NO_TIMER_READ: list[str] = []  # the transport type without a timer read, once said
+
+
 class OpenFlowStream(asyncio.Protocol):
     """One connection: whole messages go to `on_messages`, the loss of the connection to `on_lost`;
     a stream that cannot be framed is aborted (the owner reconnects). With a `pacer`, a flood is
-    read in batches (packetin/read_pacing.py); `hurry()` ends a pause."""
+    read in batches (packetin/read_pacing.py); `hurry()` ends a pause. A pause leaves reading paused
+    and its timer reads (`timer_reader`): while paced reads follow each other the socket stays out of
+    the poll set, and it goes back when a read is not followed by a pause (or brought nothing)."""
 
     def __init__(self, target: str, on_messages: Callable[[list[bytes]], None],
                  on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None) -> None:
@@ -84,8 +102,23 @@ class OpenFlowStream(asyncio.Protocol):
             delay = self._pacer.after_read(len(data))
             transport = self.transport
             if delay and transport is not None and not transport.is_closing() and self._resume is None:
-                transport.pause_reading()
-                self._resume = self._loop.call_later(delay, self.hurry)
+                if transport.is_reading():  # not when this read came from _paced_read's timer
+                    transport.pause_reading()
+                self._resume = self._loop.call_later(delay, self._paced_read)
+
+    def _paced_read(self) -> None:
+        """A paced pause is over: read now, from this timer's own wake-up. The socket stays out of the
+        event loop's poll set while the next read is paced too; it goes back when no pause follows."""
+        self._resume = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        read_now = timer_reader(transport)
+        if read_now is not None:
+            read_now()  # data_received runs in it (or nothing had come, or the stream ended)
+            if self._resume is not None or transport.is_closing():
+                return
+        transport.resume_reading()
 
     def hurry(self) -> None:
         """Read again now (a paced pause ends): a reply is awaited, or the pause is over."""

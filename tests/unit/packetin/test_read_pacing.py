@@ -4,10 +4,14 @@ waits for, is read at once."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import pytest
+
+from packetin import connect
 from packetin.read_pacing import READ_BIG, READ_DELAY_MIN, ReadPacer
-from tests.support.channel_rig import flow, rig, run, sock_path  # noqa: F401 (fixture)
+from tests.support.channel_rig import Rig, flow, rig, run, sock_path  # noqa: F401 (fixture)
 from tests.support.clock import ManualClock
 from tests.support.fake_switch import packet_in2
 from tests.support.waiting import eventually
@@ -115,3 +119,108 @@ def test_without_pacing_every_read_is_handed_over_as_it_comes(sock_path: str) ->
                 await eventually(lambda: len(r.packet_ins) == i + 1, 1.0, f"packet-in {i}")
             assert [len(b) for b in r.batches] == [1] * 5
     run(main(), timeout=6.0)
+
+
+class _Registrations:
+    """Counts the stream's transport leaving and rejoining the event loop's poll set (epoll_ctl each)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.pauses = self.resumes = 0
+        pause, resume = transport.pause_reading, transport.resume_reading
+
+        def counted_pause() -> None:
+            self.pauses += transport.is_reading()
+            pause()
+
+        def counted_resume() -> None:
+            self.resumes += not transport.is_reading()
+            resume()
+
+        transport.pause_reading = counted_pause  # type: ignore[method-assign]
+        transport.resume_reading = counted_resume  # type: ignore[method-assign]
+
+
+def _transport(r: Rig) -> asyncio.Transport:
+    proto = r.chan._proto
+    assert proto is not None and proto.transport is not None
+    return proto.transport
+
+
+def test_paced_reads_in_a_row_read_from_the_timer_and_leave_the_poll_set_once(sock_path: str) -> None:  # noqa: F811
+    async def main() -> None:
+        async with rig(sock_path, read_pace_max=0.2) as r:
+            reg = _Registrations(_transport(r))
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in, read at once")
+            await asyncio.sleep(0.02)
+            r.fake.send(_packet_in(1))  # 20 ms after the first: read, then a pause of 0.2 s
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in")
+            for batch in range(2):  # two paced reads in a row: 10 packet-ins in each pause
+                for i in range(10):
+                    r.fake.send(_packet_in(2 + 10 * batch + i))
+                await eventually(lambda: len(r.packet_ins) == 12 + 10 * batch, 2.0, f"paced batch {batch}")
+            assert reg.pauses == 1  # the paced reads after the first came from the timer: no epoll_ctl between
+            assert reg.resumes == 0
+            await eventually(lambda: reg.resumes == 1, 2.0, "the poll set again once a pause brought nothing")
+            r.fake.send(_packet_in(22))
+            await eventually(lambda: len(r.packet_ins) == 23, 0.15, "a packet-in after the flood, read at once")
+            assert [len(b) for b in r.batches] == [1, 1, 10, 10, 1]
+            assert [p.packet[0] for p in r.packet_ins] == list(range(23))
+            assert reg.pauses == 1
+    run(main())
+
+
+def test_a_stream_that_ends_during_a_pause_is_seen_lost_when_the_pause_ends(sock_path: str) -> None:  # noqa: F811
+    async def main() -> None:
+        async with rig(sock_path, read_pace_max=0.2) as r:
+            first = r.chan._proto
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
+            await asyncio.sleep(0.02)
+            r.fake.send(_packet_in(1))
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+            r.fake.send(_packet_in(2))
+            await r.restart_switch()  # the switch goes away mid-pause (its last packet-in sent) and comes back
+            assert first is not None
+            await asyncio.wait_for(asyncio.shield(first.closed), 1.0)  # the timer's read saw the end
+            await r.chan.wait_ready(2.0)
+            assert [p.packet[0] for p in r.packet_ins] == [0, 1, 2]  # what it sent before it went: read
+    run(main())
+
+
+def test_without_a_timer_read_each_paced_read_rejoins_the_poll_set_and_nothing_is_lost(
+        sock_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    """The degraded path (a transport without asyncio's _read_ready): the pause's end resumes reading,
+    one epoll_ctl pair a paced read, the same reads and packet-ins."""
+    monkeypatch.setattr(connect, "timer_reader", lambda transport: None)
+
+    async def main() -> None:
+        async with rig(sock_path, read_pace_max=0.2) as r:
+            reg = _Registrations(_transport(r))
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
+            await asyncio.sleep(0.02)
+            r.fake.send(_packet_in(1))
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+            for batch in range(2):
+                for i in range(10):
+                    r.fake.send(_packet_in(2 + 10 * batch + i))
+                await eventually(lambda: len(r.packet_ins) == 12 + 10 * batch, 2.0, f"paced batch {batch}")
+            assert reg.pauses == 3 and reg.resumes >= 2  # out of the poll set and back, each paced read
+            assert [len(b) for b in r.batches] == [1, 1, 10, 10]
+            assert [p.packet[0] for p in r.packet_ins] == list(range(22))
+    run(main())
+
+
+def test_a_transport_without_a_timer_read_is_said_once(caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connect, "_NO_TIMER_READ", [])
+
+    class Bare(asyncio.Transport):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="packetin.connect"):
+        assert connect.timer_reader(Bare()) is None
+        assert connect.timer_reader(Bare()) is None
+    said = [r for r in caplog.records if "no _read_ready" in r.getMessage()]
+    assert len(said) == 1 and "Bare" in said[0].getMessage()
