@@ -32,6 +32,8 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     _opened: tuple[Any, int, int] | None = None  # (stream, inode, device) of the stream last looked at
     strayed = 0  # records of the last append that went to a file no longer the live one (`append`)
     strayed_kept = True  # that file still had a name (moved away), or not (removed)
+    strayed_moved = 0  # records written to a live file found moved away after the write, all told (`write_lines`)
+    strayed_removed = 0  # the same, the file found removed: they are lost with it
 
     def write_lines(self, text: str) -> None:
         """Append `text` (whole lines, the last without its newline): a plain append while it can be
@@ -43,6 +45,10 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         if self.error is not None:
             raise self.error
         if self.strayed:
+            if self.strayed_kept:
+                self.strayed_moved += self.strayed
+            else:
+                self.strayed_removed += self.strayed
             log.error("audit log %s: moved or removed by another program: the last %d record(s) went to the "
                       "file it was (%s), not to a live file; the next go to a new one", self.baseFilename,
                       self.strayed, "moved away" if self.strayed_kept else "removed: they are lost with it")

@@ -466,9 +466,12 @@ class AuditWriter:
         handler = self._handler
         if handler is None:
             raise OSError("audit writer is not started")
-        rotations = handler.num_rollovers
+        rotations, moved, removed = handler.num_rollovers, handler.strayed_moved, handler.strayed_removed
         with self._files_lock:
             handler.write_lines(text)  # one chunk a write: the handler rotates before a write, never inside one
+        if handler.strayed_moved != moved or handler.strayed_removed != removed:  # another program's doing
+            self._counts["strayed_moved"] += handler.strayed_moved - moved
+            self._counts["strayed_removed"] += handler.strayed_removed - removed
         if self.fsync and handler.stream is not None:
             os.fsync(handler.stream.fileno())
         if handler.num_rollovers != rotations:

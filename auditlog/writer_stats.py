@@ -22,6 +22,8 @@ class WriterEvents:
     write_errors: int
     lost_write_error: int
     chain_restarts: int
+    strayed_moved: int  # written to a live file another program moved away (out of the set, kept there)
+    strayed_removed: int  # written to a live file another program removed: lost with it
     compressed: int  # these two: the compressor's
     compress_errors: int
 
@@ -41,4 +43,4 @@ class WriterStats:
 
 STAT_KEYS = tuple(f.name for f in fields(WriterEvents))
 # The counters of records that were submitted (or offered) and are not in the file.
-LOSS_KEYS = ("dropped_queue_full", "dropped_closed", "lost_write_error", "unencodable")
+LOSS_KEYS = ("dropped_queue_full", "dropped_closed", "lost_write_error", "unencodable", "strayed_removed")

@@ -156,3 +156,39 @@ def test_verify_names_a_loss_the_note_holds_before_the_next_start(live: Path, mo
     result = verify([live.parent])
     assert result.ok and result.last_seq == 3, result
     assert [w for w in result.warnings if "could not write 5 audit records after seq 3" in w], result.warnings
+
+
+@pytest.mark.parametrize("remove", [False, True])
+def test_records_that_went_to_a_live_file_another_program_moved_or_removed_are_counted(
+        live: Path, remove: bool) -> None:
+    """The write after another program moved the live file away (or removed it) goes with that file: its
+    records are counted as strayed_moved (kept there, not a loss) or strayed_removed (a loss, noted at close
+    and put in the chain at the next start); the records after it go to a new live file."""
+    w = AuditWriter(live)
+    w.start()
+    w.submit(record(0))
+    assert w.flush_wait(5)
+    if remove:
+        live.unlink()
+    else:
+        live.rename(live.with_name("moved.jsonl"))
+    w.submit(record(1))  # written to the moved (or removed) file, found out after the write
+    assert w.flush_wait(5)
+    w.submit(record(2))  # a new live file
+    assert w.flush_wait(5)
+    events = w.snapshot().events
+    assert (events.strayed_moved, events.strayed_removed) == ((0, 1) if remove else (1, 0))
+    assert w.snapshot().lost() == ({"strayed_removed": 1} if remove else {})
+    assert [r["event"]["id"] for r in lines_of(live)] == ["e2"]
+    if not remove:
+        assert [r["event"]["id"] for r in lines_of(live.with_name("moved.jsonl"))] == ["e0", "e1"]
+    w.close()
+    if remove:
+        note = json.loads(_note(live).read_bytes().rstrip(b"\0"))
+        assert note["by_reason"] == {"strayed_removed": 1}
+        again = AuditWriter(live)
+        again.start()
+        again.close()
+        restart = lines_of(live)[-1]
+        assert restart["event"]["reason"] == "records-lost"
+        assert restart["npaudit"]["chain_restart"]["records_lost"] == 1
