@@ -56,7 +56,8 @@ def _reach(local: LocalCluster, src: dict[str, str], targets: list[str]) -> None
         seen.append(local.probe(src["netns"], targets))
         return seen[-1] == {t: "connected" for t in targets}
 
-    wait_for(all_connected, timeout=60, interval=0.5, what=lambda: f"{src} reaching {targets}: {seen[-1:]}")
+    wait_for(all_connected, timeout=60, interval=0.5,
+             what=lambda: f"{src} reaching {targets}: {seen[-1:]}\n{local.diagnosis()}")
 
 
 def _labelled(local: LocalCluster, node: str, label: str) -> list[dict[str, Any]]:

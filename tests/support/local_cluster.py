@@ -79,6 +79,21 @@ class LocalCluster:
                              capture_output=True, timeout=120)
         return dict(json.loads(res.stdout))
 
+    def diagnosis(self, lines: int = 15) -> str:
+        """What a failed reachability wait shows of every node: its agent log's last warnings and errors,
+        and its OVS's underlay routes and userspace tunnel neighbour cache (the next hops it knows)."""
+        out = []
+        for node in sorted(p.name for p in self.dir.iterdir() if (p / "npaudit.yaml").exists()):
+            log = self.dir / node / "agent.log"
+            text = log.read_text(errors="replace").splitlines() if log.exists() else []
+            warned = [line for line in text if " WARNING " in line or " ERROR " in line][-lines:]
+            out.append(f"--- {node}: agent log warnings and errors (last {lines}):\n" + "\n".join(warned))
+            for command in ("ovs/route/show", "tnl/neigh/show"):
+                res = subprocess.run(["ovs-appctl", "-t", str(self.dir / node / "ovs" / "ovs-vswitchd.ctl"), command],
+                                     capture_output=True, text=True, timeout=30)
+                out.append(f"--- {node}: {command}:\n{res.stdout}{res.stderr}")
+        return "\n".join(out)
+
     def audit_records(self, node: str) -> list[dict[str, Any]]:
         path = self.dir / node / "audit" / "audit.jsonl"
         if not path.exists():
