@@ -146,19 +146,25 @@ def _transport(r: Rig) -> asyncio.Transport:
     return proto.transport
 
 
+async def _lone_then_paced(r: Rig, paced_batches: int = 0) -> None:
+    """Packet-in 0 (read at once), packet-in 1 20 ms later (read, then a pause: 64 * 20 ms, capped by the
+    rig's read_pace_max), then `paced_batches` batches of 10 sent together, each read after a pause."""
+    r.fake.send(_packet_in(0))
+    await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in, read at once")
+    await asyncio.sleep(0.02)
+    r.fake.send(_packet_in(1))
+    await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+    for batch in range(paced_batches):
+        for i in range(10):
+            r.fake.send(_packet_in(2 + 10 * batch + i))
+        await eventually(lambda: len(r.packet_ins) == 12 + 10 * batch, 2.0, f"paced batch {batch}")
+
+
 def test_paced_reads_in_a_row_read_from_the_timer_and_leave_the_poll_set_once(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
         async with rig(sock_path, read_pace_max=0.2) as r:
             reg = _Registrations(_transport(r))
-            r.fake.send(_packet_in(0))
-            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in, read at once")
-            await asyncio.sleep(0.02)
-            r.fake.send(_packet_in(1))  # 20 ms after the first: read, then a pause of 0.2 s
-            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in")
-            for batch in range(2):  # two paced reads in a row: 10 packet-ins in each pause
-                for i in range(10):
-                    r.fake.send(_packet_in(2 + 10 * batch + i))
-                await eventually(lambda: len(r.packet_ins) == 12 + 10 * batch, 2.0, f"paced batch {batch}")
+            await _lone_then_paced(r, paced_batches=2)  # two paced reads in a row after the first pause
             assert reg.pauses == 1  # the paced reads after the first came from the timer: no epoll_ctl between
             assert reg.resumes == 0
             await eventually(lambda: reg.resumes == 1, 2.0, "the poll set again once a pause brought nothing")
@@ -174,11 +180,7 @@ def test_a_stream_that_ends_during_a_pause_is_seen_lost_when_the_pause_ends(sock
     async def main() -> None:
         async with rig(sock_path, read_pace_max=0.2) as r:
             first = r.chan._proto
-            r.fake.send(_packet_in(0))
-            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
-            await asyncio.sleep(0.02)
-            r.fake.send(_packet_in(1))
-            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+            await _lone_then_paced(r)
             r.fake.send(_packet_in(2))
             await r.restart_switch()  # the switch goes away mid-pause (its last packet-in sent) and comes back
             assert first is not None
@@ -189,7 +191,7 @@ def test_a_stream_that_ends_during_a_pause_is_seen_lost_when_the_pause_ends(sock
 
 
 def test_without_a_timer_read_each_paced_read_rejoins_the_poll_set_and_nothing_is_lost(
-        sock_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+        sock_path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The degraded path (a transport without asyncio's _read_ready): the pause's end resumes reading,
     one epoll_ctl pair a paced read, the same reads and packet-ins."""
     monkeypatch.setattr(connect, "timer_reader", lambda transport: None)
@@ -197,15 +199,7 @@ def test_without_a_timer_read_each_paced_read_rejoins_the_poll_set_and_nothing_i
     async def main() -> None:
         async with rig(sock_path, read_pace_max=0.2) as r:
             reg = _Registrations(_transport(r))
-            r.fake.send(_packet_in(0))
-            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
-            await asyncio.sleep(0.02)
-            r.fake.send(_packet_in(1))
-            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
-            for batch in range(2):
-                for i in range(10):
-                    r.fake.send(_packet_in(2 + 10 * batch + i))
-                await eventually(lambda: len(r.packet_ins) == 12 + 10 * batch, 2.0, f"paced batch {batch}")
+            await _lone_then_paced(r, paced_batches=2)
             assert reg.pauses == 3 and reg.resumes >= 2  # out of the poll set and back, each paced read
             assert [len(b) for b in r.batches] == [1, 1, 10, 10]
             assert [p.packet[0] for p in r.packet_ins] == list(range(22))
