@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -68,6 +68,36 @@ if TYPE_CHECKING:  # imported where they start: `npaudit` without CNI or Kuberne
     from policy_agent.sources.kubernetes import KubernetesSource
 
 log = logging.getLogger(__name__)
+
+
+# Seconds: a stop that takes this long or more says where the time went. A stop's caller gives it a grace
+# period (Kubernetes: terminationGracePeriodSeconds, 30 s by default) and then kills it: a slow stop is near
+# the point where the last records and the loss note are not written.
+SLOW_STOP = 5.0
+
+
+class StopSteps:
+    """How long each step of a stop took (`done(name)` at the end of each), and `report`: a WARNING naming
+    the slowest steps when the whole took SLOW_STOP seconds or more."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._start = self._last = clock()
+        self.steps: list[tuple[str, float]] = []
+
+    def done(self, name: str) -> None:
+        now = self._clock()
+        self.steps.append((name, now - self._last))
+        self._last = now
+
+    def report(self, slow: float = SLOW_STOP) -> float:
+        """The stop's whole time so far; said at WARNING with its three slowest steps when `slow` or more."""
+        total = self._last - self._start
+        if total >= slow:
+            slowest = sorted(self.steps, key=lambda step: -step[1])[:3]
+            log.warning("stopping took %.1f s; slowest steps: %s", total,
+                        ", ".join(f"{name} {took:.1f} s" for name, took in slowest))
+        return total
 
 
 class Agent:
@@ -350,7 +380,9 @@ class Agent:
         return status.readiness(self)
 
     async def stop(self) -> None:
-        """Stop the agent. OVS keeps running with its flows (fail_mode=secure)."""
+        """Stop the agent. OVS keeps running with its flows (fail_mode=secure). A stop that takes
+        SLOW_STOP seconds or more says which steps took the time (StopSteps)."""
+        steps = StopSteps()
         await self.switch.supervisor.close()  # first: no OVS restart while the agent goes
         if self._gateway_task is not None:
             self._gateway_task.cancel()
@@ -360,23 +392,31 @@ class Agent:
                 await source.close()
         if self._k8s_api is not None:
             await asyncio.to_thread(self._k8s_api.close)
+        steps.done("supervisor and sources")
         for server in (self.api, self.cni):
             if server is not None:
                 await server.close()
         if self.routes is not None:
             await self.routes.close()
+        steps.done("servers and routes")
         await self.losses.close()  # a last loss window, read while the channel is still up
         self.port_drops.close()
+        steps.done("last loss window")
         await self.traceflow.close()  # flows of finished traces out before the channel goes
         await self.channel.close()
+        steps.done("traceflow and channel")
         await self.demux.stop(drain=True)
         await self.offload.close()  # the last offloaded counts go into records before those close
+        steps.done("packet-in drain and offload")
         if self.trail is not None:
             await self.trail.close()
+        steps.done("audit trail")
         if self._metrics_server is not None:
             self._metrics_server.close()
             self._metrics_server = None
         await self.switch.close()
+        steps.done("switch")
+        steps.report()
 
     async def run(self, stop: asyncio.Event) -> None:
         root = logging.getLogger()
