@@ -187,8 +187,12 @@ class Cluster(StartedInWith):
                 code = self.agent.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.agent.send_signal(signal.SIGUSR2)  # the agent writes every thread's stack to its log (if its loop turns)
-                time.sleep(1)
-                raise AssertionError(f"agent still running 15 s after SIGTERM:\n{self.log()[-20000:]}") from None
+                try:  # a stop that ends late names its slowest steps (policy_agent.agent.StopSteps): wait for that too
+                    late = f"it exited with {self.agent.wait(timeout=20)} after"
+                except subprocess.TimeoutExpired:
+                    late = "still running 20 s after"
+                raise AssertionError(f"agent still running 15 s after SIGTERM; {late} its stacks were asked "
+                                     f"for:\n{self.log()[-20000:]}") from None
             if code != 0:
                 raise AssertionError(f"agent exited with {code}:\n{self.log()}")
 
