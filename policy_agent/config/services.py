@@ -40,7 +40,8 @@ class MetricsConfig:
     # Prometheus endpoint, HOST:PORT; "" disables it.
     listen: str = field(default="127.0.0.1:9495", metadata=checked(listen_address))
     # Connections the listener holds at once (a probe or a scrape needs one, briefly). At the cap a
-    # new connection replaces the least recently active one, so a flood cannot lock out the probes.
+    # new connection replaces the least recently active one, so a flood cannot lock out the probes
+    # (one yet to send its first byte is passed over for a second while another can go).
     max_connections: int = field(default=64, metadata=checked(bounded(2, 4096)))
     # Descriptors below RLIMIT_NOFILE's soft limit the listener leaves to the agent's own work
     # (OVSDB, OpenFlow, CNI, applies, audit files; at most half the limit is reserved). It holds at

@@ -10,7 +10,9 @@ Whoever can reach the port must not be able to starve the agent: one thread
 serves every connection (a selector loop; no thread per connection), at most
 `cap` connections are kept (from RLIMIT_NOFILE less a reserve of descriptors for
 the agent's own work), a full table makes room by closing its least recently
-active connection, a request head must arrive within `request_timeout` and a
+active connection (passing over, for a second, one that has not sent a byte yet:
+a flood of half-sent requests cannot push out a probe between its connect and
+its request), a request head must arrive within `request_timeout` and a
 connection that moves no byte for `idle_timeout` is closed. Accept errors
 (EMFILE ...) pause accepting with a backoff and are logged at most once per
 interval with a count. Probes are answered by the loop itself; the exposition is
@@ -307,7 +309,7 @@ class HttpListener:
             self._close(conn, None)
             return
         conn.buf += data
-        self._table.moved(conn.key, self._clock())
+        self._table.moved(conn.key, self._clock(), heard=True)
         end = head_end(conn.buf)
         if end < 0:
             if len(conn.buf) > MAX_HEAD:

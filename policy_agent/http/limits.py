@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 ANSWER_TIMEOUT = 30.0  # seconds a request may wait for the worker's exposition
+# Seconds a connection that has sent nothing yet is passed over at the cap while another can make room: a
+# client between its connect() and its request (a kubelet probe whose process waits for a CPU) is not pushed
+# out by a flood of half-sent requests. The kubelet's probe timeout (1 s): a request later than that failed anyway.
+FIRST_BYTE_GRACE = 1.0
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0  # seconds accepting pauses after an accept error, doubling
 
 
@@ -66,6 +70,7 @@ class Slot:
     opened: float
     active: float  # the last byte received or sent
     state: str = READING  # reading the request head, waiting for the exposition, writing the answer
+    heard: bool = False  # a byte came in
 
 
 class Admission(NamedTuple):
@@ -76,8 +81,10 @@ class Admission(NamedTuple):
 class ConnectionTable:
     """Which connections the listener keeps and when each must go; `now` is always passed in."""
 
-    def __init__(self, cap: int, limits: LimitSettings, answer_timeout: float = ANSWER_TIMEOUT) -> None:
+    def __init__(self, cap: int, limits: LimitSettings, answer_timeout: float = ANSWER_TIMEOUT,
+                 first_byte_grace: float = FIRST_BYTE_GRACE) -> None:
         self.cap = cap
+        self._grace = first_byte_grace
         self._request_timeout = limits.request_timeout
         self._idle_timeout = limits.idle_timeout
         self._answer_timeout = answer_timeout
@@ -90,21 +97,31 @@ class ConnectionTable:
         return key in self._slots
 
     def admit(self, key: int, now: float) -> Admission:
-        """Take `key`; at the cap, the least recently active connection not waiting for the worker makes room."""
+        """Take `key`; at the cap, the least recently active connection not waiting for the worker makes room.
+
+        One that has sent nothing yet and is younger than the first-byte grace goes only when every other
+        could not: a flood of half-sent requests pushes out its own, not a client about to send its request.
+        (A flood of connections that send nothing is the old order: the oldest goes first.)
+        """
         evict = None
         if len(self._slots) >= self.cap:
-            idle = [(slot.active, k) for k, slot in self._slots.items() if slot.state != WAITING]
+            idle = [(slot.active, k, self._in_grace(slot, now)) for k, slot in self._slots.items()
+                    if slot.state != WAITING]
             if not idle:
                 return Admission(False)
-            evict = min(idle)[1]
+            evict = min(idle, key=lambda c: (c[2], c[0], c[1]))[1]
             del self._slots[evict]
         self._slots[key] = Slot(now, now)
         return Admission(True, evict)
 
-    def moved(self, key: int, now: float, state: str | None = None) -> None:
-        """Bytes went in or out of `key` (and it is now in `state`, if given)."""
+    def _in_grace(self, slot: Slot, now: float) -> bool:
+        return not slot.heard and now - slot.opened < self._grace
+
+    def moved(self, key: int, now: float, state: str | None = None, heard: bool = False) -> None:
+        """Bytes went in (`heard`) or out of `key` (and it is now in `state`, if given)."""
         slot = self._slots[key]
         slot.active = now
+        slot.heard = slot.heard or heard
         if state is not None:
             slot.state = state
 

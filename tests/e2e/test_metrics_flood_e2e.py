@@ -4,24 +4,25 @@ The agent runs with RLIMIT_NOFILE 256; the test holds 1,200 connections to its m
 with a request head that never ends, and opens a new one for every one the agent closes. Meanwhile
 /healthz answers, `npaudit apply` and a CNI ADD succeed, the agent keeps descriptors in reserve, its
 log carries no traceback, and the embedded OVS daemons are the ones that ran before (the supervisor
-restarted nothing). Connections stay on loopback; every one is closed at the end.
+restarted nothing). The flood runs in a process of its own, apart from the probes. Connections stay on
+loopback; every one is closed at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import resource
 import selectors
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from tests.support.cluster import Cluster
 
@@ -67,65 +68,83 @@ def _children_get_nofile(soft: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
-class Flood:
-    """HELD half-sent requests to 127.0.0.1:port, each one the agent closes replaced by a new one."""
+def _hold(port: int, stop: Any, ready: Any, held: Any, most_held: Any, closed: Any) -> None:
+    """The flood's process: HELD half-sent requests, each one the agent closes replaced by a new one."""
+    selector = selectors.DefaultSelector()
 
-    def __init__(self, port: int) -> None:
-        self._port = port
-        self._selector = selectors.DefaultSelector()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._hold, name="flood", daemon=True)
-        self.opened = 0
-        self.closed_by_agent = 0
-        # The most the flood held open after each refill, counted from 1 s after start (by then the agent
-        # has met every one of the first HELD): a churn the agent clears thousands of times a second is
-        # seen after every pass, not in four snapshots (two clean-clone runs caught 295 and 550 there).
-        self.most_held = 0
-        self._count_from = float("inf")
-
-    def _open(self) -> None:
+    def open_one() -> None:
         s = socket.socket()
         s.setblocking(False)
-        s.connect_ex(("127.0.0.1", self._port))  # EINPROGRESS; the head goes once it is writable
-        self._selector.register(s, selectors.EVENT_WRITE)
-        self.opened += 1
+        s.connect_ex(("127.0.0.1", port))  # EINPROGRESS; the head goes once it is writable
+        selector.register(s, selectors.EVENT_WRITE)
 
-    def _hold(self) -> None:
-        while not self._stop.is_set():
-            for key, mask in self._selector.select(0.1):
-                s: socket.socket = key.fileobj  # type: ignore[assignment]
-                if mask & selectors.EVENT_WRITE:
-                    try:
-                        s.send(HALF_SENT)
-                        self._selector.modify(s, selectors.EVENT_READ)
-                        continue
-                    except OSError:
-                        pass
-                # Readable: the agent answered or closed it; an error: refused. Either way, a new one.
-                self._selector.unregister(s)
-                s.close()
-                self.closed_by_agent += 1
-            for _ in range(min(REOPEN_PER_PASS, HELD - len(self._selector.get_map()))):
-                self._open()
-            if time.monotonic() >= self._count_from:
-                self.most_held = max(self.most_held, len(self._selector.get_map()))
+    for _ in range(HELD):
+        open_one()
+    count_from = time.monotonic() + 1.0
+    ready.set()
+    while not stop.is_set():
+        for key, mask in selector.select(0.1):
+            s: socket.socket = key.fileobj  # type: ignore[assignment]
+            if mask & selectors.EVENT_WRITE:
+                try:
+                    s.send(HALF_SENT)
+                    selector.modify(s, selectors.EVENT_READ)
+                    continue
+                except OSError:
+                    pass
+            # Readable: the agent answered or closed it; an error: refused. Either way, a new one.
+            selector.unregister(s)
+            s.close()
+            closed.value += 1
+        for _ in range(min(REOPEN_PER_PASS, HELD - len(selector.get_map()))):
+            open_one()
+        held.value = len(selector.get_map())
+        if time.monotonic() >= count_from:
+            most_held.value = max(most_held.value, held.value)
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+
+
+class Flood:
+    """HELD half-sent requests to 127.0.0.1:port from a process of its own, as an attacker is.
+
+    In this process, the flood's thread held the GIL while a probe waited between its connect() and its
+    request, for milliseconds: a delay of the test's making, not of the kubelet's.
+    """
+
+    def __init__(self, port: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._ready = ctx.Event(), ctx.Event()
+        self._held, self._most_held, self._closed = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0)
+        self._process = ctx.Process(target=_hold, name="flood", daemon=True,
+                                    args=(port, self._stop, self._ready, self._held, self._most_held, self._closed))
+
+    @property
+    def most_held(self) -> int:
+        """The most the flood held open after each refill, counted from 1 s after start (by then the agent has
+        met every one of the first HELD): a churn the agent clears thousands of times a second is seen after
+        every pass, not in four snapshots (two clean-clone runs caught 295 and 550 there)."""
+        return int(self._most_held.value)
+
+    @property
+    def closed_by_agent(self) -> int:
+        return int(self._closed.value)
 
     def start(self) -> None:
-        for _ in range(HELD):
-            self._open()
-        self._count_from = time.monotonic() + 1.0
-        self._thread.start()
+        self._process.start()
+        assert self._ready.wait(30), "the flood's process did not open its connections"
 
     def held(self) -> int:
-        return len(self._selector.get_map())
+        return int(self._held.value)
 
     def close(self) -> None:
+        if self._process.pid is None:  # never started
+            return
         self._stop.set()
-        self._thread.join(10)
-        for key in list(self._selector.get_map().values()):
-            self._selector.unregister(key.fileobj)
-            key.fileobj.close()  # type: ignore[union-attr]
-        self._selector.close()
+        self._process.join(10)
+        if self._process.is_alive():  # by its pid: the process this test started
+            self._process.kill()
+            self._process.join(5)
 
 
 def _get(port: int, path: str, timeout: float) -> tuple[int, str]:

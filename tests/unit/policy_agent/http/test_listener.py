@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from policy_agent.http.endpoints import (BadRequest, HttpListener, ListenerStats, make_app, parse_head, run_app,
                                          serve)
-from policy_agent.http.limits import (ANSWER_TIMEOUT, WAITING, WRITING, AcceptBackoff, Admission, Budget,
+from policy_agent.http.limits import (ANSWER_TIMEOUT, FIRST_BYTE_GRACE, WAITING, WRITING, AcceptBackoff, Admission, Budget,
                                       ConnectionTable, ListenerLimits, descriptor_budget)
 
 LIMITS = ListenerLimits(max_connections=3, fd_reserve=0, request_timeout=10.0, idle_timeout=3.0)
@@ -47,6 +47,32 @@ def test_at_the_cap_the_least_recently_active_connection_makes_room() -> None:
     table.moved(1, 2.5)  # 1 is the oldest, but it just sent a byte: 2 has been quiet longest
     assert table.admit(4, 3.0) == Admission(True, evict=2)
     assert len(table) == 3 and 2 not in table and 4 in table
+
+
+def test_at_the_cap_a_connection_yet_to_send_is_passed_over_for_its_first_second_while_another_can_go() -> None:
+    table = ConnectionTable(3, LIMITS)
+    table.admit(1, 0.0)  # a probe: connected, its request not in yet
+    for key in (2, 3):
+        table.admit(key, 0.01)
+        table.moved(key, 0.01, heard=True)  # half-sent requests
+    # A flood of half-sent requests: each newcomer pushes out an earlier one of its own, never the probe,
+    # though the probe is the oldest and quietest.
+    for key in range(4, 40):
+        now = key / 100
+        assert table.admit(key, now).evict not in (1, None)
+        table.moved(key, now, heard=True)
+    assert 1 in table
+    # Its first second over, it is the least recently active again: it goes first.
+    assert table.admit(99, FIRST_BYTE_GRACE) == Admission(True, evict=1)
+
+
+def test_a_full_table_of_connections_yet_to_send_still_makes_room_with_the_oldest() -> None:
+    table = ConnectionTable(3, LIMITS)
+    for key, now in ((1, 0.0), (2, 0.1), (3, 0.2)):
+        table.admit(key, now)  # none has sent a byte: a flood of bare connects
+    assert table.admit(4, 0.3) == Admission(True, evict=1)  # nobody refused, as before the grace
+    table.moved(2, 0.4, heard=True)
+    assert table.admit(5, 0.5) == Admission(True, evict=2)  # one that has spoken goes before the silent young
 
 
 def test_a_connection_waiting_for_its_exposition_is_never_evicted_and_a_full_table_of_them_refuses() -> None:
@@ -195,6 +221,30 @@ def test_hundreds_of_half_sent_requests_take_no_thread_each_and_probes_still_ans
         assert 'npaudit_http_connections_closed_total{reason="evicted"}' in text
         # The evicted ones were closed, not left hanging: the oldest sees the end of its connection.
         assert _closed_by_server(clients[0], within=2)
+    finally:
+        _stopped(listener)
+
+
+def test_a_client_between_its_connect_and_its_request_outlasts_a_flood_of_half_sent_ones(registry, clients) -> None:
+    # A probe whose process waits for a CPU after connect(): meanwhile ten times the cap of half-sent
+    # requests come in. Before the first-byte grace, the probe was the first pushed out (a CI run's failure).
+    listener = serve("127.0.0.1", 0, registry, lambda: [], ListenerLimits(max_connections=4, fd_reserve=0))
+    try:
+        port = listener.server_address[1]
+        probe = socket.create_connection(("127.0.0.1", port))
+        clients.append(probe)
+        for _ in range(40):
+            _half_sent(port, clients)
+        deadline = time.monotonic() + 5
+        while listener.snapshot().closed["evicted"] < 40 - 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the listener has taken every one (it runs in this process, for the GIL)
+        assert listener.snapshot().closed["evicted"] == 40 - 3
+        probe.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        probe.settimeout(5)
+        answer = b""
+        while chunk := probe.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.0 200 OK\r\n") and answer.endswith(b"\r\n\r\nok\n"), answer
     finally:
         _stopped(listener)
 
