@@ -9,7 +9,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping
 
+from auditlog.chain import RecordText, records_lost_record
 from auditlog.compressor import FILE_MODE
+from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,53 @@ class LossNote:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class CarriedLoss:
+    """A writer's loss note through its life: the previous writer's loss until its record is in the file,
+    and this writer's own loss noted at close."""
+
+    def __init__(self, audit_path: Path, errors: RateLimitedLog) -> None:
+        self.audit_path = audit_path
+        self.note = LossNote(audit_path)
+        self._errors = errors
+        self._noted: dict[str, Any] | None = None  # a previous writer's loss, until its record is written
+        self._record: RecordText | None = None
+
+    def take(self, now: float, context: Mapping[str, Any] | None) -> RecordText | None:
+        """Open the note; the chain-restart record of what the previous writer noted, or None (kept until written)."""
+        noted = self.note.open()
+        if noted is None:
+            return None
+        self._noted = noted
+        self._record = RecordText.of(records_lost_record(
+            lost=noted["by_reason"], after_seq=noted["after_seq"], now=now, context=context))
+        log.warning("audit log %s: the previous writer could not write %d records (%s); a chain-restart "
+                    "record says so", self.audit_path, noted["records_lost"], noted["by_reason"])
+        return self._record
+
+    def settle(self, written_seq: int) -> None:
+        """After a successful write: once the loss record is in the file, blank the note."""
+        record = self._record
+        if record is None or not 0 < record.seq <= written_seq:
+            return
+        self._noted = self._record = None
+        try:
+            self.note.clear()
+        except OSError as exc:  # the next start writes the record again: a duplicate, never a loss
+            self._errors.log(logging.WARNING, "note", "audit loss note %s not cleared: %s", self.note.path, exc)
+
+    def close(self, lost: dict[str, int], written_seq: int) -> None:
+        """At close: note `lost` (and a previous loss still unrecorded) for the next start, then close the note."""
+        for reason, n in (self._noted or {}).get("by_reason", {}).items():
+            lost[reason] = lost.get(reason, 0) + n
+        if lost:
+            log.error("audit log %s: %d records were not written (%s)", self.audit_path, sum(lost.values()), lost)
+            try:
+                self.note.write(lost, written_seq)
+            except OSError as exc:
+                log.error("audit log %s: the loss note %s failed: %s", self.audit_path, self.note.path, exc)
+        self.note.close()
 
 
 def pending_loss(audit_path: Path) -> dict[str, Any] | None:

@@ -13,10 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from auditlog.chain import GENESIS, RecordText, records_lost_record
+from auditlog.chain import GENESIS, RecordText
 from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import set_lock
-from auditlog.loss_note import LossNote
+from auditlog.loss_note import CarriedLoss
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from auditlog.sealing import chunk_bounds, seal_records
 from auditlog.writer_resume import resume_point
@@ -117,10 +117,8 @@ class AuditWriter:
         self._seq, self._chain = 0, GENESIS
         self._restart: RecordText | None = None  # the latest chain-restart record made
         self._written_seq = 0  # the newest seq known to be in the file (self._seq may be sealed only)
-        self._loss_note = LossNote(self.path)
-        self._noted: dict[str, Any] | None = None  # a previous writer's loss, until its record is written
-        self._loss_record: RecordText | None = None
         self._errors = RateLimitedLog(log, 10.0)
+        self._carried = CarriedLoss(self.path, self._errors)
         # Renames in the file set (rotation, retention, a compressed file put in place)
         # happen under this lock, so the compressor never races a rotation.
         self._files_lock = threading.Lock()
@@ -205,7 +203,7 @@ class AuditWriter:
                 self._held_cause = failed.__cause__
                 self._wake.set()
                 return True
-            self._settle_loss_note()
+            self._carried.settle(self._written_seq)
             return True
         finally:
             self._io_lock.release()
@@ -256,14 +254,16 @@ class AuditWriter:
             finish_interrupted_rotation(self.path)
             self._prune()
             restart = self._resync()
-            self._take_loss_note()
+            loss_record = self._carried.take(self._clock(), self.state_fields)
+            if loss_record is not None:
+                self._queue.appendleft(loss_record)
             if restart is not None:
                 self._queue.appendleft(restart)  # before anything submitted already
             self._handler = self._new_handler()
             if self._queue:  # the writer's own records go in now, not when the next record comes
                 self._wake.set()
         except OSError as exc:
-            self._loss_note.close()
+            self._carried.note.close()
             self._release_ownership()
             raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
@@ -303,7 +303,7 @@ class AuditWriter:
                       self.path, " and ".join(stuck), left)
             return False
         self._close_handler()
-        self._note_losses()
+        self._carried.close(self.snapshot().lost(), self._written_seq)
         self._release_ownership()
         return not left and not self._counts["lost_write_error"]
 
@@ -313,43 +313,6 @@ class AuditWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _take_loss_note(self) -> None:
-        """Queue the record of what the previous writer noted it could not write (kept until written)."""
-        noted = self._loss_note.open()
-        if noted is None:
-            return
-        self._noted = noted
-        self._loss_record = RecordText.of(records_lost_record(
-            lost=noted["by_reason"], after_seq=noted["after_seq"], now=self._clock(), context=self.state_fields))
-        self._queue.appendleft(self._loss_record)
-        log.warning("audit log %s: the previous writer could not write %d records (%s); a chain-restart "
-                    "record says so", self.path, noted["records_lost"], noted["by_reason"])
-
-    def _settle_loss_note(self) -> None:
-        """After a successful write: once the loss record is in the file, blank the note."""
-        record = self._loss_record
-        if record is None or not 0 < record.seq <= self._written_seq:
-            return
-        self._noted = self._loss_record = None
-        try:
-            self._loss_note.clear()
-        except OSError as exc:  # the next start writes the record again: a duplicate, never a loss
-            self._errors.log(logging.WARNING, "note", "audit loss note %s not cleared: %s",
-                             self._loss_note.path, exc)
-
-    def _note_losses(self) -> None:
-        """At close: note what was not written (and a previous loss still unrecorded) for the next start."""
-        lost = self.snapshot().lost()
-        for reason, n in (self._noted or {}).get("by_reason", {}).items():
-            lost[reason] = lost.get(reason, 0) + n
-        if lost:
-            log.error("audit log %s: %d records were not written (%s)", self.path, sum(lost.values()), lost)
-            try:
-                self._loss_note.write(lost, self._written_seq)
-            except OSError as exc:
-                log.error("audit log %s: the loss note %s failed: %s", self.path, self._loss_note.path, exc)
-        self._loss_note.close()
 
     def _release_ownership(self) -> None:
         if self._owner_fd >= 0:
@@ -437,7 +400,7 @@ class AuditWriter:
             return failed.unwritten, failed.__cause__
         except OSError as exc:  # the resynchronisation itself failed
             return records, exc
-        self._settle_loss_note()
+        self._carried.settle(self._written_seq)
         return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
