@@ -55,6 +55,9 @@ ADMISSION_SOURCES = {DROPPED_RATE: "rate_limit", DROPPED_QUEUE: "queue_full"}
 # (parsing costs ~60 us per KiB), about what the two wake-ups of a hand-off to a worker thread cost; a
 # larger one goes to a thread, so the loop never stalls long enough to show in packet-in latency.
 INLINE_PARSE_BYTES = 4 * 1024
+# Seconds the last window at stop may take. Its reads wait up to OpenFlow's request timeout each; a node's
+# grace period (Kubernetes: 30 s) ends a slow stop with SIGKILL, before the audit trail and its loss note close.
+LAST_WINDOW_BOUND = 5.0
 PORT_REASONS = {RX_DROPPED: PORT_RX_DROPPED, SOCKET_DROPPED: PORT_SOCKET_OVERFLOW}
 
 
@@ -364,14 +367,17 @@ class LossAccounting:
             except Exception:  # a bug here must not end the accounting for the agent's lifetime
                 self._errors.log(logging.ERROR, "tick", "loss accounting failed", exc_info=True)
 
-    async def close(self) -> None:
-        """Stop, after one last window up to now (while the channel is still up)."""
+    async def close(self, bound: float = LAST_WINDOW_BOUND) -> None:
+        """Stop, after one last window up to now (while the channel is still up), given `bound` seconds."""
         if self._task is None:
             return
         await cancel_and_wait(self._task)
         self._task = None
         try:
-            await self.tick()
+            await asyncio.wait_for(self.tick(), bound)
+        except TimeoutError:
+            log.error("last loss accounting window not read within %.0f s: losses since the previous window "
+                      "(at most %.0f s) are not stated in the audit trail", bound, self.interval)
         except Exception:
             log.error("last loss accounting window failed", exc_info=True)
         self._reads.shutdown(wait=False)

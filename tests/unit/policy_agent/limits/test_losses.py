@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from typing import Any
 
 import pytest
@@ -161,6 +162,32 @@ def test_close_writes_the_last_window_up_to_now() -> None:
 
     asyncio.run(scenario())
     assert len(world.records) == 1 and by_reason(world.records[0]) == {("meter", "policy_deny"): 9}
+
+
+def test_a_last_window_whose_reads_hang_ends_at_its_bound_and_says_what_is_not_stated(caplog) -> None:
+    class HungChannel(FakeChannel):
+        async def multipart(self, msg: Any) -> list[bytes]:
+            self.requests.append(msg)
+            await asyncio.Event().wait()  # ovs-vswitchd never answers
+            raise AssertionError("unreachable")
+
+    channel, world, mono, wall = HungChannel(), World(), ManualClock(0.0), ManualClock(1_700_000_000.0)
+
+    async def scenario() -> float:
+        acc = accounting(channel, world, mono, wall)
+        acc.interval = 3600.0
+        acc.start()
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        await asyncio.wait_for(acc.close(bound=0.2), 10)  # the test's own limit: a hang fails, not hangs
+        return time.monotonic() - started
+
+    with caplog.at_level(logging.ERROR, logger="policy_agent.limits.losses"):
+        took = asyncio.run(scenario())
+    assert channel.requests and took < 5.0, took  # the bound ended it, not a timeout of the test's
+    assert world.records == []
+    assert "last loss accounting window not read within" in caplog.text, caplog.text
+    assert "are not stated in the audit trail" in caplog.text, caplog.text
 
 
 def test_restartable_counters_take_the_first_reading_as_the_baseline_and_skip_unreadable_ones() -> None:
