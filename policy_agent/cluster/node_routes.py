@@ -284,6 +284,41 @@ class NodeRoutes:
         if not self.unresolved:
             self._retry = FIRST_RETRY
 
+    async def _resolve_then_install(self, new: Sequence[PeerNode], drop: Sequence[str],
+                                    flows: Mapping[PeerNode, list[messages.FlowSpec]]) -> Mapping[str, str]:
+        """Geneve on the userspace datapath: each new peer's next hop known to OVS before its route exists,
+        so no Pod packet is the one OVS drops while it resolves (ovs/tunnel_neighbours.py). A peer's flows go
+        in as soon as its next hop is set; a peer that does not answer ARP holds back only its own, for the
+        ARP timeout, and goes in after it (OVS resolves it late). {address: why not resolved}."""
+        loop = asyncio.get_running_loop()
+        set_now: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_set(address: str) -> None:  # in the resolving thread
+            loop.call_soon_threadsafe(set_now.put_nowait, address)
+
+        resolving = asyncio.ensure_future(asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in new],
+                                                            drop, on_set))
+        waiting = dict(flows)
+        try:
+            while waiting and not resolving.done():
+                answer = asyncio.ensure_future(set_now.get())
+                await asyncio.wait({answer, resolving}, return_when=asyncio.FIRST_COMPLETED)
+                if not answer.done():
+                    answer.cancel()
+                    break
+                await self._install({p: waiting.pop(p) for p in list(waiting) if p.address == answer.result()})
+            failed = await resolving
+        except BaseException:
+            resolving.add_done_callback(lambda f: f.cancelled() or f.exception())  # the thread's end, unread
+            raise
+        await self._install(waiting)
+        return failed
+
+    async def _install(self, flows: Mapping[PeerNode, list[messages.FlowSpec]]) -> None:
+        if flows:
+            await self._channel.install_flows([f for fl in flows.values() for f in fl])
+            self._flows.update(flows)
+
     async def sync(self) -> None:
         """Make the datapath route exactly the chosen peers."""
         self._wake.clear()
@@ -303,17 +338,11 @@ class NodeRoutes:
         # with deny_unknown_sources: the drop of its subnet's unknown sources through the gateway, in before
         # its kernel route (the peer node itself comes from its underlay address, outside that subnet).
         flows = {p: self._peer_flows(p) for p in new if plan.geneve or plan.deny_unknown_sources}
-        # Geneve on the userspace datapath: each new peer's next hop known to OVS before its route exists, so
-        # no Pod packet is the one OVS drops while it resolves (ovs/tunnel_neighbours.py).
-        kept = {p.address for p in chosen}
-        failed = await asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in new],
-                                         [p.address for p in gone if p.address not in kept])
         # A peer that moved (same subnet, new address) is overwritten in place, never deleted after.
         rewritten = {f.key for fl in flows.values() for f in fl}
         stale = [f for p in gone for f in self._flows.pop(p, []) if f.key not in rewritten]
-        if flows:
-            await self._channel.install_flows([f for fl in flows.values() for f in fl])
-            self._flows.update(flows)
+        kept = {p.address for p in chosen}
+        failed = await self._resolve_then_install(new, [p.address for p in gone if p.address not in kept], flows)
         if not plan.geneve:
             await asyncio.to_thread(self.underlay.set_routes, [(p.pod_cidr, p.address) for p in chosen])
         if stale:

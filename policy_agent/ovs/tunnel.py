@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -142,16 +142,18 @@ class NodeUnderlay:
         the kernel resolves them and holds a packet meanwhile."""
         return self._userspace_tunnel and self._neighbours is not None
 
-    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = ()) -> dict[str, str]:
+    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = (),
+                      on_set: Callable[[str], None] = lambda address: None) -> dict[str, str]:
         """The next hops of the peer addresses `add` resolved and set in OVS's tunnel neighbour cache
         (ovs/tunnel_neighbours.py) and kept so (`refresh_peers`, an OVS restart); `drop` no longer kept.
-        {address: why not resolved}; {} where the agent does not resolve (`resolves_next_hops`)."""
+        `on_set(address)` as each is set. {address: why not resolved}; {} where the agent does not resolve
+        (`resolves_next_hops`)."""
         with self._kept_lock:
             self._kept.difference_update(drop)
             self._kept.update(add)
         if not self.resolves_next_hops or not add or self._neighbours is None:
             return {}
-        return self._neighbours.resolve(sorted(set(add)))
+        return self._neighbours.resolve(sorted(set(add)), on_set)
 
     def refresh_peers(self) -> dict[str, str]:
         """This node announced again, and every kept peer's next hop resolved and set again (its entry's

@@ -90,9 +90,11 @@ def parse_aging(text: str) -> int:
     return int(text.strip())
 
 
-def _ask(bridge: str, src_ip: str, targets: Sequence[str], timeout: float) -> dict[str, str]:
+def _ask(bridge: str, src_ip: str, targets: Sequence[str], timeout: float,
+         answered: Callable[[str, str], None]) -> dict[str, str]:
     """In the switch's namespace: one ARP request per target out of `bridge`'s own port; the MACs of
-    those that answered within `timeout`."""
+    those that answered within `timeout`, each also given to `answered(ip, mac)` as it comes (one
+    target that never answers holds back none of the others)."""
     want = set(targets)
     got: dict[str, str] = {}
     with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_TYPE_ARP)) as s:
@@ -108,8 +110,9 @@ def _ask(bridge: str, src_ip: str, targets: Sequence[str], timeout: float) -> di
             except socket.timeout:
                 break
             answer = arp_reply(frame)
-            if answer is not None and answer[0] in want:
+            if answer is not None and answer[0] in want and answer[0] not in got:
                 got[answer[0]] = answer[1]
+                answered(*answer)
     return got
 
 
@@ -126,7 +129,8 @@ class TunnelNeighbours:
 
     def __init__(self, ctl: Callable[[], Path], netns: str, timeout: float = 1.0,
                  call: Callable[..., str] = unixctl.call,
-                 ask: Callable[[str, str, Sequence[str], float], dict[str, str]] = _ask) -> None:
+                 ask: Callable[[str, str, Sequence[str], float, Callable[[str, str], None]],
+                               dict[str, str]] = _ask) -> None:
         self._ctl = ctl
         self._netns = netns
         self._timeout = timeout
@@ -146,8 +150,10 @@ class TunnelNeighbours:
         """OVS's tunnel neighbour aging, in seconds."""
         return parse_aging(self._call(self._ctl(), "tnl/neigh/aging"))
 
-    def resolve(self, peers: Sequence[str]) -> dict[str, str]:
-        """Each peer's next hop resolved and set in OVS; {peer: why not} for those that were not."""
+    def resolve(self, peers: Sequence[str], on_set: Callable[[str], None] = lambda peer: None) -> dict[str, str]:
+        """Each peer's next hop resolved and set in OVS; {peer: why not} for those that were not.
+        A next hop is set as its answer comes, and `on_set(peer)` told then (from the thread this runs
+        in): a peer that does not answer holds back only itself, for the ARP timeout."""
         failed: dict[str, str] = {}
         hops: dict[str, NextHop] = {}
         for peer in peers:
@@ -158,24 +164,34 @@ class TunnelNeighbours:
         by_way: dict[tuple[str, str], set[str]] = {}
         for hop in hops.values():
             by_way.setdefault((hop.bridge, hop.source), set()).add(hop.address)
-        macs: dict[tuple[str, str], str] = {}
+        done: set[tuple[str, str]] = set()  # (bridge, next hop) set in OVS, or that failed to be
+
+        def answered(bridge: str, address: str, mac: str) -> None:
+            if (bridge, address) in done:
+                return
+            done.add((bridge, address))
+            behind = [peer for peer, hop in hops.items() if (hop.bridge, hop.address) == (bridge, address)]
+            try:
+                self._call(self._ctl(), "tnl/neigh/set", [bridge, address, mac])
+            except OvsError as exc:
+                failed.update((peer, str(exc)) for peer in behind)
+                return
+            for peer in behind:
+                on_set(peer)
+
         broken: dict[str, str] = {}  # bridge -> why no ARP request left it
         for (bridge, source), targets in sorted(by_way.items()):
+            tell = partial(answered, bridge)
             try:
                 answers = call_in_netns(self._netns or None, partial(self._ask, bridge, source, sorted(targets),
-                                                                     self._timeout))
+                                                                     self._timeout, tell))
             except OSError as exc:
                 answers, broken[bridge] = {}, f"no ARP request out of {bridge}: {exc}"
-            macs.update({(bridge, ip): mac for ip, mac in answers.items()})
+            for ip, mac in sorted(answers.items()):  # any the callback was not given
+                tell(ip, mac)
         for peer, hop in hops.items():
-            mac = macs.get((hop.bridge, hop.address))
-            if mac is None:
+            if (hop.bridge, hop.address) not in done:
                 gateway = "" if hop.address == peer else " (the gateway towards it)"
                 failed[peer] = broken.get(hop.bridge) or (f"no ARP answer from {hop.address}{gateway} on "
                                                           f"{hop.bridge} within {self._timeout:g}s")
-                continue
-            try:
-                self._call(self._ctl(), "tnl/neigh/set", [hop.bridge, hop.address, mac])
-            except OvsError as exc:
-                failed[peer] = str(exc)
         return failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable, Sequence
 
 import pytest
@@ -372,16 +373,26 @@ class ResolvingUnderlay(FakeUnderlay):
         self.channel = channel
         self.dead: set[str] = set()
         self.calls: list[tuple[list[str], list[str], set[str]]] = []
+        self.during_timeout: list[set[str]] = []
         self.aging = 900
 
     @property
     def resolves_next_hops(self) -> bool:
         return True
 
-    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = ()) -> dict[str, str]:
+    def resolve_peers(self, add: Sequence[str], drop: Sequence[str] = (),
+                      on_set: Callable[[str], None] = lambda address: None) -> dict[str, str]:
         self.calls.append((list(add), list(drop), self.channel.tun_dsts()))
         self._kept.difference_update(drop)
         self._kept.update(add)
+        answered = [a for a in add if a not in self.dead]
+        for a in answered:
+            on_set(a)
+        if self.dead & set(add):  # the ARP timeout: what the channel holds before it ends (a thread, as OVS's)
+            deadline = time.monotonic() + 5.0
+            while not set(answered) <= self.channel.tun_dsts() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.during_timeout.append(self.channel.tun_dsts())
         return {a: "no ARP answer" for a in add if a in self.dead}
 
     def refresh_peers(self) -> dict[str, str]:
@@ -442,6 +453,20 @@ def test_a_peer_not_answering_is_said_counted_and_retried_until_it_answers(caplo
     said = [m for m in caplog.messages if "next hop is not resolved" in m]
     assert len(said) == 1 and "peer node-2 at 198.51.100.2" in said[0] and "no ARP answer" in said[0]
     assert any("node-2's underlay next hop is resolved now" in m for m in caplog.messages)
+
+
+def test_a_peer_not_answering_holds_back_only_its_own_route_while_its_arp_times_out() -> None:
+    """Peers added together: the one that answers is routed as its answer comes, not after the other's
+    ARP timeout; the silent one is routed when the timeout ends."""
+    async def go() -> None:
+        r, channel, underlay = resolving()
+        underlay.dead = {"198.51.100.2"}
+        r.set_peers("config", [N2, N3])
+        await r.start()
+        assert underlay.during_timeout == [{"198.51.100.3"}]  # N3's route in while N2's ARP was unanswered
+        assert channel.tun_dsts() == {"198.51.100.2", "198.51.100.3"} and set(r.unresolved) == {"node-2"}
+        await r.close()
+    asyncio.run(go())
 
 
 async def _until(predicate: Callable[[], bool]) -> None:

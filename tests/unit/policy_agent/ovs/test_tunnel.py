@@ -4,7 +4,7 @@ the OVS calls and addresses replaced by a record of what would be done."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -69,7 +69,7 @@ class CountingNeighbours:
     def __init__(self) -> None:
         self.resolved: list[list[str]] = []
 
-    def resolve(self, peers: list[str]) -> dict[str, str]:
+    def resolve(self, peers: list[str], on_set: Callable[[str], None] = lambda peer: None) -> dict[str, str]:
         self.resolved.append(list(peers))
         return {}
 

@@ -4,7 +4,7 @@ scapy and fuzzed, and TunnelNeighbours against a fake unixctl and a fake ARP exc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
 from hypothesis import given, strategies as st
@@ -86,7 +86,8 @@ def test_each_peer_answering_is_set_in_ovs_and_the_others_are_said_why() -> None
                    "203.0.113.10": VIA_GW})
     asked: list[tuple[str, str, list[str]]] = []
 
-    def ask(bridge: str, source: str, targets: Sequence[str], timeout: float) -> dict[str, str]:
+    def ask(bridge: str, source: str, targets: Sequence[str], timeout: float,
+            answered: Callable[[str, str], None]) -> dict[str, str]:
         asked.append((bridge, source, list(targets)))
         return {t: "02:aa:00:00:00:02" if t == "198.51.100.2" else "02:aa:00:00:00:fe"
                 for t in targets if t != "198.51.100.3"}
@@ -104,8 +105,29 @@ def test_each_peer_answering_is_set_in_ovs_and_the_others_are_said_why() -> None
 
 
 def test_a_bridge_no_arp_can_leave_fails_its_peers_saying_so() -> None:
-    def ask(bridge: str, source: str, targets: Sequence[str], timeout: float) -> dict[str, str]:
+    def ask(bridge: str, source: str, targets: Sequence[str], timeout: float,
+            answered: Callable[[str, str], None]) -> dict[str, str]:
         raise OSError(19, "No such device")
 
     n = TunnelNeighbours(lambda: Path("/run/ovs.ctl"), "", call=FakeOvs({"198.51.100.2": ON_LINK}), ask=ask)
     assert n.resolve(["198.51.100.2"]) == {"198.51.100.2": "no ARP request out of br-phy: [Errno 19] No such device"}
+
+
+def test_a_next_hop_is_set_as_its_answer_comes_not_after_the_others_time_out() -> None:
+    """Two peers on one bridge, one silent: the other's next hop is in OVS, and said set, while the ARP
+    exchange still waits; the silent one fails when it ends. An answer given twice is set once."""
+    ovs = FakeOvs({"198.51.100.2": ON_LINK, "198.51.100.3": ON_LINK})
+    set_peers: list[str] = []
+    during: list[tuple[dict[tuple[str, str], str], list[str]]] = []
+
+    def ask(bridge: str, source: str, targets: Sequence[str], timeout: float,
+            answered: Callable[[str, str], None]) -> dict[str, str]:
+        answered("198.51.100.2", "02:aa:00:00:00:02")
+        during.append((dict(ovs.neigh), list(set_peers)))  # ...then 198.51.100.3's wait runs out
+        return {"198.51.100.2": "02:aa:00:00:00:02"}
+
+    n = TunnelNeighbours(lambda: Path("/run/ovs.ctl"), "", call=ovs, ask=ask)
+    failed = n.resolve(["198.51.100.2", "198.51.100.3"], set_peers.append)
+    assert during == [({("br-phy", "198.51.100.2"): "02:aa:00:00:00:02"}, ["198.51.100.2"])]
+    assert set_peers == ["198.51.100.2"]
+    assert failed == {"198.51.100.3": "no ARP answer from 198.51.100.3 on br-phy within 1s"}
