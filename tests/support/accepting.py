@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 from typing import Callable
 
 
 class AcceptThread:
-    """Accepts connections on 127.0.0.1 (a free port) and hands each to `on_connection(conn)` in this
-    thread; the handler owns `conn` (closes it, or hands it to a thread of its own)."""
+    """Accepts connections on 127.0.0.1 (a free port), or on the AF_UNIX socket `path`, and hands each to
+    `on_connection(conn)` in this thread; the handler owns `conn` (closes it, or hands it to a thread of its
+    own). `once`: the first connection only (a later connect waits in the backlog, unserved, until close)."""
 
-    def __init__(self, on_connection: Callable[[socket.socket], None]) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
+    def __init__(self, on_connection: Callable[[socket.socket], None], *, path: Path | None = None,
+                 once: bool = False) -> None:
+        if path is None:
+            self.sock = socket.create_server(("127.0.0.1", 0))
+            self.port: int = self.sock.getsockname()[1]
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(str(path))
+            self.sock.listen(4)
+            self.port = 0
+        self._where = f"port {self.port}" if path is None else str(path)
         self._on_connection = on_connection
+        self._once = once
         self._serving: socket.socket | None = None
         self._closing = False
         self._lock = threading.Lock()
@@ -44,6 +55,8 @@ class AcceptThread:
             finally:
                 with self._lock:
                     self._serving = None
+            if self._once:
+                return
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop accepting, end the connection being served, wait for the thread; then close the listener."""
@@ -55,7 +68,7 @@ class AcceptThread:
             _shutdown(serving)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise AssertionError(f"the accept thread of port {self.port} still runs {timeout:g} s after close")
+            raise AssertionError(f"the accept thread of {self._where} still runs {timeout:g} s after close")
         self.sock.close()
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -14,6 +13,7 @@ import pytest
 
 from policy_agent.cli import main as cli
 from policy_agent.rpc import encode_frame, frame_length
+from tests.support.accepting import AcceptThread
 
 
 @pytest.fixture
@@ -23,23 +23,16 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def fake_agent(sock_path: Path, reply: dict[str, object] | None) -> threading.Thread:
-    """Accept one request, read it whole, then answer `reply` or (None) close without a word."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(sock_path))
-    server.listen(1)
-
-    def serve() -> None:
-        with server:
-            conn, _ = server.accept()
-            with conn:
-                body = frame_length(conn.recv(4, socket.MSG_WAITALL))
-                conn.recv(body, socket.MSG_WAITALL)
-                if reply is not None:
-                    conn.sendall(encode_frame(reply))
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
+def fake_agent(sock_path: Path, reply: dict[str, object] | None) -> AcceptThread:
+    """Accept one request, read it whole, then answer `reply` or (None) close without a word. Close it
+    when done (tests/support/accepting.py: no thread of it outlives the test)."""
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            body = frame_length(conn.recv(4, socket.MSG_WAITALL))
+            conn.recv(body, socket.MSG_WAITALL)
+            if reply is not None:
+                conn.sendall(encode_frame(reply))
+    return AcceptThread(serve, path=sock_path, once=True)
 
 
 def apply(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -62,6 +62,34 @@ def test_close_ends_the_connection_being_served() -> None:
     client.close()
 
 
+@pytest.mark.parametrize("connect", [False, True])
+def test_a_one_shot_unix_socket_server_closed_leaves_no_thread_whether_or_not_it_was_reached(
+        tmp_path: Path, connect: bool) -> None:
+    """The fake agents and daemons on AF_UNIX paths: a test that failed before connecting used to leave a
+    thread in accept() on the fd number its closed listener freed."""
+    before = set(threading.enumerate())
+    path = tmp_path / "api.sock"
+    got: list[bytes] = []
+    served = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            got.append(conn.recv(4))
+        served.set()
+
+    rx = AcceptThread(serve, path=path, once=True)
+    if connect:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(str(path))
+            c.sendall(b"ping")
+        assert served.wait(5)
+    rx.close()
+    assert got == ([b"ping"] if connect else [])
+    with pytest.raises(ConnectionRefusedError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(str(path))
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
 def test_a_process_reaped_between_the_open_and_the_read_of_its_stat_reads_as_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

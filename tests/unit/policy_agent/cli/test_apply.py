@@ -12,17 +12,17 @@ from tests.support.fake_local_agent import apply, fake_agent, state_dir  # noqa:
 
 def test_an_agent_that_vanishes_mid_request_means_outcome_unknown(state_dir: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    thread = fake_agent(state_dir / "api.sock", None)
+    agent = fake_agent(state_dir / "api.sock", None)
     rc, err = apply(state_dir, capsys)
-    thread.join(5)
+    agent.close()
     assert rc == apply_cli.EXIT_OUTCOME_UNKNOWN and rc not in (0, 1)
     assert err.count("\n") == 1 and "outcome unknown; the agent's next start keeps the change if OVS enforced it" in err
 
 
 def test_a_refusal_is_exit_1_with_the_agents_lines(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    thread = fake_agent(state_dir / "api.sock", {"ok": False, "errors": ["Tier/sec: spec.priority: 10 is taken"]})
+    agent = fake_agent(state_dir / "api.sock", {"ok": False, "errors": ["Tier/sec: spec.priority: 10 is taken"]})
     rc, err = apply(state_dir, capsys)
-    thread.join(5)
+    agent.close()
     assert (rc, err) == (1, "error: Tier/sec: spec.priority: 10 is taken\n")
 
 

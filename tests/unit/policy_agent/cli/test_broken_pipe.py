@@ -77,7 +77,7 @@ def test_status_whose_reader_went_away_exits_0(audit_set: Path) -> None:
         rc, err, _ = npaudit_to_closed_reader(["status", "-o", "json", "--config", str(audit_set / "npaudit.yaml"),
                                                "--no-ebpf-probe"], read_first_line=False)
     finally:
-        served.join(10)
+        served.close()
         sock.unlink(missing_ok=True)
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert rc == 0, err

@@ -24,7 +24,7 @@ def run(state_dir: Path, *flags: str) -> int:
     try:
         return main(["status", "--config", str(config), "-o", "json", *flags])
     finally:
-        served.join(10)
+        served.close()
         (state_dir / "api.sock").unlink(missing_ok=True)
 
 

@@ -7,7 +7,6 @@ import contextlib
 import json
 import socket
 import struct
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,6 +14,7 @@ import pytest
 
 from auditlog.query_output import FORMATS
 from policy_agent.cli import logs
+from tests.support.accepting import AcceptThread
 from tests.support.cli_imports import code_imports, modules_imported, under
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "config" / "npaudit.yaml"
@@ -107,29 +107,21 @@ def test_syslog_status_reads_an_agents_answer_without_the_forwarder(tmp_path: Pa
 
 @contextlib.contextmanager
 def stub_agent(path: Path, reply: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
-    """A local API socket at `path` answering each request with `reply` (policy_agent.rpc's framing)."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(4)
-    srv.settimeout(60)
+    """A local API socket at `path` answering one request with `reply` (policy_agent.rpc's framing)."""
     requests: list[dict[str, Any]] = []
 
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            conn, _ = srv.accept()
-            with conn:
-                (length,) = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))
-                requests.append(json.loads(conn.recv(length, socket.MSG_WAITALL)))
-                body = json.dumps(reply).encode()
-                conn.sendall(struct.pack(">I", len(body)) + body)
+    def serve(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            (length,) = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))
+            requests.append(json.loads(conn.recv(length, socket.MSG_WAITALL)))
+            body = json.dumps(reply).encode()
+            conn.sendall(struct.pack(">I", len(body)) + body)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    agent = AcceptThread(serve, path=path, once=True)
     try:
         yield requests
     finally:
-        srv.close()
-        thread.join(5)
+        agent.close()
 
 
 def test_the_logs_parser_offers_the_output_formats_the_printer_has() -> None:

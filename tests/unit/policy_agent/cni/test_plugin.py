@@ -9,7 +9,6 @@ import stat
 import struct
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from policy_agent import rpc
 from policy_agent.cni import wire
 from policy_agent.cni.server import CniServer, CniServerError
 from policy_agent.cni.wire import CniError, CniRequest
+from tests.support.accepting import AcceptThread
 from tests.support.cni_plugin import json_values
 from tests.support.cni_plugin import RESULT, Agent, FakeHandler, LoopThread, _exchange
 from tests.support.cni_plugin import agent, env, invoke, netconf, tmp  # noqa: F401 (fixtures)
@@ -123,22 +123,13 @@ def test_unreachable_agent_means_try_again_later(tmp: Path) -> None:
     assert code == 1 and json.loads(out)["code"] == wire.ERR_TRY_AGAIN_LATER
 
 
-def _raw_agent(path: Path, reply: bytes) -> threading.Thread:
-    """A one-shot agent that reads a request and answers with `reply` bytes."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    srv.listen(1)
-
-    def serve() -> None:
-        conn, _ = srv.accept()
+def _raw_agent(path: Path, reply: bytes) -> AcceptThread:
+    """A one-shot agent that reads a request and answers with `reply` bytes (close it when done)."""
+    def serve(conn: socket.socket) -> None:
         with conn:
             rpc.recv_message(conn)
             conn.sendall(reply)
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t
+    return AcceptThread(serve, path=path, once=True)
 
 
 @pytest.mark.parametrize("reply, code", [
@@ -150,9 +141,11 @@ def _raw_agent(path: Path, reply: bytes) -> threading.Thread:
     (rpc.encode_frame({"ok": True, "result": None}), wire.ERR_INTERNAL),  # ADD without result
 ])
 def test_broken_agent_answers_become_cni_errors(tmp: Path, reply: bytes, code: int) -> None:
-    t = _raw_agent(tmp / "raw.sock", reply)
-    rc, out = invoke(env(), netconf(tmp / "raw.sock"))
-    t.join(5)
+    agent = _raw_agent(tmp / "raw.sock", reply)
+    try:
+        rc, out = invoke(env(), netconf(tmp / "raw.sock"))
+    finally:
+        agent.close()
     assert rc == 1 and json.loads(out)["code"] == code
 
 

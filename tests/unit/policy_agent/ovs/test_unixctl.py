@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -13,6 +12,7 @@ import pytest
 
 from policy_agent.errors import OvsError
 from policy_agent.ovs.unixctl import call, call_many, vswitchd_version
+from tests.support.accepting import AcceptThread
 
 Answer = Callable[[dict[str, Any]], dict[str, Any] | None]  # request -> reply (None: never answer)
 
@@ -20,21 +20,13 @@ Answer = Callable[[dict[str, Any]], dict[str, Any] | None]  # request -> reply (
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Callable[[Answer], Path]]:
     """A unixctl server on a socket in tmp_path, one connection, answering each request on it with `answer`."""
-    listeners: list[socket.socket] = []
+    daemons: list[AcceptThread] = []
     requests: list[dict[str, Any]] = []
 
     def start(answer: Answer) -> Path:
         path = tmp_path / "ovs-vswitchd.ctl"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
-        listener.listen(1)
-        listeners.append(listener)
 
-        def serve() -> None:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed by the fixture
-                return
+        def serve(conn: socket.socket) -> None:
             with conn:
                 buf, decoder = "", json.JSONDecoder()
                 while True:
@@ -54,12 +46,12 @@ def daemon(tmp_path: Path) -> Iterator[Callable[[Answer], Path]]:
                         return
                     conn.sendall(json.dumps({"id": request["id"], **reply}).encode())  # then the next request
 
-        threading.Thread(target=serve, daemon=True).start()
+        daemons.append(AcceptThread(serve, path=path, once=True))
         return path
 
     yield start
-    for listener in listeners:
-        listener.close()
+    for d in daemons:
+        d.close()
 
 
 def test_a_command_returns_the_reply_text_and_sends_its_arguments(daemon: Callable[[Answer], Path]) -> None:

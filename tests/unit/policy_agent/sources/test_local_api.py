@@ -76,11 +76,11 @@ def test_an_error_naming_a_lone_surrogate_is_answered_escaped(sock_dir: Path) ->
 
 def test_apply_prints_control_characters_from_names_escaped(sock_dir: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    thread = fake_agent(sock_dir / "api.sock", {"ok": False, "errors": [
+    agent = fake_agent(sock_dir / "api.sock", {"ok": False, "errors": [
         "Namespace/a\x1b[31mred (m.yaml#1): metadata.name: must be a DNS-1123 label",
         "Pod/x/p\nerror: forged second error"]})
     rc, err = apply(sock_dir, capsys)
-    thread.join(5)
+    agent.close()
     assert rc == 1
     assert err.splitlines() == [
         "error: Namespace/a\\x1b[31mred (m.yaml#1): metadata.name: must be a DNS-1123 label",
