@@ -215,16 +215,26 @@ def chain_restart_record(*, file: str, line: int, offset: int, nbytes: int, afte
 
 def records_lost_record(*, lost: Mapping[str, int], after_seq: int, now: float,
                         context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The state record naming records a previous writer was given but never wrote (its loss note).
+    """The state record naming records a previous writer lost (its loss note).
 
-    `lost` counts them by reason (the writer's counter names). They were never sealed,
-    so the chain has no gap: this record is the only trace of them in the files.
+    `lost` counts them by reason (the writer's counter names). Most were never sealed, so the
+    chain has no gap: this record is the only trace of them in the files. strayed_removed are
+    sealed records another program removed with the live file: the gap they leave stays a break
+    for `npaudit verify`, and this record says how many went.
     """
     total = sum(lost.values())
-    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(lost.items()))
+    removed = lost.get("strayed_removed", 0)
+    unwritten = {reason: n for reason, n in sorted(lost.items()) if reason != "strayed_removed"}
+    parts = []
+    if unwritten:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in unwritten.items())
+        parts.append(f"{sum(unwritten.values())} audit records that were never written ({reasons})")
+    if removed:
+        parts.append(f"{removed} written audit records another program removed with the live file "
+                     f"(strayed_removed {removed})")
     return _restart("records-lost", now, context,
-                    f"audit chain continues after {total} audit records that were never written "
-                    f"({reasons}) when the writer stopped after seq {after_seq}",
+                    f"audit chain continues after {' and '.join(parts) or '0 audit records'} when the writer "
+                    f"stopped after seq {after_seq}",
                     {"after_seq": after_seq, "records_lost": total, "lost_by_reason": dict(sorted(lost.items()))})
 
 

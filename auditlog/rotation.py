@@ -30,10 +30,10 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     error: BaseException | None = None
     size: int | None = None  # bytes in the open live file after our last write; None: not known
     _opened: tuple[Any, int, int] | None = None  # (stream, inode, device) of the stream last looked at
-    strayed = 0  # records of the last append that went to a file no longer the live one (`append`)
+    strayed = 0  # records the last append found out of the live file: its own (moved), or all the file held (removed)
     strayed_kept = True  # that file still had a name (moved away), or not (removed)
     strayed_moved = 0  # records written to a live file found moved away after the write, all told (`write_lines`)
-    strayed_removed = 0  # the same, the file found removed: they are lost with it
+    strayed_removed = 0  # records of live files found removed, every one they held: lost with them
 
     def write_lines(self, text: str) -> None:
         """Append `text` (whole lines, the last without its newline): a plain append while it can be
@@ -49,9 +49,12 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
                 self.strayed_moved += self.strayed
             else:
                 self.strayed_removed += self.strayed
-            log.error("audit log %s: moved or removed by another program: the last %d record(s) went to the "
-                      "file it was (%s), not to a live file; the next go to a new one", self.baseFilename,
-                      self.strayed, "moved away" if self.strayed_kept else "removed: they are lost with it")
+            if self.strayed_kept:
+                log.error("audit log %s: moved away by another program: the last %d record(s) went to the file "
+                          "it was, not to a live file; the next go to a new one", self.baseFilename, self.strayed)
+            else:
+                log.error("audit log %s: removed by another program: the %d record(s) it held, the last write's "
+                          "among them, are lost with it; the next go to a new one", self.baseFilename, self.strayed)
             self.strayed = 0
 
     def append(self, text: str) -> bool:
@@ -63,8 +66,9 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         Whether the open file is still the live one is looked at after the write, not before: the stat
         is a syscall, and after a quiet spell each one costs a lone record 50-80 µs on its way to being
         readable (bench/cold_calls.py). Another program moving or removing the live file (never
-        ours: the writer owns its set) so costs the one write after it: `strayed` counts its records,
-        `strayed_kept` says whether the file still has a name, and the next append goes to emit."""
+        ours: the writer owns its set) so costs the one write after it: `strayed` counts its records (a
+        removed file: every record it held, all lost with it), `strayed_kept` says whether the file still
+        has a name, and the next append goes to emit."""
         size = self.size
         stream = self.stream
         if (size is None or (self.maxBytes > 0 and size >= self.maxBytes) or stream is None or stream.closed
@@ -80,11 +84,12 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         if same:
             self.size = size + len(text) + len(self.terminator)  # ASCII: one byte a character
         else:
-            self.strayed += text.count("\n") + 1
+            written = text.count("\n") + 1
             try:
                 self.strayed_kept = os.fstat(stream.fileno()).st_nlink > 0
             except OSError:  # cannot tell: the worse case is said
                 self.strayed_kept = False
+            self.strayed += written if self.strayed_kept else max(written, _lines_in(stream.fileno()))
         return True
 
     def do_write(self, msg: str) -> None:
@@ -127,6 +132,26 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
 
     def do_gzip(self, input_filename: str) -> None:
         return
+
+
+def _lines_in(fd: int) -> int:
+    """Lines in the open file `fd` (write-only), read through /proc/self/fd (a removed file has no other
+    name to open); 0 if it cannot be read. Only when another program removed the live file: rare, and
+    the file is at most audit.max_bytes."""
+    lines, offset = 0, 0
+    try:
+        reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        while chunk := os.pread(reader, 1 << 20, offset):
+            lines += chunk.count(b"\n")
+            offset += len(chunk)
+    except OSError:
+        return 0
+    finally:
+        os.close(reader)
+    return lines
 
 
 def prune_rotated(live: Path, backup_count: int, max_age_days: float, now: float, errors: RateLimitedLog) -> int:

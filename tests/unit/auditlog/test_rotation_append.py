@@ -1,6 +1,6 @@
 """auditlog.rotation.JsonlHandler.append: a plain append to the open file; once the live file is no longer
-it (another program moved or removed it), the write that found out is counted as strayed and the next go
-through emit, which opens a new live file."""
+it (another program moved or removed it), the write that found out is counted as strayed (a removed file:
+every record it held, all lost with it) and the next go through emit, which opens a new live file."""
 
 from __future__ import annotations
 
@@ -40,15 +40,16 @@ def test_appends_go_to_the_live_file_and_a_moved_one_takes_one_write(tmp_path: P
         handler.close()
 
 
-def test_a_removed_live_file_takes_one_write_said_lost(tmp_path: Path) -> None:
+def test_a_removed_live_file_takes_one_write_and_every_record_it_held_is_said_lost(tmp_path: Path) -> None:
     live = tmp_path / "audit.jsonl"
     handler = handler_for(live)
     try:
+        assert handler.append("second")
         handler.strayed = 0
         live.unlink()
-        assert handler.append("second")
-        assert (handler.strayed, handler.strayed_kept) == (1, False)
-        assert not handler.append("third")
+        assert handler.append("third\nthird-b")
+        assert (handler.strayed, handler.strayed_kept) == (4, False)  # first, second, and the write's two
+        assert not handler.append("fourth")
     finally:
         handler.close()
 
@@ -68,8 +69,10 @@ def test_write_lines_says_where_strayed_records_went_and_goes_on_in_a_new_live_f
             handler.write_lines("fourth")
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1, errors
-        assert "the last 2 record(s)" in errors[0]
-        assert ("removed: they are lost with it" if remove else "moved away") in errors[0]
+        if remove:  # "first" went with it too
+            assert "removed by another program: the 3 record(s) it held" in errors[0] and "lost" in errors[0]
+        else:  # "first" is in the moved file, where it was
+            assert "moved away by another program: the last 2 record(s)" in errors[0]
         assert handler.strayed == 0
         assert live.read_text() == "fourth\n"
     finally:

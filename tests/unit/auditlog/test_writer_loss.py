@@ -162,8 +162,9 @@ def test_verify_names_a_loss_the_note_holds_before_the_next_start(live: Path, mo
 def test_records_that_went_to_a_live_file_another_program_moved_or_removed_are_counted(
         live: Path, remove: bool) -> None:
     """The write after another program moved the live file away (or removed it) goes with that file: its
-    records are counted as strayed_moved (kept there, not a loss) or strayed_removed (a loss, noted at close
-    and put in the chain at the next start); the records after it go to a new live file."""
+    records are counted as strayed_moved (kept there, not a loss), or, the file removed, every record it
+    held as strayed_removed (a loss, noted at close and put in the chain at the next start); the records
+    after it go to a new live file."""
     w = AuditWriter(live)
     w.start()
     w.submit(record(0))
@@ -177,18 +178,19 @@ def test_records_that_went_to_a_live_file_another_program_moved_or_removed_are_c
     w.submit(record(2))  # a new live file
     assert w.flush_wait(5)
     events = w.snapshot().events
-    assert (events.strayed_moved, events.strayed_removed) == ((0, 1) if remove else (1, 0))
-    assert w.snapshot().lost() == ({"strayed_removed": 1} if remove else {})
+    assert (events.strayed_moved, events.strayed_removed) == ((0, 2) if remove else (1, 0))  # removed: e0 too
+    assert w.snapshot().lost() == ({"strayed_removed": 2} if remove else {})
     assert [r["event"]["id"] for r in lines_of(live)] == ["e2"]
     if not remove:
         assert [r["event"]["id"] for r in lines_of(live.with_name("moved.jsonl"))] == ["e0", "e1"]
     w.close()
     if remove:
         note = json.loads(_note(live).read_bytes().rstrip(b"\0"))
-        assert note["by_reason"] == {"strayed_removed": 1}
+        assert note["by_reason"] == {"strayed_removed": 2}
         again = AuditWriter(live)
         again.start()
         again.close()
         restart = lines_of(live)[-1]
         assert restart["event"]["reason"] == "records-lost"
-        assert restart["npaudit"]["chain_restart"]["records_lost"] == 1
+        assert restart["npaudit"]["chain_restart"]["records_lost"] == 2
+        assert "after 2 written audit records another program removed with the live file" in restart["message"]
