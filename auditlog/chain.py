@@ -238,6 +238,16 @@ def records_lost_record(*, lost: Mapping[str, int], after_seq: int, now: float,
                     {"after_seq": after_seq, "records_lost": total, "lost_by_reason": dict(sorted(lost.items()))})
 
 
+def records_removed_record(*, removed: int, through_seq: int, now: float,
+                           context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The state record a running writer puts first in a new live file after another program removed the
+    one it wrote to: `removed` sealed records, the last of them seq `through_seq`, are gone with it."""
+    return _restart("records-lost", now, context,
+                    f"audit chain continues after {removed} written audit records another program removed with "
+                    f"the live file (strayed_removed {removed}), the last of them seq {through_seq}",
+                    {"after_seq": through_seq, "records_lost": removed, "lost_by_reason": {"strayed_removed": removed}})
+
+
 def utc_stamp(t: float) -> str:
     """Epoch seconds `t` as records write times: UTC, milliseconds, Z."""
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

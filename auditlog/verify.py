@@ -233,7 +233,7 @@ class _Walk:
             self.pending = None
         elif _is_restart(record) and record["event"].get("reason") == "records-lost":
             self.warnings.append(f"{self.files[fi]} line {lineno}: the writer reports records it could not "
-                                 f"write before seq {seq}: {record.get('message', '')}")
+                                 f"write, or lost, before seq {seq}: {record.get('message', '')}")
         elif _is_restart(record):
             self.warnings.append(f"{self.files[fi]} line {lineno}: chain-restart record (seq {seq}) "
                                  "without the damaged bytes it names before it")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from auditlog.chain import GENESIS, RecordText
+from auditlog.chain import GENESIS, RecordText, records_removed_record
 from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import set_lock
 from auditlog.loss_note import CarriedLoss
@@ -117,6 +117,7 @@ class AuditWriter:
         self._seq, self._chain = 0, GENESIS
         self._restart: RecordText | None = None  # the latest chain-restart record made
         self._written_seq = 0  # the newest seq known to be in the file (self._seq may be sealed only)
+        self._stated_removed = 0  # strayed_removed records a records-lost record in the trail already says
         self._errors = RateLimitedLog(log, 10.0)
         self._carried = CarriedLoss(self.path, self._errors)
         # Renames in the file set (rotation, retention, a compressed file put in place)
@@ -303,7 +304,12 @@ class AuditWriter:
                       self.path, " and ".join(stuck), left)
             return False
         self._close_handler()
-        self._carried.close(self.snapshot().lost(), self._written_seq)
+        lost = self.snapshot().lost()
+        if lost.get("strayed_removed", 0) <= self._stated_removed:  # in the trail already (_emit_records)
+            lost.pop("strayed_removed", None)
+        else:
+            lost["strayed_removed"] -= self._stated_removed
+        self._carried.close(lost, self._written_seq)
         self._release_ownership()
         return not left and not self._counts["lost_write_error"]
 
@@ -405,11 +411,15 @@ class AuditWriter:
 
     def _emit_records(self, records: list[RecordText]) -> None:
         sealed, lines, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
+        removed_through = 0  # the last seq of a chunk that went to a live file another program removed
         for start, end, size in chunk_bounds(lines, self._chunk_bytes):
+            removed = self._counts["strayed_removed"]
             try:
                 self._emit(lines[0] if end == 1 else "\n".join(lines[start:end]))
             except Exception as exc:
                 raise _WriteFailed(sealed[start:], exc) from exc
+            if self._counts["strayed_removed"] != removed:
+                removed_through = sealed[end - 1].seq
             self._counts["written"] += end - start
             self._written_seq = sealed[end - 1].seq
             self._counts["batches"] += 1
@@ -420,6 +430,11 @@ class AuditWriter:
                 except Exception:  # metrics only: never a reason to hold or lose a record
                     self._errors.log(logging.ERROR, "on-written", "audit log %s: counting written records failed",
                                      self.path, exc_info=True)
+        if removed_through:  # said in the trail now, first in the new live file, not only at the next start
+            gone = self._counts["strayed_removed"] - self._stated_removed
+            self._stated_removed += gone
+            self._emit_records([RecordText.of(records_removed_record(
+                removed=gone, through_seq=removed_through, now=self._clock(), context=self.state_fields))])
 
     def _unencodable(self, exc: Exception) -> None:
         self._counts["unencodable"] += 1

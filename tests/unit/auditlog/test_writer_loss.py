@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from auditlog import rotation as rotation_mod
+from auditlog.chain import records_lost_record
 from auditlog.verify import verify
 from policy_agent.cli.main import main as npaudit
 from auditlog.writer import AuditWriter, AuditWriterError
@@ -163,8 +164,8 @@ def test_records_that_went_to_a_live_file_another_program_moved_or_removed_are_c
         live: Path, remove: bool) -> None:
     """The write after another program moved the live file away (or removed it) goes with that file: its
     records are counted as strayed_moved (kept there, not a loss), or, the file removed, every record it
-    held as strayed_removed (a loss, noted at close and put in the chain at the next start); the records
-    after it go to a new live file."""
+    held as strayed_removed: a loss, said at once by a records-lost record first in the new live file (so
+    not noted again at close); the records after it go to that new live file."""
     w = AuditWriter(live)
     w.start()
     w.submit(record(0))
@@ -180,17 +181,29 @@ def test_records_that_went_to_a_live_file_another_program_moved_or_removed_are_c
     events = w.snapshot().events
     assert (events.strayed_moved, events.strayed_removed) == ((0, 2) if remove else (1, 0))  # removed: e0 too
     assert w.snapshot().lost() == ({"strayed_removed": 2} if remove else {})
-    assert [r["event"]["id"] for r in lines_of(live)] == ["e2"]
-    if not remove:
+    if remove:
+        said, after = lines_of(live)
+        assert said["event"]["reason"] == "records-lost" and said["npaudit"]["seq"] == 3
+        assert said["npaudit"]["chain_restart"] == {"after_seq": 2, "records_lost": 2,
+                                                    "lost_by_reason": {"strayed_removed": 2}}
+        assert "after 2 written audit records another program removed with the live file" in said["message"]
+        assert after["event"]["id"] == "e2"
+        result = verify([live.parent])
+        assert result.ok and [x for x in result.warnings if "could not write, or lost, before seq 3" in x]
+    else:
+        assert [r["event"]["id"] for r in lines_of(live)] == ["e2"]
         assert [r["event"]["id"] for r in lines_of(live.with_name("moved.jsonl"))] == ["e0", "e1"]
     w.close()
-    if remove:
-        note = json.loads(_note(live).read_bytes().rstrip(b"\0"))
-        assert note["by_reason"] == {"strayed_removed": 2}
-        again = AuditWriter(live)
-        again.start()
-        again.close()
-        restart = lines_of(live)[-1]
-        assert restart["event"]["reason"] == "records-lost"
-        assert restart["npaudit"]["chain_restart"]["records_lost"] == 2
-        assert "after 2 written audit records another program removed with the live file" in restart["message"]
+    assert _note(live).read_bytes().strip(b"\0") == b""  # nothing left to say at the next start
+    again = AuditWriter(live)
+    again.start()
+    again.close()
+    assert [r["event"]["id"] for r in lines_of(live)][-1] == "e2"
+
+
+def test_a_loss_note_tells_records_never_written_from_written_ones_another_program_removed() -> None:
+    said = records_lost_record(lost={"dropped_closed": 3, "strayed_removed": 2}, after_seq=9, now=0.0)
+    assert said["message"] == ("audit chain continues after 3 audit records that were never written "
+                               "(dropped_closed 3) and 2 written audit records another program removed with "
+                               "the live file (strayed_removed 2) when the writer stopped after seq 9")
+    assert said["npaudit"]["chain_restart"]["records_lost"] == 5
