@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 # period (Kubernetes: terminationGracePeriodSeconds, 30 s by default) and then kills it: a slow stop is near
 # the point where the last records and the loss note are not written.
 SLOW_STOP = 5.0
+# Seconds each step before the packet-in drain may take (sources, servers, routes, traceflow and the
+# channel): one that hangs is left behind, so the audit trail is still closed within the grace period.
+STEP_BOUND = 5.0
 
 
 class StopSteps:
@@ -89,6 +92,24 @@ class StopSteps:
         now = self._clock()
         self.steps.append((name, now - self._last))
         self._last = now
+
+    async def bounded(self, name: str, *works: Callable[[], Awaitable[None]], bound: float | None = None) -> None:
+        """`works` one after the other, given `bound` seconds in all (STEP_BOUND), then `done(name)`. Past it they
+        are cancelled and not waited for (an ERROR says so): the stop goes on to what must not be skipped,
+        the audit trail's close."""
+        async def run() -> None:
+            for work in works:
+                await work()
+        bound = STEP_BOUND if bound is None else bound
+        task = asyncio.ensure_future(run())
+        finished, _ = await asyncio.wait({task}, timeout=bound)
+        if not finished:
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its end, whenever, unread
+            log.error("stopping: %s did not end within %g s; left behind, the stop goes on", name, bound)
+        elif (exc := task.exception()) is not None:
+            log.error("stopping: %s failed: %s", name, one_line(exc), exc_info=exc)
+        self.done(name)
 
     def report(self, slow: float = SLOW_STOP) -> float:
         """The stop's whole time so far; said at WARNING with its three slowest steps when `slow` or more."""
@@ -383,28 +404,14 @@ class Agent:
         """Stop the agent. OVS keeps running with its flows (fail_mode=secure). A stop that takes
         SLOW_STOP seconds or more says which steps took the time (StopSteps)."""
         steps = StopSteps()
-        await self.switch.supervisor.close()  # first: no OVS restart while the agent goes
-        if self._gateway_task is not None:
-            self._gateway_task.cancel()
-            await asyncio.gather(self._gateway_task, return_exceptions=True)
-        for source in (self.manifests, self.k8s):
-            if source is not None:
-                await source.close()
-        if self._k8s_api is not None:
-            await asyncio.to_thread(self._k8s_api.close)
-        steps.done("supervisor and sources")
-        for server in (self.api, self.cni):
-            if server is not None:
-                await server.close()
-        if self.routes is not None:
-            await self.routes.close()
-        steps.done("servers and routes")
-        await self.losses.close()  # a last loss window, read while the channel is still up
+        await steps.bounded("supervisor and sources", self._stop_sources)
+        servers = (part for part in (self.api, self.cni, self.routes) if part is not None)
+        await steps.bounded("servers and routes", *(server.close for server in servers))
+        await self.losses.close()  # a last loss window, read while the channel is still up (bounded itself)
         self.port_drops.close()
         steps.done("last loss window")
-        await self.traceflow.close()  # flows of finished traces out before the channel goes
-        await self.channel.close()
-        steps.done("traceflow and channel")
+        # Flows of finished traces out before the channel goes.
+        await steps.bounded("traceflow and channel", self.traceflow.close, self.channel.close)
         await self.demux.stop(drain=True)
         await self.offload.close()  # the last offloaded counts go into records before those close
         steps.done("packet-in drain and offload")
@@ -417,6 +424,17 @@ class Agent:
         await self.switch.close()
         steps.done("switch")
         steps.report()
+
+    async def _stop_sources(self) -> None:
+        await self.switch.supervisor.close()  # first: no OVS restart while the agent goes
+        if self._gateway_task is not None:
+            self._gateway_task.cancel()
+            await asyncio.gather(self._gateway_task, return_exceptions=True)
+        for source in (self.manifests, self.k8s):
+            if source is not None:
+                await source.close()
+        if self._k8s_api is not None:
+            await asyncio.to_thread(self._k8s_api.close)
 
     async def run(self, stop: asyncio.Event) -> None:
         root = logging.getLogger()

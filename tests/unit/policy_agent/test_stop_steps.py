@@ -1,12 +1,17 @@
-"""A slow stop says which of its steps took the time (policy_agent.agent.StopSteps)."""
+"""A slow stop says which of its steps took the time, and a step that hangs is left behind so the audit trail
+is still closed (policy_agent.agent.StopSteps)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
-from policy_agent.agent import SLOW_STOP, StopSteps
+import policy_agent.agent as agent_mod
+from policy_agent.agent import SLOW_STOP, Agent, StopSteps
+from policy_agent.config import loader as config_mod
 from tests.support.clock import ManualClock
 
 
@@ -32,3 +37,57 @@ def test_a_quick_stop_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="policy_agent.agent"):
         assert steps.report() == pytest.approx(SLOW_STOP - 0.01)
     assert caplog.records == []
+
+
+def test_a_bounded_step_runs_its_parts_in_order_and_a_failing_part_ends_it_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[str] = []
+
+    async def part(name: str, fail: bool = False) -> None:
+        ran.append(name)
+        if fail:
+            raise OSError("the socket went")
+
+    async def go() -> StopSteps:
+        steps = StopSteps()
+        await steps.bounded("servers", lambda: part("api"), lambda: part("cni", fail=True), lambda: part("routes"))
+        await steps.bounded("channel", lambda: part("channel"))
+        return steps
+    with caplog.at_level(logging.ERROR, logger="policy_agent.agent"):
+        steps = asyncio.run(go())
+    assert ran == ["api", "cni", "channel"] and [name for name, _ in steps.steps] == ["servers", "channel"]
+    assert [r.getMessage() for r in caplog.records] == ["stopping: servers failed: OSError: the socket went"]
+
+
+class _Hangs:
+    """A source whose close never ends, even when cancelled once."""
+
+    async def close(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()
+
+
+def test_a_stop_step_that_hangs_is_left_behind_and_the_audit_trail_is_still_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = config_mod.loads(f"state_dir: {tmp_path / 'state'}\naudit:\n  path: {tmp_path / 'audit' / 'a.jsonl'}\n")
+    agent = Agent(cfg)
+    agent.manifests = _Hangs()  # type: ignore[assignment]
+    assert agent.trail is not None
+    closed: list[bool] = []
+    real_close = agent.trail.close
+
+    async def close() -> None:
+        closed.append(True)
+        await real_close()
+    monkeypatch.setattr(agent.trail, "close", close)
+    monkeypatch.setattr(agent_mod, "STEP_BOUND", 0.3)
+
+    async def go() -> None:
+        await asyncio.wait_for(agent.stop(), 30)  # the old stop waited on the source for ever
+    with caplog.at_level(logging.ERROR, logger="policy_agent.agent"):
+        asyncio.run(go())
+    assert closed == [True]
+    assert ["stopping: supervisor and sources did not end within 0.3 s; left behind, the stop goes on"] == [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
