@@ -12,6 +12,7 @@ the peers it adds, removes or moves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections import Counter
@@ -294,11 +295,13 @@ class NodeRoutes:
         set_now: asyncio.Queue[str] = asyncio.Queue()
 
         def on_set(address: str) -> None:  # in the resolving thread
-            loop.call_soon_threadsafe(set_now.put_nowait, address)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+                loop.call_soon_threadsafe(set_now.put_nowait, address)
 
         resolving = asyncio.ensure_future(asyncio.to_thread(self.underlay.resolve_peers, [p.address for p in new],
                                                             drop, on_set))
         waiting = dict(flows)
+        answer: asyncio.Future[str] | None = None
         try:
             while waiting and not resolving.done():
                 answer = asyncio.ensure_future(set_now.get())
@@ -309,6 +312,8 @@ class NodeRoutes:
                 await self._install({p: waiting.pop(p) for p in list(waiting) if p.address == answer.result()})
             failed = await resolving
         except BaseException:
+            if answer is not None:
+                answer.cancel()
             resolving.add_done_callback(lambda f: f.cancelled() or f.exception())  # the thread's end, unread
             raise
         await self._install(waiting)
