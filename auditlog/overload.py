@@ -23,6 +23,7 @@ class OverloadStats:
     level: int
     entered: int      # times the pipeline left full detail
     seconds: float    # time spent coarsened, up to the last update
+    entered_pressed: int = 0  # of `entered`, times input pressure left it, with both queues below high_mark
 
 
 class Overload:
@@ -38,12 +39,14 @@ class Overload:
         self.high_mark, self.peers_mark, self.low_mark = high_mark, peers_mark, low_mark
         self.level = FULL
         self.entered = 0
+        self.entered_pressed = 0
         self._seconds = 0.0
         self._since: float | None = None  # when the current coarse spell started
 
     def update(self, now: float) -> int:
         fill = self._backlog()
-        if fill < self.high_mark and self._pressed is not None and self._pressed():
+        pressed = fill < self.high_mark and self._pressed is not None and self._pressed()
+        if pressed:
             fill = self.high_mark
             self.pressed_updates += 1
         level = self.level
@@ -58,6 +61,7 @@ class Overload:
         if new != level:
             if level == FULL:
                 self.entered += 1
+                self.entered_pressed += pressed
                 self._since = now
             elif new == FULL and self._since is not None:
                 self._seconds += max(0.0, now - self._since)
@@ -67,4 +71,4 @@ class Overload:
 
     def stats(self, now: float) -> OverloadStats:
         ongoing = max(0.0, now - self._since) if self._since is not None else 0.0
-        return OverloadStats(self.level, self.entered, self._seconds + ongoing)
+        return OverloadStats(self.level, self.entered, self._seconds + ongoing, self.entered_pressed)

@@ -289,9 +289,11 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
         subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
     reads1 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-    reads, paced, pressed = (reads1.get(k, 0.0) - reads0.get(k, 0.0)
-                             for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
-                                       "npaudit_openflow_reads_pressed_total"))
+    reads, paced, pressed, entered, entered_pressed = (
+        reads1.get(k, 0.0) - reads0.get(k, 0.0)
+        for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
+                  "npaudit_openflow_reads_pressed_total", "npaudit_audit_overload_entered_total",
+                  "npaudit_audit_overload_entered_pressed_total"))
     flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
         raise RuntimeError(f"the agent exited during the run:\n{cluster.log()[-3000:]}")
@@ -312,6 +314,8 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             "us_per_packet_in_idle_taken_off": per_packet_in_us(run_s - idle_cpu_per_s * elapsed, emitted),
             "us_per_record": per_packet_in_us(run_s, records["records"]),
             "openflow_reads": int(reads), "openflow_reads_paced": int(paced), "openflow_reads_pressed": int(pressed),
+            # Coarse spells begun, and of those the ones input pressure began with both queues below high_mark.
+            "overload_entered": int(entered), "overload_entered_by_input_pressure": int(entered_pressed),
             "packet_ins_per_read": round(emitted / reads, 1) if reads else None,
             # Who else used the machine meanwhile (the sender, OVS, anything): busy share of all its CPUs, and
             # ovs-vswitchd's own share of a core. Near 100 % busy, the machine, not the agent, is the limit.

@@ -23,6 +23,7 @@ from meters.stats import Dropped
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
+from packetin.reader import PRESSURE_MESSAGES
 from policy_agent.ovs.supervisor import SupervisorStats
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class AgentCollector:
                                   "pause so that the next read takes many (openflow.read_pace_max)",
                                   value=ch.paced_reads)
         yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Reads of the OpenFlow socket that brought "
-                                  "256 messages or more (input pressure: holds audit overload on)",
+                                  f"{PRESSURE_MESSAGES} messages or more (input pressure: holds audit overload on)",
                                   value=ch.pressed_reads)
         yield CounterMetricFamily("npaudit_openflow_packetins_grouped", "Packet-ins read in audit overload and "
                                   "handed over in groups (one decoded per group)", value=ch.grouped)
@@ -219,6 +220,9 @@ class AuditCollector:
                                   "overload mode (coarsened)", value=ov.seconds if ov else 0)
         yield CounterMetricFamily("npaudit_audit_overload_entered", "Times the audit pipeline left full detail",
                                   value=ov.entered if ov else 0)
+        yield CounterMetricFamily("npaudit_audit_overload_entered_pressed", "Of those, times input pressure "
+                                  "(full OpenFlow reads) left it while both queues were below high_mark",
+                                  value=ov.entered_pressed if ov else 0)
 
 
 class VerdictSource(Protocol):

@@ -94,6 +94,24 @@ def test_input_pressure_holds_overload_at_ports_while_the_queues_look_empty() ->
     assert ov.entered == 1 and ov.pressed_updates == 3  # at 1.0, 2.0 and 4.0
 
 
+def test_the_spells_input_pressure_began_are_counted_apart_from_those_a_queue_began() -> None:
+    """npaudit_audit_overload_entered_pressed_total: why the records were coarsened, full reads or a queue."""
+    backlog, pressed = [0.0], [False]
+    ov = Overload(lambda: backlog[0], high_mark=0.5, peers_mark=0.8, low_mark=0.1, pressed=lambda: pressed[0])
+    backlog[0] = 0.6
+    assert ov.update(1.0) == PORTS  # a queue's fill
+    pressed[0] = True
+    assert ov.update(2.0) == PORTS  # pressure while already coarse: no new spell
+    backlog[0], pressed[0] = 0.0, False
+    assert ov.update(3.0) == FULL
+    pressed[0] = True
+    assert ov.update(4.0) == PORTS  # full reads, the queues empty
+    backlog[0] = 0.6
+    assert ov.update(5.0) == PORTS
+    stats = ov.stats(6.0)
+    assert (stats.entered, stats.entered_pressed) == (2, 1)
+
+
 def test_full_reads_are_no_pressure_while_the_categorys_admission_turns_the_excess_away() -> None:
     """A flood the token bucket cuts to its rate cannot overload the pipeline: the few admitted
     records keep their detail (tests/e2e/test_fairness_e2e.py lost every quiet Pod's record
