@@ -60,20 +60,27 @@ def test_a_bounded_step_runs_its_parts_in_order_and_a_failing_part_ends_it_said(
 
 
 class _Hangs:
-    """A source whose close never ends, even when cancelled once."""
+    """A source whose close does not end when cancelled: only when the test releases it, after the stop."""
+
+    def __init__(self) -> None:
+        self.released: asyncio.Event | None = None
+        self.ended = False
 
     async def close(self) -> None:
+        self.released = asyncio.Event()
         try:
-            await asyncio.Event().wait()
+            await self.released.wait()
         except asyncio.CancelledError:
-            await asyncio.Event().wait()
+            await self.released.wait()
+        self.ended = True
 
 
 def test_a_stop_step_that_hangs_is_left_behind_and_the_audit_trail_is_still_closed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     cfg = config_mod.loads(f"state_dir: {tmp_path / 'state'}\naudit:\n  path: {tmp_path / 'audit' / 'a.jsonl'}\n")
     agent = Agent(cfg)
-    agent.manifests = _Hangs()  # type: ignore[assignment]
+    hangs = _Hangs()
+    agent.manifests = hangs  # type: ignore[assignment]
     assert agent.trail is not None
     closed: list[bool] = []
     real_close = agent.trail.close
@@ -86,8 +93,13 @@ def test_a_stop_step_that_hangs_is_left_behind_and_the_audit_trail_is_still_clos
 
     async def go() -> None:
         await asyncio.wait_for(agent.stop(), 30)  # the old stop waited on the source for ever
+        assert closed == [True] and not hangs.ended  # the trail closed while the source still hung
+        assert hangs.released is not None
+        hangs.released.set()  # then let it end, so no task is left pending when the loop closes
+        while not hangs.ended:
+            await asyncio.sleep(0.01)
     with caplog.at_level(logging.ERROR, logger="policy_agent.agent"):
         asyncio.run(go())
     assert closed == [True]
     assert ["stopping: supervisor and sources did not end within 0.3 s; left behind, the stop goes on"] == [
-        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name == "policy_agent.agent"]
