@@ -230,8 +230,7 @@ def records_lost_record(*, lost: Mapping[str, int], after_seq: int, now: float,
         reasons = ", ".join(f"{reason} {n}" for reason, n in unwritten.items())
         parts.append(f"{sum(unwritten.values())} audit records that were never written ({reasons})")
     if removed:
-        parts.append(f"{removed} written audit records another program removed with the live file "
-                     f"(strayed_removed {removed})")
+        parts.append(_removed(removed))
     return _restart("records-lost", now, context,
                     f"audit chain continues after {' and '.join(parts) or '0 audit records'} when the writer "
                     f"stopped after seq {after_seq}",
@@ -243,9 +242,12 @@ def records_removed_record(*, removed: int, through_seq: int, now: float,
     """The state record a running writer puts first in a new live file after another program removed the
     one it wrote to: `removed` sealed records, the last of them seq `through_seq`, are gone with it."""
     return _restart("records-lost", now, context,
-                    f"audit chain continues after {removed} written audit records another program removed with "
-                    f"the live file (strayed_removed {removed}), the last of them seq {through_seq}",
+                    f"audit chain continues after {_removed(removed)}, the last of them seq {through_seq}",
                     {"after_seq": through_seq, "records_lost": removed, "lost_by_reason": {"strayed_removed": removed}})
+
+
+def _removed(n: int) -> str:
+    return f"{n} written audit records another program removed with the live file (strayed_removed {n})"
 
 
 def utc_stamp(t: float) -> str:

@@ -1,8 +1,9 @@
-"""Stopping an asyncio task and waiting until it has really stopped."""
+"""Stopping an asyncio task and waiting until it has really stopped, or leaving one behind."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
 async def cancel_and_wait(task: "asyncio.Task[object] | None") -> None:
@@ -30,3 +31,9 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def forget(future: "asyncio.Future[Any]") -> None:
+    """`future` is not waited for (a step left behind, a thread that outlives its caller): its end, whenever
+    it comes, is read here, so asyncio does not log its exception as never retrieved."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -23,6 +23,7 @@ from packetin.demux import INLINE_MAX, Demux, Handler, chain_handlers
 from packetin.gctune import settle_heap
 from packetin.model import Category
 from packetin.reader import InputPressure
+from packetin.tasks import forget
 from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
@@ -105,7 +106,7 @@ class StopSteps:
         finished, _ = await asyncio.wait({task}, timeout=bound)
         if not finished:
             task.cancel()
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its end, whenever, unread
+            forget(task)
             log.error("stopping: %s did not end within %g s; left behind, the stop goes on", name, bound)
         elif (exc := task.exception()) is not None:
             log.error("stopping: %s failed: %s", name, one_line(exc), exc_info=exc)
@@ -410,8 +411,7 @@ class Agent:
         await self.losses.close()  # a last loss window, read while the channel is still up (bounded itself)
         self.port_drops.close()
         steps.done("last loss window")
-        # Flows of finished traces out before the channel goes.
-        await steps.bounded("traceflow and channel", self.traceflow.close, self.channel.close)
+        await steps.bounded("traceflow and channel", self.traceflow.close, self.channel.close)  # traces' flows first
         await self.demux.stop(drain=True)
         await self.offload.close()  # the last offloaded counts go into records before those close
         steps.done("packet-in drain and offload")

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from packetin import messages
 from packetin.frames import l3_offset
-from packetin.tasks import cancel_and_wait
+from packetin.tasks import cancel_and_wait, forget
 from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
@@ -314,7 +314,7 @@ class NodeRoutes:
         except BaseException:
             if answer is not None:
                 answer.cancel()
-            resolving.add_done_callback(lambda f: f.cancelled() or f.exception())  # the thread's end, unread
+            forget(resolving)  # the thread runs on to its end
             raise
         await self._install(waiting)
         return failed

@@ -181,14 +181,11 @@ class TunnelNeighbours:
 
         broken: dict[str, str] = {}  # bridge -> why no ARP request left it
         for (bridge, source), targets in sorted(by_way.items()):
-            tell = partial(answered, bridge)
             try:
-                answers = call_in_netns(self._netns or None, partial(self._ask, bridge, source, sorted(targets),
-                                                                     self._timeout, tell))
+                call_in_netns(self._netns or None, partial(self._ask, bridge, source, sorted(targets), self._timeout,
+                                                           partial(answered, bridge)))
             except OSError as exc:
-                answers, broken[bridge] = {}, f"no ARP request out of {bridge}: {exc}"
-            for ip, mac in sorted(answers.items()):  # any the callback was not given
-                tell(ip, mac)
+                broken[bridge] = f"no ARP request out of {bridge}: {exc}"
         for peer, hop in hops.items():
             if (hop.bridge, hop.address) not in done:
                 gateway = "" if hop.address == peer else " (the gateway towards it)"

@@ -89,8 +89,11 @@ def test_each_peer_answering_is_set_in_ovs_and_the_others_are_said_why() -> None
     def ask(bridge: str, source: str, targets: Sequence[str], timeout: float,
             answered: Callable[[str, str], None]) -> dict[str, str]:
         asked.append((bridge, source, list(targets)))
-        return {t: "02:aa:00:00:00:02" if t == "198.51.100.2" else "02:aa:00:00:00:fe"
-                for t in targets if t != "198.51.100.3"}
+        got = {t: "02:aa:00:00:00:02" if t == "198.51.100.2" else "02:aa:00:00:00:fe"
+               for t in targets if t != "198.51.100.3"}
+        for ip, mac in got.items():
+            answered(ip, mac)
+        return got
 
     n = TunnelNeighbours(lambda: Path("/run/ovs.ctl"), "", call=ovs, ask=ask)
     failed = n.resolve(["198.51.100.2", "198.51.100.3", "203.0.113.9", "203.0.113.10", "192.0.2.1"])
