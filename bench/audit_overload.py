@@ -162,6 +162,11 @@ def real_agent_phase(overload_on: bool, seconds: float, meter_rate: int, busy: b
             "coarsened_records": records["coarsened_records"],
             "packet_ins_in_coarsened_records": records["coarsened_packets"],
             "full_detail_records_per_s": round(full_detail / elapsed),
+            # Why overload began: spells, those input pressure began, and the full reads behind it.
+            "overload_entered": grew("npaudit_audit_overload_entered_total"),
+            "overload_entered_by_input_pressure": grew("npaudit_audit_overload_entered_pressed_total"),
+            "openflow_reads_pressed": grew("npaudit_openflow_reads_pressed_total"),
+            "openflow_reads": grew("npaudit_openflow_reads_total"),
             "agent_cpu_percent": round(100 * (a1 - a0) / elapsed, 1),
             "vswitchd_cpu_percent": round(100 * (v1 - v0) / elapsed, 1)}
 

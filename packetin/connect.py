@@ -4,9 +4,12 @@ and the asyncio Protocol that frames its byte stream into messages."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import socket
-from typing import Callable, TypeVar
+import struct
+import termios
+from typing import Any, Callable, TypeVar
 
 from packetin import wire
 from packetin.errors import DecodeError
@@ -16,6 +19,25 @@ from packetin.read_pacing import ReadPacer
 log = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=asyncio.Protocol)
+
+# A read of this many bytes or more is asked how full the socket it came from still is (two syscalls,
+# only on big reads: a flood's, never a lone packet-in's).
+READ_BIG = 64 * 1024
+
+# The messages of one read, and how full the TCP socket still was after it (None: not asked, or not TCP).
+MessagesSink = Callable[[list[bytes], "float | None"], None]
+
+
+def tcp_backlog(sock: Any) -> float | None:
+    """What the socket still holds unread, as a fraction of its receive buffer (FIONREAD / SO_RCVBUF);
+    None when the kernel will not say. After a full read of a socket we keep up with, this is low
+    (the read took most of what had come); when the peer's queue stays full behind it, it is high."""
+    try:
+        left = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    except (OSError, ValueError):
+        return None
+    return left / size if size > 0 else None
 
 
 async def open_target(target: str, netns: str, factory: Callable[[], P]) -> P:
@@ -63,13 +85,14 @@ _NO_TIMER_READ: list[str] = []  # the transport type without a timer read, once 
 
 
 class OpenFlowStream(asyncio.Protocol):
-    """One connection: whole messages go to `on_messages`, the loss of the connection to `on_lost`;
+    """One connection: whole messages go to `on_messages` (with, for a big read over TCP, how full the
+    socket still was: `tcp_backlog`), the loss of the connection to `on_lost`;
     a stream that cannot be framed is aborted (the owner reconnects). With a `pacer`, a flood is
     read in batches (packetin/read_pacing.py); `hurry()` ends a pause. A pause leaves reading paused
     and its timer reads (`timer_reader`): while paced reads follow each other the socket stays out of
     the poll set, and it goes back when a read is not followed by a pause (or brought nothing)."""
 
-    def __init__(self, target: str, on_messages: Callable[[list[bytes]], None],
+    def __init__(self, target: str, on_messages: MessagesSink,
                  on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None) -> None:
         self._target = target
         self._on_messages = on_messages
@@ -79,19 +102,25 @@ class OpenFlowStream(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._resume: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
+        self._tcp: Any = None  # the socket, when it is TCP (its backlog is asked after big reads)
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._tcp = sock
 
     def data_received(self, data: bytes) -> None:
+        # Asked before the messages are handled: handling them lets more arrive.
+        backlog = tcp_backlog(self._tcp) if self._tcp is not None and len(data) >= READ_BIG else None
         framer = self._framer
         try:
             msgs = framer.feed(data)
         except DecodeError as exc:
             self._broken(exc)
             return
-        self._on_messages(msgs)
+        self._on_messages(msgs, backlog)
         if framer.failed:
             try:
                 framer.feed(b"")

@@ -26,18 +26,23 @@ log = logging.getLogger(__name__)
 PacketInSink = Callable[[list[PacketIn], float], None]
 GroupSink = Callable[[list[PacketInGroup], float], None]
 
-# Input pressure: reads that bring at least PRESSURE_MESSAGES messages one after another, at
-# least PRESSURE_READS of them over PRESSURE_SUSTAIN seconds or more, mean OVS's queue towards us
-# (the socket, then its rconn queue of ovs.controller_queue_size) stays full: we are not keeping
-# up. `input_pressed` says so until PRESSURE_HOLD seconds after the last such read. A lone full
-# read, or a few (the backlog of a while off the CPU on a busy node, read at once), is a
-# catch-up, not overload. 512 packet-ins (~120 KB) is over half of what the socket holds before
-# OVS's own queue starts to fill; at 256 an agent keeping up at 50k/s on a 2-core VM (74 % of a
-# core, nothing lost) was taken for overloaded by the bursts of an ordinary flood, and coarsened.
+# Input pressure: full reads one after another, at least PRESSURE_READS of them over
+# PRESSURE_SUSTAIN seconds or more, mean OVS's queue towards us (the socket, then its rconn queue
+# of ovs.controller_queue_size) stays full: we are not keeping up. `input_pressed` says so until
+# PRESSURE_HOLD seconds after the last such read. A read is full when it brought PRESSURE_MESSAGES
+# messages or more and, over TCP, left the socket at least PRESSURE_BACKLOG full (how full a read
+# left it: packetin/connect.py tcp_backlog; on a unix socket, or when the kernel will not say, the
+# message count alone decides). A lone full read, or a few (the backlog of a while off the CPU on
+# a busy node, read at once), is a catch-up, not overload. The message count alone is not enough:
+# a 2-core VM keeping up at 42-48k/s, OVS losing nothing, brought 512+ in runs of up to 32 reads
+# over 0.64 s, but those reads left the socket at most 0.46 full (p50 0.12); when OVS's queue
+# overflowed they left it 0.75 full (p50; p90 0.82). At 256 messages, and later at 512 without the
+# socket's fill, such an agent was taken for overloaded by the bursts of an ordinary flood.
 PRESSURE_MESSAGES = 512
 PRESSURE_READS = 8
 PRESSURE_SUSTAIN = 0.1
 PRESSURE_HOLD = 0.5
+PRESSURE_BACKLOG = 0.5
 
 
 class InputPressure:
@@ -65,7 +70,7 @@ class InputPressure:
 
 
 class PacketInReader:
-    """`on_messages(msgs)` for each read; counters for the channel's metrics."""
+    """`on_messages(msgs, backlog)` for each read; counters for the channel's metrics."""
 
     def __init__(self, sink: PacketInSink, on_control: Callable[[bytes], None], *,
                  on_malformed: Callable[[int], None] = lambda n: None,
@@ -86,20 +91,21 @@ class PacketInReader:
         self.packet_ins = 0
         self.malformed = 0
         self.reads = 0
-        self.pressed_reads = 0  # reads of PRESSURE_MESSAGES or more (full reads, pressure or not)
+        self.pressed_reads = 0  # full reads (PRESSURE_MESSAGES or more, the socket left PRESSURE_BACKLOG full)
         self.grouped = 0  # packet-ins handed over in groups
         self.decoder = PacketIn2Decoder()
 
     def input_pressed(self) -> bool:
-        """True while reads keep coming back with PRESSURE_MESSAGES or more (PRESSURE_READS of them
-        over PRESSURE_SUSTAIN), and PRESSURE_HOLD after."""
+        """True while reads keep coming back full (PRESSURE_READS of them over PRESSURE_SUSTAIN), and
+        PRESSURE_HOLD after."""
         return self._mono() - self._pressed_at < PRESSURE_HOLD
 
-    def on_messages(self, msgs: list[bytes]) -> None:
+    def on_messages(self, msgs: list[bytes], backlog: float | None = None) -> None:
+        """One read's messages; `backlog`: how full it left the socket (0..1), None when not known."""
         now = self._mono()
         self.last_rx = now
         self.reads += 1
-        if len(msgs) >= PRESSURE_MESSAGES:
+        if len(msgs) >= PRESSURE_MESSAGES and (backlog is None or backlog >= PRESSURE_BACKLOG):
             self.pressed_reads += 1
             if self._full_since is None:
                 self._full_since, self._full_reads = now, 0

@@ -23,7 +23,7 @@ from meters.stats import Dropped
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
 from packetin.model import Category
-from packetin.reader import PRESSURE_MESSAGES
+from packetin.reader import PRESSURE_BACKLOG, PRESSURE_MESSAGES
 from policy_agent.ovs.supervisor import SupervisorStats
 
 if TYPE_CHECKING:
@@ -80,8 +80,9 @@ class AgentCollector:
         yield CounterMetricFamily("npaudit_openflow_reads_paced", "Reads in a flood of packet-ins followed by a "
                                   "pause so that the next read takes many (openflow.read_pace_max)",
                                   value=ch.paced_reads)
-        yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Reads of the OpenFlow socket that brought "
-                                  f"{PRESSURE_MESSAGES} messages or more (input pressure: holds audit overload on)",
+        yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Full reads of the OpenFlow socket: "
+                                  f"{PRESSURE_MESSAGES} messages or more, the TCP socket left at least "
+                                  f"{PRESSURE_BACKLOG:.0%} full (input pressure: holds audit overload on)",
                                   value=ch.pressed_reads)
         yield CounterMetricFamily("npaudit_openflow_packetins_grouped", "Packet-ins read in audit overload and "
                                   "handed over in groups (one decoded per group)", value=ch.grouped)

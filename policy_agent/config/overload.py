@@ -24,9 +24,10 @@ class OverloadConfig:
     # Above high_mark (fill of the policy packet-in queue or of the writer queue, 0..1) the
     # audit pipeline aggregates with a coarser key, ports dropped (then peers, above
     # peers_mark) and writes fewer, wider records marked npaudit.aggregate.coarsened; full
-    # detail again below low_mark. OpenFlow reads of 512+ packet-ins one after another for 0.1 s
-    # (input pressure) count as high_mark for 0.5 s while the policy category's admission turns nothing away
-    # (packetin/reader.py InputPressure). Every packet is still counted.
+    # detail again below low_mark. OpenFlow reads of 512+ packet-ins one after another for 0.1 s,
+    # each leaving the TCP socket at least half full (input pressure), count as high_mark for
+    # 0.5 s while the policy category's admission turns nothing away (packetin/reader.py
+    # InputPressure). Every packet is still counted.
     enabled: bool = True
     # Marks are fills of the queues, not rates: a backlog the agent works off (a catch-up after
     # time off the CPU on a busy node) stays below high_mark; one that keeps growing passes it.
