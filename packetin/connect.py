@@ -14,15 +14,11 @@ from typing import Any, Callable, TypeVar
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.netns_socket import socket_in_netns
-from packetin.read_pacing import ReadPacer
+from packetin.read_pacing import READ_BIG, ReadPacer
 
 log = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=asyncio.Protocol)
-
-# A read of this many bytes or more is asked how full the socket it came from still is (two syscalls,
-# only on big reads: a flood's, never a lone packet-in's).
-READ_BIG = 64 * 1024
 
 # The messages of one read, and how full the TCP socket still was after it (None: not asked, or not TCP).
 MessagesSink = Callable[[list[bytes], "float | None"], None]
@@ -112,7 +108,9 @@ class OpenFlowStream(asyncio.Protocol):
             self._tcp = sock
 
     def data_received(self, data: bytes) -> None:
-        # Asked before the messages are handled: handling them lets more arrive.
+        # A big read (READ_BIG: we are behind, or near it) is asked how full it left the socket: two
+        # syscalls, never for a lone packet-in's read. Asked before the messages are handled, which
+        # lets more arrive.
         backlog = tcp_backlog(self._tcp) if self._tcp is not None and len(data) >= READ_BIG else None
         framer = self._framer
         try:

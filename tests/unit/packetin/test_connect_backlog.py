@@ -12,7 +12,8 @@ import socket
 import struct
 import threading
 
-from packetin.connect import READ_BIG, OpenFlowStream, tcp_backlog
+from packetin.connect import OpenFlowStream, tcp_backlog
+from packetin.read_pacing import READ_BIG
 
 MSG = 8192  # 32 of these fill one 256 KiB read of asyncio's exactly
 BIG_READS = 4
