@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 APT_PACKAGES := openvswitch-switch openvswitch-common python3-openvswitch \
 	python3-bpfcc bpfcc-tools linux-headers-amd64 containernetworking-plugins \
-	iproute2 iptables iputils-ping ethtool acl rsyslog rsyslog-openssl rsyslog-relp procps python3-venv python3-dev gcc jq nodejs
+	iproute2 iptables iputils-ping ethtool acl rsyslog rsyslog-openssl rsyslog-relp procps python3-venv python3-dev gcc libssl-dev jq nodejs
 KREL  := $(shell uname -r)
 
 .PHONY: all setup system venv syslog-ng promtool lint test test-unit test-integration demo bench clean

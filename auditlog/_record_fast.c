@@ -16,6 +16,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+/* SHA256_Init/Update/Final: deprecated in OpenSSL 3 in favour of EVP, kept here on purpose. They go straight
+ * to the block function (SHA-NI where the CPU has it); EVP looks the digest up through its provider on every
+ * init, which is a longer code path, and that is what a lone record pays on a cold CPU (see seal_run). */
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 
 /* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
 
@@ -534,6 +539,108 @@ static PyObject *sha1_digest(PyObject *mod, PyObject *arg) {
     return PyBytes_FromStringAndSize((const char *)digest, 20);
 }
 
+/* ---- sealing: auditlog.chain.RecordText.seal for a run of records ------------------------------------ */
+
+static PyObject *S_head, *S_mid, *S_tail, *S_seq;
+
+/* seal_run(records, start, seq, chain, chain_key, lines) -> (end, seq, chain)
+ *
+ * Seals records[start:] onto the chain while each is a plain one: head, mid and tail ASCII str, a seq that
+ * fits 63 bits. For each: the digest is SHA-256 of f"{chain}\n{head}{mid}{seq}{tail}" (chain.RecordText.body
+ * after the previous chain and a newline), its hex is the next chain, the line
+ * f'{head}{chain_key}{hex}",{mid}{seq}{tail}' is appended to `lines` and record.seq is set, as
+ * RecordText.seal does. It stops at the first record it does not take (anything else: not ASCII, no such
+ * attribute) and returns its index, the seq and chain after the last record sealed: auditlog/sealing.py
+ * seals that one in Python and calls again for the rest. Nothing is changed for a record it stops at. */
+static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "seal_run(records: list, start, seq, chain, chain_key, lines: list)");
+        return NULL;
+    }
+    PyObject *records = args[0], *lines = args[5], *chain_in = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    long long seq = PyLong_AsLongLong(args[2]);
+    if ((start == -1 || seq == -1) && PyErr_Occurred()) return NULL;
+    Py_ssize_t chain_n, key_n;
+    const char *chain0 = ascii_of(chain_in, &chain_n), *key = ascii_of(args[4], &key_n);
+    if (key == NULL) {
+        PyErr_SetString(PyExc_TypeError, "seal_run: chain_key must be an ASCII str");
+        return NULL;
+    }
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "seal_run: start must not be negative");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(records), i = start;
+    char chain[64];
+    int sealed = 0;  /* `chain` holds the last digest (else the caller's chain is still the chain) */
+    Buf data;
+    buf_init(&data);
+    /* a chain not ASCII (never from the writer): none taken, Python says what it makes of it */
+    for (; chain0 != NULL && i < n && seq < 0x7FFFFFFFFFFFFFFELL; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i), *h = NULL, *m = NULL, *t = NULL;
+        const char *hp, *mp, *tp;
+        Py_ssize_t hn, mn, tn;
+        if (!(h = PyObject_GetAttr(r, S_head)) || !(m = PyObject_GetAttr(r, S_mid))
+                || !(t = PyObject_GetAttr(r, S_tail)) || !(hp = ascii_of(h, &hn)) || !(mp = ascii_of(m, &mn))
+                || !(tp = ascii_of(t, &tn))) {
+            Py_XDECREF(h); Py_XDECREF(m); Py_XDECREF(t);
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto error;
+                PyErr_Clear();
+            }
+            break;
+        }
+        char seq_s[24];
+        int seq_n = snprintf(seq_s, sizeof seq_s, "%lld", seq + 1);
+        PyObject *seq_o = PyLong_FromLongLong(seq + 1), *line = NULL;
+        int ok = seq_o != NULL;
+        /* the hashed text: previous chain, newline, the body */
+        data.len = 0;
+        ok = ok && !(sealed ? put(&data, chain, 64) : put(&data, chain0, (size_t)chain_n)) && !PUT_LIT(&data, "\n")
+             && !put(&data, hp, (size_t)hn) && !put(&data, mp, (size_t)mn) && !put(&data, seq_s, (size_t)seq_n)
+             && !put(&data, tp, (size_t)tn);
+        if (ok) {
+            unsigned char digest[SHA256_DIGEST_LENGTH];
+            SHA256_CTX ctx;
+            SHA256_Init(&ctx);
+            SHA256_Update(&ctx, data.p, data.len);
+            SHA256_Final(digest, &ctx);
+            for (int k = 0; k < 32; k++) {
+                chain[2 * k] = "0123456789abcdef"[digest[k] >> 4];
+                chain[2 * k + 1] = "0123456789abcdef"[digest[k] & 15];
+            }
+            sealed = 1;
+            Py_ssize_t len = hn + key_n + 64 + 2 + mn + seq_n + tn;
+            line = PyUnicode_New(len, 127);
+            ok = line != NULL;
+            if (ok) {
+                char *o = (char *)PyUnicode_DATA(line);
+                memcpy(o, hp, (size_t)hn); o += hn;
+                memcpy(o, key, (size_t)key_n); o += key_n;
+                memcpy(o, chain, 64); o += 64;
+                *o++ = '"'; *o++ = ',';
+                memcpy(o, mp, (size_t)mn); o += mn;
+                memcpy(o, seq_s, (size_t)seq_n); o += seq_n;
+                memcpy(o, tp, (size_t)tn);
+                ok = PyList_Append(lines, line) == 0 && PyObject_SetAttr(r, S_seq, seq_o) == 0;
+            }
+        }
+        Py_DECREF(h); Py_DECREF(m); Py_DECREF(t); Py_XDECREF(seq_o); Py_XDECREF(line);
+        if (!ok) goto error;
+        seq++;
+    }
+    buf_free(&data);
+    PyObject *chain_out = sealed ? PyUnicode_FromStringAndSize(chain, 64) : Py_NewRef(chain_in);
+    if (chain_out == NULL) return NULL;
+    return Py_BuildValue("(nLN)", i, seq, chain_out);
+error:
+    /* MemoryError or a failing setattr: raised, as the Python loop raises it; the writer's seq and chain
+     * are then those before this batch, whatever records' seq this call set */
+    buf_free(&data);
+    return NULL;
+}
+
 static PyMethodDef FastEncoder_methods[] = {
     {"encode", (PyCFunction)(void (*)(void))FastEncoder_encode, METH_FASTCALL,
      "encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened='', keys=0) -> RecordText"},
@@ -557,6 +664,8 @@ static PyMethodDef module_methods[] = {
     {"community_id_ported", community_id_ported, METH_VARARGS,
      "community_id_ported(saddr, daddr, proto, sport, dport) -> the '\"community_id\":\"1:...\",' member"},
     {"sha1", sha1_digest, METH_O, "sha1(data) -> 20-byte digest (this module's own SHA-1, for its tests)"},
+    {"seal_run", (PyCFunction)(void (*)(void))seal_run, METH_FASTCALL,
+     "seal_run(records, start, seq, chain, chain_key, lines) -> (end, seq, chain): RecordText.seal for a run"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "auditlog._record_fast",
@@ -568,7 +677,7 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
     struct { PyObject **slot; const char *name; } names[] = {
         {&S_rule, "rule"}, {&S_after_dst, "after_dst"}, {&S_after_start, "after_start"}, {&S_said, "said"},
         {&S_priority, "priority"}, {&S_verdict, "verdict"}, {&S_network_direction, "network_direction"},
-        {&S_pairs_of, "_pairs_of"}};
+        {&S_pairs_of, "_pairs_of"}, {&S_head, "head"}, {&S_mid, "mid"}, {&S_tail, "tail"}, {&S_seq, "seq"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].slot = PyUnicode_InternFromString(names[i].name))) return NULL;
     PyObject *m = PyModule_Create(&moduledef);

@@ -18,6 +18,7 @@ from auditlog.compressor import FILE_MODE, Compressor
 from auditlog.fileset import set_lock
 from auditlog.loss_note import CarriedLoss
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
+from auditlog.record_fast import seal_run
 from auditlog.sealing import chunk_bounds, seal_records
 from auditlog.writer_resume import resume_point
 from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
@@ -101,6 +102,7 @@ class AuditWriter:
         # Held while records are taken off the queue, sealed and written: by the thread, or by
         # a submit writing inline (which never waits for it: a busy writer means the queue).
         self._io_lock = threading.Lock()
+        self._seal_run = seal_run()  # sealing in C (None: in Python), as the records are built
         self._held: list[RecordText] = []  # sealed by an inline write that failed: the thread retries them
         self._held_cause: BaseException | None = None
         self._chunk_bytes = min(_MAX_CHUNK, max(1, max_bytes // 16)) if max_bytes else _MAX_CHUNK
@@ -410,7 +412,8 @@ class AuditWriter:
         return [], None
 
     def _emit_records(self, records: list[RecordText]) -> None:
-        sealed, lines, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable)
+        sealed, lines, self._seq, self._chain = seal_records(records, self._seq, self._chain, self._unencodable,
+                                                             self._seal_run)
         removed_through = 0  # the last seq of a chunk that went to a live file another program removed
         for start, end, size in chunk_bounds(lines, self._chunk_bytes):
             removed = self._counts["strayed_removed"]
