@@ -121,3 +121,29 @@ def test_npaudit_pure_python_seals_in_python(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(record_fast, "_record_fast", None)
     monkeypatch.setenv(record_fast.PURE_PYTHON_ENV, "0")
     assert record_fast.seal_run() is None  # not built
+
+
+def test_random_batches_of_every_size_and_text_seal_alike() -> None:
+    """Records from a few bytes to 200 KB (past the C buffer's first 2 KB, so it grows and is reused),
+    ASCII or not, with lone surrogates and foreign objects among them, in batches of 1 to 40."""
+    import random
+
+    rnd = random.Random(22)
+    alphabet = "abc \"\\/\t\n\x00\x7f" + "é☕𝄞"
+
+    def text(n: int) -> str:
+        return "".join(rnd.choices(alphabet[:12] if rnd.random() < 0.8 else alphabet, k=n))
+
+    for _ in range(60):
+        batch: list[Any] = []
+        for _ in range(rnd.randint(1, 40)):
+            roll = rnd.random()
+            if roll < 0.05:
+                batch.append(object())
+            elif roll < 0.08:
+                batch.append(RecordText("{\"a\":\"\udc80" + text(5), "\"chain_format\":2,\"seq\":", "}}"))
+            else:
+                size = rnd.choice([3, 300, 300, 2100, 5000, 200_000 if rnd.random() < 0.1 else 700])
+                batch.append(RecordText.of({"message": text(size), "n": rnd.randint(0, 10**9)}))
+        c, py = _both(batch, rnd.randint(0, 10**12), rnd.choice([GENESIS, "0" * 64, "f" * 64]))
+        assert c == py
