@@ -7,6 +7,9 @@
  * JSON's safe integers, an address it cannot pack -- goes to the Python encoder, which fills the caches,
  * so the text is always the Python encoder's; tests/unit/auditlog/test_record_fast.py compares the two.
  * Decisions are all taken before the event id is drawn, so a fallback never skips an id.
+ *
+ * seal_run: chain.RecordText.seal for a run of records whose texts are ASCII (OpenSSL's SHA-256), for
+ * auditlog/sealing.py, which seals any other record in Python; tests/unit/auditlog/test_seal_run.py compares.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -571,20 +574,21 @@ static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "seal_run: start must not be negative");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(records), i = start;
+    Py_ssize_t i = start;
     char chain[64];
     int sealed = 0;  /* `chain` holds the last digest (else the caller's chain is still the chain) */
     Buf data;
     buf_init(&data);
     /* a chain not ASCII (never from the writer): none taken, Python says what it makes of it */
-    for (; chain0 != NULL && i < n && seq < 0x7FFFFFFFFFFFFFFELL; i++) {
-        PyObject *r = PyList_GET_ITEM(records, i), *h = NULL, *m = NULL, *t = NULL;
+    /* the list's size read each time, and the record held: a foreign object's __getattr__ may change the list */
+    for (; chain0 != NULL && i < PyList_GET_SIZE(records) && seq < 0x7FFFFFFFFFFFFFFELL; i++) {
+        PyObject *r = Py_NewRef(PyList_GET_ITEM(records, i)), *h = NULL, *m = NULL, *t = NULL;
         const char *hp, *mp, *tp;
         Py_ssize_t hn, mn, tn;
         if (!(h = PyObject_GetAttr(r, S_head)) || !(m = PyObject_GetAttr(r, S_mid))
                 || !(t = PyObject_GetAttr(r, S_tail)) || !(hp = ascii_of(h, &hn)) || !(mp = ascii_of(m, &mn))
                 || !(tp = ascii_of(t, &tn))) {
-            Py_XDECREF(h); Py_XDECREF(m); Py_XDECREF(t);
+            Py_XDECREF(h); Py_XDECREF(m); Py_XDECREF(t); Py_DECREF(r);
             if (PyErr_Occurred()) {
                 if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto error;
                 PyErr_Clear();
@@ -626,7 +630,7 @@ static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
                 ok = PyList_Append(lines, line) == 0 && PyObject_SetAttr(r, S_seq, seq_o) == 0;
             }
         }
-        Py_DECREF(h); Py_DECREF(m); Py_DECREF(t); Py_XDECREF(seq_o); Py_XDECREF(line);
+        Py_DECREF(h); Py_DECREF(m); Py_DECREF(t); Py_XDECREF(seq_o); Py_XDECREF(line); Py_DECREF(r);
         if (!ok) goto error;
         seq++;
     }

@@ -147,3 +147,24 @@ def test_random_batches_of_every_size_and_text_seal_alike() -> None:
                 batch.append(RecordText.of({"message": text(size), "n": rnd.randint(0, 10**9)}))
         c, py = _both(batch, rnd.randint(0, 10**12), rnd.choice([GENESIS, "0" * 64, "f" * 64]))
         assert c == py
+
+
+def test_a_record_that_empties_the_list_while_sealed_ends_the_run_safely() -> None:
+    """The C part reads the list's size at every record and holds the one it seals: a record whose text
+    changes the list (no writer's record does) cannot make it read past the end."""
+    records: list[Any] = []
+
+    class Emptying(RecordText):
+        __slots__ = ()
+
+        @property  # type: ignore[override]
+        def head(self) -> str:
+            records.clear()
+            return '{"npaudit":{"aggregate":false,'
+
+    emptying = Emptying.__new__(Emptying)  # RecordText.__init__ would set head
+    emptying.mid, emptying.tail, emptying.seq = '"chain_format":2,"seq":', "}}", 0
+    records += [emptying] + _records(50)
+    lines: list[str] = []
+    end, seq, _ = _run()(records, 0, 0, GENESIS, CHAIN_KEY, lines)
+    assert (end, seq, len(lines), records) == (1, 1, 1, [])
