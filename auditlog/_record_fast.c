@@ -10,6 +10,8 @@
  *
  * seal_run: chain.RecordText.seal for a run of records whose texts are ASCII (OpenSSL's SHA-256), for
  * auditlog/sealing.py, which seals any other record in Python; tests/unit/auditlog/test_seal_run.py compares.
+ *
+ * FrameDecoder (auditlog/_frame_fast.c, added to this module at its init): packet.decode_frame's common case.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +26,8 @@
  * init, which is a longer code path, and that is what a lone record pays on a cold CPU (see seal_run). */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
+
+#include "_frame_fast.h"
 
 /* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
 
@@ -689,6 +693,10 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
     Py_INCREF(&FastEncoderType);
     if (PyModule_AddObject(m, "FastEncoder", (PyObject *)&FastEncoderType) < 0) {
         Py_DECREF(&FastEncoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (frame_decoder_add(m) < 0) {  /* auditlog/_frame_fast.c */
         Py_DECREF(m);
         return NULL;
     }

@@ -23,7 +23,7 @@ from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key
 from auditlog.record import RecordContext, RecordEncoder
-from auditlog.record_fast import fast_encoder
+from auditlog.record_fast import fast_encoder, frame_decoder
 from packetin.frames import ipv4_header_len
 from packetin.groups import FRAME_OFFSET, PacketInGroup
 from packetin.model import Disposition, PacketIn
@@ -117,8 +117,8 @@ class AuditPipeline:
         # pause in a flood (openflow.read_pace_max), so while packet-ins flow a read always comes
         # first. A window's record is that much later.
         self._slack = window_slack
-        # RecordEncoder.encode_positional, its common case in C where auditlog._record_fast is built
-        self.encoder = fast_encoder(RecordEncoder(ctx))
+        # RecordEncoder.encode_positional and decode_frame, their common cases in C where auditlog._record_fast is built
+        self.encoder, self._decode_frame = fast_encoder(RecordEncoder(ctx)), frame_decoder()
         self._encode = self.encoder.encode
         self._rules = ctx.rules
         self._overload = overload
@@ -161,7 +161,7 @@ class AuditPipeline:
             if self._level:
                 self._coarse(pin)
                 return
-        summary = decode_frame(pin.packet)
+        summary = self._decode_frame(pin.packet)
         decoded = self._decoded = (pin, summary)  # also the aggregator's sample: one tuple for both
         stats = self.stats
         if summary.truncated:
@@ -182,7 +182,7 @@ class AuditPipeline:
 
     def _coarse(self, pin: PacketIn) -> None:
         """Account one packet-in under the coarser key of the current overload level."""
-        summary = decode_frame(pin.packet)
+        summary = self._decode_frame(pin.packet)
         self._decoded = (pin, summary)
         stats = self.stats
         if summary.truncated:
@@ -207,7 +207,7 @@ class AuditPipeline:
             for pin in group.packet_ins():
                 self(pin)
             return
-        summary = decode_frame(sample.packet)
+        summary = self._decode_frame(sample.packet)
         self._decoded = (sample, summary)
         lasts, truncated = group_lasts(group.raws, summary)
         stats = self.stats
@@ -296,7 +296,7 @@ class AuditPipeline:
         last = self._decoded
         if last is not None and last[0] is pin:
             return last[1]
-        return decode_frame(pin.packet)
+        return self._decode_frame(pin.packet)
 
     def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, sample: tuple[PacketIn, PacketSummary]
                       ) -> None:
