@@ -9,10 +9,11 @@ from typing import Callable, NamedTuple
 
 from packetin.frames import (IPV6_NO_NEXT_HEADER, MIN_ETHERTYPE, VLAN_TPIDS, eth_type, ipv4_header_len,
                              ipv6_upper_layer, l3_offset, outer_vlan)
+from packetin.groups import FRAME_OFFSET
 from packetin.protocol_numbers import (ETH_TYPE_IPV4, ETH_TYPE_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
                                        IPPROTO_TCP, IPPROTO_UDP)
 
-__all__ = ["PacketSummary", "decode_frame", "flow_key", "transport_name"]
+__all__ = ["PacketSummary", "decode_frame", "flow_key", "group_lasts", "transport_name"]
 
 # IANA protocol keywords (lowercase), as ECS network.transport expects them.
 _TRANSPORT = {IPPROTO_ICMP: "icmp", IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp", IPPROTO_ICMPV6: "ipv6-icmp",
@@ -217,3 +218,21 @@ def _l4(frame: bytes, off: int, eth_type: int, vlan: int | None, version: int, s
         sport, dport = _PORTS.unpack_from(frame, off)
     return _new(PacketSummary, (eth_type, vlan, version, src, dst, proto, _TRANSPORT[proto], sport, dport,
                                 None, None, None, fragment, avail < need, n))
+
+
+def group_lasts(raws: list[bytes], summary: PacketSummary) -> tuple[list[int | None], int]:
+    """For grouped packet-ins (packetin/groups.py: untagged IPv4, not fragments, one length,
+    header length and protocol) whose first frame decodes to `summary`: each one's last flow-key
+    field (destination port, else ICMP type, else None) and how many decode as truncated."""
+    l3 = FRAME_OFFSET + 14  # grouped frames are untagged: no VLAN walk
+    at = l3 + ipv4_header_len(raws[0], l3)  # the transport header
+    if summary.dst_port is not None:
+        lasts: list[int | None] = [(r[at + 2] << 8) | r[at + 3] for r in raws]
+    elif summary.icmp_type is not None:
+        lasts = [r[at] for r in raws]
+    else:
+        lasts = [None] * len(raws)
+    avail = summary.length - (at - FRAME_OFFSET)
+    if summary.protocol == IPPROTO_TCP and avail >= 20:  # whole unless its options are cut
+        return lasts, sum(1 for r in raws if avail < (r[at + 12] >> 4) * 4)
+    return lasts, len(raws) if summary.truncated else 0

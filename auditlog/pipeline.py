@@ -21,13 +21,11 @@ from typing import Callable, Protocol, Sequence, cast
 from auditlog.aggregate import AggregateKey, Aggregator, AggregatorStats, Emission
 from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
-from auditlog.packet import PacketSummary, decode_frame, flow_key
+from auditlog.packet import PacketSummary, decode_frame, flow_key, group_lasts
 from auditlog.record import RecordContext, RecordEncoder
 from auditlog.record_fast import fast_encoder, frame_decoder
-from packetin.frames import ipv4_header_len
-from packetin.groups import FRAME_OFFSET, PacketInGroup
+from packetin.groups import PacketInGroup
 from packetin.model import Disposition, PacketIn
-from packetin.protocol_numbers import IPPROTO_TCP
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait
@@ -77,24 +75,6 @@ def aggregate_key(pin: PacketIn, summary: PacketSummary) -> AggregateKey:
     return (pin.rule_id, pin.reg7 & DISPOSITION_BITS, *flow_key(summary))
 
 
-def group_lasts(raws: list[bytes], summary: PacketSummary) -> tuple[list[int | None], int]:
-    """For grouped packet-ins (packetin/groups.py: untagged IPv4, not fragments, one length,
-    header length and protocol) whose first frame decodes to `summary`: each one's last flow-key
-    field (destination port, else ICMP type, else None) and how many decode as truncated."""
-    l3 = FRAME_OFFSET + 14  # grouped frames are untagged: no VLAN walk
-    at = l3 + ipv4_header_len(raws[0], l3)  # the transport header
-    if summary.dst_port is not None:
-        lasts: list[int | None] = [(r[at + 2] << 8) | r[at + 3] for r in raws]
-    elif summary.icmp_type is not None:
-        lasts = [r[at] for r in raws]
-    else:
-        lasts = [None] * len(raws)
-    avail = summary.length - (at - FRAME_OFFSET)
-    if summary.protocol == IPPROTO_TCP and avail >= 20:  # whole unless its options are cut
-        return lasts, sum(1 for r in raws if avail < (r[at + 12] >> 4) * 4)
-    return lasts, len(raws) if summary.truncated else 0
-
-
 def tick_delay(deadline: float, now: float, ticked: float) -> float:
     """Seconds the window timer waits before closing the windows due by `deadline`: until then, but
     not sooner than _TICK_GRAIN after its last tick at `ticked` (nor longer, should the clock step back)."""
@@ -131,7 +111,7 @@ class AuditPipeline:
         # Records of one batch of packet-ins (begin_batch .. end_batch) go to the writer as one batch.
         self._batching = cast("BatchingSink", writer) if hasattr(writer, "hold") and hasattr(writer, "release") \
             else None
-        self._agg = aggregator
+        self._agg, self._window = aggregator, aggregator.window
         self._clock = wall_clock
         # The packet-in just decoded: a later subscriber of the same packet-in (the eBPF offload)
         # reads it with decoded() instead of decoding the frame a second time.
@@ -178,7 +158,10 @@ class AuditPipeline:
         emissions = self._agg.add(key, decoded, pin.total_len, pin.received_at, aggregate)
         if emissions:  # nothing else opens or closes a window: no need to look at the timer otherwise
             self._emit(emissions)
-            self._poke_timer()
+            # A window opened now closes no sooner than the one the timer sleeps towards, unless the clock
+            # stepped back (received_at shows it): poke the timer only then, or when it sleeps towards nothing.
+            if (until := self._timer_until) is None or pin.received_at + self._window < until:
+                self._poke_timer()
 
     def _coarse(self, pin: PacketIn) -> None:
         """Account one packet-in under the coarser key of the current overload level."""

@@ -82,6 +82,32 @@ def test_the_window_timer_sleeps_through_new_keys_and_still_closes_every_window(
     assert writer.packets() == 6
 
 
+def test_new_keys_leave_the_timer_alone_while_it_sleeps_towards_an_older_window():
+    # A flood of new keys opens a window per packet-in: none closes before the one the timer sleeps
+    # towards, so none needs the timer looked at (it used to be, once per packet-in).
+    async def run() -> tuple[Writer, int]:
+        writer = Writer()
+        clock = [100.0]
+        pipeline = AuditPipeline(context(), writer, Aggregator(window=0.05), wall_clock=lambda: clock[0])
+        pipeline.start()
+        pipeline(pin(udp_to(1), 100.0))
+        await eventually(lambda: not pipeline._wake.is_set(), HANG_GUARD)  # asleep towards 100.05
+        pokes = []
+        real = pipeline._poke_timer
+        pipeline._poke_timer = lambda: pokes.append(1) or real()  # type: ignore[method-assign]
+        for port in range(2, 50):
+            pipeline(pin(udp_to(port), 100.01))
+            pipeline(pin(udp_to(port), 100.02))  # a repeat: an aggregate when its window closes
+        clock[0] = 100.2
+        await eventually(lambda: len(writer.records) == 1 + 48 * 2, HANG_GUARD, "every first and aggregate")
+        await pipeline.close()
+        return writer, len(pokes)
+
+    writer, pokes = asyncio.run(run())
+    assert pokes == 0
+    assert writer.packets() == 1 + 48 * 2
+
+
 def test_a_window_opened_after_the_wall_clock_stepped_back_closes_without_waiting_for_the_old_deadline():
     async def run() -> Writer:
         writer = Writer()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auditlog.packet import PacketSummary, decode_frame, flow_key
-from auditlog.pipeline import group_lasts
+from auditlog.packet import group_lasts
 from packetin import frames
 from packetin.fair_key import destination_address
 from packetin.groups import FRAME_OFFSET, group_key
