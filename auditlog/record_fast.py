@@ -26,6 +26,7 @@ from auditlog.chain import SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.jcs import SAFE_INTEGER
 from auditlog.packet import PacketSummary, decode_frame
 from auditlog.record import RecordEncoder
+from packetin.layouts import PURE_PYTHON_ENV  # set: every record in pure Python too
 from packetin.registers import DISPOSITION_BITS
 
 try:
@@ -36,9 +37,6 @@ except ImportError:  # not built (no compiler at install time): fast_encoder say
 __all__ = ["PURE_PYTHON_ENV", "built", "fast_encoder", "frame_decoder", "mode", "seal_run"]
 
 log = logging.getLogger(__name__)
-# Set (to anything but "" or "0") to encode every record in pure Python: to measure what the C part saves,
-# and for the tests of the path a machine without a compiler takes.
-PURE_PYTHON_ENV = "NPAUDIT_PURE_PYTHON"
 
 
 def built() -> bool:

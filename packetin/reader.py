@@ -18,7 +18,7 @@ from typing import Callable
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.groups import PacketInGroup, split_read
-from packetin.layouts import PacketIn2Decoder
+from packetin.layouts import PacketIn2Decoder, fast_decoder
 from packetin.model import PacketIn
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class PacketInReader:
         self.pressed_reads = 0  # full reads (PRESSURE_MESSAGES or more, the socket left PRESSURE_BACKLOG full)
         self.grouped = 0  # packet-ins handed over in groups
         self.decoder = PacketIn2Decoder()
+        self._decode = fast_decoder(self.decoder)  # its learned layouts read in C where the module is built
 
     def input_pressed(self) -> bool:
         """True while reads keep coming back full (PRESSURE_READS of them over PRESSURE_SUSTAIN), and
@@ -144,7 +145,7 @@ class PacketInReader:
         """Decode the packet-ins of `msgs` (stamped `wall`, read now when None); hand the rest on."""
         batch: list[PacketIn] = []
         is_packet_in2 = wire.is_packet_in2
-        decode = self.decoder
+        decode = self._decode
         for raw in msgs:
             if is_packet_in2(raw):
                 if wall is None:

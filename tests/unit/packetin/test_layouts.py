@@ -4,13 +4,16 @@ Every case decodes a message once to learn its layout, then decodes a second mes
 length through the learned layout: the same message, one of the same layout with other values, one
 of another layout, or a damaged copy (corrupted, truncated with a consistent length field). The
 walk's answer on the second message is the reference; os-ken agrees with the walk (test_wire.py)
-and, on the recording, with the layout path directly (checked here too).
+and, on the recording, with the layout path directly (checked here too). Every test runs twice: the
+decoder called directly, and through its C reader (fast_decoder), which reads the learned layouts itself.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +21,8 @@ from hypothesis import strategies as st
 
 from packetin import wire
 from packetin.errors import DecodeError
-from packetin.layouts import MAX_LAYOUTS, PacketIn2Decoder
+from packetin import layouts
+from packetin.layouts import MAX_LAYOUTS, PacketIn2Decoder, fast_decoder
 from tests.support.packet_ins import in_port_oxm, oxm, packet_in2, prop, xreg3_oxm
 from tests.support.packet_in_cases import (OSKEN_KNOWN_EXTRAS, RECORDED, fields, osken_fields, packet_in2s,
                                            with_length, without_total_len)
@@ -33,6 +37,42 @@ u32 = st.integers(0, 0xFFFF_FFFF)
 u64 = st.integers(0, 0xFFFF_FFFF_FFFF_FFFF)
 
 
+MODE = ["python"]
+
+
+@pytest.fixture(autouse=True, scope="module", params=["python", "c"])
+def mode(request: pytest.FixtureRequest) -> Any:
+    MODE[0] = request.param
+    yield request.param
+    MODE[0] = "python"
+
+
+class Decoding:
+    """A PacketIn2Decoder called directly (MODE "python") or through its C reader (fast_decoder, MODE "c")."""
+
+    def __init__(self) -> None:
+        self.py = PacketIn2Decoder()
+        self.call: Any = self.py
+        if MODE[0] == "c":
+            self.call = fast_decoder(self.py)
+            assert self.call is not self.py, "packetin._layout_fast is not built: `make setup` compiles it"
+
+    def __call__(self, raw: bytes, at: float) -> Any:
+        return self.call(raw, at)
+
+    @property
+    def walked(self) -> int:
+        return self.py.walked
+
+    @property
+    def learned(self) -> int:
+        return self.py.learned
+
+    def read_in_c(self) -> int | None:
+        """Messages the C reader read itself, None when called directly."""
+        return None if self.call is self.py else self.call.__self__.counts()["fast"]
+
+
 def walk(raw: bytes, at: float = 1.5):
     """The walk's answer: the PacketIn, or DecodeError (the class, as a value)."""
     try:
@@ -41,7 +81,7 @@ def walk(raw: bytes, at: float = 1.5):
         return DecodeError
 
 
-def by_layout(decoder: PacketIn2Decoder, raw: bytes, at: float = 1.5):
+def by_layout(decoder: Decoding, raw: bytes, at: float = 1.5):
     try:
         return decoder(raw, at)
     except DecodeError:
@@ -49,8 +89,8 @@ def by_layout(decoder: PacketIn2Decoder, raw: bytes, at: float = 1.5):
     # anything else escapes and fails the test
 
 
-def learned(raw: bytes) -> PacketIn2Decoder:
-    decoder = PacketIn2Decoder()
+def learned(raw: bytes) -> Decoding:
+    decoder = Decoding()
     decoder(raw, 0.0)
     assert decoder.learned == 1
     return decoder
@@ -82,9 +122,10 @@ def test_recorded_messages_decode_alike_and_agree_with_os_ken_through_the_layout
 
 def test_the_agents_captured_packet_ins_go_through_one_layout_and_agree_with_the_walk_and_os_ken():
     assert len(AGENT_CAPTURE) == 50 and len({len(raw) for raw in AGENT_CAPTURE}) == 1
-    decoder = PacketIn2Decoder()
+    decoder = Decoding()
     pins = [decoder(raw, 5.0) for raw in AGENT_CAPTURE]
     assert decoder.walked == 1 and decoder.learned == 1  # the first learns, the other 49 are read by layout
+    assert decoder.read_in_c() in (None, 49)  # through the C reader: those 49 read there
     assert pins == [wire.decode_packet_in2(raw, 5.0) for raw in AGENT_CAPTURE]
     assert [without_total_len(fields(pin)) for pin in pins] == [osken_fields(raw) for raw in AGENT_CAPTURE]
     assert len({pin.packet for pin in pins}) == 50  # each its own frame (its own destination port)
@@ -113,7 +154,7 @@ def test_messages_of_one_layout_decode_through_it_with_their_own_values(first, s
 @given(packet_in2s(), packet_in2s())
 def test_generated_messages_after_any_other_agree_with_the_walk(a, b):
     (_, first), (spec, raw) = a, b
-    decoder = PacketIn2Decoder()
+    decoder = Decoding()
     by_layout(decoder, first)
     # Give the second message the first one's length, when it can be padded to it, so that
     # the learned layout is tried on a message of another layout.
@@ -168,7 +209,7 @@ def test_two_layouts_of_one_length_alternate_without_mixing_their_fields():
              prop(7, values[6])]
     unknown = packet_in2(props, xid=7)
     assert len(unknown) == len(with_full)
-    decoder = PacketIn2Decoder()
+    decoder = Decoding()
     for raw in (with_full, unknown, with_full, unknown, unknown):
         assert decoder(raw, 1.0) == wire.decode_packet_in2(raw, 1.0)
     assert decoder(with_full, 1.0).total_len == 1500
@@ -183,9 +224,36 @@ def test_a_message_without_properties_and_one_without_a_packet():
 
 
 def test_layouts_are_bounded():
-    decoder = PacketIn2Decoder()
+    decoder = Decoding()
     for size in range(MAX_LAYOUTS + 5):
         raw = ovs_like(b"\x00" * (8 * size), 1, 2, 1, 3, 0, b"\x01\x00\x01\x00\x00\x00\x02")
         assert decoder(raw, 0.0) == wire.decode_packet_in2(raw, 0.0)
-    assert len(decoder._layouts) <= MAX_LAYOUTS
+    assert len(decoder.py._layouts) <= MAX_LAYOUTS
     assert decoder.learned == MAX_LAYOUTS + 5
+    for size in range(MAX_LAYOUTS + 5):  # again: those learned since the set started over are read by layout
+        raw = ovs_like(b"\x00" * (8 * size), 1, 2, 1, 3, 0, b"\x01\x00\x01\x00\x00\x00\x02")
+        assert decoder(raw, 0.0) == wire.decode_packet_in2(raw, 0.0)
+    if MODE[0] == "c":
+        counts = decoder.call.__self__.counts()
+        assert counts["layouts"] == len(decoder.py._layouts) and counts["fast"] == MAX_LAYOUTS + 5 - decoder.walked + \
+            MAX_LAYOUTS + 5
+
+
+def test_the_pure_python_switch_and_a_missing_module_give_the_decoder_itself(monkeypatch, caplog):
+    decoder = PacketIn2Decoder()
+    monkeypatch.setenv(layouts.PURE_PYTHON_ENV, "1")
+    assert fast_decoder(decoder) is decoder
+    monkeypatch.delenv(layouts.PURE_PYTHON_ENV)
+    monkeypatch.setattr(layouts, "LayoutDecoder", None)
+    with caplog.at_level(logging.WARNING, logger="packetin.layouts"):
+        assert fast_decoder(decoder) is decoder
+    assert "not built" in caplog.text
+
+
+def test_the_c_reader_learns_what_the_decoder_learned_before_it_was_made():
+    decoder = PacketIn2Decoder()
+    decoder(AGENT_CAPTURE[0], 1.0)
+    read = fast_decoder(decoder)
+    assert [read(raw, 2.0) for raw in AGENT_CAPTURE] == [wire.decode_packet_in2(raw, 2.0) for raw in AGENT_CAPTURE]
+    if MODE[0] == "c":
+        assert read.__self__.counts()["fast"] == 50  # type: ignore[attr-defined]

@@ -1,0 +1,251 @@
+/* NXT_PACKET_IN2 decoding by learned layout in C: packetin/layouts.py's per-message work.
+ *
+ * LayoutDecoder(packet_in_type, fallback): packetin.layouts.PacketIn2Decoder learns a layout per message
+ * length from its walk and tells this object (learn, clear). decode(msg, received_at) then reads a message
+ * of a learned length here when its steering bytes (lengths, property and OXM headers) are those of the
+ * learned message -- the test Layout makes with one struct unpack -- and builds the PacketIn itself; any
+ * other message (unknown length, other steering bytes, anything but bytes) goes to `fallback` (the
+ * PacketIn2Decoder), which walks it, raises DecodeError where the walk does, and learns anew. So the
+ * PacketIn is the walk's either way; tests/unit/packetin/test_layouts.py runs its checks through both.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define FIELDS 10       /* PacketIn: reason, table_id, cookie, in_port, rule_id, reg7, userdata, packet, total_len,
+                           received_at */
+#define MAX_LAYOUTS 64  /* packetin/layouts.py's MAX_LAYOUTS: it clears (and so clears this) before it holds more */
+#define MAX_HEADERS 64
+
+enum { F_UINT, F_BYTES, F_CONST, F_PACKET, F_RECEIVED_AT };
+
+typedef struct {
+    int kind;
+    Py_ssize_t off, size;  /* F_UINT: 1, 2, 4 or 8 bytes, big-endian; F_BYTES: that many bytes */
+    PyObject *value;       /* F_CONST */
+} Field;
+
+typedef struct {
+    Py_ssize_t length;  /* the message length it was learned for (0: a free slot) */
+    int headers;
+    Py_ssize_t header_off[MAX_HEADERS], header_size[MAX_HEADERS];
+    uint64_t header_value[MAX_HEADERS];
+    Py_ssize_t packet_start, packet_end;
+    Field fields[FIELDS];
+} Layout;
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *packet_in;  /* packetin.model.PacketIn (a tuple subclass, 10 fields) */
+    PyObject *fallback;       /* the PacketIn2Decoder */
+    Layout *layouts;          /* MAX_LAYOUTS of them */
+    Py_ssize_t fast, slow;    /* messages read here, and handed to the fallback */
+} LayoutDecoder;
+
+static void layout_clear(Layout *l) {
+    for (int i = 0; i < FIELDS; i++) Py_CLEAR(l->fields[i].value);
+    l->length = 0;
+}
+
+static void LayoutDecoder_dealloc(LayoutDecoder *self) {
+    if (self->layouts != NULL) {
+        for (int i = 0; i < MAX_LAYOUTS; i++) layout_clear(&self->layouts[i]);
+        PyMem_Free(self->layouts);
+    }
+    Py_XDECREF(self->packet_in);
+    Py_XDECREF(self->fallback);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int LayoutDecoder_init(LayoutDecoder *self, PyObject *args, PyObject *kwds) {
+    PyObject *packet_in, *fallback;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &packet_in, &fallback)) return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)packet_in, &PyTuple_Type) || !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "LayoutDecoder(packet_in_type, fallback): a tuple type and a callable");
+        return -1;
+    }
+    Py_XSETREF(self->packet_in, (PyTypeObject *)Py_NewRef(packet_in));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    if (self->layouts == NULL && !(self->layouts = PyMem_Calloc(MAX_LAYOUTS, sizeof(Layout)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static inline uint64_t read_be(const unsigned char *p, Py_ssize_t size) {
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < size; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* decode(msg, received_at) -> PacketIn */
+static PyObject *LayoutDecoder_decode(LayoutDecoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode takes 2 positional arguments");
+        return NULL;
+    }
+    PyObject *msg = args[0];
+    Layout *l = NULL;
+    if (PyBytes_CheckExact(msg)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(msg);
+        for (int i = 0; i < MAX_LAYOUTS && n > 0; i++)  /* length 0: a free slot, never a message's */
+            if (self->layouts[i].length == n) { l = &self->layouts[i]; break; }
+    }
+    if (l == NULL) goto fall_back;
+    const unsigned char *m = (const unsigned char *)PyBytes_AS_STRING(msg);
+    for (int i = 0; i < l->headers; i++)
+        if (read_be(m + l->header_off[i], l->header_size[i]) != l->header_value[i]) goto fall_back;
+    PyObject *out = self->packet_in->tp_alloc(self->packet_in, FIELDS);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < FIELDS; i++) {
+        Field *f = &l->fields[i];
+        PyObject *v;
+        switch (f->kind) {
+        case F_UINT: v = PyLong_FromUnsignedLongLong(read_be(m + f->off, f->size)); break;
+        case F_BYTES: v = PyBytes_FromStringAndSize((const char *)m + f->off, f->size); break;
+        case F_PACKET: v = PyBytes_FromStringAndSize((const char *)m + l->packet_start, l->packet_end - l->packet_start);
+            break;
+        case F_RECEIVED_AT: v = Py_NewRef(args[1]); break;
+        default: v = Py_NewRef(f->value); break;
+        }
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    self->fast++;
+    return out;
+fall_back:
+    self->slow++;
+    return PyObject_Vectorcall(self->fallback, args, 2, NULL);
+}
+
+static int as_size(PyObject *o, Py_ssize_t *v, Py_ssize_t hi) {
+    *v = PyLong_AsSsize_t(o);
+    if (*v == -1 && PyErr_Occurred()) return -1;
+    if (*v < 0 || *v > hi) {
+        PyErr_Format(PyExc_ValueError, "LayoutDecoder.learn: %zd is out of range", *v);
+        return -1;
+    }
+    return 0;
+}
+
+/* learn(length, headers, fields, packet_start, packet_end): headers [(offset, size, value)], fields FIELDS
+ * tuples, each (F_UINT, offset, size), (F_BYTES, offset, size), (F_CONST, value), (F_PACKET,) or
+ * (F_RECEIVED_AT,). Every range lies within `length` bytes. Replaces what was learned for that length. */
+static PyObject *LayoutDecoder_learn(LayoutDecoder *self, PyObject *args) {
+    Py_ssize_t length, start, end;
+    PyObject *headers, *fields;
+    if (!PyArg_ParseTuple(args, "nO!O!nn", &length, &PyList_Type, &headers, &PyList_Type, &fields, &start, &end))
+        return NULL;
+    if (length <= 0 || start < 0 || end < start || end > length || PyList_GET_SIZE(fields) != FIELDS ||
+        PyList_GET_SIZE(headers) > MAX_HEADERS) {
+        PyErr_SetString(PyExc_ValueError, "LayoutDecoder.learn: a layout that does not fit its length");
+        return NULL;
+    }
+    Layout l = {0};
+    l.length = length;
+    l.packet_start = start;
+    l.packet_end = end;
+    l.headers = (int)PyList_GET_SIZE(headers);
+    for (int i = 0; i < l.headers; i++) {
+        PyObject *h = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 3) goto bad;
+        if (as_size(PyTuple_GET_ITEM(h, 0), &l.header_off[i], length) < 0 ||
+            as_size(PyTuple_GET_ITEM(h, 1), &l.header_size[i], 8) < 0)
+            goto error;
+        if (l.header_off[i] + l.header_size[i] > length) goto bad;
+        l.header_value[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(h, 2));
+        if (l.header_value[i] == (uint64_t)-1 && PyErr_Occurred()) goto error;
+    }
+    for (int i = 0; i < FIELDS; i++) {
+        PyObject *f = PyList_GET_ITEM(fields, i);
+        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) < 1) goto bad;
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(f, 0));
+        if (kind == -1 && PyErr_Occurred()) goto error;
+        Field *d = &l.fields[i];
+        d->kind = (int)kind;
+        if (kind == F_UINT || kind == F_BYTES) {
+            if (PyTuple_GET_SIZE(f) != 3 || as_size(PyTuple_GET_ITEM(f, 1), &d->off, length) < 0 ||
+                as_size(PyTuple_GET_ITEM(f, 2), &d->size, length) < 0)
+                goto error_or_bad;
+            if (d->off + d->size > length || (kind == F_UINT && d->size > 8)) goto bad;
+        } else if (kind == F_CONST) {
+            if (PyTuple_GET_SIZE(f) != 2) goto bad;
+            d->value = Py_NewRef(PyTuple_GET_ITEM(f, 1));
+        } else if (!(kind == F_PACKET || kind == F_RECEIVED_AT)) {
+            goto bad;
+        }
+    }
+    Layout *slot = NULL;
+    for (int i = 0; i < MAX_LAYOUTS && slot == NULL; i++)
+        if (self->layouts[i].length == length) slot = &self->layouts[i];
+    for (int i = 0; i < MAX_LAYOUTS && slot == NULL; i++)
+        if (self->layouts[i].length == 0) slot = &self->layouts[i];
+    if (slot == NULL) {
+        PyErr_SetString(PyExc_OverflowError, "LayoutDecoder.learn: every layout slot is taken (clear first)");
+        goto error;
+    }
+    layout_clear(slot);
+    *slot = l;
+    Py_RETURN_NONE;
+error_or_bad:
+    if (PyErr_Occurred()) goto error;
+bad:
+    PyErr_SetString(PyExc_ValueError, "LayoutDecoder.learn: a malformed layout");
+error:
+    layout_clear(&l);
+    return NULL;
+}
+
+static PyObject *LayoutDecoder_clear(LayoutDecoder *self, PyObject *Py_UNUSED(ignored)) {
+    for (int i = 0; i < MAX_LAYOUTS; i++) layout_clear(&self->layouts[i]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *LayoutDecoder_counts(LayoutDecoder *self, PyObject *Py_UNUSED(ignored)) {
+    int learned = 0;
+    for (int i = 0; i < MAX_LAYOUTS; i++) learned += self->layouts[i].length != 0;
+    return Py_BuildValue("{s:n,s:n,s:i}", "fast", self->fast, "python", self->slow, "layouts", learned);
+}
+
+static PyMethodDef LayoutDecoder_methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))LayoutDecoder_decode, METH_FASTCALL,
+     "decode(msg, received_at) -> PacketIn, as packetin.wire.decode_packet_in2"},
+    {"learn", (PyCFunction)LayoutDecoder_learn, METH_VARARGS,
+     "learn(length, headers, fields, packet_start, packet_end): read messages of `length` this way"},
+    {"clear", (PyCFunction)LayoutDecoder_clear, METH_NOARGS, "forget every layout"},
+    {"counts", (PyCFunction)LayoutDecoder_counts, METH_NOARGS,
+     "{'fast': messages read here, 'python': handed to the fallback, 'layouts': layouts held}"},
+    {NULL}};
+
+static PyTypeObject LayoutDecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "packetin._layout_fast.LayoutDecoder",
+    .tp_basicsize = sizeof(LayoutDecoder),
+    .tp_dealloc = (destructor)LayoutDecoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "LayoutDecoder(packet_in_type, fallback): NXT_PACKET_IN2 by learned layout, in C",
+    .tp_methods = LayoutDecoder_methods,
+    .tp_init = (initproc)LayoutDecoder_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "packetin._layout_fast",
+                                       "NXT_PACKET_IN2 decoding by learned layout in C (see packetin/layouts.py).",
+                                       -1, NULL};
+
+PyMODINIT_FUNC PyInit__layout_fast(void) {
+    if (PyType_Ready(&LayoutDecoderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LayoutDecoderType);
+    if (PyModule_AddObject(m, "LayoutDecoder", (PyObject *)&LayoutDecoderType) < 0) {
+        Py_DECREF(&LayoutDecoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
