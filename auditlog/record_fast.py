@@ -13,7 +13,7 @@ warm, on this project's machines).
 
 `frame_decoder()` gives the pipeline packet.decode_frame with its common case (an untagged IPv4 UDP or TCP frame
 without options, not a fragment) built in C (auditlog/_frame_fast.c) and every other frame decoded by
-decode_frame itself (0.18 µs a frame against 0.62, warm).
+decode_frame itself (0.10 µs a frame against 0.34, warm, best of 5 on the agent's captured packet-ins).
 """
 
 from __future__ import annotations
