@@ -568,7 +568,7 @@ static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     long long seq = PyLong_AsLongLong(args[2]);
     if ((start == -1 || seq == -1) && PyErr_Occurred()) return NULL;
-    Py_ssize_t chain_n, key_n;
+    Py_ssize_t chain_n = 0, key_n = 0;  /* set by ascii_of when it gives text; 0 keeps gcc from guessing */
     const char *chain0 = ascii_of(chain_in, &chain_n), *key = ascii_of(args[4], &key_n);
     if (key == NULL) {
         PyErr_SetString(PyExc_TypeError, "seal_run: chain_key must be an ASCII str");
