@@ -19,14 +19,13 @@ decode_frame itself (0.10 µs a frame against 0.34, warm, best of 5 on the agent
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, cast
 
 from auditlog.chain import SEQ_KEY, TIMESTAMP_KEY, RecordText
 from auditlog.jcs import SAFE_INTEGER
 from auditlog.packet import PacketSummary, decode_frame
 from auditlog.record import RecordEncoder
-from packetin.layouts import PURE_PYTHON_ENV  # set: every record in pure Python too
+from packetin.layouts import PURE_PYTHON_ENV, pure_python  # the switch: every record in pure Python too
 from packetin.registers import DISPOSITION_BITS
 
 try:
@@ -47,7 +46,7 @@ def built() -> bool:
 def mode() -> str:
     """"c" where records are built in C here, "python" where the module is not built or NPAUDIT_PURE_PYTHON is
     set (npaudit_build_info's record_encoder label)."""
-    return "python" if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") or _record_fast is None else "c"
+    return "python" if pure_python() or _record_fast is None else "c"
 
 
 class _PythonOnly:

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 # too): to measure what the C parts save, and for the tests of the path a machine without a compiler takes.
 PURE_PYTHON_ENV = "NPAUDIT_PURE_PYTHON"
 
+
+def pure_python() -> bool:
+    """Whether NPAUDIT_PURE_PYTHON asks for the per-packet work in pure Python (read when a part is built)."""
+    return os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+
 # PacketIn's fields when the walk did not read them (the walk's own defaults); total_len
 # defaults to the packet's length, which a layout fixes.
 _DEFAULTS: dict[int, Any] = {0: 0, 1: 0, 2: 0, 3: None, 4: 0, 5: 0, 6: b""}
@@ -105,11 +110,11 @@ class Layout:
         self.pick = itemgetter(*(tail + 2 + o if o < 0 else o for o in order))
         # itemgetter of one index gives the item, not a tuple: name a lone header twice.
         self.headers = itemgetter(*(header_index if len(header_index) > 1 else header_index * 2))
-        self.expected = self.headers(self.unpack(msg))
+        learned = self.unpack(msg)
+        self.expected = self.headers(learned)
         # The same layout for packetin/_layout_fast.c: the steering headers with their learned values, and
         # per PacketIn field (F_UINT, offset, size), (F_BYTES, offset, size), (F_CONST, value), (F_PACKET,)
         # or (F_RECEIVED_AT,).
-        learned = self.unpack(msg)
         headers = [(items[i][0], _SIZES[items[i][1]], learned[i]) for i in header_index]
         fields: list[tuple] = []
         for o in order:
@@ -166,7 +171,7 @@ def fast_decoder(decoder: PacketIn2Decoder) -> Callable[[bytes, float], PacketIn
     hands every other message to `decoder`, and `decoder` tells it each layout it learns) where the module is
     built and NPAUDIT_PURE_PYTHON is not set; else `decoder` itself, with a warning in the log where the module
     is missing. The same PacketIn (or DecodeError) either way."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+    if pure_python():
         return decoder
     if LayoutDecoder is None:
         log.warning("packetin._layout_fast is not built (was there no C compiler when npaudit was installed?): "

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from scapy.layers.inet import ICMP, IP, TCP, UDP  # noqa: E402
-from scapy.layers.inet6 import IPv6  # noqa: E402
-from scapy.layers.l2 import Dot1Q, Ether  # noqa: E402
-from scapy.packet import Packet, Raw  # noqa: E402
+from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Dot1Q, Ether
+from scapy.packet import Packet, Raw
 
 from auditlog import record_fast
 from auditlog.aggregate import Aggregator
