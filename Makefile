@@ -32,7 +32,7 @@ system:
 		ln -sfn $$(ls -d /usr/src/linux-headers-*-common | sort -V | tail -n1) /lib/modules/$(KREL)/source; fi
 
 $(VENV)/.stamp: pyproject.toml setup.py auditlog/_record_fast.c auditlog/_frame_fast.c auditlog/_frame_fast.h \
-		packetin/_layout_fast.c
+		auditlog/_aggregate_fast.c auditlog/_aggregate_fast.h packetin/_layout_fast.c
 	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@

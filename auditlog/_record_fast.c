@@ -12,6 +12,8 @@
  * auditlog/sealing.py, which seals any other record in Python; tests/unit/auditlog/test_seal_run.py compares.
  *
  * FrameDecoder (auditlog/_frame_fast.c, added to this module at its init): packet.decode_frame's common case.
+ *
+ * Aggregator (auditlog/_aggregate_fast.c, added at init too): auditlog.aggregate.Aggregator.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +29,7 @@
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
 
+#include "_aggregate_fast.h"
 #include "_frame_fast.h"
 
 /* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
@@ -696,7 +699,7 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (frame_decoder_add(m) < 0) {  /* auditlog/_frame_fast.c */
+    if (frame_decoder_add(m) < 0 || aggregator_add(m) < 0) {  /* auditlog/_frame_fast.c, _aggregate_fast.c */
         Py_DECREF(m);
         return NULL;
     }

@@ -6,7 +6,7 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Callable, Literal, NamedTuple, TypeAlias
+from typing import Callable, Literal, NamedTuple, Protocol, TypeAlias
 
 # (rule id, disposition, direction, src, dst, protocol, dst port or ICMP type): the caller
 # builds it; the aggregator only hashes and compares it.
@@ -53,6 +53,42 @@ class AggregatorStats:
     clock_steps: int
     open_windows: int
     packets_held: int  # in open windows, not yet in any record
+
+
+class Aggregation(Protocol):
+    """What the pipeline and the metrics use of an aggregator: Aggregator below, or the same class in C
+    (auditlog/_aggregate_fast.c, which record_fast.aggregator() gives where it is built)."""
+
+    @property
+    def window(self) -> float: ...
+
+    @property
+    def stats(self) -> dict[str, int]: ...
+
+    def snapshot(self) -> AggregatorStats: ...
+
+    def packets_held(self) -> int: ...
+
+    def offloaded_held(self) -> int: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def add(self, key: AggregateKey, sample: object, size: int, now: float, aggregate: bool, /) -> list[Emission]: ...
+
+    def add_many(self, key: AggregateKey, sample: object, count: int, size: int, now: float,
+                 second: Callable[[], object] | None = None, /) -> list[Emission]: ...
+
+    def add_offloaded(self, key: AggregateKey, packets: int, bytes_: int, now: float,
+                      sample: object = None) -> list[Emission]: ...
+
+    def tick(self, now: float, /) -> list[Emission]: ...
+
+    def flush(self, now: float, /) -> list[Emission]: ...
+
+
+def snapshot(agg: Aggregation) -> AggregatorStats:
+    """An aggregator's counters and what its open windows hold, as one value."""
+    return AggregatorStats(**agg.stats, packets_held=agg.packets_held())
 
 
 class _Window:
@@ -125,7 +161,7 @@ class Aggregator:
         }
 
     def snapshot(self) -> AggregatorStats:
-        return AggregatorStats(**self.stats, packets_held=self._held)
+        return snapshot(self)
 
     def packets_held(self) -> int:
         """OVS packets accumulated in open windows, not yet in any record."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Callable, Protocol, Sequence, cast
 
-from auditlog.aggregate import AggregateKey, Aggregator, AggregatorStats, Emission
+from auditlog.aggregate import AggregateKey, Aggregation, AggregatorStats, Emission
 from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key, group_lasts
@@ -87,7 +87,7 @@ def _second(group: PacketInGroup) -> tuple[PacketIn, PacketSummary]:
 
 
 class AuditPipeline:
-    def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregator,
+    def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregation,
                  wall_clock: Callable[[], float] = time.time, overload: Overload | None = None,
                  window_slack: float = 0.0) -> None:
         # Windows due when a batch of packet-ins ends are closed in that batch (end_batch): their
@@ -414,7 +414,7 @@ class AuditPipeline:
         return self._level != FULL
 
     @property
-    def aggregator(self) -> Aggregator:
+    def aggregator(self) -> Aggregation:
         return self._agg
 
     def rule_seen(self) -> dict[int, int]:

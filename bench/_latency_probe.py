@@ -39,7 +39,7 @@ from _bridge import consumer_path, until_sigterm
 
 from packetin import messages as m, wire
 
-from auditlog.aggregate import Aggregator
+from auditlog.record_fast import aggregator  # the agent's: in C where built
 from auditlog.chain import RecordText
 from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
@@ -184,7 +184,7 @@ def consume_latency(target: str, netns: str, audit_path: str, context: RecordCon
         overload = Overload(lambda: max(demux_fill[0].queue_fill(Category.POLICY) if demux_fill else 0.0,
                                         writer.queue_fill()),
                             high_mark=MARKS.high_mark, peers_mark=MARKS.peers_mark, low_mark=MARKS.low_mark)
-        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload)
+        pipeline = AuditPipeline(context, writer, aggregator(window=1.0), overload=overload)
 
         def handler(pin: PacketIn) -> None:
             port = udp_dst_port(pin.packet)

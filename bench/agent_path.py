@@ -40,7 +40,10 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
     import tempfile
     import time
 
-    from auditlog.aggregate import Aggregator
+    try:  # the agent's aggregator: in C where built (a base checkout may have only the Python class)
+        from auditlog.record_fast import aggregator
+    except ImportError:
+        from auditlog.aggregate import Aggregator as aggregator  # type: ignore[assignment]
     from auditlog.packet import decode_frame
     from auditlog.pipeline import AuditPipeline
     from auditlog.record import EventIds, RecordContext
@@ -107,7 +110,7 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
         work = Path(tempfile.mkdtemp(prefix="npaudit-agent-path-"))
         writer = AuditWriter(work / "audit.jsonl", backup_count=50, clock=wall)
         writer.start()
-        pipeline = AuditPipeline(ctx, writer, Aggregator(window=1.0), wall_clock=wall)
+        pipeline = AuditPipeline(ctx, writer, aggregator(window=1.0), wall_clock=wall)
         dispatcher = PolicyPacketIns(lambda m: 0, audit=pipeline, offload=DropOffload(OffloadConfig(), pipeline,
                                                                                        ovs_netns=""),
                                      suppress=suppress, may_suppress=tags.any_known)

@@ -52,7 +52,7 @@ from _bridge import RULE_ID, machine, pin_process  # noqa: E402
 from flood import cpu  # noqa: E402
 from auditlog_throughput import bench_context, count_records, pipeline_capacity  # noqa: E402
 
-from auditlog.aggregate import Aggregator  # noqa: E402
+from auditlog.record_fast import aggregator  # noqa: E402
 from auditlog.overload import Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
@@ -79,7 +79,7 @@ def agent_path(writer: AuditWriter, overload_on: bool) -> tuple[Demux, AuditPipe
     overload = Overload(lambda: max(demux.queue_fill(Category.POLICY), writer.queue_fill()),
                         high_mark=marks.high_mark, peers_mark=marks.peers_mark,
                         low_mark=marks.low_mark) if overload_on else None
-    pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload)
+    pipeline = AuditPipeline(context, writer, aggregator(window=1.0), overload=overload)
     share = packetin.fair_share
 
     def direction(rule_id: int) -> str | None:
@@ -235,7 +235,7 @@ def read_path_cpu(msgs: list[bytes], per_read: int, overload: bool, grouping: bo
     demux, the policy handler and the pipeline (overload forced to the ports level, or never)."""
     demux = Demux()
     level = Overload(lambda: 0.06 if overload else 0.0, high_mark=0.05, peers_mark=0.25, low_mark=0.01)
-    pipeline = AuditPipeline(bench_context(), _NullWriter(), Aggregator(window=1.0), overload=level)
+    pipeline = AuditPipeline(bench_context(), _NullWriter(), aggregator(window=1.0), overload=level)
     demux.subscribe(Category.POLICY, PolicyPacketIns(lambda msg: 0, audit=pipeline), rate=1e9, burst=1e9,
                     queue_size=1 << 20, now=time.monotonic())
     reader = PacketInReader(demux.dispatch, lambda raw: None, on_groups=demux.dispatch_groups if grouping else None,

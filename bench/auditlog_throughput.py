@@ -44,7 +44,7 @@ from _bridge import RULE_ID, bench_bridge, consumer_path, print_report, run_phas
 from _latency_probe import LOW_RATE_SENDER, Round, breakdown, consume_floor, consume_latency, floor  # noqa: E402
 from packetin_throughput import consume_raw  # noqa: E402
 
-from auditlog.aggregate import Aggregator  # noqa: E402
+from auditlog.record_fast import aggregator  # noqa: E402
 from auditlog.overload import Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.record import RecordContext  # noqa: E402
@@ -119,7 +119,7 @@ def consume_audit(target: str, netns: str, audit_path: str) -> None:
         # The agent's defaults (100 MiB files, a 100k-record queue), except that nothing is pruned.
         writer = AuditWriter(Path(audit_path), backup_count=50)
         writer.start()
-        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0))
+        pipeline = AuditPipeline(context, writer, aggregator(window=1.0))
         done = threading.Event()
         samples: list[tuple[float, int]] = []
         sampler = threading.Thread(target=sample_written, args=(writer, samples, done), daemon=True)
@@ -237,7 +237,7 @@ def pipeline_capacity(path: Path, n: int, pin: bool,
         # The agent's writer defaults (100 MiB files, a 100k-record queue; a drop would show below).
         writer = AuditWriter(path, backup_count=50, **({} if inline else {"inline_gap": None}))
         writer.start()
-        pipeline = AuditPipeline(context, writer, Aggregator(window=1.0), overload=overload(writer))
+        pipeline = AuditPipeline(context, writer, aggregator(window=1.0), overload=overload(writer))
         settle_heap()  # as the agent does once it has started
         t0 = time.perf_counter()
         c0 = time.process_time()

@@ -65,7 +65,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 from auditlog_throughput import bench_context, distinct_packet_ins, pipeline_capacity  # noqa: E402
 
-from auditlog.aggregate import Aggregator  # noqa: E402
+from auditlog.record_fast import aggregator  # noqa: E402
 from auditlog.chain import RecordText  # noqa: E402
 from auditlog.fileset import audit_files, iter_lines  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
@@ -298,7 +298,7 @@ def sustained(scheme: str, pki: Pki, work: Path, seconds: float, child: bool, si
     live = work / f"sustained-{name}" / "audit.jsonl"
     writer = AuditWriter(live, backup_count=50)  # the agent's defaults: 100 MiB files, a 100k-record queue
     writer.start()
-    pipeline = AuditPipeline(bench_context(), writer, Aggregator(window=1.0))
+    pipeline = AuditPipeline(bench_context(), writer, aggregator(window=1.0))
     checkpoint = work / f"ck-sustained-{name}.json"
     fwd: Forwarder | ProcessForwarder = (
         ProcessForwarder(destination(scheme, rx.url(scheme), pki), live=live, checkpoint=checkpoint) if child

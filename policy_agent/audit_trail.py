@@ -10,10 +10,10 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
-from auditlog.aggregate import Aggregator
 from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
+from auditlog.record_fast import aggregator
 from auditlog.syslog.forwarder import Forwarder, checkpoint_name
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.verdicts import VerdictTally
@@ -97,7 +97,7 @@ def build_audit(config: AgentConfig, rules: RuleRegistry, engine: Callable[[], P
                         peers_mark=ov.peers_mark, low_mark=ov.low_mark, pressed=pressed) if ov.enabled else None
     # While packet-ins flow, a read comes at most openflow.read_pace_max after the last: windows close in it.
     slack = config.openflow.read_pace_max + WINDOW_SLACK_MARGIN
-    return AuditPipeline(ctx, writer, Aggregator(window=ac.window), overload=overload, window_slack=slack), writer
+    return AuditPipeline(ctx, writer, aggregator(window=ac.window), overload=overload, window_slack=slack), writer
 
 
 def build_syslog(config: AgentConfig) -> list[Forwarder | ProcessForwarder]:
