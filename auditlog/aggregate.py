@@ -1,4 +1,9 @@
-"""Audit aggregation windows: a key's first packet at once, the rest of its window as one exact-count record."""
+"""Audit aggregation windows: a key's first packet at once, the rest of its window as one exact-count record.
+
+auditlog/_aggregate_fast.c is this Aggregator again in C, line for line (what the agent runs where it is built:
+record_fast.aggregator()); a change here is made there too, and tests/unit/auditlog/test_aggregate.py, which runs
+both side by side, fails until it is.
+"""
 
 from __future__ import annotations
 
