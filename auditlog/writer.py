@@ -199,6 +199,7 @@ class AuditWriter:
                 self._emit_records(records)
                 if (took := self._monotonic() - start) > INLINE_SLOW:
                     self._inline_from = start + took + INLINE_BACKOFF
+                    self._counts["inline_backoffs"] += 1
                     self._errors.log(logging.INFO, "inline-slow", "audit log %s: a write took %.1f ms; records "
                                      "go through the writer thread for %.0f s", self.path, took * 1000, INLINE_BACKOFF)
             except _WriteFailed as failed:

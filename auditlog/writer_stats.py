@@ -24,6 +24,7 @@ class WriterEvents:
     chain_restarts: int
     strayed_moved: int  # written to a live file another program moved away (out of the set, kept there)
     strayed_removed: int  # written to a live file another program removed: lost with it
+    inline_backoffs: int  # inline writes slower than INLINE_SLOW: the thread then wrote for INLINE_BACKOFF
     compressed: int  # these two: the compressor's
     compress_errors: int
 

@@ -271,4 +271,5 @@ def test_after_a_slow_inline_write_records_go_through_the_thread_for_a_while(liv
         assert w.submit(record(i)) and w.flush_wait(HANG_GUARD)
     assert seen.by(MAIN) == ["e1", "e2", "e5"]  # e3, e4 within a second of the slow write
     assert seen.by(THREAD) == ["e0", "e3", "e4"]
+    assert w.stats["inline_backoffs"] == 1  # npaudit_audit_writer_total{event="inline_backoffs"}: said, not only logged
     assert ids(live) == [f"e{i}" for i in range(6)]
