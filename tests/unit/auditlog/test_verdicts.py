@@ -37,6 +37,17 @@ def test_the_tally_counts_records_by_verdict_and_skips_the_writers_own_records()
     assert tally.verdicts() == {("Drop", "ingress", "t"): 3, ("Allow", "egress", ""): 1}
 
 
+def test_records_of_one_read_are_counted_each_and_a_record_without_the_facts_is_not_counted() -> None:
+    tally = VerdictTally()
+    one_read = [_record(("Drop", "ingress", "t"), 99.9996) for _ in range(70)]  # one read: one received time
+    tally.written([*one_read, _record(("Reject", "ingress", "t"), 99.9996), _record(None, 99.9996)], now=100.0)
+    tally.written([object(), _record(("Drop", "ingress", "t"), 99.9992)], now=100.0)  # a caller's own type
+    assert tally.verdicts() == {("Drop", "ingress", "t"): 71, ("Reject", "ingress", "t"): 1}
+    lat = tally.latency()
+    assert lat.count == 72 and lat.buckets[0] == 0 and lat.buckets[2] == 71 and lat.buckets[3] == 72
+    assert abs(lat.sum - (71 * 0.0004 + 0.0008)) < 1e-9
+
+
 def test_latency_buckets_are_cumulative_le_bounds_and_only_records_written_at_once_count() -> None:
     tally = VerdictTally()
     now = 1000.0
