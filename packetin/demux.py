@@ -235,8 +235,15 @@ class Demux:
             return
         kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
         if kept:
+            # As `dispatch` without fair shares: a small read into an empty channel is handled now, within the
+            # read; the rest waits for the consumer task (a backlog it stays behind, and the queue the overload
+            # mode watches).
+            inline = not queue and len(kept) <= self._inline_max and sub.task is not None
             queue.extend([group[i] for i in kept])
-            sub.wake.set()
+            if inline:
+                self._drain(sub, len(kept))
+            elif not sub.wake.is_set():
+                sub.wake.set()
 
     @staticmethod
     def _fair_indexes(sub: _Subscription, keys: Iterable[Hashable], n: int, room: int, now: float) -> list[int]:

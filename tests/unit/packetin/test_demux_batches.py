@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from packetin import demux as dm
-from packetin.demux import Demux
+from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category, PacketIn, Userdata
 
 POLICY = int(Category.POLICY)
@@ -52,6 +52,26 @@ def test_a_small_read_into_an_empty_channel_is_handled_within_dispatch_as_one_ba
     assert during == ["begin", 1, 2, 3, "end"]  # the failing packet-in stopped neither the batch nor its end
     assert after == during
     assert counts[dm.RECEIVED] == 3 and counts[dm.DELIVERED] == 2 and counts[dm.HANDLER_ERROR] == 1
+
+
+def test_with_fair_shares_too_a_small_read_is_handled_within_dispatch_and_the_share_still_holds():
+    """The agent's default: fair shares on. A lone packet-in (a quiet node) is handled within the read that
+    brought it, without waiting for the consumer task's turn; what a key's share turns away is counted."""
+    async def main() -> tuple[list[object], list[object], dict[str, int]]:
+        rec, d = BatchRecorder(), Demux(inline_max=4)
+        share = FairShareSettings(lambda p: p.rule_id % 2, key_rate=1.0, key_burst=2.0, max_keys=16)
+        d.subscribe(POLICY, rec, rate=1.0, burst=4.0, queue_size=10_000, now=0.0, fair=share)
+        d.start()
+        d.dispatch([pin(1)], now=0.0)
+        d.dispatch([pin(3), pin(5), pin(2)], now=0.0)  # key 1 is past its share of 2 at pin 5: turned away
+        during = list(rec.log)  # before any other task ran
+        await d.stop()
+        return during, rec.log, d.stats()[POLICY]
+
+    during, after, counts = asyncio.run(main())
+    assert during == ["begin", 1, "end", "begin", 3, 2, "end"]
+    assert after == during
+    assert counts[dm.RECEIVED] == 4 and counts[dm.DELIVERED] == 3 and counts[dm.DROPPED_FAIR] == 1
 
 
 def test_a_larger_read_or_a_backlog_goes_through_the_consumer_in_order():
