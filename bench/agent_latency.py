@@ -4,7 +4,7 @@
 bench/auditlog_throughput.py --latency-only times the agent's path in a consumer process; this times the
 agent itself, as a user sees it. The cluster is bench/agent_cpu.py's (tests/support/overload_scenario.py:
 the agent process, its embedded OVS, x/a and y/a through CNI, a logged Drop on UDP 1024-65535 from x/a to
-y/a). A sender in x/a sends one datagram every 1/--rate s, each to a new destination port (each a new audit
+y/a), but with the agent's default fair shares on (--no-fair-share: off, as there). A sender in x/a sends one datagram every 1/--rate s, each to a new destination port (each a new audit
 key, so each record is a "first", written at once), and prints when it sent each. A watcher in this process
 (inotify on the file, IN_MODIFY: no polling that would take CPU from the agent) reads each appended line
 and notes when the line of each port became readable. Latency = readable - sent, wall clock on one machine.
@@ -127,12 +127,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packets", type=int, default=600, help="per phase")
     ap.add_argument("--rate", type=float, default=17.0, help="packets/s (issue 22: 17)")
+    ap.add_argument("--no-fair-share", action="store_true",
+                    help="fair shares off, as bench/agent_cpu.py runs (default: on, the agent's default)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload
     cluster = new_key_flood_cluster(meter_rate=1000, overload=marks.enabled,
                                     queue_size=PacketInConfig().policy.queue_size,
-                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark))
+                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark),
+                                    fair_share=not args.no_fair_share)
     load0 = os.getloadavg()
     floor_proc = None
     try:
@@ -162,6 +165,7 @@ def main() -> int:
                      "sender": "Python in x/a, one UDP datagram per 1/rate s, each to a new port (a new audit key)",
                      "readable": "inotify IN_MODIFY on the file, the line read and parsed, stamped on wake-up",
                      "record_encoder": encoder,
+                     "fair_share": not args.no_fair_share,
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "agent": agent,

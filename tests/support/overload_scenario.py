@@ -21,17 +21,17 @@ PORTS = LAST_PORT - FIRST_PORT + 1  # a new key per datagram for PORTS datagrams
 
 
 def new_key_flood_cluster(*, meter_rate: int, overload: bool, queue_size: int = 65536,
-                          marks: tuple[float, float, float] = (0.05, 0.25, 0.01)) -> Cluster:
+                          marks: tuple[float, float, float] = (0.05, 0.25, 0.01), fair_share: bool = False) -> Cluster:
     """A cluster (not started) for a new-key flood: the policy_deny meter at `meter_rate`, the
-    policy category's token bucket wide open and its fair shares off (admission is policy, not
-    capacity), no debug tap, overload mode on or off with marks (high, peers, low)."""
+    policy category's token bucket wide open and its fair shares off unless `fair_share` (admission is
+    policy, not capacity), no debug tap, overload mode on or off with marks (high, peers, low)."""
     port = free_port()
     cluster = Cluster(extra_config=f"meters:\n  policy_deny:\n    rate: {meter_rate}\n    burst: {meter_rate}\n",
                       metrics_listen=f"127.0.0.1:{port}")
     cluster.metrics_port = port  # type: ignore[attr-defined]
     cluster.config.write_text(cluster.config.read_text().replace(f"  tap: {cluster.tap}\n", "  tap: ''\n"))
     cluster.add_settings("packetin", f"policy: {{rate: 1000000000, burst: 1000000000, queue_size: {queue_size}}}\n"
-                                     "fair_share: {enabled: false}\n")
+                                     f"fair_share: {{enabled: {str(fair_share).lower()}}}\n")
     high, peers, low = marks
     cluster.add_settings("audit", "max_size_mb: 1024\n"
                                   f"overload: {{enabled: {str(overload).lower()}, high_mark: {high:.6f}, "
