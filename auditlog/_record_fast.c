@@ -28,6 +28,7 @@
  * init, which is a longer code path, and that is what a lone record pays on a cold CPU (see seal_run). */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
+#include <structmember.h>
 
 #include "_aggregate_fast.h"
 #include "_frame_fast.h"
@@ -165,6 +166,9 @@ typedef struct {
     char second_text[24], ms_text[32];
     size_t ms_len;
     Py_ssize_t fast, slow;                        /* records built here, and handed to the Python encoder */
+    /* Where RecordText keeps head, mid, tail, seq, verdict and received (its __slots__): a record is then made
+     * as RecordText(head, mid, tail) makes it, without the Python __init__ (record_slots). 0: call the class. */
+    Py_ssize_t slots[6];
 } FastEncoder;
 
 static PyObject *S_rule, *S_after_dst, *S_after_start, *S_said, *S_priority, *S_verdict, *S_network_direction,
@@ -195,6 +199,51 @@ static PyObject *item(PyObject *consts, const char *name, int want_dict) {
     return v;
 }
 
+static const char *RECORD_SLOTS[6] = {"head", "mid", "tail", "seq", "verdict", "received"};
+static PyObject *F_zero, *I_zero;  /* 0.0 and 0: RecordText's `received` and `seq` until set */
+
+/* The offsets of RecordText's six slots in `slots` when the type is a plain __slots__ class of exactly those
+ * (object's __new__, each a member descriptor of an object): what RecordText.__init__ sets, head, mid and tail
+ * from its arguments, seq 0, verdict None, received 0.0. Else slots[0] = 0 and records are made by calling it. */
+static void record_slots(PyObject *type, Py_ssize_t *slots) {
+    slots[0] = 0;
+    if (!PyType_Check(type) || ((PyTypeObject *)type)->tp_new != PyBaseObject_Type.tp_new) return;
+    PyObject *names = PyObject_GetAttrString(type, "__slots__");
+    Py_ssize_t n = names != NULL && PyTuple_Check(names) ? PyTuple_GET_SIZE(names) : -1;
+    Py_XDECREF(names);
+    PyErr_Clear();
+    if (n != 6) return;
+    Py_ssize_t found[6];
+    for (int i = 0; i < 6; i++) {
+        PyObject *d = PyObject_GetAttrString(type, RECORD_SLOTS[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            return;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX
+                 && !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
+        found[i] = ok ? ((PyMemberDescrObject *)d)->d_member->offset : 0;
+        Py_DECREF(d);
+        if (found[i] <= 0) return;
+    }
+    memcpy(slots, found, sizeof found);
+}
+
+/* RecordText(head, mid, tail) with its verdict: made in place where record_slots found the slots */
+static PyObject *new_record(FastEncoder *self, PyObject *head, PyObject *mid, PyObject *tail, PyObject *verdict) {
+    if (self->slots[0] == 0) {
+        PyObject *record = PyObject_CallFunctionObjArgs(self->record_text, head, mid, tail, NULL);
+        if (record != NULL && PyObject_SetAttr(record, S_verdict, verdict) < 0) Py_CLEAR(record);
+        return record;
+    }
+    PyTypeObject *type = (PyTypeObject *)self->record_text;
+    PyObject *record = type->tp_alloc(type, 0);
+    if (record == NULL) return NULL;
+    PyObject *values[6] = {head, mid, tail, I_zero, verdict, F_zero};
+    for (int i = 0; i < 6; i++) *(PyObject **)((char *)record + self->slots[i]) = Py_NewRef(values[i]);
+    return record;
+}
+
 /* FastEncoder(encoder, consts): consts names the encoder's caches, callables and the record's fixed texts. */
 static int FastEncoder_init(FastEncoder *self, PyObject *args, PyObject *kwds) {
     PyObject *encoder, *consts, *v;
@@ -223,6 +272,7 @@ static int FastEncoder_init(FastEncoder *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->ms = self->second = -1;
+    record_slots(self->record_text, self->slots);
     return 0;
 }
 
@@ -503,8 +553,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     PUTL(&tb, "}}");
 
     if (!(head = buf_str(&hb)) || !(mid = buf_str(&mb)) || !(tail = buf_str(&tb))) FAIL();
-    result = PyObject_CallFunctionObjArgs(self->record_text, head, mid, tail, NULL);
-    if (result == NULL || PyObject_SetAttr(result, S_verdict, verdict) < 0) FAIL();
+    if (!(result = new_record(self, head, mid, tail, verdict))) FAIL();
 
 done:
     buf_free(&hb); buf_free(&mb); buf_free(&tb); buf_free(&msg);
@@ -684,7 +733,9 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "auditlog._record_
                                        module_methods};
 
 PyMODINIT_FUNC PyInit__record_fast(void) {
-    if (PyType_Ready(&FastEncoderType) < 0) return NULL;
+    if (PyType_Ready(&FastEncoderType) < 0 || !(F_zero = PyFloat_FromDouble(0.0)) ||
+            !(I_zero = PyLong_FromLong(0)))
+        return NULL;
     struct { PyObject **slot; const char *name; } names[] = {
         {&S_rule, "rule"}, {&S_after_dst, "after_dst"}, {&S_after_start, "after_start"}, {&S_said, "said"},
         {&S_priority, "priority"}, {&S_verdict, "verdict"}, {&S_network_direction, "network_direction"},

@@ -86,7 +86,8 @@ def outcome(encode: Any, args: tuple) -> tuple:
         text = encode(*args)
     except ValueError as exc:
         return ("error", str(exc))
-    return (text.head, text.mid, text.tail, text.verdict, text.seq, text.received)
+    return (text.head, text.mid, text.tail, text.verdict, text.seq, text.received,  # what the C encoder makes
+            type(text), type(text.seq), type(text.received))                      # is a RecordText as __init__'s
 
 
 addresses = st.one_of(st.sampled_from(V4), st.sampled_from(V6), st.none(), st.just(ODD))
@@ -209,6 +210,24 @@ def test_its_caches_stay_bounded_as_the_python_encoders(monkeypatch: pytest.Monk
         assert outcome(fast.encode, args) == outcome(plain.encode_positional, args)
         assert len(served.c_parts()["community"]) <= 8  # type: ignore[index]
     assert fast.counts()["fast"] == 49
+
+
+def test_records_are_made_in_place_without_recordtext_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C encoder fills RecordText's slots itself (no Python __init__ per record): with __init__ made to fail,
+    its records are still made, the same as the plain encoder's made before."""
+    from auditlog.chain import RecordText
+
+    _, _, fast, plain = pair()
+    first, *args = udp_stream(4, fast)
+    assert outcome(fast.encode, first) == outcome(plain.encode_positional, first)  # fills the caches (Python)
+    want = [outcome(plain.encode_positional, a) for a in args]
+
+    def no_init(self: RecordText, *_: Any) -> None:
+        raise AssertionError("RecordText.__init__ called")
+
+    monkeypatch.setattr(RecordText, "__init__", no_init)
+    assert [outcome(fast.encode, a) for a in args] == want
+    assert fast.counts() == {"fast": 3, "python": 1}
 
 
 def test_a_changed_rule_or_pod_is_in_the_very_next_record() -> None:
