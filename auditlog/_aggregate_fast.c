@@ -176,17 +176,7 @@ static Window *open_window(Aggregator *a, PyObject *key, PyObject *sample, doubl
         Window *due = HEAD(a);
         if (due->live && due->deadline > now) break;
         ring_pop(a);
-        int status = 0;
-        if (due->live) {
-            if (due->packets || due->off_packets) {
-                status = close_window(a, due, out);
-            } else {
-                due->live = 0;
-                status = PyDict_DelItem(a->open, due->key);
-                Py_CLEAR(due->key);
-                Py_CLEAR(due->sample);
-            }
-        }
+        int status = due->live ? close_window(a, due, out) : 0;  /* one that saw only its "first": silently */
         Py_DECREF(due);
         if (status < 0) return NULL;
     }

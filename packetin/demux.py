@@ -188,13 +188,7 @@ class Demux:
                 limited_by_queue = admitted == room
                 counts[DROPPED_QUEUE if limited_by_queue else DROPPED_RATE] += n - admitted
             if admitted:
-                queue = sub.queue
-                inline = not queue and admitted <= self._inline_max and sub.task is not None
-                queue.extend(group if admitted == n else group[:admitted])
-                if inline:
-                    self._drain(sub, admitted)
-                elif not sub.wake.is_set():
-                    sub.wake.set()
+                self._hand_over(sub, group if admitted == n else group[:admitted])
 
     def dispatch_groups(self, groups: Iterable[PacketInGroup], now: float) -> None:
         """Admit groups of packet-ins as `dispatch` admits their packet-ins, in order: each
@@ -235,15 +229,19 @@ class Demux:
             return
         kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
         if kept:
-            # As `dispatch` without fair shares: a small read into an empty channel is handled now, within the
-            # read; the rest waits for the consumer task (a backlog it stays behind, and the queue the overload
-            # mode watches).
-            inline = not queue and len(kept) <= self._inline_max and sub.task is not None
-            queue.extend([group[i] for i in kept])
-            if inline:
-                self._drain(sub, len(kept))
-            elif not sub.wake.is_set():
-                sub.wake.set()
+            self._hand_over(sub, [group[i] for i in kept])
+
+    def _hand_over(self, sub: _Subscription, admitted: list[PacketIn]) -> None:
+        """Queue a read's admitted packet-ins: a small read into an empty channel is handled now, within the
+        read (no task wake-up); the rest waits for the consumer task (behind the backlog, and in the queue
+        the overload mode watches)."""
+        queue = sub.queue
+        inline = not queue and len(admitted) <= self._inline_max and sub.task is not None
+        queue.extend(admitted)
+        if inline:
+            self._drain(sub, len(admitted))
+        elif not sub.wake.is_set():
+            sub.wake.set()
 
     @staticmethod
     def _fair_indexes(sub: _Subscription, keys: Iterable[Hashable], n: int, room: int, now: float) -> list[int]:
