@@ -289,11 +289,11 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
         subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
     reads1 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-    reads, paced, pressed, entered, entered_pressed = (
+    reads, paced, pressed, entered, entered_pressed, rotated, compressed = (
         reads1.get(k, 0.0) - reads0.get(k, 0.0)
         for k in ("npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
                   "npaudit_openflow_reads_pressed_total", "npaudit_audit_overload_entered_total",
-                  "npaudit_audit_overload_entered_pressed_total"))
+                  "npaudit_audit_overload_entered_pressed_total", "audit_files_rotations", "audit_files_compressed"))
     flows, meter, overflow = emitted_now(cluster)
     if cluster.agent.poll() is not None:  # type: ignore[union-attr]
         raise RuntimeError(f"the agent exited during the run:\n{cluster.log()[-3000:]}")
@@ -317,6 +317,9 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             # Coarse spells begun, and of those the ones input pressure began with both queues below high_mark.
             "overload_entered": int(entered), "overload_entered_by_input_pressure": int(entered_pressed),
             "packet_ins_per_read": round(emitted / reads, 1) if reads else None,
+            # Audit files rotated and gzipped from the phase's start until it settled (the gzip CPU is in the
+            # phase's figures as far as it ran within the measured time).
+            "audit_files_rotated": int(rotated), "audit_files_compressed": int(compressed),
             # Who else used the machine meanwhile (the sender, OVS, anything): busy share of all its CPUs, and
             # ovs-vswitchd's own share of a core. Near 100 % busy, the machine, not the agent, is the limit.
             "machine_busy_percent": round(100 * (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]), 1),
@@ -426,13 +429,15 @@ def wake_penalty(gaps_ms: tuple[float, ...] = (0, 1, 5, 20, 100), seconds: float
             "after_20_ms_vs_back_to_back": round(out["20"] / out["0"], 1) if "20" in out and "0" in out else None}
 
 
-def record_encoder(port: int) -> str:
-    """npaudit_build_info's record_encoder: "c", or "python" (not built, or NPAUDIT_PURE_PYTHON set)."""
+def build_info(port: int) -> dict[str, str]:
+    """npaudit_build_info's labels: record_encoder "c", or "python" (not built, or NPAUDIT_PURE_PYTHON set);
+    audit_gzip "isal" or "zlib" (an agent older than the label gzips with zlib)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "npaudit_build_info":
-                return str(sample.labels["record_encoder"])
+                return {"record_encoder": str(sample.labels["record_encoder"]),
+                        "audit_gzip": str(sample.labels.get("audit_gzip", "zlib"))}
     raise RuntimeError("the agent's metrics have no npaudit_build_info")
 
 
@@ -444,6 +449,9 @@ def main() -> int:
     ap.add_argument("--tail", type=float, default=1.5, help="seconds measured after the send (window close, write)")
     ap.add_argument("--keys", type=int, default=4, help="source ports (sockets) of the sender")
     ap.add_argument("--meter-rate", type=int, default=1_000_000, help="policy_deny meter rate and burst, pps")
+    ap.add_argument("--rotate-mb", type=int, default=4,
+                    help="audit file size that rotates it (MiB): the agent gzips each rotated file, and small files "
+                         "spread that cost over every phase as a long run spreads it over its records")
     ap.add_argument("--py-spy", default="", help="py-spy executable: profile the agent at --profile-rate")
     ap.add_argument("--profile-rate", type=int, default=5000, help="the rate profiled when --py-spy is given")
     args = ap.parse_args()
@@ -453,7 +461,7 @@ def main() -> int:
     marks = AuditConfig().overload
     cluster = new_key_flood_cluster(meter_rate=args.meter_rate, overload=marks.enabled,
                                     queue_size=PacketInConfig().policy.queue_size,
-                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark))
+                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark), rotate_mb=args.rotate_mb)
     reader: FloorReader | None = None
     load0 = os.getloadavg()
     penalty = wake_penalty()
@@ -463,7 +471,7 @@ def main() -> int:
         netns, ip = start_flood_pods(cluster)
         settled(cluster)
         idle = idle_cpu(cluster.agent.pid, 3.0)  # type: ignore[union-attr]
-        encoder = record_encoder(cluster.metrics_port)  # type: ignore[attr-defined]
+        built = build_info(cluster.metrics_port)  # type: ignore[attr-defined]
         agent = [agent_rate(cluster, exe, netns, ip, rate, args, idle) for rate in rates]
         audit_path = cluster.dir / "audit" / "audit.jsonl"
         records_at_stop = flood_records(audit_path)["records"]
@@ -494,7 +502,8 @@ def main() -> int:
                      "policy_category_rate_burst": "1e9 (admission opened wide for the run)",
                      "fair_share": "disabled for the run", "debug_tap": "off",
                      "queues_and_overload_marks": "agent defaults", "overload": marks.enabled,
-                     "record_encoder": encoder,
+                     "audit_rotation_mb": args.rotate_mb, "audit_gzip": built["audit_gzip"],
+                     "record_encoder": built["record_encoder"],
                      "machine": "2 cores shared with other engineers' work: noisy, compare within this run only",
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},

@@ -37,7 +37,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _latency_probe import LOW_RATE_SENDER, quantiles_ms  # noqa: E402
-from agent_cpu import record_encoder  # noqa: E402
+from agent_cpu import build_info  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> int:
         cluster.start(timeout=120)
         netns, ip = start_flood_pods(cluster)
         settled(cluster)
-        encoder = record_encoder(cluster.metrics_port)  # type: ignore[attr-defined]
+        encoder = build_info(cluster.metrics_port)["record_encoder"]  # type: ignore[attr-defined]
         agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
         cluster.stop_agent()
         floor_file = work / "floor.lines"

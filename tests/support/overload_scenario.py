@@ -21,10 +21,13 @@ PORTS = LAST_PORT - FIRST_PORT + 1  # a new key per datagram for PORTS datagrams
 
 
 def new_key_flood_cluster(*, meter_rate: int, overload: bool, queue_size: int = 65536,
-                          marks: tuple[float, float, float] = (0.05, 0.25, 0.01), fair_share: bool = False) -> Cluster:
+                          marks: tuple[float, float, float] = (0.05, 0.25, 0.01), fair_share: bool = False,
+                          rotate_mb: int = 1024) -> Cluster:
     """A cluster (not started) for a new-key flood: the policy_deny meter at `meter_rate`, the
     policy category's token bucket wide open and its fair shares off unless `fair_share` (admission is
-    policy, not capacity), no debug tap, overload mode on or off with marks (high, peers, low)."""
+    policy, not capacity), no debug tap, overload mode on or off with marks (high, peers, low). The
+    audit file rotates (and the rotated file is gzipped) every `rotate_mb` MiB, with every rotated
+    file kept, so the flood's records can all be counted."""
     port = free_port()
     cluster = Cluster(extra_config=f"meters:\n  policy_deny:\n    rate: {meter_rate}\n    burst: {meter_rate}\n",
                       metrics_listen=f"127.0.0.1:{port}")
@@ -33,7 +36,7 @@ def new_key_flood_cluster(*, meter_rate: int, overload: bool, queue_size: int = 
     cluster.add_settings("packetin", f"policy: {{rate: 1000000000, burst: 1000000000, queue_size: {queue_size}}}\n"
                                      f"fair_share: {{enabled: {str(fair_share).lower()}}}\n")
     high, peers, low = marks
-    cluster.add_settings("audit", "max_size_mb: 1024\n"
+    cluster.add_settings("audit", f"max_size_mb: {rotate_mb}\nbackups: 10000\n"
                                   f"overload: {{enabled: {str(overload).lower()}, high_mark: {high:.6f}, "
                                   f"peers_mark: {peers:.6f}, low_mark: {low:.6f}}}\n")
     return cluster
@@ -52,6 +55,8 @@ def agent_counts(port: int) -> dict[str, float]:
                 out["ovs_lost"] += s.value
             elif s.name in ("npaudit_packetin_queue_depth", "npaudit_audit_writer_queue_depth"):
                 out["queued"] += s.value
+            elif s.name == "npaudit_audit_writer_total" and s.labels["event"] in ("rotations", "compressed"):
+                out["audit_files_" + s.labels["event"]] = s.value
             elif s.name in ("npaudit_audit_packet_ins_total", "npaudit_audit_records_coarsened_total",
                             "npaudit_openflow_reads_pressed_total", "npaudit_openflow_packetins_grouped_total",
                             "npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
