@@ -33,9 +33,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0) -> dict:
+def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0,
+            keep: Path | None = None) -> dict:
     """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
-    fixed event ids, destination ports that repeat (aggregate records too), and the files' digest."""
+    fixed event ids, destination ports that repeat (aggregate records too), and the files' digest. With `keep`
+    (a directory), the audit files written are moved there (bench/gzip_codec.py compresses them)."""
     import asyncio
     import tempfile
     import time
@@ -138,6 +140,9 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
                       for line in (gzip.open(f, "rt") if f.suffix == ".gz" else f.open()) if line.strip())
         files = sorted(work.glob("audit.jsonl*"))
         digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+        if keep is not None:
+            for f in files:
+                f.rename(keep / f.name)
         subprocess.run(["rm", "-rf", str(work)], check=False)
         if compare:
             return {"files": [f.name for f in files], "sha256": digest, "records": records,

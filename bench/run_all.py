@@ -104,6 +104,7 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                        "agent.sent_to_readable.p[59][09]_ms"),
                       ("17 pps: sender -> line readable, bare reader appending (floor), p50 / p99 ms",
                        "floor_bare_reader_appending.sent_to_readable.p[59][09]_ms")],
+    "gzip_codec": [("gzip of a rotated audit file: CPU us per record, {1}", "codecs.*.us_per_record_min")],
     "agent_path": [("in-process packet-in -> record CPU us per packet-in, {1} a read",
                     "by_per_read.*.this.us_per_packet_in_min")],
     "cold_calls": [("a lone record's step {1} after a 58 ms quiet spell, median us", "median_us.*.cold"),

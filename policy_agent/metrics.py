@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from auditlog import record_fast
+from auditlog.compressor import gzip_codec
 from auditlog.pipeline import PipelineStats
 from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.verdicts import LATENCY_BUCKETS, LatencySnapshot
@@ -113,10 +114,11 @@ def _distribution_version(name: str) -> str:
 
 def build_versions() -> dict[str, str]:
     """What npaudit_build_info carries: the versions of npaudit, Python, and the os-ken and ovs libraries it runs
-    on, and whether its records are built in C or, slower, in pure Python (auditlog/record_fast.py)."""
+    on, whether its records are built in C or, slower, in pure Python (auditlog/record_fast.py), and whether
+    rotated audit files are gzipped with ISA-L or, slower, zlib (auditlog/compressor.py)."""
     return {"version": _distribution_version("npaudit"), "python": platform.python_version(),
             "os_ken": _distribution_version("os-ken"), "ovs": _distribution_version("ovs"),
-            "record_encoder": record_fast.mode()}
+            "record_encoder": record_fast.mode(), "audit_gzip": gzip_codec()[0]}
 
 
 class BuildInfoCollector:
@@ -127,8 +129,9 @@ class BuildInfoCollector:
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("npaudit_build_info", "Always 1; the labels say which npaudit, Python, os-ken "
-                                 "and ovs (Python library) versions this agent runs, and record_encoder whether "
-                                 "its records are built in C or pure Python", labels=list(self._versions))
+                                 "and ovs (Python library) versions this agent runs, record_encoder whether "
+                                 "its records are built in C or pure Python, and audit_gzip whether rotated "
+                                 "audit files are gzipped with isal or zlib", labels=list(self._versions))
         info.add_metric(list(self._versions.values()), 1)
         yield info
 

@@ -13,11 +13,12 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 def test_build_info_is_one_gauge_with_the_versions_that_matter(scrape) -> None:
     kind, labels, samples = scrape["npaudit_build_info"]
-    assert kind == "gauge" and labels == {"version", "python", "os_ken", "ovs", "record_encoder"}
+    assert kind == "gauge" and labels == {"version", "python", "os_ken", "ovs", "record_encoder", "audit_gzip"}
     ((name, values),) = samples
     assert name == "npaudit_build_info" and all(values.values())
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", values["python"])
     assert values["record_encoder"] == "c"  # make setup builds auditlog/_record_fast.c
+    assert values["audit_gzip"] == "isal"  # make setup installs the isal wheel
 
 
 def test_process_metrics_are_on_the_agents_registry(scrape) -> None:
