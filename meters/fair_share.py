@@ -15,7 +15,7 @@ again starts with a full bucket (evictions are counted). The clock is passed in.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 from meters.token_bucket import TokenBucket
 
@@ -23,6 +23,8 @@ from meters.token_bucket import TokenBucket
 ADMITTED = 0
 DROPPED_FAIR_SHARE = 1  # the key was past its share and the category was down to its reserve
 DROPPED_CATEGORY = 2    # the key was within its share, but the category had no token left
+
+_NO_KEY = object()  # equal to no key
 
 
 class FairShare:
@@ -93,3 +95,68 @@ class FairShare:
             self.borrowed += 1
             return ADMITTED
         return DROPPED_FAIR_SHARE
+
+    def admit_read(self, keys: Iterable[Hashable], now: float, room: int) -> tuple[list[int], int, int, int]:
+        """`admit` for each key of one read, in order, all at `now`, while `room` lasts: (the indexes
+        admitted, how many keys were judged, how many of those were DROPPED_CATEGORY and how many
+        DROPPED_FAIR_SHARE). The keys after the room ran out are not judged. The same buckets, LRU and
+        counters as calling `admit` per key: its body written out, the category refilled once (the
+        later calls at the same `now` would add nothing)."""
+        kept: list[int] = []
+        if room <= 0:
+            return kept, 0, 0, 0
+        table = self._keys
+        lookup, to_end = table.get, table.move_to_end
+        key_rate, key_burst, max_keys = self.key_rate, self.key_burst, self.max_keys
+        borrow_from = self.reserve + 1
+        category = self._tokens
+        refilled = now - self._last > 0
+        if refilled:
+            category += (now - self._last) * self.rate
+            if category > self.burst:
+                category = self.burst
+        judged = category_drops = fair_drops = evicted = borrowed = 0
+        last_key: Hashable = _NO_KEY
+        own: list[float] = []
+        for i, key in enumerate(keys):
+            if room <= 0:
+                break
+            judged += 1
+            if key != last_key:  # a flood's keys come in runs: a run's key is the newest already, refilled at `now`
+                last_key = key
+                found = lookup(key)
+                if found is None:
+                    if len(table) >= max_keys:
+                        table.popitem(last=False)
+                        evicted += 1
+                    own = table[key] = [key_burst, now]
+                else:
+                    own = found
+                    to_end(key)
+                    elapsed = now - own[1]
+                    if elapsed > 0:
+                        tokens = own[0] + elapsed * key_rate
+                        own[0] = tokens if tokens < key_burst else key_burst
+                        own[1] = now
+            if own[0] >= 1:
+                if category >= 1:
+                    category -= 1
+                    own[0] -= 1
+                    kept.append(i)
+                    room -= 1
+                else:
+                    category_drops += 1
+            elif category >= borrow_from:
+                category -= 1
+                borrowed += 1
+                kept.append(i)
+                room -= 1
+            else:
+                fair_drops += 1
+        if judged:  # as `admit` would have: no key, no refill
+            self._tokens = category
+            if refilled:
+                self._last = now
+        self.evicted += evicted
+        self.borrowed += borrowed
+        return kept, judged, category_drops, fair_drops

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from collections.abc import Hashable
 from typing import Callable, Iterable
 
-from meters.fair_share import ADMITTED, DROPPED_FAIR_SHARE, FairShare
+from meters.fair_share import FairShare
 from meters.token_bucket import TokenBucket
 from packetin.groups import PacketInGroup
 from packetin.model import Category, PacketIn
@@ -229,7 +229,7 @@ class Demux:
             return
         kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
         if kept:
-            self._hand_over(sub, [group[i] for i in kept])
+            self._hand_over(sub, group if len(kept) == len(group) else [group[i] for i in kept])
 
     def _hand_over(self, sub: _Subscription, admitted: list[PacketIn]) -> None:
         """Queue a read's admitted packet-ins: a small read into an empty channel is handled now, within the
@@ -247,21 +247,10 @@ class Demux:
     def _fair_indexes(sub: _Subscription, keys: Iterable[Hashable], n: int, room: int, now: float) -> list[int]:
         """Per packet-in, in order: the channel's room first, then its key's share and the
         category's bucket. The indexes admitted; the drops are counted."""
-        admit, counts = sub.fair.admit, sub.counts  # type: ignore[union-attr]
-        kept: list[int] = []
-        rate_drops = fair_drops = 0
-        for i, key in enumerate(keys):
-            if room <= 0:
-                counts[DROPPED_QUEUE] += n - i
-                break
-            outcome = admit(key, now)
-            if outcome == ADMITTED:
-                kept.append(i)
-                room -= 1
-            elif outcome == DROPPED_FAIR_SHARE:
-                fair_drops += 1
-            else:
-                rate_drops += 1
+        counts = sub.counts
+        kept, judged, rate_drops, fair_drops = sub.fair.admit_read(keys, now, room)  # type: ignore[union-attr]
+        if judged < n:
+            counts[DROPPED_QUEUE] += n - judged
         counts[DROPPED_RATE] += rate_drops
         counts[DROPPED_FAIR] += fair_drops
         return kept

@@ -10,6 +10,7 @@ import ipaddress
 import logging
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 
@@ -192,3 +193,49 @@ def test_fair_share_settings_are_checked_at_load_naming_the_field() -> None:
     for bad, field in (("max_keys: 0", "max_keys"), ("key_rate: 0", "key_rate"), ("key_burst: 0.5", "key_burst")):
         with pytest.raises(ConfigError, match=rf"packetin\.fair_share\.{field}: must be"):
             loads(f"packetin:\n  fair_share: {{{bad}}}\n", environ={})
+
+
+def _admit_one_by_one(fs: FairShare, keys: list[int], now: float, room: int) -> tuple[list[int], int, int, int]:
+    """What the demux did before admit_read: `admit` per key while the room lasts."""
+    kept: list[int] = []
+    judged = category_drops = fair_drops = 0
+    for i, key in enumerate(keys):
+        if room <= 0:
+            break
+        judged += 1
+        outcome = fs.admit(key, now)
+        if outcome == ADMITTED:
+            kept.append(i)
+            room -= 1
+        elif outcome == DROPPED_CATEGORY:
+            category_drops += 1
+        else:
+            fair_drops += 1
+    return kept, judged, category_drops, fair_drops
+
+
+def _state(fs: FairShare) -> tuple:
+    return list(fs._keys.items()), fs._tokens, fs._last, fs.evicted, fs.borrowed, len(fs)
+
+
+reads = st.lists(st.tuples(st.lists(st.integers(0, 6), max_size=40),  # the read's keys
+                           st.floats(-0.05, 0.3),                      # clock step (backwards too)
+                           st.integers(-1, 45)),                       # the channel's room
+                 min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reads=reads, rate=st.sampled_from([5.0, 50.0, 1e6]), burst=st.sampled_from([4.0, 30.0]),
+       key_rate=st.sampled_from([1.0, 20.0]), key_burst=st.sampled_from([1.0, 3.0]), max_keys=st.integers(1, 8),
+       reserve=st.sampled_from([None, 0.0, 2.5]))
+def test_a_whole_read_is_admitted_as_one_by_one_admission_would(reads, rate, burst, key_rate, key_burst, max_keys,
+                                                                 reserve) -> None:
+    batch = FairShare(rate, burst, key_rate=key_rate, key_burst=key_burst, max_keys=max_keys, now=0.0,
+                      reserve=reserve)
+    single = FairShare(rate, burst, key_rate=key_rate, key_burst=key_burst, max_keys=max_keys, now=0.0,
+                       reserve=reserve)
+    now = 0.0
+    for keys, step, room in reads:
+        now += step
+        assert batch.admit_read(iter(keys), now, room) == _admit_one_by_one(single, keys, now, room)
+        assert _state(batch) == _state(single)
