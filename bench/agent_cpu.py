@@ -5,9 +5,11 @@ rates, against the same run's floor (a bare OpenFlow reader that only counts pac
 The agent: the e2e cluster (tests/support/cluster.py: the agent process, its embedded OVS, Pods
 through CNI) with the overload scenario's logged Drop on UDP 1024-65535 from x/a to y/a
 (tests/support/overload_scenario.py). For the run the policy_deny meter is raised (--meter-rate),
-the policy category's token bucket is opened wide and fair shares are off (admission is policy,
-not capacity), the debug tap is off; queues and overload marks are the agent's defaults (overload
-on). All said in the JSON.
+the policy category's token bucket is opened wide (admission is policy, not capacity), the debug tap
+is off; fair shares (on: the flood is one key, which borrows the opened category's rate, so each packet-in
+pays for its key and admission as in a default agent; --no-fair-share turns them off, as this bench ran
+before 2026-12-04 08:20 UTC), queues and overload marks are the agent's defaults (overload on). All said
+in the JSON.
 
 The sender: a small C program (compiled with gcc at run time into a temp dir) in x/a's network
 namespace sends UDP paced at each rate (clock_nanosleep to the next 1 ms batch), datagram n from
@@ -449,6 +451,8 @@ def main() -> int:
     ap.add_argument("--tail", type=float, default=1.5, help="seconds measured after the send (window close, write)")
     ap.add_argument("--keys", type=int, default=4, help="source ports (sockets) of the sender")
     ap.add_argument("--meter-rate", type=int, default=1_000_000, help="policy_deny meter rate and burst, pps")
+    ap.add_argument("--no-fair-share", action="store_true",
+                    help="fair shares off (default: on, the agent's default)")
     ap.add_argument("--rotate-mb", type=int, default=4,
                     help="audit file size that rotates it (MiB): the agent gzips each rotated file, and small files "
                          "spread that cost over every phase as a long run spreads it over its records")
@@ -461,7 +465,8 @@ def main() -> int:
     marks = AuditConfig().overload
     cluster = new_key_flood_cluster(meter_rate=args.meter_rate, overload=marks.enabled,
                                     queue_size=PacketInConfig().policy.queue_size,
-                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark), rotate_mb=args.rotate_mb)
+                                    marks=(marks.high_mark, marks.peers_mark, marks.low_mark), rotate_mb=args.rotate_mb,
+                                    fair_share=not args.no_fair_share)
     reader: FloorReader | None = None
     load0 = os.getloadavg()
     penalty = wake_penalty()
@@ -500,7 +505,7 @@ def main() -> int:
                                f"(round robin over {args.keys} source ports): every datagram a new audit key",
                      "policy_deny_meter_pps": args.meter_rate,
                      "policy_category_rate_burst": "1e9 (admission opened wide for the run)",
-                     "fair_share": "disabled for the run", "debug_tap": "off",
+                     "fair_share": not args.no_fair_share, "debug_tap": "off",
                      "queues_and_overload_marks": "agent defaults", "overload": marks.enabled,
                      "audit_rotation_mb": args.rotate_mb, "audit_gzip": built["audit_gzip"],
                      "record_encoder": built["record_encoder"],

@@ -4,8 +4,9 @@
 bench/auditlog_throughput.py --latency-only times the agent's path in a consumer process; this times the
 agent itself, as a user sees it. The cluster is bench/agent_cpu.py's (tests/support/overload_scenario.py:
 the agent process, its embedded OVS, x/a and y/a through CNI, a logged Drop on UDP 1024-65535 from x/a to
-y/a), but with the agent's default fair shares on (--no-fair-share: off, as there). A sender in x/a sends one datagram every 1/--rate s, each to a new destination port (each a new audit
-key, so each record is a "first", written at once), and prints when it sent each. A watcher in this process
+y/a), with the agent's default fair shares on (--no-fair-share: off). A sender in x/a sends one datagram
+every 1/--rate s, each to a new destination port (each a new audit key, so each record is a "first",
+written at once), and prints when it sent each. A watcher in this process
 (inotify on the file, IN_MODIFY: no polling that would take CPU from the agent) reads each appended line
 and notes when the line of each port became readable. Latency = readable - sent, wall clock on one machine.
 
@@ -128,7 +129,7 @@ def main() -> int:
     ap.add_argument("--packets", type=int, default=600, help="per phase")
     ap.add_argument("--rate", type=float, default=17.0, help="packets/s (issue 22: 17)")
     ap.add_argument("--no-fair-share", action="store_true",
-                    help="fair shares off, as bench/agent_cpu.py runs (default: on, the agent's default)")
+                    help="fair shares off (default: on, the agent's default)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload

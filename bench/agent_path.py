@@ -34,10 +34,11 @@ HERE = Path(__file__).resolve().parent.parent
 
 
 def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0,
-            keep: Path | None = None) -> dict:
+            keep: Path | None = None, fair: bool = False) -> dict:
     """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
     fixed event ids, destination ports that repeat (aggregate records too), and the files' digest. With `keep`
-    (a directory), the audit files written are moved there (bench/gzip_codec.py compresses them)."""
+    (a directory), the audit files written are moved there (bench/gzip_codec.py compresses them). With `fair`, the
+    agent's default fair shares stay on (one key: within the opened category it always borrows)."""
     import asyncio
     import tempfile
     import time
@@ -121,7 +122,11 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
                             now=time.monotonic())
         for sub in demux._subs.values():  # admission is policy, not capacity: as bench/agent_cpu.py opens it
             sub.bucket = type(sub.bucket)(1e12, 1e12, time.monotonic())
-            sub.fair = None
+            if sub.fair is not None:
+                sub.fair = type(sub.fair)(1e12, 1e12, key_rate=sub.fair.key_rate, key_burst=sub.fair.key_burst,
+                                          max_keys=sub.fair.max_keys, now=time.monotonic())
+            if not fair:
+                sub.fair = None
         demux.start()
         reader = PacketInReader(demux.dispatch, lambda m: None, wall_clock=wall)
         settle_heap()
@@ -156,10 +161,10 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
     return asyncio.run(run())
 
 
-def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0) -> dict:
+def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False) -> dict:
     # This script, run on `root`'s code (a base checkout may not have it).
     out = subprocess.run([sys.executable, __file__, "--compare-one" if compare else "--one", str(root), str(n),
-                          str(per_read), "--idle-ms", str(idle_ms)],
+                          str(per_read), "--idle-ms", str(idle_ms), *(["--fair-share"] if fair else [])],
                          cwd=root, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -174,6 +179,8 @@ def main() -> int:
     ap.add_argument("--base", default="", help="another checkout: interleaved A/B against its code")
     ap.add_argument("--compare", action="store_true",
                     help="with --base: the same stream (fixed clock and ids) through both; are the files identical")
+    ap.add_argument("--fair-share", action="store_true",
+                    help="keep the agent's default fair shares on (default: off, as bench/agent_cpu.py --no-fair-share)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--compare-one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,12 +189,13 @@ def main() -> int:
         root = Path(one[0])
         sys.path.insert(0, str(root))
         print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one),
-                                 idle=float(args.idle_ms) / 1000)))
+                                 idle=float(args.idle_ms) / 1000, fair=args.fair_share)))
         return 0
     if args.compare:
         return compare(HERE, Path(args.base).resolve(), args.packet_ins, args.per_read)
     sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
     result: dict = {"benchmark": "agent_path", "packet_ins": args.packet_ins, "rounds": args.rounds,
+                    "fair_share": args.fair_share,
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
     idles = [float(x) for x in args.idle_ms.split(",")]
     for per_read, idle_ms in [(int(x), i) for x in args.per_read.split(",") for i in idles]:
@@ -196,7 +204,7 @@ def main() -> int:
         runs: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                runs[side].append(child(sides[side], args.packet_ins, per_read, idle_ms=idle_ms))
+                runs[side].append(child(sides[side], args.packet_ins, per_read, idle_ms=idle_ms, fair=args.fair_share))
         row = {side: {"us_per_packet_in_min": min(x["us_per_packet_in"] for x in got),
                       "us_per_packet_in_runs": [x["us_per_packet_in"] for x in got],
                       "records_every_run": sorted({x["records"] for x in got})} for side, got in runs.items()}
