@@ -28,10 +28,10 @@ COMPRESSOR_NICE = 10
 _GZIP_WBITS = 31  # deflate with a gzip header and trailer (RFC 1952): what gzip(1), zcat and Python's gzip read
 
 # Every record is compressed once, when its file rotates: that is part of a record's cost. ISA-L's
-# deflate (the isal package) writes the same gzip format at about a sixth of zlib's CPU at level 1
-# (bench/gzip_codec.py: 0.6 against 3.5 µs per audit record here) and a smaller file.
+# deflate (the isal package) writes the same gzip format, and a smaller file, at a sixth to a tenth of
+# zlib's CPU at level 1 (bench/gzip_codec.py: 0.6 against 3.8-6.6 µs per audit record here).
 ZLIB_FALLBACK_WARNING = ("audit log: the isal package is not installed, so rotated files are gzipped with zlib, "
-                         "at about six times the CPU per record (pip install isal)")
+                         "at six to ten times the CPU per record (pip install isal)")
 
 
 def gzip_codec() -> tuple[str, ModuleType]:
