@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 from auditlog.fileset import audit_files, set_lock
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import AgentThread
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class Compressor:
     def start(self) -> None:
         if self.codec == "zlib":
             log.warning(ZLIB_FALLBACK_WARNING)
-        self._thread = threading.Thread(target=self._loop, name="npaudit-audit-gzip", daemon=True)
+        self._thread = AgentThread(target=self._loop, name="npaudit-audit-gzip", daemon=True)
         self._thread.start()
         self._wake.set()  # plain rotated files a previous run left
 

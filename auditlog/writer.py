@@ -24,6 +24,7 @@ from auditlog.writer_resume import resume_point
 from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
 from auditlog.writer_stats import LOSS_KEYS, STAT_KEYS, WriterEvents, WriterStats  # noqa: F401 (re-exported)
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import AgentThread
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class AuditWriter:
             self._carried.note.close()
             self._release_ownership()
             raise AuditWriterError(f"audit log {self.path}: {exc}") from exc
-        self._thread = threading.Thread(target=self._run, name="npaudit-audit-writer", daemon=True)
+        self._thread = AgentThread(target=self._run, name="npaudit-audit-writer", daemon=True)
         self._thread.start()
         self._thread_running = True
         if self.compress:

@@ -1,9 +1,15 @@
-"""Stopping an asyncio task and waiting until it has really stopped, or leaving one behind."""
+"""Stopping an asyncio task and waiting until it has really stopped, or leaving one behind; threads the
+kernel knows by name."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from contextlib import suppress
 from typing import Any
+
+OS_NAME_MAX = 15  # bytes of a thread's name the kernel keeps (TASK_COMM_LEN - 1)
+_PREFIX = "npaudit-"
 
 
 async def cancel_and_wait(task: "asyncio.Task[object] | None") -> None:
@@ -37,3 +43,21 @@ def forget(future: "asyncio.Future[Any]") -> None:
     """`future` is not waited for (a step left behind, a thread that outlives its caller): its end, whenever
     it comes, is read here, so asyncio does not log its exception as never retrieved."""
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def os_thread_name(name: str) -> str:
+    """The kernel's name for a thread called `name`: without the npaudit- prefix (the process says whose it is),
+    cut to what the kernel keeps."""
+    return name.removeprefix(_PREFIX).encode("ascii", "replace")[:OS_NAME_MAX].decode("ascii")
+
+
+class AgentThread(threading.Thread):
+    """A thread that gives its name to the kernel as well (/proc/<pid>/task/<tid>/comm): `top -H`, `ps -L`,
+    perf and the benches' per-thread CPU then tell the agent's threads apart. Python 3.11 names only its
+    own Thread object, so every thread would show as the process's name."""
+
+    def run(self) -> None:
+        with suppress(OSError):  # not Linux, or /proc not mounted: the thread runs all the same
+            with open("/proc/thread-self/comm", "w", encoding="ascii") as comm:
+                comm.write(os_thread_name(self.name))
+        super().run()

@@ -50,6 +50,7 @@ from auditlog.syslog.transport import (ACK_POLL, RELP_SCHEMES, TLS_SCHEMES, Back
                                        open_sender, parse_endpoint, receive_buffer_bound, wait_acked)
 from auditlog.syslog.stats import ForwarderStats as ForwarderStats  # re-exported: its home is light
 from auditlog.syslog.window import WINDOW_BATCHES, WINDOW_BYTES, Batch, SendWindow
+from packetin.tasks import AgentThread
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +423,7 @@ class Forwarder:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"npaudit-syslog-{self.destination.name}",
+        self._thread = AgentThread(target=self._run, name=f"npaudit-syslog-{self.destination.name}",
                                         daemon=True)
         self._thread.start()
 

@@ -50,6 +50,7 @@ from auditlog.syslog.forwarder import Destination, Forwarder, ForwarderStats
 from auditlog.syslog.rfc5424 import Framing, Header
 from auditlog.syslog.status import SyslogStatusError, stats_from_json
 from auditlog.syslog.transport import Endpoint, TlsOptions, open_sender
+from packetin.tasks import AgentThread
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class ProcessForwarder:
             return
         self._stopping.clear()
         self._spawn()
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+        self._supervisor = AgentThread(target=self._supervise, daemon=True,
                                             name=f"npaudit-syslog-supervisor-{self.destination.name}")
         self._supervisor.start()
 

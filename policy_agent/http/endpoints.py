@@ -36,6 +36,7 @@ from urllib.parse import unquote
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from packetin.ratelimited_log import RateLimitedLog
+from packetin.tasks import AgentThread
 from policy_agent.errors import one_line
 from policy_agent.http.limits import (WAITING, WRITING, AcceptBackoff, Budget, ConnectionTable, LimitSettings,
                                       ListenerLimits, descriptor_budget)
@@ -187,8 +188,8 @@ class HttpListener:
                                  accept_errors=dict(self._accept_errors))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.serve_forever, name="npaudit-http", daemon=True)
-        self._worker = threading.Thread(target=self._render_forever, name="npaudit-http-metrics", daemon=True)
+        self._thread = AgentThread(target=self.serve_forever, name="npaudit-http", daemon=True)
+        self._worker = AgentThread(target=self._render_forever, name="npaudit-http-metrics", daemon=True)
         self._worker.start()
         self._thread.start()
 

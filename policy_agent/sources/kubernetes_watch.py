@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from packetin.tasks import AgentThread
+
 log = logging.getLogger(__name__)
 
 BACKOFF_BASE = 0.2           # seconds before the first retry (then doubling, jittered, capped)
@@ -112,7 +114,7 @@ class ResourceWatcher:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._thread = threading.Thread(target=self._run, name=f"k8s-watch-{self.call.name}", daemon=True)
+        self._thread = AgentThread(target=self._run, name=f"k8s-watch-{self.call.name}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

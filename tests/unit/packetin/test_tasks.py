@@ -1,11 +1,14 @@
-"""wait_event: a cancel is never swallowed, whatever the event does at the same moment."""
+"""wait_event: a cancel is never swallowed, whatever the event does at the same moment; AgentThread's kernel name."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+from pathlib import Path
 from typing import Awaitable, Callable
 
-from packetin.tasks import cancel_and_wait, wait_event
+from packetin.tasks import AgentThread, cancel_and_wait, os_thread_name, wait_event
 
 
 async def _wait_with_wait_for(event: asyncio.Event, timeout: float) -> bool:
@@ -92,3 +95,32 @@ def test_the_window_timer_stops_at_close_right_after_its_first_packet():
         return closing in done
 
     assert asyncio.run(run()), "close() hung: the window timer swallowed its cancel"
+
+
+def _kernel_names() -> dict[int, str]:
+    return {int(t): (Path("/proc/self/task") / t / "comm").read_text().strip() for t in os.listdir("/proc/self/task")}
+
+
+def test_an_agent_thread_is_known_to_the_kernel_by_its_name_without_the_prefix() -> None:
+    seen: dict[str, str] = {}
+    for name in ("npaudit-audit-gzip", "npaudit-syslog-siem-eu-west-primary", "k8s-watch-pods"):
+        def look(name: str = name) -> None:
+            seen[name] = _kernel_names()[threading.get_native_id()]
+        thread = AgentThread(target=look, name=name)
+        thread.start()
+        thread.join(10)
+    assert seen == {"npaudit-audit-gzip": "audit-gzip", "npaudit-syslog-siem-eu-west-primary": "syslog-siem-eu-",
+                    "k8s-watch-pods": "k8s-watch-pods"}
+    assert os_thread_name("npaudit-syslog-\u00e9t\u00e9") == "syslog-?t?"  # ASCII only, as the kernel shows it
+
+
+def test_the_writer_and_compressor_threads_carry_their_names(tmp_path) -> None:
+    from auditlog.writer import AuditWriter
+
+    writer = AuditWriter(tmp_path / "audit.jsonl")
+    writer.start()
+    try:
+        names = set(_kernel_names().values())
+    finally:
+        writer.close()
+    assert {"audit-writer", "audit-gzip"} <= names
