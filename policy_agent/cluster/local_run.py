@@ -145,6 +145,21 @@ def _log_tail(node: NodePlan, lines: int = 15) -> str:
         return "(no log)"
 
 
+def how_it_ended(node: NodePlan) -> str:
+    """How this node's agent (our child, as `up` started it) ended: its exit status or the signal that ended
+    it, reaped here; "" if it is not known (not our child, still running, no pid file)."""
+    try:
+        pid = int(node.pid_path.read_text().strip())
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except (OSError, ValueError):  # ChildProcessError: not ours to reap
+        return ""
+    if done != pid:
+        return ""
+    if os.WIFSIGNALED(status):
+        return f" (ended by {signal.Signals(os.WTERMSIG(status)).name})"
+    return f" (exit status {os.WEXITSTATUS(status)})"
+
+
 def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
     deadline = time.monotonic() + timeout
     waiting = {n.name: n for n in plan.nodes}
@@ -152,7 +167,8 @@ def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
     while waiting:
         for name, node in list(waiting.items()):
             if agent_pid(node) is None:
-                raise ClusterError(f"node {name}: the agent exited; {node.log_path} ends:\n{_log_tail(node)}")
+                raise ClusterError(f"node {name}: the agent exited{how_it_ended(node)}; {node.log_path} ends:\n"
+                                   f"{_log_tail(node)}")
             ok, why[name] = readiness(node)
             if ok:
                 say(f"node {name} ready")

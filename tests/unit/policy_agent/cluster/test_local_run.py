@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from policy_agent.cluster.local import ClusterPlan, plan_cluster
-from policy_agent.cluster.local_run import ClusterError, agent_pid, apply_shared, down, load_record, save_record
+from policy_agent.cluster.local_run import (ClusterError, agent_pid, apply_shared, down, how_it_ended, load_record,
+                                             save_record)
 
 POLICY = """apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -127,3 +129,31 @@ def test_a_cluster_on_a_kubernetes_api_takes_no_manifests_in_its_shared_director
     with pytest.raises(ClusterError, match="from the Kubernetes API http://127.0.0.1:6443"):
         apply_shared(p.path, "deny.yaml", POLICY)
     assert not p.shared_dir.exists()
+
+
+@pytest.mark.parametrize("script, said", [("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", " (ended by SIGTERM)"),
+                                          ("raise SystemExit(3)", " (exit status 3)")])
+def test_an_agent_that_ended_during_up_is_said_to_have_ended_how(plan: ClusterPlan, script: str, said: str) -> None:
+    node = plan.nodes[0]
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    node.pid_path.write_text(f"{proc.pid}\n")
+    for _ in range(500):  # until it has ended (not reaped: how_it_ended reaps it, as `up`'s waiting does)
+        if Path(f"/proc/{proc.pid}/stat").read_text().split(") ", 1)[1][:1] == "Z":
+            break
+        time.sleep(0.01)
+    assert agent_pid(node) is None
+    assert how_it_ended(node) == said
+    proc.returncode = 0  # reaped above: Popen must not wait for it again
+
+
+def test_how_it_ended_says_nothing_of_a_running_process_or_one_not_ours(plan: ClusterPlan) -> None:
+    node = plan.nodes[0]
+    node.pid_path.write_text("1\n")  # init: not our child
+    assert how_it_ended(node) == ""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        node.pid_path.write_text(f"{proc.pid}\n")
+        assert how_it_ended(node) == ""
+    finally:
+        proc.kill()
+        proc.wait()
