@@ -1,5 +1,5 @@
-"""`npaudit cluster` machinery that needs no namespaces: the agent pid check `down` relies on, `down` of a
-record whose things are gone, and the shared source's all-or-nothing writes."""
+"""`npaudit cluster` machinery that needs no namespaces: the agent pid check `down` relies on and how an agent
+ended (local_agents), `down` of a record whose things are gone, and the shared source's all-or-nothing writes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Iterator
 import pytest
 
 from policy_agent.cluster.local import ClusterPlan, plan_cluster
-from policy_agent.cluster.local_run import (ClusterError, agent_pid, apply_shared, down, how_it_ended, load_record,
-                                             save_record)
+from policy_agent.cluster.local_agents import agent_pid, how_it_ended
+from policy_agent.cluster.local_run import ClusterError, apply_shared, down, load_record, save_record
 
 POLICY = """apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
