@@ -61,47 +61,16 @@ class FairShare:
 
     def admit(self, key: Hashable, now: float) -> int:
         """ADMITTED, DROPPED_FAIR_SHARE or DROPPED_CATEGORY for one packet of `key` at `now`
-        (a clock going backwards adds no tokens)."""
-        keys = self._keys
-        own = keys.get(key)
-        if own is None:
-            if len(keys) >= self.max_keys:
-                keys.popitem(last=False)  # the least recently seen key
-                self.evicted += 1
-            own = keys[key] = [self.key_burst, now]
-        else:
-            keys.move_to_end(key)
-            elapsed = now - own[1]
-            if elapsed > 0:
-                tokens = own[0] + elapsed * self.key_rate
-                own[0] = tokens if tokens < self.key_burst else self.key_burst
-                own[1] = now
-        category = self._tokens
-        elapsed = now - self._last
-        if elapsed > 0:
-            category += elapsed * self.rate
-            if category > self.burst:
-                category = self.burst
-            self._tokens = category
-            self._last = now
-        if own[0] >= 1:
-            if category >= 1:
-                self._tokens = category - 1
-                own[0] -= 1
-                return ADMITTED
-            return DROPPED_CATEGORY
-        if category >= self.reserve + 1:
-            self._tokens = category - 1
-            self.borrowed += 1
-            return ADMITTED
-        return DROPPED_FAIR_SHARE
+        (a clock going backwards adds no tokens): a read of one."""
+        kept, _, category_drops, _ = self.admit_read((key,), now, 1)
+        return ADMITTED if kept else DROPPED_CATEGORY if category_drops else DROPPED_FAIR_SHARE
 
     def admit_read(self, keys: Iterable[Hashable], now: float, room: int) -> tuple[list[int], int, int, int]:
-        """`admit` for each key of one read, in order, all at `now`, while `room` lasts: (the indexes
-        admitted, how many keys were judged, how many of those were DROPPED_CATEGORY and how many
-        DROPPED_FAIR_SHARE). The keys after the room ran out are not judged. The same buckets, LRU and
-        counters as calling `admit` per key: its body written out, the category refilled once (the
-        later calls at the same `now` would add nothing)."""
+        """Each key of one read, in order, all at `now`, while `room` lasts: (the indexes admitted, how many
+        keys were judged, how many of those were DROPPED_CATEGORY and how many DROPPED_FAIR_SHARE). The keys
+        after the room ran out are not judged. The same buckets, LRU and counters as judging one key at a
+        time: the category is refilled once (later keys at the same `now` would add nothing), and a run of
+        one key is looked up once."""
         kept: list[int] = []
         if room <= 0:
             return kept, 0, 0, 0

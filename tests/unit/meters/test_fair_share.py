@@ -195,15 +195,52 @@ def test_fair_share_settings_are_checked_at_load_naming_the_field() -> None:
             loads(f"packetin:\n  fair_share: {{{bad}}}\n", environ={})
 
 
+def _reference_admit(fs: FairShare, key: int, now: float) -> int:
+    """FairShare.admit as it was before admit_read (one key at a time), kept here as the model."""
+    keys = fs._keys
+    own = keys.get(key)
+    if own is None:
+        if len(keys) >= fs.max_keys:
+            keys.popitem(last=False)
+            fs.evicted += 1
+        own = keys[key] = [fs.key_burst, now]
+    else:
+        keys.move_to_end(key)
+        elapsed = now - own[1]
+        if elapsed > 0:
+            tokens = own[0] + elapsed * fs.key_rate
+            own[0] = tokens if tokens < fs.key_burst else fs.key_burst
+            own[1] = now
+    category = fs._tokens
+    elapsed = now - fs._last
+    if elapsed > 0:
+        category += elapsed * fs.rate
+        if category > fs.burst:
+            category = fs.burst
+        fs._tokens = category
+        fs._last = now
+    if own[0] >= 1:
+        if category >= 1:
+            fs._tokens = category - 1
+            own[0] -= 1
+            return ADMITTED
+        return DROPPED_CATEGORY
+    if category >= fs.reserve + 1:
+        fs._tokens = category - 1
+        fs.borrowed += 1
+        return ADMITTED
+    return DROPPED_FAIR_SHARE
+
+
 def _admit_one_by_one(fs: FairShare, keys: list[int], now: float, room: int) -> tuple[list[int], int, int, int]:
-    """What the demux did before admit_read: `admit` per key while the room lasts."""
+    """What the demux did before admit_read: the old `admit` per key while the room lasts."""
     kept: list[int] = []
     judged = category_drops = fair_drops = 0
     for i, key in enumerate(keys):
         if room <= 0:
             break
         judged += 1
-        outcome = fs.admit(key, now)
+        outcome = _reference_admit(fs, key, now)
         if outcome == ADMITTED:
             kept.append(i)
             room -= 1
