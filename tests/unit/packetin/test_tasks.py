@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -119,8 +120,12 @@ def test_the_writer_and_compressor_threads_carry_their_names(tmp_path) -> None:
 
     writer = AuditWriter(tmp_path / "audit.jsonl")
     writer.start()
-    try:
-        names = set(_kernel_names().values())
+    try:  # each thread names itself as it begins to run, which may be just after start() returned
+        deadline = time.monotonic() + 10
+        while not {"audit-writer", "audit-gzip"} <= (names := set(_kernel_names().values())):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     finally:
         writer.close()
     assert {"audit-writer", "audit-gzip"} <= names
