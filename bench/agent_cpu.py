@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
-from policy_agent.ovs.embedded import read_pid  # noqa: E402
+from policy_agent.ovs.pids import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.overload_scenario import (FIRST_PORT, PORTS, agent_counts, flood_records,  # noqa: E402
                                              new_key_flood_cluster, settled, start_flood_pods)

@@ -63,7 +63,7 @@ from packetin.fair_key import applied_to_key  # noqa: E402
 from packetin.gctune import settle_heap  # noqa: E402
 from packetin.model import Category  # noqa: E402
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
-from policy_agent.ovs.embedded import read_pid  # noqa: E402
+from policy_agent.ovs.pids import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.overload_scenario import (FIRST_PORT, PORTS, new_key_flood_cluster, settled,  # noqa: E402
                                              start_flood_pods)

@@ -40,7 +40,7 @@ from _bridge import machine  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from xdp_offload import tx_dropped  # noqa: E402
 
-from policy_agent.ovs.embedded import read_pid  # noqa: E402
+from policy_agent.ovs.pids import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.offload_scenario import NAMESPACES, PORT, SENDER, pod_y, policy  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from policy_agent.cluster.local import NodePlan
-from policy_agent.ovs.embedded import pid_alive
+from policy_agent.ovs.pids import pid_alive
 
 
 def agent_pid(node: NodePlan) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from policy_agent.cluster.local import (
     node_config_yaml, node_objects, plan_cluster, plan_pod, pod_object, shared_name, teardown)
 from policy_agent.cluster.local_agents import agent_pid, how_it_ended, log_tail, readiness, start_agent
 from policy_agent.errors import AgentError
-from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists, pid_alive
+from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists
+from policy_agent.ovs.pids import stop_pid
 
 Say = Callable[[str], None]
 
@@ -172,17 +172,6 @@ def _make(plan: ClusterPlan, say: Say) -> None:
             f"netns {node.netns}")
 
 
-def _stop_pid(pid: int, timeout: float = 20.0) -> None:
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        while pid_alive(pid):
-            time.sleep(0.05)
-
-
 def down(directory: Path, say: Say) -> None:
     """Stop what the record names, in teardown order; what is already gone is skipped (idempotent)."""
     plan = load_record(directory.resolve())
@@ -193,10 +182,7 @@ def down(directory: Path, say: Say) -> None:
         pid = agent_pid(node)
         if pid is not None:
             say(f"node {node.name}: stopping agent {pid}")
-            try:
-                _stop_pid(pid)
-            except ProcessLookupError:
-                pass
+            stop_pid(pid, lambda: agent_pid(node) == pid, timeout=20.0)
     for run_dir, netns in plan_down.ovs_run_dirs:
         ovs = EmbeddedOvs(Path(run_dir), netns)
         if ovs.pid("ovs-vswitchd") is not None or ovs.pid("ovsdb-server") is not None:

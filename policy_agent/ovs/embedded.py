@@ -8,11 +8,9 @@ stopped by the pids they wrote, never by name.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from policy_agent.errors import OvsError
+from policy_agent.ovs.pids import look_pid, read_pid, stop_pid
 
 log = logging.getLogger(__name__)
 
@@ -37,57 +36,6 @@ def _run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 
     except subprocess.TimeoutExpired as exc:
         raise OvsError(f"{' '.join(cmd)} timed out after {timeout}s") from exc
     return out.stdout
-
-
-class PidUnknown(OvsError):
-    """A pid file or /proc could not be read (EMFILE, EACCES ...): whether the daemon runs is not known."""
-
-
-# What says "no such file or process"; any other error says only that we could not look.
-_GONE = frozenset({errno.ENOENT, errno.ESRCH, errno.ENOTDIR})
-
-
-def look_pid_alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not); PidUnknown if /proc could not be read."""
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError as exc:
-        if exc.errno in _GONE:
-            return False
-        raise PidUnknown(f"/proc/{pid}/stat: {exc.strerror or exc}") from exc
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return look_pid_alive(pid)
-    except PidUnknown:
-        return False
-
-
-def look_pid(pidfile: Path) -> int | None:
-    """The pid in `pidfile` if that process is alive, None if not; PidUnknown if either could not be read."""
-    try:
-        pid = int(pidfile.read_text().strip())
-    except ValueError:
-        return None
-    except OSError as exc:
-        if exc.errno in _GONE:
-            return None
-        raise PidUnknown(f"{pidfile}: {exc.strerror or exc}") from exc
-    return pid if look_pid_alive(pid) else None
-
-
-def read_pid(pidfile: Path) -> int | None:
-    """The pid in `pidfile` if that process is alive (None also when that could not be read)."""
-    try:
-        return look_pid(pidfile)
-    except PidUnknown:
-        return None
 
 
 @dataclass(frozen=True)
@@ -197,19 +145,14 @@ class EmbeddedOvs:
             time.sleep(0.02)
         raise OvsError(f"{daemon} did not come up within {timeout}s; see {self.run_dir / (daemon + '.log')}")
 
-    def stop_daemon(self, daemon: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> bool:
-        """Signal the daemon by its pid file and wait for it to exit; True if one was running."""
+    def stop_daemon(self, daemon: str, timeout: float = 10.0) -> bool:
+        """SIGTERM the daemon its pid file names (SIGKILL after `timeout`) and wait for it to end; True if
+        one was running. Only the process holding the pid file's lock is signalled (policy_agent/ovs/pids.py)."""
         pid = self.pid(daemon)
         if pid is None:
             return False
-        os.kill(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.02)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            while pid_alive(pid):
-                time.sleep(0.02)
+        if not stop_pid(pid, lambda: self.pid(daemon) == pid, timeout):
+            return False
         self._pidfile(daemon).unlink(missing_ok=True)
         return True
 

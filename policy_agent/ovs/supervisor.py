@@ -31,7 +31,7 @@ from packetin.ratelimited_log import RateLimitedLog
 from packetin.tasks import cancel_and_wait
 from policy_agent.errors import AgentError
 from policy_agent.ovs.death_notice import DeathNotices
-from policy_agent.ovs.embedded import PidUnknown
+from policy_agent.ovs.pids import PidUnknown
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from policy_agent.ovs.embedded import pid_alive
+from policy_agent.ovs.pids import pid_alive
 from tests.support.cluster import SERVER_PORTS, UDP_PORT
 from tests.support.e2e_scenarios import NAMESPACES, PODS, matrix_expect, matrix_policies
 from tests.support.k8s_objects import namespace, pod

@@ -69,7 +69,8 @@ def test_a_failed_start_stops_the_ovs_and_namespace_it_started(tmp_path: Path, f
     """The agent starts its own embedded OVS (a fresh run_dir and namespace), then cannot listen on the
     metrics port (or open its audit file): it exits 1 and leaves neither daemon of that start running nor
     its namespace."""
-    from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists, pid_alive
+    from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists
+    from policy_agent.ovs.pids import pid_alive
 
     run_dir, netns = tmp_path / "ovs", f"npat-fs-{os.getpid()}"
     ovs = EmbeddedOvs(run_dir, netns)

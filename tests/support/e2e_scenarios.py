@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from policy_agent.ovs.embedded import pid_alive
+from policy_agent.ovs.pids import read_pid
 from tests.support.cluster import Cluster, PodHandle
 
 NAMESPACES = ("x", "y", "z")
@@ -211,7 +211,10 @@ def wait_records(cluster: Cluster, predicate, timeout: float = 5.0) -> list[dict
 
 
 def daemon_pid(cluster: Cluster, daemon: str) -> int:
-    """The pid the daemon wrote in the agent's OVS run dir (never looked up by name)."""
-    pid = int((cluster.dir / "ovs" / f"{daemon}.pid").read_text().strip())
-    assert pid_alive(pid), f"{daemon} pid {pid} from its pid file is not running"
+    """The pid the daemon wrote in the agent's OVS run dir, while it runs and holds that file's lock (never
+    looked up by name)."""
+    path = cluster.dir / "ovs" / f"{daemon}.pid"
+    pid = read_pid(path)
+    assert pid is not None, f"{path} ({path.read_text().strip() if path.exists() else 'gone'}) names no running " \
+                            f"{daemon} that holds it"
     return pid

@@ -1,16 +1,18 @@
 """An OVS the agent does not run (`ovs.mode: external`), started for a test as an admin would start one:
 ovsdb-server and ovs-vswitchd (userspace datapath) with a run dir of their own (OVS_RUNDIR: db.sock,
 pid files, ovs-vswitchd.<pid>.ctl) and the vswitchd in a network namespace the caller made.
-Stopped by the pids in its pid files, never by name; `down` removes the run dir."""
+Stopped by the pids in its pid files (while the daemon holds the file's lock), never by name; `down`
+removes the run dir."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
+
+from policy_agent.ovs.pids import read_pid, stop_pid
 
 SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
 
@@ -46,16 +48,8 @@ class ExternalOvs:
             time.sleep(0.05)
 
     def pid(self, daemon: str) -> int | None:
-        """The pid in `daemon`'s pid file while that process lives."""
-        try:
-            pid = int((self.run_dir / f"{daemon}.pid").read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        return pid
+        """The pid in `daemon`'s pid file while that process runs and holds the file's lock."""
+        return read_pid(self.run_dir / f"{daemon}.pid")
 
     def mgmt(self, bridge: str = "br-int") -> str:
         return f"unix:{self.run_dir / (bridge + '.mgmt')}"
@@ -63,12 +57,6 @@ class ExternalOvs:
     def down(self) -> None:
         for daemon in ("ovs-vswitchd", "ovsdb-server"):
             pid = self.pid(daemon)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while self.pid(daemon) == pid and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self.pid(daemon) == pid:
-                os.kill(pid, signal.SIGKILL)
+            if pid is not None:
+                stop_pid(pid, lambda: self.pid(daemon) == pid)
         shutil.rmtree(self.run_dir, ignore_errors=True)

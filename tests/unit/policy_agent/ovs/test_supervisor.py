@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from policy_agent.errors import OvsError
-from policy_agent.ovs.embedded import PidUnknown
+from policy_agent.ovs.pids import PidUnknown
+from tests.support.pid_files import hold_pid_file, reap
 from policy_agent.metrics import OvsSupervisorCollector
 from policy_agent.ovs.supervisor import (
     OVSDB_SERVER, VSWITCHD, Decision, OvsSupervisor, RestartGovernor, RestartPolicy, daemons_to_restart,
@@ -255,20 +256,23 @@ def test_pid_files_and_proc_tell_a_dead_daemon_from_one_that_could_not_be_checke
 
     files = OvsPidFiles(tmp_path)
     assert files.look(VSWITCHD) is None  # no pid file: dead
-    (tmp_path / f"{VSWITCHD}.pid").write_text(f"{os.getpid()}\n")
-    assert files.look(VSWITCHD) == os.getpid()
+    holder = hold_pid_file(tmp_path / f"{VSWITCHD}.pid")  # as a running vswitchd holds its file
+    try:
+        assert files.look(VSWITCHD) == holder.pid
+        # No descriptor left: the soft limit at the lowest free descriptor number, so the next open fails (EMFILE).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            with pytest.raises(PidUnknown, match="Too many open files"):
+                files.look(VSWITCHD)
+            assert files.pid(VSWITCHD) is None  # the two-state reader other callers use is unchanged
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert files.look(VSWITCHD) == holder.pid
+    finally:
+        reap(holder)
+    assert files.look(VSWITCHD) is None  # its file left behind, unlocked: dead
     (tmp_path / f"{VSWITCHD}.pid").write_text("999999999\n")
     assert files.look(VSWITCHD) is None  # no such process: dead
-    (tmp_path / f"{VSWITCHD}.pid").write_text(f"{os.getpid()}\n")
-    # No descriptor left: the soft limit at the lowest free descriptor number, so the next open fails (EMFILE).
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
-    try:
-        with pytest.raises(PidUnknown, match="Too many open files"):
-            files.look(VSWITCHD)
-        assert files.pid(VSWITCHD) is None  # the two-state reader other callers use is unchanged
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert files.look(VSWITCHD) == os.getpid()
