@@ -1,5 +1,6 @@
 """The compiled modules: the audit record encoder's common case (auditlog/_record_fast.c), the chain's sealer
-the frame decoder's common case (auditlog/_frame_fast.c) and the aggregator (auditlog/_aggregate_fast.c);
+the frame decoder's common case (auditlog/_frame_fast.c), the aggregator (auditlog/_aggregate_fast.c) and the
+syslog forwarder's scan of a sealed line (auditlog/_scan_fast.c);
 NXT_PACKET_IN2 decoding by learned layout
 (packetin/_layout_fast.c).
 
@@ -13,8 +14,9 @@ from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 setup(ext_modules=[Extension("auditlog._record_fast", ["auditlog/_record_fast.c", "auditlog/_frame_fast.c",
-                                                      "auditlog/_aggregate_fast.c"],
-                             optional=True, depends=["auditlog/_frame_fast.h", "auditlog/_aggregate_fast.h"],
+                                                      "auditlog/_aggregate_fast.c", "auditlog/_scan_fast.c"],
+                             optional=True, depends=["auditlog/_frame_fast.h", "auditlog/_aggregate_fast.h",
+                                                     "auditlog/_scan_fast.h"],
                              libraries=["crypto"],  # SHA-256 for sealing (seal_run): libssl-dev
                              extra_compile_args=FLAGS),
                    Extension("packetin._layout_fast", ["packetin/_layout_fast.c"], optional=True,

@@ -14,6 +14,8 @@
  * FrameDecoder (auditlog/_frame_fast.c, added to this module at its init): packet.decode_frame's common case.
  *
  * Aggregator (auditlog/_aggregate_fast.c, added at init too): auditlog.aggregate.Aggregator.
+ *
+ * sealed_parts (auditlog/_scan_fast.c, added at init too): auditlog.syslog.sealed_line.scan_sealed's byte work.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +34,7 @@
 
 #include "_aggregate_fast.h"
 #include "_frame_fast.h"
+#include "_scan_fast.h"
 
 /* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
 
@@ -750,7 +753,7 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (frame_decoder_add(m) < 0 || aggregator_add(m) < 0) {  /* auditlog/_frame_fast.c, _aggregate_fast.c */
+    if (frame_decoder_add(m) < 0 || aggregator_add(m) < 0 || sealed_parts_add(m) < 0) {  /* the other C files */
         Py_DECREF(m);
         return NULL;
     }

@@ -18,6 +18,9 @@ Python objects.
 `frame_decoder()` gives the pipeline packet.decode_frame with its common case (an untagged IPv4 UDP or TCP frame
 without options, not a fragment) built in C (auditlog/_frame_fast.c) and every other frame decoded by
 decode_frame itself (0.10 µs a frame against 0.34, warm, best of 5 on the agent's captured packet-ins).
+
+`sealed_parts()` gives the syslog forwarder's scan of a sealed line (auditlog/syslog/sealed_line.py) its byte work
+in C (auditlog/_scan_fast.c): the layout, the digest that proves it and the seq, in one call.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ try:
 except ImportError:  # not built (no compiler at install time): fast_encoder says so
     _record_fast = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "aggregator", "built", "fast_encoder", "frame_decoder", "mode", "seal_run"]
+__all__ = ["PURE_PYTHON_ENV", "aggregator", "built", "fast_encoder", "frame_decoder", "mode", "seal_run",
+           "sealed_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,13 @@ def seal_run() -> Callable[..., tuple[int, int, str]] | None:
     fast_encoder said in the log covers both). The same lines and chain either way
     (tests/unit/auditlog/test_seal_run.py)."""
     return _record_fast.seal_run if mode() == "c" and _record_fast is not None else None
+
+
+def sealed_parts() -> Callable[[bytes, str, bytes, bytes, bytes, bytes], tuple[str, bytes, int, bytes] | None] | None:
+    """auditlog._record_fast.sealed_parts (auditlog/_scan_fast.c), the byte work of the syslog forwarder's
+    sealed_line.scan_sealed, where records are built in C here (mode() "c"), else None: then it is done in
+    Python. The same parts either way (tests/unit/auditlog/syslog/test_sealed_parts.py)."""
+    return _record_fast.sealed_parts if mode() == "c" and _record_fast is not None else None
 
 
 def frame_decoder() -> Callable[[bytes], PacketSummary]:

@@ -21,33 +21,60 @@ Anything else returns None and `read_fields` parses the JSON instead
 (chain.parse_line); both ways give the same fields.
 
 The forwarder reads every line through here (bench/syslog_throughput.py), so the
-hash is fed the line's two parts rather than a concatenated copy, and what the
-npaudit text between ``"chain_format"`` and ``"seq"`` says is cached by those
-bytes, which depend on the rule and the Pods, not on the packet.
+byte work (layout, digest, seq) is one call in C where it is built (c_parts_of,
+auditlog/_scan_fast.c; _parts_of is the same in Python), and what the npaudit text
+between ``"chain_format"`` and ``"seq"`` says is cached by those bytes, which
+depend on the rule and the Pods, not on the packet.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from typing import Literal
+from typing import Callable, Literal, TypeAlias
 
-from auditlog.chain import CHAIN_MEMBER_LEN, SEQ_KEY, TIMESTAMP_KEY, chain_member_at, parse_line, sealed_chain
+from auditlog import record_fast
+from auditlog.chain import (CHAIN_KEY, CHAIN_MEMBER_LEN, FORMAT_MEMBER, SEQ_KEY, TIMESTAMP_KEY, chain_member_at,
+                            parse_line, sealed_chain)
 from auditlog.syslog.rfc5424 import RecordFields, record_fields, valid_timestamp
 
-__all__ = ["read_fields", "scan_sealed"]
+__all__ = ["PartsOf", "c_parts_of", "read_fields", "scan_sealed"]
+
+Parts: TypeAlias = tuple[str, bytes, int, bytes]  # chain, npaudit text up to "seq", seq, @timestamp text
+PartsOf: TypeAlias = Callable[[bytes, str], "Parts | None"]
 
 _TIMESTAMP_KEY = TIMESTAMP_KEY.encode("ascii")
 _SEQ_KEY = SEQ_KEY.encode("ascii")
+_CHAIN_KEY, _FORMAT_MEMBER = CHAIN_KEY.encode("ascii"), FORMAT_MEMBER.encode("ascii")
 _DISPOSITION = b"disposition"
 _PARSED_KEYS = (b"loss", b"chain_restart")  # npaudit members whose records are parsed (rfc5424.states_loss)
 _SEQ_VALUE = re.compile(rb"[1-9][0-9]{0,15}(?=[,}])")  # JCS writes integers below 2**53 as plain digits
 _CACHED_SEGMENT = 1024  # longer segments (hostile Pod names, say) are not kept in the cache
 
 
-def scan_sealed(line: bytes, prev_chain: str | None) -> RecordFields | None:
-    """The fields of `line` (no newline) if it is the writer's sealed text following `prev_chain`, else None."""
-    if prev_chain is None or not line.startswith(_TIMESTAMP_KEY) or not line.isascii():
+def scan_sealed(line: bytes, prev_chain: str | None, parts_of: PartsOf | None = None) -> RecordFields | None:
+    """The fields of `line` (no newline) if it is the writer's sealed text following `prev_chain`, else None.
+    `parts_of`: what finds the line's parts (c_parts_of(), the same parts in C), else this module's Python."""
+    if prev_chain is None:
+        return None
+    parts = (parts_of or _parts_of)(line, prev_chain)
+    if parts is None:
+        return None
+    chain, segment, seq, stamp_text = parts
+    disposition = (_members if len(segment) <= _CACHED_SEGMENT else _members_of)(segment)
+    if disposition is False:
+        return None
+    stamp = _timestamp(stamp_text)
+    if stamp is None:
+        return None
+    return RecordFields(seq, chain, disposition, stamp)
+
+
+def _parts_of(line: bytes, prev_chain: str) -> Parts | None:
+    """The line's chain (proved: chain.sealed_chain), the npaudit text from after its chain member up to and
+    including the quote that opens "seq", its seq and the text of its @timestamp; None if the line does not
+    have the sealed layout or does not follow `prev_chain`."""
+    if not line.startswith(_TIMESTAMP_KEY) or not line.isascii():
         return None  # the writer's lines are ASCII; a raw UTF-8 copy is left to the JSON parser
     at = chain_member_at(line)
     if at < 0:
@@ -59,18 +86,27 @@ def scan_sealed(line: bytes, prev_chain: str | None) -> RecordFields | None:
     seq_at = line.find(_SEQ_KEY, member_end)
     if seq_at < 0:
         return None
-    # Up to and including the quote that opens "seq": a \" ending there counts too.
-    segment = line[member_end:seq_at + 1]
-    disposition = (_members if len(segment) <= _CACHED_SEGMENT else _members_of)(segment)
-    if disposition is False:
-        return None
     seq = _SEQ_VALUE.match(line, seq_at + len(_SEQ_KEY))
     if seq is None:
         return None
-    stamp = _timestamp(line[len(_TIMESTAMP_KEY):line.find(b'"', len(_TIMESTAMP_KEY))])
-    if stamp is None:
+    # Up to and including the quote that opens "seq": a \" ending there counts too.
+    segment = line[member_end:seq_at + 1]
+    return chain, segment, int(seq.group()), line[len(_TIMESTAMP_KEY):line.find(b'"', len(_TIMESTAMP_KEY))]
+
+
+def c_parts_of() -> PartsOf | None:
+    """_parts_of in C (auditlog/_scan_fast.c: one call, no copies of the line) where records are built in C
+    here (auditlog.record_fast.mode()), else None. A line that is not bytes, or a chain that is not ASCII,
+    goes the Python way."""
+    sealed_parts = record_fast.sealed_parts()
+    if sealed_parts is None:
         return None
-    return RecordFields(int(seq.group()), chain, disposition, stamp)
+
+    def parts_of(line: bytes, prev_chain: str) -> Parts | None:
+        if type(line) is bytes and prev_chain.isascii():
+            return sealed_parts(line, prev_chain, _TIMESTAMP_KEY, _CHAIN_KEY, _FORMAT_MEMBER, _SEQ_KEY)
+        return _parts_of(line, prev_chain)
+    return parts_of
 
 
 def _members_of(segment: bytes) -> str | None | Literal[False]:
@@ -132,9 +168,9 @@ def _string_member(parts: list[bytes], key: bytes) -> str | None | Literal[False
     return False if b"\\" in value else value.decode("ascii")
 
 
-def read_fields(line: bytes, prev_chain: str | None) -> RecordFields:
+def read_fields(line: bytes, prev_chain: str | None, parts_of: PartsOf | None = None) -> RecordFields:
     """The fields of one line: `scan_sealed`, else from its parsed JSON; ChainError if it is no sealed record."""
-    fields = scan_sealed(line, prev_chain)
+    fields = scan_sealed(line, prev_chain, parts_of)
     if fields is not None:
         return fields
     record, _, _ = parse_line(line)

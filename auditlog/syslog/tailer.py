@@ -25,7 +25,7 @@ from auditlog.chain import ChainError, parse_line
 from auditlog.fileset import GZIP_ERRORS, audit_files, open_audit_file, scan_tail, set_lock
 from auditlog.syslog.checkpoint import Position
 from auditlog.syslog.rfc5424 import RecordFields
-from auditlog.syslog.sealed_line import read_fields
+from auditlog.syslog.sealed_line import c_parts_of, read_fields
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,7 @@ class Tailer:
         self._resuming = start is not None  # records before `_want` are skipped only while resuming
         self._cur: _Open | None = None
         self._prev_chain: str | None = None  # of the last record read: lets read_fields skip the JSON parse
+        self._parts_of = c_parts_of()  # its byte work in C, where built
 
     @property
     def next_seq(self) -> int | None:
@@ -251,7 +252,7 @@ class Tailer:
 
     def _take(self, cur: _Open, line: bytes, out: _Poll) -> None:
         try:
-            fields = read_fields(line, self._prev_chain)
+            fields = read_fields(line, self._prev_chain, self._parts_of)
         except ChainError:
             out.skipped += 1
             return
