@@ -40,6 +40,9 @@ with the ossl driver.
   included) from an empty checkpoint: its records/s and CPU, rsyslogd's CPU.
 - capacity: the same drain to a receiver that only reads the bytes (TLS:
   decrypts them) in a process of its own: the forwarder's own ceiling.
+  capacity_one_file: the same records in one plain file, what a forwarder that
+  keeps up reads (the live file: no gzip), so its CPU per 100k records is the
+  forwarder's per-record cost in its steady state (--only capacity: these alone).
 Run as root or not; needs rsyslogd and rsyslog-openssl (`make bench` runs it).
 """
 
@@ -99,9 +102,9 @@ def load_records(live: Path) -> list[RecordText]:
     return out
 
 
-def write_all(live: Path, records: list[RecordText]) -> dict[str, Any]:
+def write_all(live: Path, records: list[RecordText], max_bytes: int = FILE_BYTES) -> dict[str, Any]:
     """Seal and write `records` as fast as the writer takes them; its records/s from first submit to on disk."""
-    with AuditWriter(live, max_bytes=FILE_BYTES, backup_count=1000, max_age_days=0,
+    with AuditWriter(live, max_bytes=max_bytes, backup_count=1000, max_age_days=0,
                      queue_size=len(records) + 1) as writer:
         t0 = time.perf_counter()
         for record in records:
@@ -383,7 +386,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000, help="records of the drain and ceiling phases")
     ap.add_argument("--seconds", type=float, default=8.0, help="length of each sustained phase")
-    ap.add_argument("--only", choices=["sustained"], help="only the sustained phases")
+    ap.add_argument("--only", choices=["sustained", "capacity"],
+                    help="only the sustained phases, or only the capacity phases (and what they need)")
     ap.add_argument("--no-in-process", action="store_true",
                     help="skip the sustained phases with the forwarder as a thread (the baseline)")
     args = ap.parse_args()
@@ -393,7 +397,7 @@ def main() -> int:
         sustain: dict[str, dict[str, Any]] = {}
         threaded: dict[str, dict[str, Any]] = {}
         on_node: dict[str, dict[str, Any]] = {}
-        for scheme in ("tcp", "tls"):  # interleaved, so a shift in the machine's load hits both alike
+        for scheme in ("tcp", "tls") if args.only != "capacity" else ():  # interleaved: a shift in load hits both
             sustain[scheme] = sustained(scheme, pki, work, args.seconds, child=True, sink=True)
             if not args.no_in_process:
                 threaded[scheme] = sustained(scheme, pki, work, args.seconds, child=False, sink=True)
@@ -427,15 +431,20 @@ def main() -> int:
                                                           "on 127.0.0.1 (TLS: ossl driver)"},
                                   "sustained": sustain, "sustained_in_process": threaded,
                                   "sustained_rsyslog_on_node": on_node}
-        if args.only is None:
+        if args.only != "sustained":
             pipeline = pipeline_capacity(work / "pipeline" / "audit.jsonl", args.records, pin=False)
             records = load_records(work / "pipeline" / "audit.jsonl")
             live = work / "baseline" / "audit.jsonl"
             ceiling = write_all(live, records)
             count = len(records)
-            drains = {scheme: drain(scheme, pki, live, count, work) for scheme in ("tcp", "tls")}
+            drains = {scheme: drain(scheme, pki, live, count, work) for scheme in ("tcp", "tls")} \
+                if args.only is None else {}
             capacities = {scheme: capacity(scheme, pki, live, count, work) for scheme in ("tcp", "tls")}
-            for d in (*drains.values(), *capacities.values()):
+            # The same records in one file: what a forwarder that keeps up reads (the live file, no gzip).
+            one_file = work / "one-file" / "audit.jsonl"
+            write_all(one_file, records, max_bytes=1 << 40)
+            following = {scheme: capacity(scheme, pki, one_file, count, one_file.parent) for scheme in ("tcp", "tls")}
+            for d in (*drains.values(), *capacities.values(), *following.values()):
                 d["vs_sealing_ceiling"] = round(d["records_per_s"] / ceiling["records_per_s"], 3)
                 d["vs_pipeline_alone"] = round(d["records_per_s"] / pipeline["records_per_s_on_disk"], 3)
             summary["every_record_delivered"] &= all(d["delivered_rsyslog_count"] == count for d in drains.values())
@@ -443,9 +452,11 @@ def main() -> int:
                 "sealing_ceiling_records_per_s_not_the_target": ceiling["records_per_s"],
                 "pipeline_alone_records_per_s": pipeline["records_per_s_on_disk"],
                 "drain_records_per_s": {s: d["records_per_s"] for s, d in drains.items()},
-                "capacity_records_per_s": {s: c["records_per_s"] for s, c in capacities.items()}})
+                "capacity_records_per_s": {s: c["records_per_s"] for s, c in capacities.items()},
+                "capacity_one_file_forwarder_cpu_s_per_100k": {s: c["forwarder_cpu_s_per_100k"]
+                                                               for s, c in following.items()}})
             report.update({"sealing_ceiling_writer_alone": ceiling, "pipeline_alone": pipeline, "drain": drains,
-                           "capacity": capacities})
+                           "capacity": capacities, "capacity_one_file": following})
         report["summary"] = summary
         print(json.dumps(report, indent=2))
     finally:
