@@ -33,6 +33,11 @@ their fraction of the emitted, the fraction of them at full detail (not in coars
 Where the agent enters overload (coarsened records: ports dropped from the key) the µs figure is
 no longer the full-detail path's: read it with full_detail_fraction beside it.
 
+--syslog tcp: the agent forwards every record as its default forwarder does (a child process, TCP) to a
+receiver on loopback that only reads (a process of the bench's own, as a SIEM off the node costs this node
+nothing); each phase then also reports the forwarder process's CPU, counted until it has delivered the
+phase's last record, per emitted packet-in and added to the agent's: what a node that ships to a SIEM pays.
+
 The floor: the agent is stopped (SIGTERM; fail_mode=secure keeps the flows, the embedded OVS keeps
 running) and bench/_of_floor.py reads the bridge's .mgmt socket at the same rates. If no packet-in
 reaches it with the agent gone, the agent is started again and the floor reader runs beside it
@@ -278,6 +283,10 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
     vswitchd = read_pid(cluster.dir / "ovs" / "ovs-vswitchd.pid")
+    forwarders = forwarder_pids(pid) if args.syslog else []
+    if args.syslog and not forwarders:
+        raise RuntimeError(f"no syslog forwarder process under the agent:\n{cluster.log()[-3000:]}")
+    forwarders0 = sum(process_ticks(p) for p in forwarders)
     machine0, switch0 = machine_ticks(), process_ticks(vswitchd)
     before, t0 = sample_threads(pid), time.monotonic()
     sent = send(exe, netns, ip, rate, args.seconds, args.keys)
@@ -290,6 +299,13 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
         profile = profile_summary(raw.read_text()) if raw.exists() else {"error": err[-2000:]}
         subprocess.run(["rm", "-rf", str(raw.parent)])
     _, records1 = settled(cluster, timeout=120)
+    forwarder = None
+    if args.syslog:  # its CPU until it has delivered the phase's last record (it reads the files behind the writer)
+        after_phase = syslog_caught_up(cluster.metrics_port)  # type: ignore[attr-defined]
+        if forwarder_pids(pid) != forwarders:
+            raise RuntimeError("a syslog forwarder process was restarted during the phase")
+        forwarder = {"cpu_s": round((sum(process_ticks(p) for p in forwarders) - forwarders0) / HZ, 3),
+                     "caught_up_s_after_the_phase_settled": round(after_phase, 3)}
     reads1 = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
     reads, paced, pressed, entered, entered_pressed, rotated, compressed = (
         reads1.get(k, 0.0) - reads0.get(k, 0.0)
@@ -326,6 +342,10 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
             # ovs-vswitchd's own share of a core. Near 100 % busy, the machine, not the agent, is the limit.
             "machine_busy_percent": round(100 * (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1]), 1),
             "ovs_vswitchd_cpu_percent_of_a_core": round(100 * (switch1 - switch0) / HZ / elapsed, 1),
+            **({"syslog_forwarder": {**forwarder, "us_per_packet_in": per_packet_in_us(forwarder["cpu_s"], emitted),
+                                     "agent_and_forwarder_us_per_packet_in":
+                                         per_packet_in_us(run_s + forwarder["cpu_s"], emitted)}}
+               if forwarder is not None else {}),
             **({"profile_py_spy": profile} if profile is not None else {})}
 
 
@@ -379,6 +399,65 @@ def idle_cpu(pid: int, seconds: float) -> float:
     return usage(before, sample_threads(pid))["total"]["run_s"] / (time.monotonic() - t0)
 
 
+_DISCARD = """
+import socket, sys
+listener = socket.socket(fileno=int(sys.argv[1]))
+buf = bytearray(1 << 20)
+while True:
+    conn, _ = listener.accept()
+    try:
+        while conn.recv_into(buf):
+            pass
+    except OSError:
+        pass
+    conn.close()
+"""
+
+
+class DiscardReceiver:
+    """A syslog receiver on loopback that only reads what it is sent (a SIEM off the node, as far as this node's
+    CPU goes), in a process of its own, stopped through its Popen."""
+
+    def __init__(self) -> None:
+        import socket
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._proc = subprocess.Popen([sys.executable, "-c", _DISCARD, str(self._listener.fileno())],
+                                      pass_fds=(self._listener.fileno(),))
+
+    def close(self) -> None:
+        self._proc.kill()
+        self._proc.wait(10)
+        self._listener.close()
+
+
+def forwarder_pids(agent_pid: int) -> list[int]:
+    """The agent's syslog forwarder child processes (auditlog/syslog/process.py), found through /proc."""
+    out = []
+    for tid in os.listdir(f"/proc/{agent_pid}/task"):
+        for child in Path(f"/proc/{agent_pid}/task/{tid}/children").read_text().split():
+            try:
+                if b"auditlog.syslog.process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def syslog_caught_up(port: int, timeout: float = 120.0) -> float:
+    """Seconds until the forwarder has delivered the newest sealed record (npaudit_syslog_last_seq_sent
+    reaching npaudit_audit_chain_seq)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                  if s.name in ("npaudit_syslog_last_seq_sent", "npaudit_audit_chain_seq")}
+        if values.get("npaudit_syslog_last_seq_sent", -1) >= values.get("npaudit_audit_chain_seq", 0):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise RuntimeError(f"the syslog forwarder did not catch up within {timeout:.0f} s")
+
+
 def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
     by_rate = {}
     for a in agent:
@@ -400,7 +479,10 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
             if a["packet_ins_ovs_emitted"] else None,
             "packet_ins_per_read": a["packet_ins_per_read"],
             "machine_busy_percent": a["machine_busy_percent"],
-            "ovs_vswitchd_cpu_percent_of_a_core": a["ovs_vswitchd_cpu_percent_of_a_core"]}
+            "ovs_vswitchd_cpu_percent_of_a_core": a["ovs_vswitchd_cpu_percent_of_a_core"],
+            **({"syslog_forwarder_us_per_packet_in": a["syslog_forwarder"]["us_per_packet_in"],
+                "agent_and_forwarder_us_per_packet_in": a["syslog_forwarder"]["agent_and_forwarder_us_per_packet_in"]}
+               if "syslog_forwarder" in a else {})}
     return {"floor_mode": floor_mode, "by_rate": by_rate,
             "target_issue_22": "<= 15 us of agent CPU per packet-in at every rate 1k-40k; no coarsening"}
 
@@ -458,6 +540,10 @@ def main() -> int:
                          "than the default 100 spread that cost over the phases (from 5k/s) as a long run spreads it "
                          "over its records; much smaller ones pay per-file work (renames, listings) a default agent "
                          "does not (measured: at 4 MiB, 15 rotations/s at 40k, ~3 µs a packet-in more than at 16)")
+    ap.add_argument("--syslog", choices=["tcp"], default=None,
+                    help="forward every record over TCP (the agent's default: a forwarder child process) to a "
+                         "receiver on loopback that only reads; the forwarder's CPU per packet-in is reported beside "
+                         "the agent's, counted until it has delivered each phase's last record")
     ap.add_argument("--py-spy", default="", help="py-spy executable: profile the agent at --profile-rate")
     ap.add_argument("--profile-rate", type=int, default=5000, help="the rate profiled when --py-spy is given")
     args = ap.parse_args()
@@ -465,10 +551,11 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="npab-agentcpu-", dir="/tmp"))
     marks = AuditConfig().overload
+    receiver = DiscardReceiver() if args.syslog else None
     cluster = new_key_flood_cluster(meter_rate=args.meter_rate, overload=marks.enabled,
                                     queue_size=PacketInConfig().policy.queue_size,
                                     marks=(marks.high_mark, marks.peers_mark, marks.low_mark), rotate_mb=args.rotate_mb,
-                                    fair_share=not args.no_fair_share)
+                                    fair_share=not args.no_fair_share, syslog_url=receiver.url if receiver else "")
     reader: FloorReader | None = None
     load0 = os.getloadavg()
     penalty = wake_penalty()
@@ -499,6 +586,8 @@ def main() -> int:
         if reader is not None:
             reader.close()
         cluster.close()
+        if receiver is not None:
+            receiver.close()
         subprocess.run(["rm", "-rf", str(work)])
     print(json.dumps({
         "benchmark": "agent_cpu",
@@ -510,6 +599,8 @@ def main() -> int:
                      "fair_share": not args.no_fair_share, "debug_tap": "off",
                      "queues_and_overload_marks": "agent defaults", "overload": marks.enabled,
                      "audit_rotation_mb": args.rotate_mb, "audit_gzip": built["audit_gzip"],
+                     "syslog": f"{args.syslog}, a forwarder child process, to a receiver on loopback that only reads"
+                               if args.syslog else "off",
                      "record_encoder": built["record_encoder"],
                      "machine": "2 cores shared with other engineers' work: noisy, compare within this run only",
                      "load_average_start": [round(x, 2) for x in load0],

@@ -22,15 +22,17 @@ PORTS = LAST_PORT - FIRST_PORT + 1  # a new key per datagram for PORTS datagrams
 
 def new_key_flood_cluster(*, meter_rate: int, overload: bool, queue_size: int = 65536,
                           marks: tuple[float, float, float] = (0.05, 0.25, 0.01), fair_share: bool = False,
-                          rotate_mb: int = 1024) -> Cluster:
+                          rotate_mb: int = 1024, syslog_url: str = "") -> Cluster:
     """A cluster (not started) for a new-key flood: the policy_deny meter at `meter_rate`, the
     policy category's token bucket wide open and its fair shares off unless `fair_share` (admission is
     policy, not capacity), no debug tap, overload mode on or off with marks (high, peers, low). The
     audit file rotates (and the rotated file is gzipped) every `rotate_mb` MiB, with every rotated
-    file kept, so the flood's records can all be counted."""
+    file kept, so the flood's records can all be counted. `syslog_url`: a syslog destination every record is
+    forwarded to, as the agent forwards by default (a child process)."""
     port = free_port()
-    cluster = Cluster(extra_config=f"meters:\n  policy_deny:\n    rate: {meter_rate}\n    burst: {meter_rate}\n",
-                      metrics_listen=f"127.0.0.1:{port}")
+    syslog = f"syslog:\n  destinations:\n    - url: {syslog_url}\n" if syslog_url else ""
+    cluster = Cluster(extra_config=f"meters:\n  policy_deny:\n    rate: {meter_rate}\n    burst: {meter_rate}\n"
+                                   + syslog, metrics_listen=f"127.0.0.1:{port}")
     cluster.metrics_port = port  # type: ignore[attr-defined]
     cluster.config.write_text(cluster.config.read_text().replace(f"  tap: {cluster.tap}\n", "  tap: ''\n"))
     cluster.add_settings("packetin", f"policy: {{rate: 1000000000, burst: 1000000000, queue_size: {queue_size}}}\n"
