@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.local_user import LocalUser, local_user, run_as
+from tests.support.pid_files import hold_pid_file, reap
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +53,14 @@ def _as_user(user: LocalUser, cwd: Path, *args: str) -> tuple[int, str]:
 
 
 def test_ovs_down_by_a_user_on_roots_daemon_is_one_line(user: LocalUser, root_dir: Path) -> None:
-    daemon = subprocess.Popen(["sleep", "300"])  # root's process, named by the run dir's pid file
+    # root's process, holding the run dir's pid file as a running vswitchd holds it
+    daemon = hold_pid_file(root_dir / "ovs" / "ovs-vswitchd.pid")
     try:
-        (root_dir / "ovs" / "ovs-vswitchd.pid").write_text(f"{daemon.pid}\n")
         code, err = _as_user(user, root_dir, "ovs", "down", "--config", str(root_dir / "npaudit.yaml"),
                              "--netns", "")
         assert daemon.poll() is None  # untouched
     finally:
-        daemon.kill()
-        daemon.wait()
+        reap(daemon)
     assert code == 1, err
     assert "Traceback" not in err, err
     assert err == "error: ovs down: Operation not permitted (npaudit ovs needs root)\n", err
