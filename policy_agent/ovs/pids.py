@@ -71,7 +71,7 @@ def lock_holder(fd: int) -> int | None:
 
 def look_pid(pidfile: Path) -> int | None:
     """The pid in `pidfile` while that process runs and holds the file's lock, None if not (no file, a
-    stale file, a pid now another process's); PidUnknown if the file or /proc could not be read."""
+    stale file, a pid now another process's); PidUnknown if the file could not be read."""
     try:
         fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -89,9 +89,9 @@ def look_pid(pidfile: Path) -> int | None:
         pid = int(text.strip())
     except ValueError:
         return None
-    if holder != pid:
-        return None  # the daemon that wrote it is gone (its lock went with it): the pid may be anyone's now
-    return pid if look_pid_alive(pid) else None
+    # A lock is let go as its holder exits, before it turns zombie: held by this pid, the pid runs and is ours.
+    # Not held, or held by another: the daemon that wrote it is gone, and the pid may be anyone's now.
+    return pid if holder == pid else None
 
 
 def read_pid(pidfile: Path) -> int | None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from policy_agent.ovs.pids import pid_alive
 from tests.support.cluster import Cluster
 from tests.support.e2e_scenarios import daemon_pid, server_behind_no_80
 from tests.support.pid_files import bystander, reap
 from tests.support.processes import alive
+from tests.support.waiting import wait_for
 
 DAEMONS = ("ovsdb-server", "ovs-vswitchd")
 
@@ -39,9 +39,7 @@ def test_a_crashed_vswitchd_whose_pid_now_names_another_process_is_started_again
     cluster.stop_agent()
     crashed = daemon_pid(cluster, "ovs-vswitchd")
     os.kill(crashed, signal.SIGKILL)  # a crash: the pid file stays behind
-    deadline = time.monotonic() + 10
-    while pid_alive(crashed) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: not pid_alive(crashed), timeout=10, what=f"vswitchd {crashed} gone")
     assert not pid_alive(crashed)
     pidfile = cluster.dir / "ovs" / "ovs-vswitchd.pid"
     assert pidfile.read_text().strip() == str(crashed)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-from tests.support.processes import alive
 
 # Locks `path` (a write lock on the whole file), writes its pid, says so on stdout, then waits.
 _HOLDER = """
@@ -47,13 +44,3 @@ def reap(*procs: subprocess.Popen) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
-
-
-def wait_gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
-    """Whether `proc` ends (a zombie counts as ended) within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while alive(proc.pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
