@@ -3,7 +3,7 @@
 #define NPAUDIT_SCAN_FAST_H
 #include <Python.h>
 
-/* Adds sealed_parts to `module`: 0, or -1 with an exception set. */
+/* Adds sealed_parts and sealed_frames to `module`: 0, or -1 with an exception set. */
 int sealed_parts_add(PyObject *module);
 
 #endif

@@ -20,7 +20,8 @@ without options, not a fragment) built in C (auditlog/_frame_fast.c) and every o
 decode_frame itself (0.10 µs a frame against 0.34, warm, best of 5 on the agent's captured packet-ins).
 
 `sealed_parts()` gives the syslog forwarder's scan of a sealed line (auditlog/syslog/sealed_line.py) its byte work
-in C (auditlog/_scan_fast.c): the layout, the digest that proves it and the seq, in one call.
+in C (auditlog/_scan_fast.c): the layout, the digest that proves it and the seq, in one call. `sealed_frames()`
+gives it the frames of a run of such lines in one call (auditlog/syslog/framer.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ except ImportError:  # not built (no compiler at install time): fast_encoder say
     _record_fast = None  # type: ignore[assignment]
 
 __all__ = ["PURE_PYTHON_ENV", "aggregator", "built", "fast_encoder", "frame_decoder", "mode", "seal_run",
-           "sealed_parts"]
+           "sealed_frames", "sealed_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,13 @@ def sealed_parts() -> Callable[[bytes, str, bytes, bytes, bytes, bytes], tuple[s
     sealed_line.scan_sealed, where records are built in C here (mode() "c"), else None: then it is done in
     Python. The same parts either way (tests/unit/auditlog/syslog/test_sealed_parts.py)."""
     return _record_fast.sealed_parts if mode() == "c" and _record_fast is not None else None
+
+
+def sealed_frames() -> Callable[..., tuple[int, int, str | None, int, Any]] | None:
+    """auditlog._record_fast.sealed_frames (auditlog/_scan_fast.c), the syslog forwarder's frames of a run of
+    sealed lines, where records are built in C here (mode() "c"), else None: then each record is framed in
+    Python. The same frames either way (tests/unit/auditlog/syslog/test_framer.py)."""
+    return _record_fast.sealed_frames if mode() == "c" and _record_fast is not None else None
 
 
 def frame_decoder() -> Callable[[bytes], PacketSummary]:

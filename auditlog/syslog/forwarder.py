@@ -38,13 +38,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import (CheckpointError, SyslogConfigError, SyslogError, SyslogFormatError,
                                     SyslogTransportError)
 from auditlog.syslog.rfc5424 import (DEFAULT_FACILITY, DEFAULT_UDP_MAX_BYTES, MIN_UDP_MAX_BYTES, FrameEncoder,
                                      Framing, Header, encode_test_message, frame, rfc3339_millis)
+from auditlog.syslog.framer import Framer
 from auditlog.syslog.tailer import Tailer
 from auditlog.syslog.transport import (ACK_POLL, RELP_SCHEMES, TLS_SCHEMES, Backoff, Endpoint, Sender, TlsOptions,
                                        open_sender, parse_endpoint, receive_buffer_bound, wait_acked)
@@ -201,6 +202,7 @@ class Forwarder:
         self._ack_timeout = ack_timeout
         self._backoff = Backoff(backoff_base, backoff_cap, rand)
         self._encoder = FrameEncoder(destination.header, destination.framing, destination.max_bytes)
+        self._framer = Framer.for_encoder(self._encoder)  # runs of records framed in C, where built
         self._unsaved = _Unsaved()
         # RELP: each batch is saved as soon as the receiver answered all of it, so a crash re-sends at most
         # the window (what was sent and not answered); elsewhere saves are spaced out (the docstring).
@@ -390,7 +392,7 @@ class Forwarder:
         tailer = self._tailer
         if tailer is None:
             return None
-        batch = tailer.poll(dest.batch_records, dest.batch_bytes)
+        batch = tailer.poll(dest.batch_records, dest.batch_bytes, self._framer)
         end = batch.end
         again = self._reread_to is not None and (end is None or end.seq <= self._reread_to)
         if end is not None and not again:
@@ -398,13 +400,18 @@ class Forwarder:
         n = _Counters() if again else self._n  # read again after a drop: counted the first time
         n.lost += batch.lost
         n.skipped += batch.skipped
-        self._more = len(batch.records) >= dest.batch_records or batch.bytes >= dest.batch_bytes
+        self._more = batch.count >= dest.batch_records or batch.bytes >= dest.batch_bytes
         if end is None:
             return None
+        if batch.framed and not batch.slow:
+            return Batch.of(cast("list[bytes]", batch.framed), batch.count, end)  # every record framed in C
         frames: list[bytes] = []
         encode = self._encoder.encode
         truncated = 0
-        for item in batch.records:
+        for item in batch.framed or batch.records:
+            if isinstance(item, bytes):  # framed by the framer
+                frames.append(item)
+                continue
             try:
                 data, shortened = encode(item.fields, item.line)
             except SyslogFormatError as exc:
@@ -414,7 +421,7 @@ class Forwarder:
             truncated += shortened
             frames.append(data)
         n.truncated += truncated
-        return Batch.of(frames, len(batch.records), end)
+        return Batch.of(frames, batch.count, end)
 
     # --- the thread ---
 

@@ -38,18 +38,19 @@ from auditlog.chain import (CHAIN_KEY, CHAIN_MEMBER_LEN, FORMAT_MEMBER, SEQ_KEY,
                             parse_line, sealed_chain)
 from auditlog.syslog.rfc5424 import RecordFields, record_fields, valid_timestamp
 
-__all__ = ["PartsOf", "c_parts_of", "read_fields", "scan_sealed"]
+__all__ = ["CACHED_SEGMENT", "CHAIN_KEY_BYTES", "FORMAT_MEMBER_BYTES", "PartsOf", "SEQ_KEY_BYTES",
+           "TIMESTAMP_KEY_BYTES", "c_parts_of", "members_of", "read_fields", "scan_sealed", "timestamp_of"]
 
 Parts: TypeAlias = tuple[str, bytes, int, bytes]  # chain, npaudit text up to "seq", seq, @timestamp text
 PartsOf: TypeAlias = Callable[[bytes, str], "Parts | None"]
 
-_TIMESTAMP_KEY = TIMESTAMP_KEY.encode("ascii")
-_SEQ_KEY = SEQ_KEY.encode("ascii")
-_CHAIN_KEY, _FORMAT_MEMBER = CHAIN_KEY.encode("ascii"), FORMAT_MEMBER.encode("ascii")
+TIMESTAMP_KEY_BYTES = TIMESTAMP_KEY.encode("ascii")
+SEQ_KEY_BYTES = SEQ_KEY.encode("ascii")
+CHAIN_KEY_BYTES, FORMAT_MEMBER_BYTES = CHAIN_KEY.encode("ascii"), FORMAT_MEMBER.encode("ascii")
 _DISPOSITION = b"disposition"
 _PARSED_KEYS = (b"loss", b"chain_restart")  # npaudit members whose records are parsed (rfc5424.states_loss)
 _SEQ_VALUE = re.compile(rb"[1-9][0-9]{0,15}(?=[,}])")  # JCS writes integers below 2**53 as plain digits
-_CACHED_SEGMENT = 1024  # longer segments (hostile Pod names, say) are not kept in the cache
+CACHED_SEGMENT = 1024  # longer segments (hostile Pod names, say) are not kept in the cache
 
 
 def scan_sealed(line: bytes, prev_chain: str | None, parts_of: PartsOf | None = None) -> RecordFields | None:
@@ -61,10 +62,10 @@ def scan_sealed(line: bytes, prev_chain: str | None, parts_of: PartsOf | None = 
     if parts is None:
         return None
     chain, segment, seq, stamp_text = parts
-    disposition = (_members if len(segment) <= _CACHED_SEGMENT else _members_of)(segment)
+    disposition = (_members if len(segment) <= CACHED_SEGMENT else members_of)(segment)
     if disposition is False:
         return None
-    stamp = _timestamp(stamp_text)
+    stamp = timestamp_of(stamp_text)
     if stamp is None:
         return None
     return RecordFields(seq, chain, disposition, stamp)
@@ -74,7 +75,7 @@ def _parts_of(line: bytes, prev_chain: str) -> Parts | None:
     """The line's chain (proved: chain.sealed_chain), the npaudit text from after its chain member up to and
     including the quote that opens "seq", its seq and the text of its @timestamp; None if the line does not
     have the sealed layout or does not follow `prev_chain`."""
-    if not line.startswith(_TIMESTAMP_KEY) or not line.isascii():
+    if not line.startswith(TIMESTAMP_KEY_BYTES) or not line.isascii():
         return None  # the writer's lines are ASCII; a raw UTF-8 copy is left to the JSON parser
     at = chain_member_at(line)
     if at < 0:
@@ -83,15 +84,15 @@ def _parts_of(line: bytes, prev_chain: str) -> Parts | None:
     if chain is None:
         return None  # not what the writer sealed after prev_chain (the digest also proves the chain is hex)
     member_end = at + CHAIN_MEMBER_LEN
-    seq_at = line.find(_SEQ_KEY, member_end)
+    seq_at = line.find(SEQ_KEY_BYTES, member_end)
     if seq_at < 0:
         return None
-    seq = _SEQ_VALUE.match(line, seq_at + len(_SEQ_KEY))
+    seq = _SEQ_VALUE.match(line, seq_at + len(SEQ_KEY_BYTES))
     if seq is None:
         return None
     # Up to and including the quote that opens "seq": a \" ending there counts too.
     segment = line[member_end:seq_at + 1]
-    return chain, segment, int(seq.group()), line[len(_TIMESTAMP_KEY):line.find(b'"', len(_TIMESTAMP_KEY))]
+    return chain, segment, int(seq.group()), line[len(TIMESTAMP_KEY_BYTES):line.find(b'"', len(TIMESTAMP_KEY_BYTES))]
 
 
 def c_parts_of() -> PartsOf | None:
@@ -104,12 +105,13 @@ def c_parts_of() -> PartsOf | None:
 
     def parts_of(line: bytes, prev_chain: str) -> Parts | None:
         if type(line) is bytes and prev_chain.isascii():
-            return sealed_parts(line, prev_chain, _TIMESTAMP_KEY, _CHAIN_KEY, _FORMAT_MEMBER, _SEQ_KEY)
+            return sealed_parts(line, prev_chain, TIMESTAMP_KEY_BYTES, CHAIN_KEY_BYTES, FORMAT_MEMBER_BYTES,
+                                SEQ_KEY_BYTES)
         return _parts_of(line, prev_chain)
     return parts_of
 
 
-def _members_of(segment: bytes) -> str | None | Literal[False]:
+def members_of(segment: bytes) -> str | None | Literal[False]:
     """npaudit's disposition (see _string_member) in the text from after "chain_format" to the quote that opens
     "seq", if "seq" there is npaudit's own member; False if unsure (an escaped quote, nesting not closed).
 
@@ -125,11 +127,11 @@ def _members_of(segment: bytes) -> str | None | Literal[False]:
     return _string_member(parts, _DISPOSITION)
 
 
-_members = functools.lru_cache(maxsize=512)(_members_of)
+_members = functools.lru_cache(maxsize=512)(members_of)
 
 
 @functools.lru_cache(maxsize=64)
-def _timestamp(text: bytes) -> str | None:
+def timestamp_of(text: bytes) -> str | None:
     """valid_timestamp of a string's bytes (None if it has an escape); records of one burst share a few stamps."""
     return None if b"\\" in text else valid_timestamp(text.decode("ascii"))
 

@@ -19,13 +19,16 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from auditlog.chain import ChainError, parse_line
 from auditlog.fileset import GZIP_ERRORS, audit_files, open_audit_file, scan_tail, set_lock
 from auditlog.syslog.checkpoint import Position
 from auditlog.syslog.rfc5424 import RecordFields
 from auditlog.syslog.sealed_line import c_parts_of, read_fields
+
+if TYPE_CHECKING:
+    from auditlog.syslog.framer import Framer
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +65,33 @@ class TailRecord(NamedTuple):
         return Position(*self.identity, self.offset, self.fields.seq)
 
 
+Framed: TypeAlias = "bytes | TailRecord"  # a record polled with a Framer: its frame, or itself (Batch.framed)
+
+
 @dataclass(frozen=True)
 class Batch:
-    """What one poll read: records in seq order, records found missing (retention) and lines skipped."""
+    """What one poll read: records in seq order, records found missing (retention) and lines skipped.
+
+    Polled with a Framer, the records are in `framed` instead: each one's frame where the framer made it, else
+    its TailRecord (`slow` of them), in seq order; `last` is the position after the last one.
+    """
 
     records: tuple[TailRecord, ...] = ()
     lost: int = 0
     skipped: int = 0
     bytes: int = 0
+    framed: tuple[Framed, ...] = ()
+    slow: int = 0
+    last: Position | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.records) + len(self.framed)
 
     @property
     def end(self) -> Position | None:
+        if self.framed:
+            return self.last
         return self.records[-1].position if self.records else None
 
 
@@ -92,10 +111,26 @@ class _Open:
 
 @dataclass
 class _Poll:
-    records: list[TailRecord] = field(default_factory=list)
+    records: list[Any] = field(default_factory=list)  # TailRecords, and with a Framer frames (bytes) too
     lost: int = 0
     skipped: int = 0
     bytes: int = 0
+    framed: bool = False
+    slow: int = 0  # with a Framer: the TailRecords among `records`
+    run_end: tuple[tuple[int, int], int, int] | None = None  # (identity, offset, seq) after the framer's last run
+
+    def batch(self) -> Batch:
+        if not self.framed:
+            return Batch(tuple(self.records), self.lost, self.skipped, self.bytes)
+        last = None
+        if self.records:
+            tail = self.records[-1]
+            if type(tail) is TailRecord:
+                last = tail.position
+            elif self.run_end is not None:
+                identity, offset, seq = self.run_end
+                last = Position(*identity, offset, seq)
+        return Batch((), self.lost, self.skipped, self.bytes, tuple(self.records), self.slow, last)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -210,15 +245,18 @@ class Tailer:
             self._cur.raw.close()
             self._cur = None
 
-    def poll(self, max_records: int = 500, max_bytes: int = 1 << 20) -> Batch:
-        """Up to `max_records` records (about `max_bytes` of lines) that follow the last one read."""
-        out = _Poll()
+    def poll(self, max_records: int = 500, max_bytes: int = 1 << 20, framer: Framer | None = None) -> Batch:
+        """Up to `max_records` records (about `max_bytes` of lines) that follow the last one read; with `framer`,
+        as frames where it can make them (Batch.framed)."""
+        out = _Poll(framed=framer is not None)
         if self._cur is None and not self._reopen():
             return Batch()
         while len(out.records) < max_records and out.bytes < max_bytes:
             cur = self._cur
             if cur is None:
                 break
+            if cur.ahead and framer is not None and self._take_run(cur, framer, out, max_records, max_bytes):
+                continue
             if cur.ahead:  # _next_line's first case, without the call: most lines are taken here
                 raw = cur.ahead.pop()
                 cur.offset += len(raw) + 1
@@ -248,7 +286,23 @@ class Tailer:
                 break
             if not self._next_file():
                 break
-        return Batch(tuple(out.records), out.lost, out.skipped, out.bytes)
+        return out.batch()
+
+    def _take_run(self, cur: _Open, framer: Framer, out: _Poll, max_records: int, max_bytes: int) -> bool:
+        """The frames of the read-ahead lines `framer` takes in one go; False if it takes none (the next line is
+        taken the Python way: _take). Only in the middle of a file, past a resume and after a record read."""
+        want, prev = self._want, self._prev_chain
+        if want is None or prev is None or self._resuming or cur.first_seq is None:
+            return False
+        taken, line_bytes, chain = framer.take(cur.ahead, out.records, prev, want, max_records - len(out.records),
+                                               max_bytes - out.bytes)
+        if not taken:
+            return False
+        self._want, self._prev_chain = want + taken, chain
+        cur.offset += line_bytes + taken  # and their newlines
+        out.bytes += line_bytes
+        out.run_end = (cur.identity, cur.offset, want + taken - 1)
+        return True
 
     def _take(self, cur: _Open, line: bytes, out: _Poll) -> None:
         try:
@@ -273,6 +327,7 @@ class Tailer:
                         self.live, want, seq - 1)
         self._resuming = False
         self._want = seq + 1
+        out.slow += out.framed
         out.records.append(_new_record(TailRecord, (line, fields, cur.identity, cur.offset)))
         out.bytes += len(line)
 
