@@ -290,7 +290,7 @@ class FrameEncoder:
         """(the framed message, whether MSG was replaced by a stub); SyslogFormatError as encode_record."""
         seq, chain, disposition, stamp, loss = fields
         if (not self._fast or chain is None or not chain.isascii() or '"' in chain or "\\" in chain or "]" in chain
-                or line.endswith(b"\n") or loss):  # a chain that needs SD escaping (or is not ASCII), the general way
+                or "\n" in chain or line.endswith(b"\n") or loss):  # SD escaping, not ASCII, a LF: the general way
             encoded = encode_record(fields, line, self.header, self.max_bytes)
             return frame(encoded.message, self.framing), encoded.truncated
         pri, after_stamp = self._parts.get(disposition, self._state_parts)

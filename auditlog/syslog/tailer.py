@@ -117,19 +117,14 @@ class _Poll:
     bytes: int = 0
     framed: bool = False
     slow: int = 0  # with a Framer: the TailRecords among `records`
-    run_end: tuple[tuple[int, int], int, int] | None = None  # (identity, offset, seq) after the framer's last run
+    run_end: Position | None = None  # after the framer's last run
 
     def batch(self) -> Batch:
         if not self.framed:
             return Batch(tuple(self.records), self.lost, self.skipped, self.bytes)
-        last = None
-        if self.records:
-            tail = self.records[-1]
-            if type(tail) is TailRecord:
-                last = tail.position
-            elif self.run_end is not None:
-                identity, offset, seq = self.run_end
-                last = Position(*identity, offset, seq)
+        last = self.run_end
+        if self.records and type(self.records[-1]) is TailRecord:
+            last = self.records[-1].position
         return Batch((), self.lost, self.skipped, self.bytes, tuple(self.records), self.slow, last)
 
 
@@ -301,7 +296,7 @@ class Tailer:
         self._want, self._prev_chain = want + taken, chain
         cur.offset += line_bytes + taken  # and their newlines
         out.bytes += line_bytes
-        out.run_end = (cur.identity, cur.offset, want + taken - 1)
+        out.run_end = Position(*cur.identity, cur.offset, want + taken - 1)
         return True
 
     def _take(self, cur: _Open, line: bytes, out: _Poll) -> None:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from auditlog.chain import GENESIS, RecordText, chain_restart_record, records_lost_record
@@ -163,6 +163,9 @@ def test_an_unsealed_record_is_a_format_error() -> None:
        line=st.one_of(st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")), st.just(b'{"a":1}\n')),
        node=st.sampled_from(["node-a", "é", "n" * 255]),
        framing=st.sampled_from(list(Framing)), udp=st.booleans())
+@example(fields=RecordFields(1, "a\nb", None, "-", False), line=b"", node="node-a", framing=Framing.LF, udp=False)
+@example(fields=RecordFields(1, 'x"]\\', "Drop", "-", False), line=b"{}", node="node-a", framing=Framing.OCTET_COUNTING,
+         udp=False)
 @settings(max_examples=300, deadline=None)
 def test_the_frame_encoder_writes_exactly_what_encode_record_and_frame_write(
         fields: RecordFields, line: bytes, node: str, framing: Framing, udp: bool) -> None:
