@@ -232,6 +232,10 @@ static PyObject *sealed_frames(PyObject *mod, PyObject *const *args, Py_ssize_t 
     keys_t k;
     if (keys_of(args + 9, &k) < 0 || ascii_chain(args[2]) < 0) return NULL;
     PyObject *lines = args[0], *out = args[1], *heads = args[6], *stamps = args[7];
+    if (lines == out) {
+        PyErr_SetString(PyExc_ValueError, "sealed_frames: lines and out must be two lists");
+        return NULL;
+    }
     long long want = PyLong_AsLongLong(args[3]);
     Py_ssize_t max_records = PyLong_AsSsize_t(args[4]), max_bytes = PyLong_AsSsize_t(args[5]);
     int lf = PyObject_IsTrue(args[8]);

@@ -29,6 +29,7 @@ __all__ = ["Framer"]
 _MISS_PYTHON, _MISS_SEGMENT, _MISS_STAMP = 1, 2, 3  # sealed_frames' miss kinds (0: it stopped at a limit)
 _MAX_HEADS = 512  # distinct segments remembered (one per rule and Pods, say), as sealed_line's cache
 _MAX_STAMPS = 256  # distinct stamp texts remembered: a new one each millisecond under load
+_MAX_SEQ = 10**16 - 1  # the largest seq C reads (16 digits, sealed_line._SEQ_VALUE); a parsed line may hold more
 
 
 class Framer:
@@ -54,8 +55,8 @@ class Framer:
         """Take lines off the end of `lines` (the next one last) while each is the sealed record `want`, `want` + 1,
         ... after `prev_chain`, appending their frames to `out`, up to `max_records` records or once `max_bytes`
         bytes of lines were taken: (records taken, their line bytes, the last one's chain or None)."""
-        if not prev_chain.isascii():
-            return 0, 0, None  # the Python way, which raises as scan_sealed does
+        if not prev_chain.isascii() or want > _MAX_SEQ:
+            return 0, 0, None  # the Python way: it raises as scan_sealed does, or takes a seq C would not read
         taken = line_bytes = 0
         chain: str | None = None
         while True:

@@ -1,7 +1,7 @@
 """The forwarder's frames made in C a run at a time (auditlog.syslog.framer, auditlog/_scan_fast.c sealed_frames)
 against the tailer's records framed one by one by rfc5424.FrameEncoder: the same frames, batch for batch, with
 the same losses, skipped lines and positions, on files that mix what the C part takes with every kind of line it
-must leave to the Python (other seqs, broken chains, torn or foreign lines, records that state a loss, escaped or
+must leave to the Python (other seqs, seqs past what C reads, broken chains, torn or foreign lines, records that state a loss, escaped or
 long text, stamps that are no TIMESTAMP), at any batch limit and in both stream framings."""
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ NAMES = ["pod-0", "pod-1", 'x"]y', "back\\slash", "café", "}}}{", "z" * 1500]
 
 @st.composite
 def line_kinds(draw: st.DrawFn) -> tuple[str, Any]:
-    kind = draw(st.sampled_from(["record"] * 12 + ["loss", "restart", "gap", "back", "broken", "foreign", "blank"]))
+    kind = draw(st.sampled_from(["record"] * 12 + ["loss", "restart", "gap", "back", "broken", "foreign", "blank",
+                                                   "huge"]))
     return kind, draw(st.tuples(st.sampled_from(STAMPS), st.sampled_from(DISPOSITIONS), st.sampled_from(NAMES)))
 
 
@@ -50,7 +51,7 @@ def build(kinds: list[tuple[str, Any]], torn_end: bool) -> bytes:
         if kind == "blank":
             out.append(b"")
             continue
-        seq = {"gap": seq + 3, "back": max(1, seq - 2)}.get(kind, seq + 1)
+        seq = {"gap": seq + 3, "back": max(1, seq - 2), "huge": 10**19 * (seq + 1)}.get(kind, seq + 1)
         text, chain = RecordText.of(record).seal("0" * 64 if kind == "broken" else prev, seq)
         out.append(text.encode("utf-8"))
         prev = chain
@@ -153,3 +154,17 @@ def test_no_framer_where_records_are_framed_one_by_one(monkeypatch: pytest.Monke
     assert Framer.for_encoder(FrameEncoder(Header(), Framing.DATAGRAM, max_bytes=2048)) is None  # udp: a cap
     monkeypatch.setenv(record_fast.PURE_PYTHON_ENV, "1")
     assert Framer.for_encoder(FrameEncoder(Header(), Framing.OCTET_COUNTING)) is None
+
+
+def test_the_c_part_refuses_arguments_it_cannot_take() -> None:
+    sealed_frames = record_fast.sealed_frames()
+    assert sealed_frames is not None
+    keys = (b'{"@timestamp":"', b'"chain":"', b'"chain_format":2,', b'"seq":')
+    lines: list[bytes] = [b"x"]
+    with pytest.raises(ValueError):  # its frames would land among the lines it reads
+        sealed_frames(lines, lines, GENESIS, 1, 10, 100, {}, {}, False, *keys)
+    with pytest.raises(TypeError):
+        sealed_frames(tuple(lines), [], GENESIS, 1, 10, 100, {}, {}, False, *keys)
+    with pytest.raises(ValueError):
+        sealed_frames(lines, [], "é", 1, 10, 100, {}, {}, False, *keys)
+    assert sealed_frames(lines, [], GENESIS, 1, 10, 100, {}, {}, False, *keys) == (0, 0, None, 1, None)
