@@ -26,6 +26,8 @@
  * (the caller takes that line the Python way: not those parts, another seq, a None value), 2 (its segment is
  * no key of `heads`: miss_key is it) or 3 (its stamp text is no key of `stamps`: miss_key is it); else 0.
  * chain: the last taken line's chain (str), None if none was taken; line_bytes: their bytes, newlines not counted.
+ *
+ * lines_reversed(data) -> (lines, tail): the tailer's split of a block it read into lines (below).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -304,6 +306,35 @@ done:
     return result;
 }
 
+/* lines_reversed(data) -> (lines, tail): data.split(b"\n") with its last item (the text after the last newline, b""
+ * after one) as `tail` and the others reversed in `lines`, the next line last (the tailer pops them). CPython splits
+ * on one byte a byte at a time; memchr finds a newline many bytes at a time (1.5 KB lines: ~12 % of the forwarder's
+ * CPU the other way). */
+static PyObject *lines_reversed(PyObject *mod, PyObject *data) {
+    if (!PyBytes_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "lines_reversed(data: bytes)");
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(data), *end = p + PyBytes_GET_SIZE(data), *nl;
+    PyObject *lines = PyList_New(0), *tail = NULL;
+    if (lines == NULL) return NULL;
+    while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        PyObject *line = PyBytes_FromStringAndSize(p, nl - p);
+        if (line == NULL || PyList_Append(lines, line) < 0) {
+            Py_XDECREF(line);
+            Py_DECREF(lines);
+            return NULL;
+        }
+        Py_DECREF(line);
+        p = nl + 1;
+    }
+    if (PyList_Reverse(lines) < 0 || (tail = PyBytes_FromStringAndSize(p, end - p)) == NULL) {
+        Py_DECREF(lines);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", lines, tail);
+}
+
 static PyMethodDef methods[] = {
     {"sealed_parts", (PyCFunction)(void (*)(void))sealed_parts, METH_FASTCALL,
      "sealed_parts(line, prev_chain, timestamp_key, chain_key, format_member, seq_key) -> "
@@ -312,6 +343,9 @@ static PyMethodDef methods[] = {
      "sealed_frames(lines, out, prev_chain, want, max_records, max_bytes, heads, stamps, lf, timestamp_key, "
      "chain_key, format_member, seq_key) -> (taken, line_bytes, chain, miss_kind, miss_key): the syslog frames "
      "of a run of sealed lines (auditlog/syslog/framer.py)"},
+    {"lines_reversed", (PyCFunction)lines_reversed, METH_O,
+     "lines_reversed(data) -> (lines, tail): data's lines without their newlines, the next one last, and the text "
+     "after the last newline"},
     {NULL}};
 
 int sealed_parts_add(PyObject *module) { return PyModule_AddFunctions(module, methods); }

@@ -21,7 +21,8 @@ decode_frame itself (0.10 µs a frame against 0.34, warm, best of 5 on the agent
 
 `sealed_parts()` gives the syslog forwarder's scan of a sealed line (auditlog/syslog/sealed_line.py) its byte work
 in C (auditlog/_scan_fast.c): the layout, the digest that proves it and the seq, in one call. `sealed_frames()`
-gives it the frames of a run of such lines in one call (auditlog/syslog/framer.py).
+gives it the frames of a run of such lines in one call (auditlog/syslog/framer.py), `lines_reversed()` the split
+of the blocks it reads into lines.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ try:
 except ImportError:  # not built (no compiler at install time): fast_encoder says so
     _record_fast = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "aggregator", "built", "fast_encoder", "frame_decoder", "mode", "seal_run",
-           "sealed_frames", "sealed_parts"]
+__all__ = ["PURE_PYTHON_ENV", "aggregator", "built", "fast_encoder", "frame_decoder", "lines_reversed", "mode",
+           "seal_run", "sealed_frames", "sealed_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,13 @@ def sealed_parts() -> Callable[[bytes, str, bytes, bytes, bytes, bytes], tuple[s
     sealed_line.scan_sealed, where records are built in C here (mode() "c"), else None: then it is done in
     Python. The same parts either way (tests/unit/auditlog/syslog/test_sealed_parts.py)."""
     return _record_fast.sealed_parts if mode() == "c" and _record_fast is not None else None
+
+
+def lines_reversed() -> Callable[[bytes], tuple[list[bytes], bytes]] | None:
+    """auditlog._record_fast.lines_reversed (auditlog/_scan_fast.c): a block's lines without their newlines, the
+    next one last, and the text after the last newline, where records are built in C here (mode() "c"), else
+    None: the tailer then splits with bytes.split (the same lists: tests/unit/auditlog/syslog/test_tailer.py)."""
+    return _record_fast.lines_reversed if mode() == "c" and _record_fast is not None else None
 
 
 def sealed_frames() -> Callable[..., tuple[int, int, str | None, int, Any]] | None:

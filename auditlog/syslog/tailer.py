@@ -19,8 +19,9 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, TypeAlias
 
+from auditlog import record_fast
 from auditlog.chain import ChainError, parse_line
 from auditlog.fileset import GZIP_ERRORS, audit_files, open_audit_file, scan_tail, set_lock
 from auditlog.syslog.checkpoint import Position
@@ -42,6 +43,7 @@ _READ_AHEAD = 4 << 20
 _GZ_BUFFER = 1 << 20  # GzipFile reads its file 8 KiB at a time: served from a buffer this large
 
 
+Split: TypeAlias = Callable[[bytes], "tuple[list[bytes], bytes]"]
 _new_record = tuple.__new__  # TailRecord(...) would run a Python-level __new__, once per record
 
 
@@ -167,7 +169,16 @@ def _seq_ending_at(reader: IO[bytes], offset: int) -> int | None:
         return None
 
 
-def _next_line(cur: _Open, size: int = _READ_AHEAD) -> tuple[bytes, bool]:
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """(the lines of `data` without their newlines, the next one last; the text after the last newline): what
+    record_fast.lines_reversed() does in C, where built."""
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" after a newline
+    lines.reverse()
+    return lines, tail
+
+
+def _next_line(cur: _Open, size: int = _READ_AHEAD, split: Split = split_lines) -> tuple[bytes, bool]:
     """(the next line of `cur` without its newline, True), or (a line not ended yet or b"" at the end for now, False).
 
     Lines are read a block of _READ_AHEAD bytes at a time (one read, one split, not a readline per line)
@@ -185,15 +196,13 @@ def _next_line(cur: _Open, size: int = _READ_AHEAD) -> tuple[bytes, bool]:
     except GZIP_ERRORS:
         cur.one_by_one, cur.tail = True, b""
         cur.reader.seek(cur.offset)
-        return _next_line(cur, size)
+        return _next_line(cur, size, split)
     if cur.tail:
         data, cur.tail = cur.tail + data, b""
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" after a newline
+    lines, tail = split(data)
     if not lines:
         return tail, False  # the reader is past it: the caller seeks back to cur.offset, or skips a torn end
     cur.tail = tail
-    lines.reverse()
     cur.ahead = lines
     return lines.pop(), True
 
@@ -228,6 +237,7 @@ class Tailer:
         self._cur: _Open | None = None
         self._prev_chain: str | None = None  # of the last record read: lets read_fields skip the JSON parse
         self._parts_of = c_parts_of()  # its byte work in C, where built
+        self._split = record_fast.lines_reversed() or split_lines  # a read block into lines, in C where built
 
     @property
     def next_seq(self) -> int | None:
@@ -258,7 +268,7 @@ class Tailer:
                 self._take(cur, raw, out)
                 continue
             try:
-                raw, whole = _next_line(cur)
+                raw, whole = _next_line(cur, split=self._split)
             except GZIP_ERRORS as exc:  # a damaged .gz: its remaining records are lost
                 log.warning("syslog tailer: %s ends early: %s", self.live, exc)
                 raw, whole = b"", False

@@ -8,14 +8,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from auditlog import record_fast
 from auditlog.chain import RecordText
 from auditlog.fileset import GZIP_ERRORS, audit_files
 from auditlog.syslog.checkpoint import Position, load_checkpoint, save_checkpoint
 from auditlog.syslog.errors import CheckpointError
 from auditlog.loss_records import METER, LossKey, loss_record
 from auditlog.syslog.rfc5424 import FrameEncoder, Framing, Header, record_fields
-from auditlog.syslog.tailer import Batch, Tailer
+from auditlog.syslog.tailer import Batch, Tailer, split_lines
 from auditlog.writer import AuditWriter
 from tests.support.syslog_parse import parse_message, split_octet_counted
 
@@ -224,3 +227,19 @@ def test_a_damaged_gzip_file_still_gives_every_whole_line_before_the_damage(live
     later = seqs[len(before):]
     assert seqs[:len(before)] == before and later == list(range(later[0], 61)) and later[0] > before[-1] + 1
     assert batch.lost == later[0] - before[-1] - 1
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from([b"\n", b"a", b"line", b"\r", b"\x00", b"\xff", b"x" * 2000]), max_size=30))
+def test_a_read_block_is_split_into_the_same_lines_in_c_as_in_python(parts: list[bytes]) -> None:
+    lines_reversed = record_fast.lines_reversed()
+    assert lines_reversed is not None, "auditlog._record_fast is not built: `make setup` compiles it"
+    data = b"".join(parts)
+    assert lines_reversed(data) == split_lines(data)
+    lines, tail = split_lines(data)
+    assert b"\n".join([*reversed(lines), tail]) == data
+
+
+def test_the_tailer_splits_in_python_where_records_are_built_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(record_fast.PURE_PYTHON_ENV, "1")
+    assert record_fast.lines_reversed() is None
