@@ -26,7 +26,7 @@ from auditlog.syslog.sealed_line import (CACHED_SEGMENT, CHAIN_KEY_BYTES, FORMAT
 
 __all__ = ["Framer"]
 
-_MISS_PYTHON, _MISS_SEGMENT, _MISS_STAMP = 1, 2, 3  # sealed_frames' miss kinds (0: it stopped at a limit)
+_MISS_SEGMENT, _MISS_STAMP = 2, 3  # sealed_frames' miss kinds to learn from (0: a limit, 1: a line for Python)
 _MAX_HEADS = 512  # distinct segments remembered (one per rule and Pods, say), as sealed_line's cache
 _MAX_STAMPS = 256  # distinct stamp texts remembered: a new one each millisecond under load
 _MAX_SEQ = 10**16 - 1  # the largest seq C reads (16 digits, sealed_line._SEQ_VALUE); a parsed line may hold more
@@ -63,9 +63,9 @@ class Framer:
             n, nbytes, last, miss, key = self._frames(
                 lines, out, prev_chain, want, max_records - taken, max_bytes - line_bytes, self._heads, self._stamps,
                 self._lf, TIMESTAMP_KEY_BYTES, CHAIN_KEY_BYTES, FORMAT_MEMBER_BYTES, SEQ_KEY_BYTES)
-            if n:
+            if last is not None:  # n > 0
                 taken, line_bytes, want = taken + n, line_bytes + nbytes, want + n
-                chain = prev_chain = last  # type: ignore[assignment]
+                chain = prev_chain = last
             if miss == _MISS_SEGMENT:
                 self._learn_segment(key)
             elif miss == _MISS_STAMP:
@@ -78,7 +78,7 @@ class Framer:
         if len(self._heads) >= _MAX_HEADS:
             self._heads.clear()
         if disposition is False or len(segment) > CACHED_SEGMENT:
-            self._heads[segment] = None  # parsed, or too long to keep: the Python way (None is not kept long)
+            self._heads[segment] = None  # a record that may state a loss, or too long to cache: the Python way
             return
         pri, after = self._encoder.head_parts(disposition)
         self._heads[segment] = (pri.encode("ascii"), after.encode("ascii"))
