@@ -72,7 +72,8 @@ from auditlog.record_fast import aggregator  # noqa: E402
 from auditlog.chain import RecordText  # noqa: E402
 from auditlog.fileset import audit_files, iter_lines  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
-from auditlog.syslog.forwarder import Destination, Forwarder, make_destination  # noqa: E402
+from auditlog.syslog.destination import Destination, make_destination  # noqa: E402
+from auditlog.syslog.forwarder import Forwarder  # noqa: E402
 from auditlog.syslog.process import ProcessForwarder  # noqa: E402
 from auditlog.syslog.transport import TlsOptions  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402

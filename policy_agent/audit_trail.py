@@ -14,7 +14,8 @@ from auditlog.overload import Overload
 from auditlog.pipeline import AuditPipeline
 from auditlog.record import OBSERVER, RecordContext
 from auditlog.record_fast import aggregator
-from auditlog.syslog.forwarder import Forwarder, checkpoint_name
+from auditlog.syslog.destination import checkpoint_name
+from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.verdicts import VerdictTally
 from auditlog.writer import INLINE_GAP, AuditWriter

@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from auditlog.syslog.errors import SyslogError
-from auditlog.syslog.forwarder import Destination, Forwarder, ForwarderStats
+from auditlog.syslog.destination import Destination
+from auditlog.syslog.forwarder import Forwarder, ForwarderStats
 from auditlog.syslog.rfc5424 import Framing, Header
 from auditlog.syslog.status import SyslogStatusError, stats_from_json
 from auditlog.syslog.transport import Endpoint, TlsOptions, open_sender

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence, TextIO
 from policy_agent.cli.common import CONFIG_HELP, ApiCall, agent_address, load_config
 
 if TYPE_CHECKING:  # the forwarder's modules load only when a subcommand runs, not to parse its options
-    from auditlog.syslog.forwarder import Destination
+    from auditlog.syslog.destination import Destination
     from auditlog.syslog.status import SyslogStatus
     from policy_agent.config.client import AgentAddress
     from policy_agent.config.loader import AgentConfig
@@ -112,7 +112,7 @@ class Outcome(NamedTuple):
 
 def chosen_destinations(cfg: AgentConfig, url: str | None) -> tuple[list[Destination], str]:
     """The destinations to test and a note; SyslogError naming the URL or the config entry that is wrong."""
-    from auditlog.syslog.forwarder import make_destination
+    from auditlog.syslog.destination import make_destination
     from auditlog.syslog.transport import parse_endpoint
     from policy_agent.config.loader import syslog_destination
 
@@ -130,7 +130,7 @@ def run_test(cfg: AgentConfig, url: str | None = None, *, timeout: float = 10.0,
              clock: Callable[[], float] = time.time, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Send a test message to each chosen destination; 0 if all were delivered, 1 otherwise (or if there was none)."""
     from auditlog.syslog.errors import SyslogError
-    from auditlog.syslog.forwarder import send_test_message
+    from auditlog.syslog.destination import send_test_message
 
     out, err = out or sys.stdout, err or sys.stderr
     try:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from policy_agent.config.checks import bounded, checked, one_of, optional_file, optional_path
 
 if TYPE_CHECKING:
-    from auditlog.syslog.forwarder import Destination
+    from auditlog.syslog.destination import Destination
 
 # Linux keeps a socket's receive buffer size in an int.
 RECEIVE_BUFFER_MAX = (1 << 31) - 1
@@ -73,7 +73,7 @@ class SyslogConfig:
 
 def syslog_destination(dest: SyslogDestinationConfig, node: str) -> Destination:
     """The forwarder's Destination for one configured destination; SyslogConfigError if it cannot work."""
-    from auditlog.syslog.forwarder import make_destination
+    from auditlog.syslog.destination import make_destination
     from auditlog.syslog.transport import TlsOptions
 
     tls = None

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
-from auditlog.syslog.forwarder import make_destination
+from auditlog.syslog.destination import make_destination
 from auditlog.syslog.process import ProcessForwarder
 from policy_agent.cli.main import main
 from tests.support.rsyslog import ForwardedCopies

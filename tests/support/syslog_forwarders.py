@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from auditlog.chain import RecordText
-from auditlog.syslog.forwarder import Forwarder, make_destination
+from auditlog.syslog.destination import make_destination
+from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.writer import AuditWriter
 

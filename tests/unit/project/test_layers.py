@@ -61,8 +61,6 @@ LONG_MODULES: dict[str, str] = {
                                        "part to move out next",
     "auditlog/writer.py": "one class: the writer thread's queue, batching, rotation, retention and loss "
                           "carry-over share its locks and file state",
-    "auditlog/syslog/forwarder.py": "the forwarder thread's send window and checkpoints share one state; "
-                                    "Destination and make_destination can move out",
     "auditlog/verify.py": "one walk over the files: damage, look-ahead and the per-node chains share its "
                           "position; the per-node bookkeeping is already in verify_nodes.py",
     "policy_agent/engine.py": "the transaction (plan, bundle, store, roll back) in one place",

@@ -11,7 +11,8 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
-from auditlog.syslog.forwarder import ACK_IDLE, Forwarder, checkpoint_name, make_destination
+from auditlog.syslog.destination import checkpoint_name, make_destination
+from auditlog.syslog.forwarder import ACK_IDLE, Forwarder
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import ACK_POLL, Endpoint, TlsOptions
 from auditlog.chain import RecordText

@@ -16,7 +16,8 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogError
-from auditlog.syslog.forwarder import ForwarderStats, make_destination
+from auditlog.syslog.destination import make_destination
+from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.syslog.process import ProcessForwarder
 from auditlog.syslog.status import SyslogStatus
 from auditlog.syslog.transport import TlsOptions
@@ -110,7 +111,7 @@ def test_a_child_killed_mid_stream_is_restarted_counted_and_loses_nothing(
 PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from auditlog.syslog.forwarder import make_destination
+    from auditlog.syslog.destination import make_destination
     from auditlog.syslog.process import ProcessForwarder
     fwd = ProcessForwarder(make_destination(sys.argv[1], node_name="n"), live=Path(sys.argv[2]),
                            checkpoint=Path(sys.argv[3]))

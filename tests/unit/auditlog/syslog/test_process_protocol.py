@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from auditlog.syslog.forwarder import Destination, ForwarderStats, make_destination
+from auditlog.syslog.destination import Destination, make_destination
+from auditlog.syslog.forwarder import ForwarderStats
 from auditlog.syslog.process import ProcessForwarder, destination_from_json, destination_to_json
 from auditlog.syslog.transport import TlsOptions
 

@@ -11,7 +11,8 @@ import pytest
 
 from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
-from auditlog.syslog.forwarder import Forwarder, make_destination
+from auditlog.syslog.destination import make_destination
+from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.relp import TXNR_MAX, Frame, RelpSender, encode_frame, next_txnr, parse_frames
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import TlsOptions, open_sender, parse_endpoint

@@ -15,7 +15,8 @@ import pytest
 
 from auditlog.chain import RecordText
 from auditlog.syslog.checkpoint import Position, load_checkpoint
-from auditlog.syslog.forwarder import Forwarder, make_destination
+from auditlog.syslog.destination import make_destination
+from auditlog.syslog.forwarder import Forwarder
 from auditlog.syslog.transport import TlsOptions
 from auditlog.syslog.window import Batch, SendWindow
 from auditlog.writer import AuditWriter

@@ -12,7 +12,8 @@ import pytest
 
 from auditlog.chain import ChainError, RecordText, parse_line
 from auditlog.syslog.errors import SyslogTLSError, SyslogTransportError
-from auditlog.syslog.forwarder import Destination, Forwarder, ForwarderStats, make_destination, send_test_message
+from auditlog.syslog.destination import Destination, make_destination, send_test_message
+from auditlog.syslog.forwarder import Forwarder, ForwarderStats
 from auditlog.syslog.rfc5424 import Header, encode_test_message, rfc3339_millis
 from auditlog.syslog.status import SyslogStatus, SyslogStatusError
 from auditlog.writer import AuditWriter

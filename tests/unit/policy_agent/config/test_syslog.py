@@ -84,7 +84,7 @@ def test_metrics_export_each_destination_outcomes_losses_and_position() -> None:
 
 
 def test_batch_window_and_checkpoint_settings_reach_the_destination_and_default_to_the_forwarders() -> None:
-    from auditlog.syslog import forwarder, window
+    from auditlog.syslog import destination, window
 
     config = loads("syslog:\n  destinations:\n    - {url: 'tcp://h:514'}\n"
                    "    - {url: 'tcp://h:515', batch_records: 10, batch_bytes: 4096, checkpoint_interval: 0.5,"
@@ -92,7 +92,8 @@ def test_batch_window_and_checkpoint_settings_reach_the_destination_and_default_
     default, tuned = (syslog_destination(d, "n") for d in config.syslog.destinations)
     assert (default.batch_records, default.batch_bytes, default.checkpoint_interval, default.checkpoint_records,
             default.window_batches, default.window_bytes) == (
-        forwarder.BATCH_RECORDS, forwarder.BATCH_BYTES, forwarder.CHECKPOINT_INTERVAL, forwarder.CHECKPOINT_RECORDS,
+        destination.BATCH_RECORDS, destination.BATCH_BYTES, destination.CHECKPOINT_INTERVAL,
+        destination.CHECKPOINT_RECORDS,
         window.WINDOW_BATCHES, window.WINDOW_BYTES)
     assert (tuned.batch_records, tuned.batch_bytes, tuned.checkpoint_interval, tuned.checkpoint_records,
             tuned.window_batches, tuned.window_bytes) == (10, 4096, 0.5, 100, 2, 65536)
