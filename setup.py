@@ -1,6 +1,6 @@
 """The compiled modules: the audit record encoder's common case (auditlog/_record_fast.c), the chain's sealer
 the frame decoder's common case (auditlog/_frame_fast.c), the aggregator (auditlog/_aggregate_fast.c) and the
-syslog forwarder's scan of a sealed line (auditlog/_scan_fast.c);
+syslog forwarder's split, scan and frames of sealed lines (auditlog/_scan_fast.c);
 NXT_PACKET_IN2 decoding by learned layout
 (packetin/_layout_fast.c).
 

@@ -13,8 +13,10 @@ from auditlog.syslog.checkpoint import load_checkpoint
 from auditlog.syslog.errors import SyslogConfigError, SyslogTransportError
 from auditlog.syslog.destination import checkpoint_name, make_destination
 from auditlog.syslog.forwarder import ACK_IDLE, Forwarder
+from auditlog.syslog.framer import Framer
 from auditlog.syslog.rfc5424 import Framing
 from auditlog.syslog.transport import ACK_POLL, Endpoint, TlsOptions
+from auditlog import record_fast
 from auditlog.chain import RecordText
 from auditlog.writer import AuditWriter
 from tests.support.syslog_parse import parse_message, split_octet_counted
@@ -461,3 +463,24 @@ def test_a_burst_the_connection_drops_under_is_sent_again_whole_and_counted_once
     run(fwd, now=1.0)
     assert sender.seqs(sender.on_connection) == list(range(1, 96))
     assert saved_seq(fwd) == 95 and fwd.stats().sent == 95 and fwd.stats().errors == 1
+
+
+def test_a_stream_forwarder_frames_runs_of_records_in_c_into_the_bytes_python_makes(
+        live: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(live, 1, 35)
+    taken: list[int] = []
+    take = Framer.take
+
+    def counting(self: Framer, *args: Any) -> tuple[int, int, str | None]:
+        result = take(self, *args)
+        taken.append(result[0])
+        return result
+    monkeypatch.setattr(Framer, "take", counting)
+    framed = FakeSender()
+    run(forwarder(live, framed))
+    assert sum(taken) > 0  # the forwarder hands runs to the framer
+    (live.parent.parent / "state" / "ckpt.json").unlink()
+    monkeypatch.setenv(record_fast.PURE_PYTHON_ENV, "1")  # no C part: every record framed in Python
+    plain = FakeSender()
+    run(forwarder(live, plain))
+    assert plain.frames == framed.frames and plain.seqs() == list(range(1, 36))
