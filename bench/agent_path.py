@@ -9,7 +9,8 @@ securityops Drop. The messages are the agent's own UDP Drop packet-ins as OVS 3.
 (tests/unit/data/agent_udp_drop_packet_in2_stream.bin, 240 bytes), each given a new destination
 port: every packet-in a new audit key and a "first" record, as in bench/agent_cpu.py's flood.
 They are handed to the reader `--per-read` at a time (1: a packet-in a wake-up; 22: what a paced read
-brings at 1k/s on the real path; 64: a backlog, the most handled inline). With --idle-ms the path
+brought at 1k/s on the real path with 20 ms pauses, ~86 with today's 100 ms; 128: what a paced read aims for
+over TCP; 255: the most handled inline). With --idle-ms the path
 sleeps after each read as the agent does between wake-ups: on this VM a path that has slept runs
 slower, the more so the longer it slept (likely its caches lost while the vCPU was halted).
 
@@ -170,6 +171,8 @@ def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: flo
 
 
 def main() -> int:
+    from packetin.demux import INLINE_MAX
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packet-ins", type=int, default=20000)
     ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
@@ -199,8 +202,8 @@ def main() -> int:
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
     idles = [float(x) for x in args.idle_ms.split(",")]
     for per_read, idle_ms in [(int(x), i) for x in args.per_read.split(",") for i in idles]:
-        if per_read > 64:  # INLINE_MAX: a bigger read goes to the demux task, which runs after the timed loop
-            ap.error("--per-read above 64 would not be timed")
+        if per_read > INLINE_MAX:  # a bigger read goes to the demux task, which runs after the timed loop
+            ap.error(f"--per-read above {INLINE_MAX} would not be timed")
         runs: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):

@@ -28,7 +28,7 @@ from packetin.bundle_exchange import BundleExchange
 from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
-from packetin.read_pacing import ReadPacer
+from packetin.read_pacing import READ_TRICKLE, ReadPacer, read_batch
 from packetin.reader import GroupSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
@@ -50,6 +50,8 @@ class ChannelSettings:
     request_timeout: float = 10.0
     # The longest pause between reads in a flood (packetin/read_pacing.py); 0 = no pacing.
     read_pace_max: float = 0.0
+    # Packet-ins this many seconds apart or more are read as they come, never paced.
+    read_trickle: float = READ_TRICKLE
 
 
 class OpenFlowChannel(BundleExchange):
@@ -182,7 +184,8 @@ class OpenFlowChannel(BundleExchange):
         pace = self.settings.read_pace_max
         if self._pacer is not None:
             self._paced_before += self._pacer.paced_reads
-        self._pacer = ReadPacer(lambda: self._reader.packet_ins, delay_max=pace) if pace > 0 else None
+        self._pacer = ReadPacer(lambda: self._reader.packet_ins, batch=read_batch(self.settings.target), delay_max=pace,
+                                trickle=self.settings.read_trickle) if pace > 0 else None
         return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:

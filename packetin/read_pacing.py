@@ -10,22 +10,25 @@ pauses follow each other (packetin/connect.py): a paced read costs its wake-up, 
 records' write, not two epoll_ctl and a second loop turn as well (measured at 1k: 7 syscalls a read
 before, 4 after).
 
-The pause is sized from the arrival rate of the last read: long enough for about READ_BATCH
-messages, never more than READ_DELAY_MAX. While packet-ins come READ_DELAY_MAX apart or more (a
-lone one after a quiet spell, or a trickle), no pause is taken: the next would come after it ended,
-so each is read, recorded and written at once and the latency of the first packet of anything
-stays what it was. A read of READ_BIG bytes
-or of twice READ_BATCH packet-ins or more means we are behind (or near our capacity), and the next
-read comes at once: so a full read keeps meaning what packetin/reader.py's input pressure takes it
-for, a queue we do not keep up with, never a pause we chose.
+The pause is sized from the arrival rate of the last read: long enough for about `batch` messages,
+never more than `delay_max` (openflow.read_pace_max). Packet-ins READ_TRICKLE apart or more (a lone
+one after a quiet spell, or a trickle: up to 50 a second) are never paced: each is read, recorded and
+written at once, so the latency of the first packet of anything stays what it was, whatever the
+longest pause. The two are apart on purpose: the longest pause sets what a flood costs (at 1k
+packet-ins/s a pause of 20 ms meant 50 wake-ups a second, each on cold caches; 100 ms, 10), the
+trickle gap what a quiet node's records wait (nothing). A read of READ_BIG bytes or of twice
+`batch` packet-ins or more means we are behind (or near our capacity), and the next read comes at
+once: so a full read keeps meaning what packetin/reader.py's input pressure takes it for, a queue we
+do not keep up with, never a pause we chose.
 
-READ_BATCH is small on purpose: while we do not read, OVS's messages wait in the socket, charged
-to ovs-vswitchd's send buffer (about 1 KB of it per packet-in, 208 KiB by default), and behind
-that in its controller queue (100 packet-ins by default); a full queue drops packet-ins. 64 stays
-well inside the socket alone.
+`batch` depends on the socket (`read_batch`). While we do not read, OVS's messages wait in it. Over
+a unix socket they are charged to ovs-vswitchd's send buffer (about 1 KB of it per packet-in, 208 KiB
+by default), and behind that in its controller queue (100 packet-ins by default); a full queue drops
+packet-ins: READ_BATCH, 64, stays well inside the socket alone. Over TCP (the embedded OVS in a
+namespace of its own) the receiving side's buffer grows to megabytes under load: READ_BATCH_TCP, 128.
 
 The price is stated: a packet-in is stamped when it is read, so in a flood a record's time can be
-up to READ_DELAY_MAX later than the packet's. Anything the agent sends (a request whose reply it
+up to the longest pause later than the packet's. Anything the agent sends (a request whose reply it
 waits for: barriers, bundles, statistics, echo) ends a pause at once (`hurry`).
 """
 
@@ -34,10 +37,17 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-READ_BATCH = 64  # packet-ins a paced read aims to bring
-READ_DELAY_MAX = 0.02  # seconds: the longest pause, and the quiet spell that ends pacing
+READ_BATCH = 64  # packet-ins a paced read aims to bring over a unix socket
+READ_BATCH_TCP = 128  # and over TCP
+READ_DELAY_MAX = 0.1  # seconds: the longest pause (the agent's openflow.read_pace_max default)
+READ_TRICKLE = 0.02  # seconds: packet-ins this far apart or more are read as they come, never paced
 READ_DELAY_MIN = 0.0005  # a pause shorter than this is not worth its timer and two epoll_ctl calls
 READ_BIG = 64 * 1024  # bytes: a read this big means we are behind; read again at once
+
+
+def read_batch(target: str) -> int:
+    """The packet-ins a paced read aims to bring from the OpenFlow `target` (tcp:HOST:PORT or a unix path)."""
+    return READ_BATCH_TCP if target.startswith("tcp:") else READ_BATCH
 
 
 class ReadPacer:
@@ -46,10 +56,11 @@ class ReadPacer:
     neither starts nor sizes a pause."""
 
     def __init__(self, count: Callable[[], int], batch: int = READ_BATCH, delay_max: float = READ_DELAY_MAX,
-                 mono_clock: Callable[[], float] = time.monotonic) -> None:
+                 mono_clock: Callable[[], float] = time.monotonic, trickle: float = READ_TRICKLE) -> None:
         self._count = count
         self._batch = batch
         self._delay_max = delay_max
+        self._trickle = trickle
         self._mono = mono_clock
         self._last = -float("inf")
         self._seen = count()
@@ -62,8 +73,8 @@ class ReadPacer:
             return 0.0
         now = self._mono()
         since, self._last = now - self._last, now
-        # Packet-ins a longest pause apart or more: the next would come after the pause ended anyway.
-        if since > self._delay_max * messages or nbytes >= READ_BIG or messages >= 2 * self._batch:
+        # A trickle (packet-ins a trickle gap apart or more) is read as it comes.
+        if since > self._trickle * messages or nbytes >= READ_BIG or messages >= 2 * self._batch:
             return 0.0
         # `messages` came in `since`: at that rate, `batch` take batch * since / messages.
         delay = min(self._delay_max, self._batch * since / messages)

@@ -81,7 +81,8 @@ class OpenFlowConfig:
     # Reconnect backoff cap in seconds (jittered, doubling from 50 ms).
     reconnect_max: float = field(default=2.0, metadata=checked(positive))
     # Seconds: in a flood of packet-ins, the longest the agent waits between two reads so that one
-    # wake-up handles many (packetin/read_pacing.py). A packet-in after a quiet spell is read at
-    # once; in a flood a record's time can be up to this much later than the packet's. 0 = off.
-    read_pace_max: float = field(default=0.02, metadata=checked(
+    # wake-up handles many (packetin/read_pacing.py). Packet-ins 20 ms apart or more (up to 50 a
+    # second) are read at once; in a flood a record's time can be up to this much later than the
+    # packet's. 0 = off.
+    read_pace_max: float = field(default=0.1, metadata=checked(
         lambda v: None if 0 <= v <= 0.1 else f"must be 0..0.1 seconds, got {v}"))

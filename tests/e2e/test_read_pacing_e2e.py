@@ -1,6 +1,6 @@
 """Read pacing in the running agent on real OVS (root): in a paced flood of packet-ins the agent
 wakes once per batch, not once per packet-in, and every packet-in OVS emitted is still in a
-record; a lone packet-in after a quiet spell is read on its own, at once (no pause)."""
+record; a lone packet-in after a quiet spell, or a trickle of them, is read on its own, at once (no pause)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,23 @@ for n in range(count):
         time.sleep(delay)
     s.sendto(b"pace", (ip, first + n))
 """
+
+
+# COUNT datagrams to ports FIRST.., GAP seconds at least between two (never sent closer to catch up).
+GAPPED = r"""
+import socket, sys, time
+ip, first, count, gap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for n in range(count):
+    if n:
+        time.sleep(gap)
+    s.sendto(b"gap", (ip, first + n))
+"""
+
+
+def send_gapped(netns: str, ip: str, first: int, count: int, gap: float) -> None:
+    subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", GAPPED, ip, str(first), str(count),
+                    str(gap)], check=True, timeout=count * gap + 60)
 
 
 def send_paced(netns: str, ip: str, first: int, count: int, rate: float) -> None:
@@ -78,3 +95,12 @@ def test_a_paced_flood_is_read_in_batches_and_every_packet_in_is_recorded(flood_
     assert _reads(counts3)[1] == _reads(counts2)[1], "a lone packet-in is never followed by a pause"
     assert _reads(counts3)[0] - _reads(counts2)[0] >= 10
     assert records3["packets"] - records1["packets"] == lone
+
+    # A packet-in every 80 ms (12.5 a second): closer together than the longest pause (the agent's
+    # default read_pace_max, 100 ms), farther than the trickle gap (20 ms): still each read at once.
+    emitted4 = _emitted(cluster)
+    send_gapped(netns, ip, FIRST_PORT + 6000, 10, 0.08)
+    counts5, records5 = settled(cluster)
+    assert _emitted(cluster) - emitted4 == 10
+    assert _reads(counts5)[1] == _reads(counts3)[1], "a trickle is never paced, whatever the longest pause"
+    assert records5["packets"] - records3["packets"] == 10

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from packetin import connect
-from packetin.read_pacing import READ_BIG, READ_DELAY_MIN, ReadPacer
+from packetin.read_pacing import (READ_BATCH, READ_BATCH_TCP, READ_BIG, READ_DELAY_MIN, READ_TRICKLE, ReadPacer,
+                                  read_batch)
 from tests.support.channel_rig import Rig, flow, rig, run, sock_path  # noqa: F401 (fixture)
 from tests.support.clock import ManualClock
 from tests.support.fake_switch import packet_in2
@@ -20,10 +21,10 @@ from tests.support.waiting import eventually
 class Reads:
     """The reader's running packet-in count and the pacer asked after each read."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch: int = 64, delay_max: float = 0.02) -> None:
         self.count = 0
         self.clock = ManualClock(100.0)
-        self.pacer = ReadPacer(lambda: self.count, batch=64, delay_max=0.02, mono_clock=self.clock)
+        self.pacer = ReadPacer(lambda: self.count, batch=batch, delay_max=delay_max, mono_clock=self.clock)
 
     def read(self, packet_ins: int, nbytes: int, after: float = 0.0) -> float:
         self.clock.advance(after)
@@ -51,6 +52,33 @@ def test_a_flood_is_read_in_batches_sized_from_its_rate_and_capped() -> None:
     assert r.pacer.paced_reads == 5
 
 
+def test_a_trickle_is_read_as_it_comes_however_long_the_longest_pause() -> None:
+    # The agent's default: pauses of up to 100 ms, yet packet-ins 20 ms apart or more are never paced.
+    assert READ_TRICKLE == 0.02
+    r = Reads(delay_max=0.1)
+    assert r.read(1, 200) == 0.0
+    assert r.read(1, 200, after=0.08) == 0.0  # 12.5 pps: closer than the longest pause, read at once
+    assert r.read(1, 200, after=0.03) == 0.0
+    assert r.read(1, 200, after=0.021) == 0.0  # 47 pps
+    assert r.read(3, 600, after=0.061) == 0.0
+    assert r.pacer.paced_reads == 0
+    assert r.read(1, 200, after=0.019) == 0.1  # over 50 pps: a flood; 64 would take 1.2 s, capped at 100 ms
+    assert abs(r.read(100, 24_000, after=0.1) - 0.064) < 1e-9  # 1k/s: 64 take 64 ms
+    assert r.read(3, 600, after=0.064) == 0.0  # 3 in the 64 ms pause, 47 a second: a trickle again
+    assert r.pacer.paced_reads == 2
+
+
+def test_the_batch_a_pause_aims_for_depends_on_the_socket() -> None:
+    assert read_batch("tcp:127.0.0.1:6653") == READ_BATCH_TCP == 128  # TCP buffers grow to megabytes
+    assert read_batch("/run/openvswitch/br-int.npaudit") == read_batch("unix:/x.mgmt") == READ_BATCH == 64
+    r = Reads(batch=READ_BATCH_TCP, delay_max=0.1)
+    r.read(1, 200)
+    assert r.read(100, 24_000, after=0.1) == 0.1  # 1k/s: 128 would take 128 ms, capped at 100
+    assert abs(r.read(100, 24_000, after=0.01) - 0.0128) < 1e-9  # 10k/s: 128 take 12.8 ms
+    assert r.read(255, 60_000, after=0.0128) > 0  # under twice the batch: still kept up with
+    assert r.read(256, 60_000, after=0.0128) == 0.0  # twice the batch: near capacity, read at once
+
+
 def test_reads_without_packet_ins_neither_start_nor_size_a_pause() -> None:
     r = Reads()
     r.read(1, 200)
@@ -76,7 +104,7 @@ def _packet_in(i: int) -> bytes:
 def test_the_stream_pauses_in_a_flood_and_delivers_every_packet_in(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
         # A pause of up to 0.5 s: longer than any scheduling hiccup, so the batches are known.
-        async with rig(sock_path, read_pace_max=0.5) as r:
+        async with rig(sock_path, read_pace_max=0.5, read_trickle=0.5) as r:
             r.fake.send(_packet_in(0))
             await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in, read at once")
             await asyncio.sleep(0.02)  # 1 packet-in in 20 ms: a pause of 64 * 20 ms, capped at 0.5 s
@@ -97,7 +125,7 @@ def test_the_stream_pauses_in_a_flood_and_delivers_every_packet_in(sock_path: st
 def test_a_request_during_a_pause_is_answered_at_once(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
         # A pause far longer than the request is allowed to take (the rig's request_timeout is 2 s).
-        async with rig(sock_path, read_pace_max=30.0) as r:
+        async with rig(sock_path, read_pace_max=30.0, read_trickle=30.0) as r:
             r.fake.send(_packet_in(0))
             await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
             await asyncio.sleep(0.5)  # a pause of 64 * 0.5 s, capped at 30 s: far beyond the request's 2 s
@@ -162,7 +190,7 @@ async def _lone_then_paced(r: Rig, paced_batches: int = 0) -> None:
 
 def test_paced_reads_in_a_row_read_from_the_timer_and_leave_the_poll_set_once(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
-        async with rig(sock_path, read_pace_max=0.2) as r:
+        async with rig(sock_path, read_pace_max=0.2, read_trickle=0.2) as r:
             reg = _Registrations(_transport(r))
             await _lone_then_paced(r, paced_batches=2)  # two paced reads in a row after the first pause
             assert reg.pauses == 1  # the paced reads after the first came from the timer: no epoll_ctl between
@@ -178,7 +206,7 @@ def test_paced_reads_in_a_row_read_from_the_timer_and_leave_the_poll_set_once(so
 
 def test_a_stream_that_ends_during_a_pause_is_seen_lost_when_the_pause_ends(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
-        async with rig(sock_path, read_pace_max=0.2) as r:
+        async with rig(sock_path, read_pace_max=0.2, read_trickle=0.2) as r:
             first = r.chan._proto
             await _lone_then_paced(r)
             r.fake.send(_packet_in(2))
@@ -197,7 +225,7 @@ def test_without_a_timer_read_each_paced_read_rejoins_the_poll_set_and_nothing_i
     monkeypatch.setattr(connect, "timer_reader", lambda transport: None)
 
     async def main() -> None:
-        async with rig(sock_path, read_pace_max=0.2) as r:
+        async with rig(sock_path, read_pace_max=0.2, read_trickle=0.2) as r:
             reg = _Registrations(_transport(r))
             await _lone_then_paced(r, paced_batches=2)
             assert reg.pauses == 3 and reg.resumes >= 2  # out of the poll set and back, each paced read
