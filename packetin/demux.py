@@ -53,7 +53,8 @@ _KNOWN = frozenset(int(c) for c in Category)
 # How many items a consumer handles before yielding to the reader.
 _CONSUMER_SLICE = 512
 # The agent's `inline_max`: reads this small are what a rate the agent keeps up with brings (a paced read
-# aims for READ_BATCH_TCP; twice that means behind). Handled within the read, they cost no task wake-up
+# aims for READ_BATCH_TCP; twice that means behind; over a unix socket it aims for READ_BATCH, well under
+# this, and a read past twice that is handled here all the same). Handled within the read, they cost no task wake-up
 # (bench/agent_cpu.py: with 64 here, reads of 65-255 went to the task; 255 measured lower at 10k and 20k
 # in both of 2 alternated rounds, by 0.1-4.2 µs a packet-in, bench/RESULTS.md).
 INLINE_MAX = 2 * READ_BATCH_TCP - 1

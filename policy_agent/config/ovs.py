@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packetin.read_pacing import READ_DELAY_MAX
 from policy_agent.config.checks import (absolute_path, checked, interface_name, netns_name, one_of, ovs_queue_size,
                                         positive)
 
@@ -81,8 +82,8 @@ class OpenFlowConfig:
     # Reconnect backoff cap in seconds (jittered, doubling from 50 ms).
     reconnect_max: float = field(default=2.0, metadata=checked(positive))
     # Seconds: in a flood of packet-ins, the longest the agent waits between two reads so that one
-    # wake-up handles many (packetin/read_pacing.py). Packet-ins 20 ms apart or more (up to 50 a
-    # second) are read at once; in a flood a record's time can be up to this much later than the
-    # packet's. 0 = off.
-    read_pace_max: float = field(default=0.1, metadata=checked(
-        lambda v: None if 0 <= v <= 0.1 else f"must be 0..0.1 seconds, got {v}"))
+    # wake-up handles many (packetin/read_pacing.py). Packet-ins READ_TRICKLE (20 ms) apart or more
+    # (up to 50 a second) are read at once; in a flood a record's time can be up to this much later
+    # than the packet's. 0 = off. At most 0.1: the default, and the bound on that lateness.
+    read_pace_max: float = field(default=READ_DELAY_MAX, metadata=checked(
+        lambda v: None if 0 <= v <= READ_DELAY_MAX else f"must be 0..{READ_DELAY_MAX} seconds, got {v}"))

@@ -124,3 +124,11 @@ def test_a_meter_statistics_interval_outside_a_tenth_of_a_second_to_an_hour_is_r
     errors = _errors(f"meters: {{stats_interval: {value}}}")
     assert len(errors) == 1 and errors[0].startswith("meters.stats_interval: must be between 0.1 and 3600"), errors
     assert config.loads("meters: {stats_interval: 0.5}").meters.stats_interval == 0.5
+
+
+def test_the_longest_read_pause_is_bounded_by_its_default() -> None:
+    assert config.loads("openflow: {read_pace_max: 0.1}").openflow.read_pace_max == 0.1  # the most a record lags
+    assert config.loads("openflow: {read_pace_max: 0}").openflow.read_pace_max == 0  # no pacing
+    assert config.loads("{}").openflow.read_pace_max == 0.1  # the default
+    assert _errors("openflow: {read_pace_max: 0.11}") == ["openflow.read_pace_max: must be 0..0.1 seconds, got 0.11"]
+    assert _errors("openflow: {read_pace_max: -0.01}") == ["openflow.read_pace_max: must be 0..0.1 seconds, got -0.01"]
