@@ -272,6 +272,19 @@ static int as_time(PyObject *o, double *v) {
     return *v == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* by_rule[rule_id] = by_rule.get(rule_id, 0) + n */
+static int count_rule(PyObject *by_rule, PyObject *rule_id, long long n) {
+    PyObject *had = PyDict_GetItemWithError(by_rule, rule_id);
+    if (had == NULL && PyErr_Occurred()) return -1;
+    long long v = had != NULL ? PyLong_AsLongLong(had) : 0;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    PyObject *now = PyLong_FromLongLong(v + n);
+    if (now == NULL) return -1;
+    int status = PyDict_SetItem(by_rule, rule_id, now);
+    Py_DECREF(now);
+    return status;
+}
+
 /* add(key, sample, size, now, aggregate) */
 static PyObject *Aggregator_add(Aggregator *a, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -287,6 +300,122 @@ static PyObject *Aggregator_add(Aggregator *a, PyObject *const *args, Py_ssize_t
     if (out == NULL) return NULL;
     if (add_one(a, args[0], args[1], size, now, aggregate, out) < 0) Py_CLEAR(out);
     return out;
+}
+
+/* add_run(pins, start, end, decode, layout, by_rule, out) -> (stop, truncated, last)
+ *
+ * AuditPipeline.__call__'s full-detail part for pins[start:end], in one call (auditlog/pipeline.py take_run):
+ * per packet-in, summary = decode(pin.packet); the key (rule_id, reg7 & disposition_bits, src_ip, dst_ip,
+ * protocol, dst_port if not None else icmp_type); add(key, (pin, summary), pin.total_len, pin.received_at,
+ * disposition != allow) with the emissions appended to `out`; by_rule[rule_id] += 1. `layout` names where
+ * those fields are: (pin_size, packet, rule_id, reg7, total_len, received_at, summary_size, truncated, src_ip,
+ * dst_ip, protocol, dst_port, icmp_type, disposition_bits, allow).
+ *
+ * It stops at the first packet-in it does not take and returns its index with nothing done for it: a pin of
+ * another size or no tuple, decode raising or giving no tuple of the summary's size, a rule id or reg7 that is
+ * no int, a size or time the aggregator would refuse. The pipeline takes that one on its own path, which says
+ * what is wrong with it. `truncated`: packet-ins taken whose summary says truncated; `last`: the last
+ * (pin, summary) taken, or None. Only a failure of the aggregator itself (no memory) raises. */
+static PyObject *Aggregator_add_run(Aggregator *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[4]) || PyTuple_GET_SIZE(args[4]) != 15
+            || !PyDict_CheckExact(args[5]) || !PyList_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "add_run(pins: list, start, end, decode, layout: 15-tuple, by_rule: dict, "
+                                         "out: list)");
+        return NULL;
+    }
+    PyObject *pins = args[0], *decode = args[3], *by_rule = args[5], *out = args[6];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || end == -1) && PyErr_Occurred()) return NULL;
+    Py_ssize_t f[15];
+    for (int i = 0; i < 15; i++) {
+        f[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[4], i));
+        if (f[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_ssize_t pin_n = f[0], sum_n = f[6];
+    for (int i = 1; i < 6; i++)
+        if (f[i] < 0 || f[i] >= pin_n) goto bad_layout;
+    for (int i = 7; i < 13; i++)
+        if (f[i] < 0 || f[i] >= sum_n) goto bad_layout;
+    long long bits = f[13], allow = f[14];
+    if (start < 0 || end > PyList_GET_SIZE(pins)) {
+        PyErr_SetString(PyExc_IndexError, "add_run: start and end must lie within pins");
+        return NULL;
+    }
+    Py_ssize_t i = start, truncated = 0;
+    PyObject *last = NULL;               /* the last sample taken (held) */
+    PyObject *run_rule = NULL;           /* by_rule counted here for runs of one rule id: flushed on a change */
+    long long run_count = 0;
+    int failed = 0;
+    for (; i < end; i++) {
+        PyObject *pin = PyList_GET_ITEM(pins, i);
+        if (!PyTuple_Check(pin) || PyTuple_GET_SIZE(pin) != pin_n) break;
+        PyObject *rule_id = PyTuple_GET_ITEM(pin, f[2]), *reg7 = PyTuple_GET_ITEM(pin, f[3]);
+        if (!PyLong_CheckExact(rule_id) || !PyLong_CheckExact(reg7)) break;
+        long long reg7_v = PyLong_AsLongLong(reg7), size;
+        double now;
+        if (reg7_v == -1 && PyErr_Occurred()) { PyErr_Clear(); break; }
+        if (as_count(PyTuple_GET_ITEM(pin, f[4]), &size) < 0 || as_time(PyTuple_GET_ITEM(pin, f[5]), &now) < 0) {
+            PyErr_Clear();
+            break;
+        }
+        PyObject *summary = PyObject_CallOneArg(decode, PyTuple_GET_ITEM(pin, f[1]));
+        if (summary == NULL) { PyErr_Clear(); break; }
+        if (!PyTuple_Check(summary) || PyTuple_GET_SIZE(summary) != sum_n) { Py_DECREF(summary); break; }
+        int cut = PyObject_IsTrue(PyTuple_GET_ITEM(summary, f[7]));
+        if (cut < 0) { PyErr_Clear(); Py_DECREF(summary); break; }
+        long long disposition_v = reg7_v & bits;
+        PyObject *dst_port = PyTuple_GET_ITEM(summary, f[11]);
+        PyObject *lastf = dst_port != Py_None ? dst_port : PyTuple_GET_ITEM(summary, f[12]);
+        PyObject *disposition = PyLong_FromLongLong(disposition_v), *key = NULL, *sample = NULL;
+        if (disposition != NULL)
+            key = PyTuple_Pack(6, rule_id, disposition, PyTuple_GET_ITEM(summary, f[8]),
+                               PyTuple_GET_ITEM(summary, f[9]), PyTuple_GET_ITEM(summary, f[10]), lastf);
+        Py_XDECREF(disposition);
+        if (key != NULL) sample = PyTuple_Pack(2, pin, summary);
+        Py_DECREF(summary);
+        if (sample == NULL || add_one(a, key, sample, size, now, disposition_v != allow, out) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(sample);
+            failed = 1;
+            break;
+        }
+        Py_DECREF(key);
+        Py_XSETREF(last, sample);
+        truncated += cut;
+        if (run_rule != NULL && run_rule != rule_id && PyObject_RichCompareBool(run_rule, rule_id, Py_EQ) != 1) {
+            int counted = count_rule(by_rule, run_rule, run_count);  /* two ints: the compare cannot fail */
+            Py_CLEAR(run_rule);
+            if (counted < 0) {  /* no memory: this packet-in is in the aggregator, not in by_rule */
+                failed = 1;
+                break;
+            }
+        }
+        if (run_rule == NULL) {
+            run_rule = Py_NewRef(rule_id);
+            run_count = 0;
+        }
+        run_count++;
+    }
+    if (run_rule != NULL) {  /* what was taken is counted, also when the aggregator failed */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (count_rule(by_rule, run_rule, run_count) < 0) {
+            failed = 1;
+            Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
+        Py_DECREF(run_rule);
+    }
+    if (failed) {
+        Py_XDECREF(last);
+        return NULL;
+    }
+    return Py_BuildValue("(nnN)", i, truncated, last != NULL ? last : Py_NewRef(Py_None));
+
+bad_layout:
+    PyErr_SetString(PyExc_ValueError, "add_run: a layout index outside its tuple");
+    return NULL;
 }
 
 /* add_many(key, sample, count, size, now, second=None) */
@@ -515,6 +644,9 @@ static void Aggregator_dealloc(Aggregator *a) {
 static PyMethodDef Aggregator_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Aggregator_add, METH_FASTCALL,
      "add(key, sample, size, now, aggregate) -> list[Emission]: one admitted packet-in"},
+    {"add_run", (PyCFunction)(void (*)(void))Aggregator_add_run, METH_FASTCALL,
+     "add_run(pins, start, end, decode, layout, by_rule, out) -> (stop, truncated, last): the pipeline's full-detail "
+     "add for a run of packet-ins"},
     {"add_many", (PyCFunction)(void (*)(void))Aggregator_add_many, METH_FASTCALL,
      "add_many(key, sample, count, size, now, second=None) -> list[Emission]: `count` packet-ins at once"},
     {"add_offloaded", (PyCFunction)(void (*)(void))Aggregator_add_offloaded, METH_VARARGS | METH_KEYWORDS,

@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 _ALLOW = int(Disposition.ALLOW)
 # Packet-ins between two looks at the backlog while at full detail (in overload: every one).
 _CHECK_EVERY = 64
+# Where the aggregator's add_run finds what __call__ reads: (PacketIn's size, packet, rule_id, reg7, total_len,
+# received_at, PacketSummary's size, truncated, src_ip, dst_ip, protocol, dst_port, icmp_type, the disposition's
+# bits, Allow).
+_RUN_LAYOUT = (len(PacketIn._fields), *(PacketIn._fields.index(f) for f in
+                                        ("packet", "rule_id", "reg7", "total_len", "received_at")),
+               len(PacketSummary._fields), *(PacketSummary._fields.index(f) for f in
+                                             ("truncated", "src_ip", "dst_ip", "protocol", "dst_port", "icmp_type")),
+               DISPOSITION_BITS, _ALLOW)
 # Seconds between looks at the backlog while coarse and idle (no window open).
 _RECHECK = 0.5
 # Seconds the window timer waits at least between two ticks: with a new key every packet-in,
@@ -100,6 +108,9 @@ class AuditPipeline:
         # RecordEncoder.encode_positional and decode_frame, their common cases in C where auditlog._record_fast is built
         self.encoder, self._decode_frame = fast_encoder(RecordEncoder(ctx)), frame_decoder()
         self._encode = self.encoder.encode
+        # __call__'s full-detail part for a run of packet-ins in one call (take_run), where the aggregator
+        # has it (the C one); else None and every packet-in goes through __call__.
+        self._add_run = getattr(aggregator, "add_run", None)
         self._rules = ctx.rules
         self._overload = overload
         self._level = FULL
@@ -162,6 +173,45 @@ class AuditPipeline:
             # stepped back (received_at shows it): poke the timer only then, or when it sleeps towards nothing.
             if (until := self._timer_until) is None or pin.received_at + self._window < until:
                 self._poke_timer()
+
+    @property
+    def takes_runs(self) -> bool:
+        """Whether take_run can take packet-ins now: the aggregator has add_run and the level is full detail."""
+        return self._add_run is not None and not self._level
+
+    def take_run(self, pins: list[PacketIn], start: int, end: int) -> int:
+        """pins[start:end] as __call__ would take them one by one, the same records and counts, up to the index
+        returned: the packet-ins before it are taken. The one at it (if any) is for __call__: the aggregator's
+        add_run did not take it (__call__ says what is wrong with it), or it is the one on which __call__ looks
+        at the backlog (every _CHECK_EVERY-th; should the level turn coarse there, takes_runs is then False).
+        The run's records go to the writer together, in the order __call__ would have given them."""
+        add_run = self._add_run
+        if add_run is None or self._level:
+            return start
+        overload, stats, out = self._overload, self.stats, cast("list[Emission]", [])
+        i = start
+        try:
+            while i < end:
+                j = end if overload is None else min(end, i + self._countdown - 1)
+                if j <= i:  # this packet-in is where __call__ looks at the backlog (countdown 1): its own
+                    return i
+                stop, truncated, last = add_run(pins, i, j, self._decode_frame, _RUN_LAYOUT, self.rule_packet_ins,
+                                                out)
+                taken = stop - i
+                stats["packet_ins"] += taken
+                stats["decode_truncated"] += truncated
+                if overload is not None:
+                    self._countdown -= taken
+                if last is not None:
+                    self._decoded = last
+                if stop < j:
+                    return stop
+                i = j
+            return end
+        finally:
+            if out:
+                self._emit(out)
+                self._poke_timer()  # once a run: it looks at whether the soonest window now closes sooner
 
     def _coarse(self, pin: PacketIn) -> None:
         """Account one packet-in under the coarser key of the current overload level."""

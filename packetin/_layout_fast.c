@@ -211,6 +211,49 @@ static PyObject *LayoutDecoder_counts(LayoutDecoder *self, PyObject *Py_UNUSED(i
     return Py_BuildValue("{s:n,s:n,s:i}", "fast", self->fast, "python", self->slow, "layouts", learned);
 }
 
+/* logged_run_end(items, start, end, packet_in_type, userdata_index, version, min_length, log_bit, reject_bit)
+ * -> the first index in [start, end) whose item is not a plain logged packet-in, else end: an item of exactly
+ * `packet_in_type` whose userdata (bytes) is not ours (shorter than min_length or another version: a packet-in
+ * the reason code routed, logged) or is ours with `log_bit` set and `reject_bit` clear in its flags (byte 2).
+ * policy_agent/policy_packetins.py hands such runs to the audit pipeline in one call (packetin/layouts.py). */
+static PyObject *logged_run_end(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_CheckExact(args[0]) || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "logged_run_end(items: list, start, end, packet_in_type, userdata_index, "
+                                         "version, min_length, log_bit, reject_bit)");
+        return NULL;
+    }
+    PyObject *items = args[0];
+    PyTypeObject *type = (PyTypeObject *)args[3];
+    Py_ssize_t v[7];
+    for (int k = 0; k < 7; k++) {
+        v[k] = PyLong_AsSsize_t(args[k == 0 ? 1 : k == 1 ? 2 : k + 2]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_ssize_t start = v[0], end = v[1], ud_index = v[2], min_length = v[4];
+    long version = (long)v[3], log_bit = (long)v[5], reject_bit = (long)v[6];
+    if (start < 0 || end > PyList_GET_SIZE(items) || ud_index < 0 || min_length < 3) {
+        PyErr_SetString(PyExc_ValueError, "logged_run_end: start, end, userdata_index or min_length out of range");
+        return NULL;
+    }
+    Py_ssize_t i = start;
+    for (; i < end; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (Py_TYPE(item) != type || PyTuple_GET_SIZE(item) <= ud_index) break;
+        PyObject *ud = PyTuple_GET_ITEM(item, ud_index);
+        if (!PyBytes_CheckExact(ud)) break;
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(ud);
+        if (PyBytes_GET_SIZE(ud) < min_length || b[0] != version) continue;  /* not ours: logged */
+        if (!(b[2] & log_bit) || (b[2] & reject_bit)) break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+static PyMethodDef module_methods[] = {
+    {"logged_run_end", (PyCFunction)(void (*)(void))logged_run_end, METH_FASTCALL,
+     "logged_run_end(items, start, end, packet_in_type, userdata_index, version, min_length, log_bit, reject_bit) "
+     "-> the end of the run of plain logged packet-ins from start"},
+    {NULL}};
+
 static PyMethodDef LayoutDecoder_methods[] = {
     {"decode", (PyCFunction)(void (*)(void))LayoutDecoder_decode, METH_FASTCALL,
      "decode(msg, received_at) -> PacketIn, as packetin.wire.decode_packet_in2"},
@@ -235,7 +278,7 @@ static PyTypeObject LayoutDecoderType = {
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "packetin._layout_fast",
                                        "NXT_PACKET_IN2 decoding by learned layout in C (see packetin/layouts.py).",
-                                       -1, NULL};
+                                       -1, module_methods};
 
 PyMODINIT_FUNC PyInit__layout_fast(void) {
     if (PyType_Ready(&LayoutDecoderType) < 0) return NULL;

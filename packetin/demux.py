@@ -21,7 +21,8 @@ import logging
 from itertools import repeat
 from dataclasses import dataclass, field
 from collections.abc import Hashable
-from typing import Callable, Iterable
+from functools import partial
+from typing import Any, Callable, Iterable, cast
 
 from meters.fair_share import FairShare
 from meters.token_bucket import TokenBucket
@@ -32,6 +33,9 @@ from packetin.read_pacing import READ_BATCH_TCP
 from packetin.tasks import cancel_and_wait
 
 Handler = Callable[[PacketIn], None]
+# handle_run(items, start, end, failed) -> (stop, failures): items[start:stop] handled as the handler would have
+# each one by one, stop at the first PacketInGroup (or end); `failed` called inside each failure's except.
+RunHandler = Callable[[list[Any], int, int, Callable[[], None]], tuple[int, int]]
 
 # Outcomes counted per category (exported as npaudit_packetin_total{category,outcome}).
 RECEIVED = "received"
@@ -101,6 +105,9 @@ class _Subscription:
     # The handler's begin_batch / end_batch, called around each slice drained (None: it has none).
     begin_batch: Callable[[], None] | None = None
     end_batch: Callable[[], None] | None = None
+    # The handler's handle_run (None: it has none): a slice's packet-ins in one call, see _drain_runs.
+    run_handler: RunHandler | None = None
+    failed: Callable[[], None] | None = None  # logs a packet-in the handler failed on (from inside its except)
 
 
 def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
@@ -143,7 +150,9 @@ class Demux:
             group_handler=getattr(handler, "handle_group", None) or _one_by_one(handler),
             begin_batch=getattr(handler, "begin_batch", None),
             end_batch=getattr(handler, "end_batch", None),
+            run_handler=getattr(handler, "handle_run", None),
         )
+        sub.failed = partial(self._handler_failed, sub)
         if fair is not None:
             sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
                                  max_keys=fair.max_keys, now=now)
@@ -325,6 +334,9 @@ class Demux:
         handler = sub.handler
         counts = sub.counts
         n = min(limit, len(queue))
+        if sub.run_handler is not None and n > 1:
+            self._drain_runs(sub, n)
+            return
         errors = extra = 0
         for _ in range(n):
             pin = queue.popleft()
@@ -343,6 +355,40 @@ class Demux:
             except Exception:  # one bad packet must not stop the loop
                 errors += 1
                 self._handler_failed(sub)
+        counts[DELIVERED] += n + extra - errors
+        counts[HANDLER_ERROR] += errors
+
+    def _drain_runs(self, sub: _Subscription, n: int) -> None:
+        """_drain_items for a handler with handle_run: the slice's packet-ins in as few calls as it takes (it hands
+        each as __call__ would have had it, and says how many failed), its groups one by one as before."""
+        queue, counts = sub.queue, sub.counts
+        run_handler, failed = cast("RunHandler", sub.run_handler), cast("Callable[[], None]", sub.failed)
+        items = [queue.popleft() for _ in range(n)]
+        errors = extra = 0
+        i = 0
+        while i < n:
+            try:
+                i, failures = run_handler(items, i, n, failed)
+            except Exception:  # not expected (it catches and counts its own): the rest of the slice counts as failed
+                self._handler_failed(sub)
+                for item in items[i:]:
+                    weight = len(item.raws) if isinstance(item, PacketInGroup) else 1
+                    extra += weight - 1
+                    sub.in_groups -= weight - 1
+                    errors += weight
+                break
+            errors += failures
+            if i < n:  # a group (read in overload): its packet-ins count one by one
+                group = cast(PacketInGroup, items[i])
+                weight = len(group.raws)
+                extra += weight - 1
+                sub.in_groups -= weight - 1
+                try:
+                    sub.group_handler(group)
+                except Exception:
+                    errors += weight
+                    self._handler_failed(sub)
+                i += 1
         counts[DELIVERED] += n + extra - errors
         counts[HANDLER_ERROR] += errors
 

@@ -24,13 +24,16 @@ import struct
 from operator import itemgetter
 from typing import Any, Callable, cast
 
-from packetin.model import PacketIn
+from packetin.model import Flags, PacketIn
+from packetin.registers import USERDATA_LENGTH, USERDATA_VERSION
 from packetin.wire import Slot, decode_packet_in2
 
 try:
     from packetin._layout_fast import LayoutDecoder
+    from packetin._layout_fast import logged_run_end as _c_logged_run_end
 except ImportError:  # not built (no compiler at install time): fast_decoder says so
     LayoutDecoder = None  # type: ignore[assignment,misc]
+    _c_logged_run_end = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 # Set (to anything but "" or "0") to run the per-packet work in pure Python (auditlog/record_fast.py's switch
@@ -182,3 +185,32 @@ def fast_decoder(decoder: PacketIn2Decoder) -> Callable[[bytes, float], PacketIn
     for layout in decoder._layouts.values():
         c.learn(*layout.c_spec)
     return cast("Callable[[bytes, float], PacketIn]", c.decode)
+
+
+_LOG, _REJECT = int(Flags.LOG), int(Flags.REJECT)
+_USERDATA_INDEX = PacketIn._fields.index("userdata")
+
+
+def _py_logged_run_end(items: list[Any], start: int, end: int) -> int:
+    for i in range(start, end):
+        pin = items[i]
+        if type(pin) is not PacketIn or type(pin.userdata) is not bytes:
+            return i
+        flags = pin.flags
+        if flags is not None and (not flags & _LOG or flags & _REJECT):
+            return i
+    return end
+
+
+def logged_run_end() -> Callable[[list[Any], int, int], int]:
+    """run_end(items, start, end): the first index in [start, end) whose item is not a plain logged packet-in,
+    else `end`. A plain logged packet-in is a PacketIn whose userdata is not ours (the reason code routed it:
+    logged), or is ours with LOG set and REJECT clear. In C (packetin/_layout_fast.c) where built and
+    NPAUDIT_PURE_PYTHON is not set (asked now); the same index either way."""
+    c = _c_logged_run_end
+    if c is None or pure_python():
+        return _py_logged_run_end
+
+    def run_end(items: list[Any], start: int, end: int) -> int:
+        return c(items, start, end, PacketIn, _USERDATA_INDEX, USERDATA_VERSION, USERDATA_LENGTH, _LOG, _REJECT)
+    return run_end

@@ -12,6 +12,7 @@ import json
 from typing import Any, Callable, TextIO
 
 from packetin.groups import PacketInGroup
+from packetin.layouts import logged_run_end
 from packetin.messages import packet_out
 from packetin.model import Flags, PacketIn
 from policy_agent.policy.reject import build_reject
@@ -54,6 +55,11 @@ class PolicyPacketIns:
         # one, what begin_batch found could act (no trace packet lately: no suppress; offload idle: not it).
         self._suppress_now = suppress
         self._logged_now = self._logged
+        # The audit pipeline takes runs of plain logged packet-ins in one call (take_run) while it is the only
+        # logged handler that acts (no tap; the offload idle) and no trace packet may be among them.
+        self._runs: Any = audit if audit is not None and hasattr(audit, "take_run") and tap is None else None
+        self._run_alone = (audit,)
+        self._run_end = logged_run_end()
 
     def __call__(self, pin: PacketIn) -> None:
         suppress = self._suppress_now
@@ -88,6 +94,41 @@ class PolicyPacketIns:
         self._logged_now = self._logged
         for handler in self._batched:
             handler.end_batch()
+
+    def handle_run(self, items: list[Any], start: int, end: int, failed: Callable[[], None]) -> tuple[int, int]:
+        """items[start:end] one read's, in order, as the demux would hand each to __call__, up to the first
+        PacketInGroup (the demux takes it): (that index or end, how many packet-ins failed, each
+        told to `failed` from inside its except). Runs of plain logged packet-ins (packetin/layouts.py
+        logged_run_end) go to the pipeline's take_run as one call when nothing else acts on them now; every other
+        packet-in to __call__."""
+        pipeline, run_end = self._runs, self._run_end
+        errors = 0
+        i = start
+        while i < end:
+            k = i
+            if pipeline is not None and self._suppress_now is None and self._logged_now == self._run_alone \
+                    and pipeline.takes_runs:
+                k = run_end(items, i, end)
+                if k > i:
+                    try:
+                        k = pipeline.take_run(items, i, k)
+                    except Exception:  # not expected (the pipeline's own path says what is wrong with a packet-in)
+                        errors += k - i
+                        failed()
+                        i = k
+                        continue
+                if k >= end:
+                    return end, errors
+            pin = items[k]
+            if isinstance(pin, PacketInGroup):
+                return k, errors
+            try:
+                self(pin)
+            except Exception:
+                errors += 1
+                failed()
+            i = k + 1
+        return end, errors
 
     def handle_group(self, group: PacketInGroup) -> None:
         """Packet-ins the reader grouped in overload (packetin/groups.py; they share userdata,
