@@ -8,6 +8,10 @@
  * and the emission a tuple filled in place. tests/unit/auditlog/test_aggregate.py runs every test on both
  * classes and runs them side by side on random calls: the same emissions, the same counts.
  *
+ * add_run, which the Python class does not have, is the pipeline's per-packet-in part for a run of a read's
+ * packet-ins (AuditPipeline.take_run): decode, key, count and add, with no Python frame per packet-in.
+ * tests/unit/auditlog/test_pipeline_runs.py shows it gives what add and the pipeline's __call__ give.
+ *
  * Differences that do not show: times are kept as floats (the pipeline's are), counts as 64-bit integers (the
  * eBPF offload's counters are 64-bit), and a closed window lets go of its key and sample at once rather than
  * when the expiry queue drops it.

@@ -172,10 +172,14 @@ typedef struct {
     /* Where RecordText keeps head, mid, tail, seq, verdict and received (its __slots__): a record is then made
      * as RecordText(head, mid, tail) makes it, without the Python __init__ (record_slots). 0: call the class. */
     Py_ssize_t slots[6];
+    /* Between begin_batch and end_batch (one read's records): the Pod table asked once, and each rule id's
+     * current rule asked once (rule id -> rule), instead of a Python call of each per record. Neither changes
+     * while a read is handled: both are swapped on the event loop, between reads. NULL outside a batch. */
+    PyObject *batch_table, *batch_rules;
 } FastEncoder;
 
 static PyObject *S_rule, *S_after_dst, *S_after_start, *S_said, *S_priority, *S_verdict, *S_network_direction,
-    *S_pairs_of;
+    *S_pairs_of, *S_received, *S_received_at;
 
 static void FastEncoder_dealloc(FastEncoder *self) {
     Py_XDECREF(self->encoder); Py_XDECREF(self->fallback);
@@ -185,6 +189,7 @@ static void FastEncoder_dealloc(FastEncoder *self) {
     Py_XDECREF(self->id_prefix); Py_XDECREF(self->id_next); Py_XDECREF(self->record_text);
     Py_XDECREF(self->timestamp_key); Py_XDECREF(self->seq_key); Py_XDECREF(self->fragment);
     Py_XDECREF(self->truncated);
+    Py_XDECREF(self->batch_table); Py_XDECREF(self->batch_rules);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -420,7 +425,14 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
              *priority = rp_attrs[4], *verdict = rp_attrs[5], *network_direction = rp_attrs[6];
     int has_rule = PyObject_IsTrue(rule_id);
     if (has_rule < 0) FAIL();
-    if (has_rule) {
+    if (has_rule && self->batch_rules != NULL) {
+        current = Py_XNewRef(PyDict_GetItemWithError(self->batch_rules, rule_id));
+        if (current == NULL) {
+            if (PyErr_Occurred()) FAIL();
+            if (!(current = PyObject_CallOneArg(self->rules_get, rule_id))) FAIL();
+            if (PyDict_SetItem(self->batch_rules, rule_id, current) < 0) FAIL();
+        }
+    } else if (has_rule) {
         if (!(current = PyObject_CallOneArg(self->rules_get, rule_id))) FAIL();
     } else {
         current = Py_NewRef(Py_None);
@@ -430,7 +442,10 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     /* the Pods at both ends: RecordEncoder._pairs, while the Pod table is the one they were worked out for */
     PyObject *src_ip = PyTuple_GET_ITEM(s, 3), *dst_ip = PyTuple_GET_ITEM(s, 4);
     if (!PyUnicode_CheckExact(src_ip) || !PyUnicode_CheckExact(dst_ip)) FALL_BACK();
-    if (!(table = PyObject_CallNoArgs(self->ip_table))) FAIL();
+    if (self->batch_table != NULL)
+        table = Py_NewRef(self->batch_table);
+    else if (!(table = PyObject_CallNoArgs(self->ip_table)))
+        FAIL();
     if (!(pairs_of = PyObject_GetAttr(self->encoder, S_pairs_of))) FAIL();
     if (table != pairs_of) FALL_BACK();
     if (!(pair_key = PyTuple_Pack(3, src_ip, dst_ip, rp))) FAIL();
@@ -575,6 +590,86 @@ done:
     return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
 }
 
+/* encode_run(emissions, start, out) -> stop: the pipeline's _emit for a run of full-detail emissions (each an
+ * aggregate.Emission: key, sample, packets, bytes_, first, last, offloaded_packets, offloaded_bytes, kind): per
+ * emission, record = encode(pin, summary, packets + offloaded_packets, bytes_ + offloaded_bytes, first, last,
+ * offloaded_packets) (the C record or the Python encoder's), its `received` set to pin.received_at unless kind
+ * is "aggregate", appended to `out`. It stops at the first emission it does not take and returns its index:
+ * no 9-tuple, a coarse key (a tuple whose first member is a str: _emit's own part), a sample that is no
+ * (pin, summary) pair, counts that are not ints or whose sums leave 63 bits. An error of the encoder raises,
+ * the records of the emissions before it in `out`. */
+static PyObject *FastEncoder_encode_run(FastEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_run(emissions: list, start, out: list)");
+        return NULL;
+    }
+    PyObject *emissions = args[0], *out = args[2];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "encode_run: start must not be negative");
+        return NULL;
+    }
+    for (; i < PyList_GET_SIZE(emissions); i++) {
+        PyObject *e = PyList_GET_ITEM(emissions, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 9) break;
+        PyObject *key = PyTuple_GET_ITEM(e, 0), *sample = PyTuple_GET_ITEM(e, 1), *kind = PyTuple_GET_ITEM(e, 8);
+        if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 1 || PyUnicode_Check(PyTuple_GET_ITEM(key, 0))) break;
+        if (!PyTuple_Check(sample) || PyTuple_GET_SIZE(sample) != 2 || !PyUnicode_CheckExact(kind)) break;
+        long long v[4];
+        int ok = 1;
+        for (int k = 0; k < 4 && ok; k++) {
+            PyObject *o = PyTuple_GET_ITEM(e, k < 2 ? 2 + k : 4 + k);  /* packets, bytes_, offloaded packets, bytes */
+            int overflow = 0;
+            ok = PyLong_CheckExact(o) && ((v[k] = PyLong_AsLongLongAndOverflow(o, &overflow)), !overflow)
+                 && v[k] >= 0 && v[k] <= (1LL << 62);
+            if (!ok) PyErr_Clear();
+        }
+        if (!ok) break;
+        PyObject *pin = PyTuple_GET_ITEM(sample, 0);
+        PyObject *packets = PyLong_FromLongLong(v[0] + v[2]), *bytes_ = PyLong_FromLongLong(v[1] + v[3]);
+        PyObject *record = NULL;
+        if (packets != NULL && bytes_ != NULL) {
+            PyObject *call[7] = {pin, PyTuple_GET_ITEM(sample, 1), packets, bytes_, PyTuple_GET_ITEM(e, 4),
+                                 PyTuple_GET_ITEM(e, 5), PyTuple_GET_ITEM(e, 6)};
+            record = FastEncoder_encode(self, call, 7);
+        }
+        Py_XDECREF(packets);
+        Py_XDECREF(bytes_);
+        if (record == NULL) return NULL;
+        if (PyUnicode_CompareWithASCIIString(kind, "aggregate") != 0) {
+            PyObject *received = PyObject_GetAttr(pin, S_received_at);
+            if (received == NULL || PyObject_SetAttr(record, S_received, received) < 0) {
+                Py_XDECREF(received);
+                Py_DECREF(record);
+                return NULL;
+            }
+            Py_DECREF(received);
+        }
+        int appended = PyList_Append(out, record);
+        Py_DECREF(record);
+        if (appended < 0) return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+static PyObject *FastEncoder_begin_batch(FastEncoder *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *table = PyObject_CallNoArgs(self->ip_table), *rules = table != NULL ? PyDict_New() : NULL;
+    if (rules == NULL) {
+        Py_XDECREF(table);
+        return NULL;
+    }
+    Py_XSETREF(self->batch_table, table);
+    Py_XSETREF(self->batch_rules, rules);
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastEncoder_end_batch(FastEncoder *self, PyObject *Py_UNUSED(ignored)) {
+    Py_CLEAR(self->batch_table);
+    Py_CLEAR(self->batch_rules);
+    Py_RETURN_NONE;
+}
+
 static PyObject *FastEncoder_counts(FastEncoder *self, PyObject *Py_UNUSED(ignored)) {
     return Py_BuildValue("{s:n,s:n}", "fast", self->fast, "python", self->slow);
 }
@@ -707,6 +802,11 @@ error:
 static PyMethodDef FastEncoder_methods[] = {
     {"encode", (PyCFunction)(void (*)(void))FastEncoder_encode, METH_FASTCALL,
      "encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened='', keys=0) -> RecordText"},
+    {"encode_run", (PyCFunction)(void (*)(void))FastEncoder_encode_run, METH_FASTCALL,
+     "encode_run(emissions, start, out) -> stop: the records of a run of full-detail emissions, into out"},
+    {"begin_batch", (PyCFunction)FastEncoder_begin_batch, METH_NOARGS,
+     "begin_batch(): until end_batch (one read's records), the Pod table and each rule asked once, not per record"},
+    {"end_batch", (PyCFunction)FastEncoder_end_batch, METH_NOARGS, "end_batch(): ask them per record again"},
     {"counts", (PyCFunction)FastEncoder_counts, METH_NOARGS,
      "{'fast': records built in C, 'python': records handed to the Python encoder}"},
     {NULL}};
@@ -742,7 +842,8 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
     struct { PyObject **slot; const char *name; } names[] = {
         {&S_rule, "rule"}, {&S_after_dst, "after_dst"}, {&S_after_start, "after_start"}, {&S_said, "said"},
         {&S_priority, "priority"}, {&S_verdict, "verdict"}, {&S_network_direction, "network_direction"},
-        {&S_pairs_of, "_pairs_of"}, {&S_head, "head"}, {&S_mid, "mid"}, {&S_tail, "tail"}, {&S_seq, "seq"}};
+        {&S_pairs_of, "_pairs_of"}, {&S_head, "head"}, {&S_mid, "mid"}, {&S_tail, "tail"}, {&S_seq, "seq"},
+        {&S_received, "received"}, {&S_received_at, "received_at"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].slot = PyUnicode_InternFromString(names[i].name))) return NULL;
     PyObject *m = PyModule_Create(&moduledef);

@@ -1,7 +1,8 @@
 """The policy-audit subscriber: packet-in -> decode -> aggregate -> ECS record -> writer.
 
-Runs on the event loop (the demux calls it per admitted packet-in); everything
-blocking (file writes, rotation, gzip) happens in the writer's thread. Every
+Runs on the event loop (the demux calls it per admitted packet-in, or through PolicyPacketIns.handle_run
+per run of a read's plain logged packet-ins: take_run, the same records and counts in one call into C);
+everything blocking (file writes, rotation, gzip) happens in the writer's thread. Every
 admitted packet-in ends up in exactly one record: Drop/Reject/Pass packets of
 a key are written at once for the first packet and as one aggregate record
 when the window closes; Allow (one packet-in per connection) at once. In overload (auditlog/overload.py)
@@ -16,17 +17,16 @@ import logging
 import time
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Callable, Protocol, Sequence, cast
+from typing import Callable, Sequence, cast
 
 from auditlog.aggregate import AggregateKey, Aggregation, AggregatorStats, Emission
-from auditlog.chain import RecordText
 from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key, group_lasts
 from auditlog.record import RecordContext, RecordEncoder
 from auditlog.record_fast import fast_encoder, frame_decoder
+from auditlog.record_out import BatchingSink, RecordOut, RecordSink
 from packetin.groups import PacketInGroup
 from packetin.model import Disposition, PacketIn
-from packetin.ratelimited_log import RateLimitedLog
 from packetin.registers import DISPOSITION_BITS
 from packetin.tasks import cancel_and_wait
 from packetin.wire import decode_packet_in2
@@ -49,20 +49,6 @@ _RECHECK = 0.5
 # a window closes every packet-in, and one tick per window would cost an event-loop wake-up
 # each. A window's aggregate record is written at most this late; "first" records never wait.
 _TICK_GRAIN = 0.01
-
-
-class RecordSink(Protocol):
-    """Where the pipeline's records go (AuditWriter): never blocks, False when it refuses one."""
-
-    def submit(self, record: RecordText) -> bool: ...
-
-
-class BatchingSink(RecordSink, Protocol):
-    """A sink that can take the records of one batch of packet-ins as one hand-over (AuditWriter)."""
-
-    def hold(self) -> None: ...
-
-    def release(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +93,9 @@ class AuditPipeline:
         self._slack = window_slack
         # RecordEncoder.encode_positional and decode_frame, their common cases in C where auditlog._record_fast is built
         self.encoder, self._decode_frame = fast_encoder(RecordEncoder(ctx)), frame_decoder()
-        self._encode = self.encoder.encode
+        # The C encoder's begin_batch / end_batch (None: the Python one, which asks per record)
+        begin, end = getattr(self.encoder, "begin_batch", None), getattr(self.encoder, "end_batch", None)
+        self._encoder_batch = (begin, end) if begin is not None and end is not None else None
         # __call__'s full-detail part for a run of packet-ins in one call (take_run), where the aggregator
         # has it (the C one); else None and every packet-in goes through __call__.
         self._add_run = getattr(aggregator, "add_run", None)
@@ -138,7 +126,9 @@ class AuditPipeline:
         # Per rule id: packet-ins taken, and packets of records the writer refused (rule_seen).
         self.rule_packet_ins: dict[int, int] = {}
         self.rule_refused: dict[int, int] = {}
-        self._drops = RateLimitedLog(log, 10.0)
+        # Emissions -> records -> the writer (auditlog/record_out.py): the same stats, refusals and coarse keys
+        self._out = RecordOut(self.encoder, writer, self.stats, self.rule_refused, self._distinct)
+        self._emit = self._out.emit
 
     def __call__(self, pin: PacketIn) -> None:
         overload = self._overload
@@ -297,14 +287,22 @@ class AuditPipeline:
         return direction
 
     def begin_batch(self) -> None:
-        """The packet-ins up to `end_batch` came in one read: their records go to the writer together."""
+        """The packet-ins up to `end_batch` came in one read: their records go to the writer together, and the
+        C encoder asks for the Pod table and each rule once for them, not per record (neither changes while a
+        read is handled: the engine swaps them on the event loop, between reads)."""
         if self._batching is not None:
             self._batching.hold()
+        if self._encoder_batch is not None:
+            self._encoder_batch[0]()
 
     def end_batch(self) -> None:
-        self._close_due()
-        if self._batching is not None:
-            self._batching.release()
+        try:
+            self._close_due()
+        finally:
+            if self._encoder_batch is not None:
+                self._encoder_batch[1]()
+            if self._batching is not None:
+                self._batching.release()
 
     def _close_due(self) -> None:
         """Close the windows due by now, if any; then, if the window the timer sleeps towards is closed
@@ -353,39 +351,6 @@ class AuditPipeline:
         deadline = self._agg.next_deadline()
         if deadline is not None and deadline < until and not self._move_alarm(deadline):
             wake.set()
-
-    def _emit(self, emissions: list[Emission]) -> None:
-        encode, submit, stats = self._encode, self._writer.submit, self.stats
-        for e in emissions:
-            # One unpacking, not an attribute read per field; every sample added here is (PacketIn, summary).
-            key, sample, packets, bytes_, first, last, off_packets, off_bytes, kind = e
-            pin: PacketIn
-            summary: PacketSummary
-            pin, summary = sample  # type: ignore[misc]
-            level = key[0]
-            if isinstance(level, str):  # a coarse key (see _coarse): no ports, maybe no peer
-                _, _, _, src, dst, _ = cast("tuple[str, int, int, str | None, str | None, int]", key)
-                keys = 1 if kind == "first" else len(self._distinct.pop(key, ())) or 1
-                coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
-                                          icmp_type=None, icmp_code=None)
-                record = encode(pin, coarse, packets + off_packets, bytes_ + off_bytes,
-                                first, last, off_packets, level, keys)
-                stats["coarsened"] += 1
-            else:
-                # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).
-                record = encode(pin, summary, packets + off_packets, bytes_ + off_bytes, first, last, off_packets)
-            if kind != "aggregate":  # written at once: its packet-in's latency is the record's
-                record.received = pin.received_at
-            if submit(record):
-                stats["records"] += 1
-            else:
-                stats["writer_full"] += 1
-                rule_id = cast(int, key[1] if isinstance(level, str) else key[0])  # both keys hold the rule id
-                self.rule_refused[rule_id] = self.rule_refused.get(rule_id, 0) + packets
-                self._drops.log(logging.ERROR, "writer-full",
-                                "audit writer queue full: a record of %d packet(s) was dropped "
-                                "(%d so far; npaudit_audit_records_total{outcome=\"dropped_writer_full\"})",
-                                packets, stats["writer_full"])
 
     # --- window timer ----------------------------------------------------------------
 

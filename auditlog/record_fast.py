@@ -13,7 +13,8 @@ warm, on this project's machines).
 
 `aggregator()` gives the pipeline auditlog.aggregate.Aggregator in C (auditlog/_aggregate_fast.c): the same windows,
 emissions and counts (test_aggregate.py runs both, and both side by side), a new key's window opened without
-Python objects.
+Python objects, and add_run, the pipeline's take_run: a run of a read's packet-ins decoded, keyed and added in
+one call (without it, as with the Python class, every packet-in goes through AuditPipeline.__call__).
 
 `frame_decoder()` gives the pipeline packet.decode_frame with its common case (an untagged IPv4 UDP or TCP frame
 without options, not a fragment) built in C (auditlog/_frame_fast.c) and every other frame decoded by

@@ -158,6 +158,18 @@ class AuditWriter:
             self._wake.set()
         return True
 
+    def submit_many(self, records: list[RecordText]) -> int:
+        """While a batch is held (`hold`), submit the first of `records` as `submit` would, as many as the queue has
+        room for now: how many (the rest, not tried, the caller submits one by one; the room only grows, as the
+        writer's thread drains, so one by one would have taken these too). Outside a batch: 0."""
+        if self._closing or not self._holding:
+            return 0
+        k = min(len(records), self.queue_size - len(self._queue) - len(self._pending))
+        if k <= 0:
+            return 0
+        self._pending.extend(records if k == len(records) else records[:k])
+        return k
+
     def hold(self) -> None:
         """Collect what `submit` is given until the matching `release` (calls nest; one thread only)."""
         self._holding += 1

@@ -3,7 +3,8 @@
 
 The agent's own pieces, wired as the agent wires them: PacketInReader (learned-layout decode) ->
 Demux (admission, inline hand-off) -> PolicyPacketIns (with a trace registry and an idle offload,
-as a default agent has) -> AuditPipeline (1 s windows) -> AuditWriter (inline writes, a real file),
+as a default agent has; a read's plain logged packet-ins handed on as runs, handle_run) -> AuditPipeline
+(1 s windows; take_run) -> AuditWriter (inline writes, a real file),
 the records enriched through the engine's address table (both ends are Pods) and a logged
 securityops Drop. The messages are the agent's own UDP Drop packet-ins as OVS 3.1 sent them
 (tests/unit/data/agent_udp_drop_packet_in2_stream.bin, 240 bytes), each given a new destination

@@ -363,7 +363,11 @@ class Demux:
         each as __call__ would have had it, and says how many failed), its groups one by one as before."""
         queue, counts = sub.queue, sub.counts
         run_handler, failed = cast("RunHandler", sub.run_handler), cast("Callable[[], None]", sub.failed)
-        items = [queue.popleft() for _ in range(n)]
+        if n == len(queue):
+            items = list(queue)
+            queue.clear()
+        else:
+            items = [queue.popleft() for _ in range(n)]
         errors = extra = 0
         i = 0
         while i < n:

@@ -23,53 +23,10 @@ from auditlog.community_id import community_id
 from auditlog.packet import PacketSummary, transport_name
 from auditlog.pipeline import AuditPipeline
 from auditlog.aggregate import Aggregator
-from auditlog.record import EventIds, RecordContext, RecordEncoder
+from auditlog.record import RecordContext, RecordEncoder
 from packetin.model import PacketIn
-from policy_agent.policy.model import Action, Direction
 from policy_agent.policy.rules import RuleInfo, RuleRegistry
-
-T0 = 1_800_000_000.5
-V4 = ["10.10.1.5", "10.10.2.7", "10.10.3.10"]
-ODD = "10.10.3.9"  # its Pod's names are not ASCII: the C part hands its records to Python
-V6 = ["fd00:10:10:1::5", "fd00:10:10:2::7", "fe80::1"]
-PODS = {"10.10.1.5": ("frontend", "client-7d9f"), "10.10.2.7": ("backend", "api-0"),
-        "fd00:10:10:1::5": ("frontend", "client-7d9f"), "10.10.3.9": ("ns-ü", "pod-é")}
-
-
-def rule(rule_id: int, *, name: str = "deny", tier: str = "securityops", namespace: str = "",
-         direction: Direction = Direction.INGRESS, action: Action = Action.DROP, label: str = "") -> RuleInfo:
-    return RuleInfo(rule_id=rule_id, policy_kind="AntreaClusterNetworkPolicy" if tier else "K8sNetworkPolicy",
-                    namespace=namespace, policy_name="p", rule_name=name, tier=tier, priority=5.5 if tier else 0.0,
-                    action=action, direction=direction, log_label=label, logged=True)
-
-
-RULES = {r.rule_id: r for r in [
-    rule(0x1001, label="db-guard"),
-    rule(0x1002, namespace="frontend", direction=Direction.EGRESS, action=Action.ALLOW, tier="application"),
-    rule(0x1003, tier="", namespace="backend"),
-    rule(0x1004, name="règle"),  # non-ASCII: the C part hands these to Python
-]}
-RENAMED = {**RULES, 0x1001: rule(0x1001, name="deny-renamed", label="db-guard")}
-
-
-class Pods:
-    """A PodTable whose table a test swaps, as the engine does on a change of Pods."""
-
-    def __init__(self) -> None:
-        self.table: Mapping[str, tuple[str, str]] = MappingProxyType(dict(PODS))
-
-    def by_ip(self, ip: str) -> tuple[str, str] | None:
-        return self.table.get(ip)
-
-    def ip_table(self) -> Mapping[str, tuple[str, str]]:
-        return self.table
-
-
-def encoder(rules: RuleRegistry, pods: Pods) -> RecordEncoder:
-    ids = EventIds()
-    ids._prefix = "0123456789abcdef"  # both encoders draw the same ids
-    return RecordEncoder(RecordContext(node="node-a", cluster="c1", rules=rules, pods=pods, new_event_id=ids))
-
+from tests.support.fast_records import ODD, PODS, RENAMED, RULES, T0, V4, V6, Pods, encoder
 
 def pair() -> tuple[RuleRegistry, Pods, Any, RecordEncoder]:
     """(rules, pods, a FastEncoder, a plain RecordEncoder) over the same rules and Pods."""
@@ -147,6 +104,74 @@ def test_the_c_part_writes_the_python_encoders_text_for_any_stream(stream: list)
             # each side's first look at a pair, a rule or a flow fills its caches, so encode twice
             for _ in range(2):
                 assert outcome(fast.encode, event) == outcome(plain.encode_positional, event)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events)
+def test_within_a_batch_the_c_part_writes_the_same_text_asking_for_pods_and_rules_once(stream: list) -> None:
+    """Between begin_batch and end_batch (one read's records) the C part asks for the Pod table once and for each
+    rule id once; the Pods and rules change only between batches (the engine swaps them between reads)."""
+    rules, pods, fast, plain = pair()
+    fast.begin_batch()
+    for event in stream:
+        if event in ("swap-pods", "rename-rule"):
+            fast.end_batch()
+            if event == "swap-pods":
+                pods.table = MappingProxyType({**PODS, "10.10.3.10": ("late", "newcomer-0")})
+            else:
+                rules.replace(dict(RENAMED))
+            fast.begin_batch()
+        else:
+            for _ in range(2):
+                assert outcome(fast.encode, event) == outcome(plain.encode_positional, event)
+    fast.end_batch()
+
+
+def test_a_batch_asks_for_the_pod_table_once_and_for_each_rule_once_and_sees_what_changed_after_it() -> None:
+    asked = {"table": 0, "rules": 0}
+
+    class Counting(Pods):
+        def ip_table(self) -> Mapping[str, tuple[str, str]]:
+            asked["table"] += 1
+            return self.table
+
+    class CountingRules(RuleRegistry):
+        def get(self, rule_id: int) -> RuleInfo | None:
+            asked["rules"] += 1
+            return super().get(rule_id)
+
+    rules = CountingRules()
+    rules.replace(dict(RULES))
+    pods = Counting()
+    fast = record_fast.fast_encoder(encoder(rules, pods))
+    summary = PacketSummary(eth_type=0x800, ip_version=4, src_ip=V4[0], dst_ip=V4[1], protocol=17, transport="udp",
+                            src_port=1000, dst_port=53, fragment=False, truncated=False, length=74)
+
+    def args(port: int) -> tuple:
+        pin = PacketIn(reason=0, table_id=40, cookie=1, in_port=3, rule_id=0x1001, reg7=1, userdata=b"", packet=b"",
+                       total_len=74, received_at=T0)
+        return (pin, summary._replace(dst_port=port), 1, 74, T0, T0, 0)
+
+    fast.encode(*args(1))  # fills the caches
+    asked.update(table=0, rules=0)
+    built = fast.counts()["fast"]
+    fast.begin_batch()
+    texts = [fast.encode(*args(port)) for port in range(2, 50)]
+    assert asked == {"table": 1, "rules": 1}
+    assert fast.counts()["fast"] == built + 48  # all built in C
+    assert all('"api-0"' in t.head + t.mid + t.tail for t in texts)
+    fast.end_batch()
+    pods.table = MappingProxyType({**PODS, V4[1]: ("backend", "api-1")})  # as the engine swaps it, between reads
+    moved = fast.encode(*args(50))
+    assert '"api-1"' in moved.head + moved.mid + moved.tail and "deny-renamed" not in moved.head + moved.tail
+    rules.replace(dict(RENAMED))
+    renamed = fast.encode(*args(51))
+    assert "deny-renamed" in renamed.head + renamed.mid + renamed.tail
+    fast.begin_batch()
+    pods.table = MappingProxyType(dict(PODS))
+    assert '"api-1"' in (r := fast.encode(*args(52))).head + r.mid + r.tail  # within a batch: the table it began with
+    fast.end_batch()
+    assert asked["table"] >= 3 and asked["rules"] >= 3  # outside a batch: asked per record again
 
 
 KINDS = [  # one of each kind of record the C part builds: (summary fields, pin fields, counts and times)

@@ -15,8 +15,9 @@ from packetin.demux import DELIVERED, HANDLER_ERROR, RECEIVED, Demux
 from packetin.groups import PacketInGroup
 from packetin.model import Category, Flags, PacketIn, Userdata
 from policy_agent.policy_packetins import PolicyPacketIns
-from tests.unit.policy_agent.test_overload_input import AT, FLOOD
+from tests.support.packet_ins import AT, frame, message
 
+FLOOD = [message(frame("10.0.0.1", "10.0.0.2", "udp", port), ct_tp_dst=port) for port in range(1024, 1028)]
 SYN = raw(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src="10.0.0.1", dst="10.0.0.2")
           / TCP(sport=1, dport=2, flags="S"))
 

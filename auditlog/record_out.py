@@ -1,0 +1,120 @@
+"""Emissions -> records -> the writer: the audit pipeline's last step (auditlog/pipeline.py).
+
+Each Emission (a window's "first", "immediate" or "aggregate" record of packets) becomes one record, in order.
+Runs of full-detail emissions are encoded in one C call where the C encoder is built (encode_run: its records are
+the ones made one by one, byte for byte) and handed to the writer together while it holds a read's batch
+(submit_many); coarse keys (overload) and everything where the C encoder is not built go one by one. A record the
+writer has no room for is counted per rule (rule_refused) and said in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Protocol, cast
+
+from auditlog.aggregate import Emission
+from auditlog.chain import RecordText
+from auditlog.packet import PacketSummary
+from packetin.model import PacketIn
+from packetin.ratelimited_log import RateLimitedLog
+
+log = logging.getLogger("auditlog.pipeline")
+
+
+class RecordSink(Protocol):
+    """Where the pipeline's records go (AuditWriter): never blocks, False when it refuses one."""
+
+    def submit(self, record: RecordText) -> bool: ...
+
+
+class BatchingSink(RecordSink, Protocol):
+    """A sink that can take the records of one batch of packet-ins as one hand-over (AuditWriter)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> int: ...
+
+
+class RecordOut:
+    """`encoder` (record_fast.fast_encoder's), `writer` (a RecordSink); `stats`, `rule_refused` and `distinct` are
+    the pipeline's own dicts, updated in place (records, writer_full and coarsened; packets refused per rule; the
+    full-detail keys each coarse key's window holds)."""
+
+    def __init__(self, encoder: Any, writer: RecordSink, stats: dict[str, int], rule_refused: dict[int, int],
+                 distinct: dict[tuple, set[tuple]]) -> None:
+        self._encode = encoder.encode
+        self._run: Callable[[list[Emission], int, list[RecordText]], int] | None = getattr(encoder, "encode_run",
+                                                                                          None)
+        self._writer = writer
+        self._submit_many: Callable[[list[RecordText]], int] | None = getattr(writer, "submit_many", None)
+        self.stats, self.rule_refused, self._distinct = stats, rule_refused, distinct
+        self._drops = RateLimitedLog(log, 10.0)
+
+    def emit(self, emissions: list[Emission]) -> None:
+        """The records of `emissions`, in order, to the writer: runs of full-detail ones encoded in one call where
+        the C encoder is built (encode_run) and handed over together (the writer's submit_many, when it holds a
+        batch), the rest (coarse keys, and all where there is no C encoder) one by one."""
+        run = self._run
+        if run is None:
+            self._emit_each(emissions)
+            return
+        i, n = 0, len(emissions)
+        while i < n:
+            records: list[RecordText] = []
+            try:
+                j = run(emissions, i, records)
+            finally:  # the records made before an encoder error go out, as one by one they would have
+                if records:
+                    self._submit_run(emissions, i, records)
+            if j < n:
+                self._emit_each(emissions[j:j + 1])
+            i = j + 1
+
+    def _submit_run(self, emissions: list[Emission], start: int, records: list[RecordText]) -> None:
+        """records[k] is emissions[start + k]'s (a full-detail key)."""
+        stats = self.stats
+        taken = self._submit_many(records) if self._submit_many is not None else 0
+        stats["records"] += taken
+        submit = self._writer.submit
+        for k in range(taken, len(records)):
+            if submit(records[k]):
+                stats["records"] += 1
+            else:
+                e = emissions[start + k]
+                self._refused(cast(int, e.key[0]), e.packets)
+
+    def _refused(self, rule_id: int, packets: int) -> None:
+        stats = self.stats
+        stats["writer_full"] += 1
+        self.rule_refused[rule_id] = self.rule_refused.get(rule_id, 0) + packets
+        self._drops.log(logging.ERROR, "writer-full",
+                        "audit writer queue full: a record of %d packet(s) was dropped "
+                        "(%d so far; npaudit_audit_records_total{outcome=\"dropped_writer_full\"})",
+                        packets, stats["writer_full"])
+
+    def _emit_each(self, emissions: list[Emission]) -> None:
+        encode, submit, stats = self._encode, self._writer.submit, self.stats
+        for e in emissions:
+            # One unpacking, not an attribute read per field; every sample added here is (PacketIn, summary).
+            key, sample, packets, bytes_, first, last, off_packets, off_bytes, kind = e
+            pin: PacketIn
+            summary: PacketSummary
+            pin, summary = sample  # type: ignore[misc]
+            level = key[0]
+            if isinstance(level, str):  # a coarse key (see _coarse): no ports, maybe no peer
+                _, _, _, src, dst, _ = cast("tuple[str, int, int, str | None, str | None, int]", key)
+                keys = 1 if kind == "first" else len(self._distinct.pop(key, ())) or 1
+                coarse = summary._replace(src_ip=src, dst_ip=dst, src_port=None, dst_port=None,
+                                          icmp_type=None, icmp_code=None)
+                record = encode(pin, coarse, packets + off_packets, bytes_ + off_bytes,
+                                first, last, off_packets, level, keys)
+                stats["coarsened"] += 1
+            else:
+                # A record's packets are what the Pod sent: OVS-seen plus offloaded (a subset, said as such).
+                record = encode(pin, summary, packets + off_packets, bytes_ + off_bytes, first, last, off_packets)
+            if kind != "aggregate":  # written at once: its packet-in's latency is the record's
+                record.received = pin.received_at
+            if submit(record):
+                stats["records"] += 1
+            else:
+                self._refused(cast(int, key[1] if isinstance(level, str) else key[0]), packets)  # both hold the rule id
