@@ -341,14 +341,9 @@ class Demux:
         for _ in range(n):
             pin = queue.popleft()
             if isinstance(pin, PacketInGroup):  # read in overload: its packet-ins count one by one
-                weight = len(pin.raws)
-                extra += weight - 1
-                sub.in_groups -= weight - 1
-                try:
-                    sub.group_handler(pin)
-                except Exception:
-                    errors += weight
-                    self._handler_failed(sub)
+                more, failed = self._take_group(sub, pin)
+                extra += more
+                errors += failed
                 continue
             try:
                 handler(pin)
@@ -383,18 +378,23 @@ class Demux:
                 break
             errors += failures
             if i < n:  # a group (read in overload): its packet-ins count one by one
-                group = cast(PacketInGroup, items[i])
-                weight = len(group.raws)
-                extra += weight - 1
-                sub.in_groups -= weight - 1
-                try:
-                    sub.group_handler(group)
-                except Exception:
-                    errors += weight
-                    self._handler_failed(sub)
+                more, failures = self._take_group(sub, cast(PacketInGroup, items[i]))
+                extra += more
+                errors += failures
                 i += 1
         counts[DELIVERED] += n + extra - errors
         counts[HANDLER_ERROR] += errors
+
+    def _take_group(self, sub: _Subscription, group: PacketInGroup) -> tuple[int, int]:
+        """A queued group to its handler: (its packet-ins beyond the one item it was, how many failed)."""
+        weight = len(group.raws)
+        sub.in_groups -= weight - 1
+        try:
+            sub.group_handler(group)
+        except Exception:
+            self._handler_failed(sub)
+            return weight - 1, weight
+        return weight - 1, 0
 
     def _handler_failed(self, sub: _Subscription) -> None:
         self._errors.log(logging.WARNING, f"handler-{sub.category}",
