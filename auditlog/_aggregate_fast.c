@@ -306,6 +306,54 @@ static PyObject *Aggregator_add(Aggregator *a, PyObject *const *args, Py_ssize_t
     return out;
 }
 
+/* add_run's step for one packet-in: 1 taken (*sample: the (pin, summary) added, a new reference; *cut: its
+ * summary says truncated), 0 not taken (nothing done, no exception), -1 the aggregator failed (raised). */
+static int add_run_one(Aggregator *a, PyObject *pin, PyObject *decode, const Py_ssize_t *f, PyObject *out,
+                       PyObject **sample_out, int *cut_out) {
+    Py_ssize_t pin_n = f[0], sum_n = f[6];
+    if (!PyTuple_Check(pin) || PyTuple_GET_SIZE(pin) != pin_n) return 0;
+    PyObject *rule_id = PyTuple_GET_ITEM(pin, f[2]), *reg7 = PyTuple_GET_ITEM(pin, f[3]);
+    if (!PyLong_CheckExact(rule_id) || !PyLong_CheckExact(reg7)) return 0;
+    long long reg7_v = PyLong_AsLongLong(reg7), size;
+    double now;
+    if ((reg7_v == -1 && PyErr_Occurred()) || as_count(PyTuple_GET_ITEM(pin, f[4]), &size) < 0
+            || as_time(PyTuple_GET_ITEM(pin, f[5]), &now) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *summary = PyObject_CallOneArg(decode, PyTuple_GET_ITEM(pin, f[1]));
+    if (summary == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int cut = PyTuple_Check(summary) && PyTuple_GET_SIZE(summary) == sum_n
+              ? PyObject_IsTrue(PyTuple_GET_ITEM(summary, f[7])) : -1;
+    if (cut < 0) {
+        PyErr_Clear();
+        Py_DECREF(summary);
+        return 0;
+    }
+    long long disposition_v = reg7_v & f[13];
+    PyObject *dst_port = PyTuple_GET_ITEM(summary, f[11]);
+    PyObject *lastf = dst_port != Py_None ? dst_port : PyTuple_GET_ITEM(summary, f[12]);
+    PyObject *disposition = PyLong_FromLongLong(disposition_v), *key = NULL, *sample = NULL;
+    if (disposition != NULL)
+        key = PyTuple_Pack(6, rule_id, disposition, PyTuple_GET_ITEM(summary, f[8]), PyTuple_GET_ITEM(summary, f[9]),
+                           PyTuple_GET_ITEM(summary, f[10]), lastf);
+    Py_XDECREF(disposition);
+    if (key != NULL) sample = PyTuple_Pack(2, pin, summary);
+    Py_DECREF(summary);
+    if (sample == NULL || add_one(a, key, sample, size, now, disposition_v != f[14], out) < 0) {
+        Py_XDECREF(key);
+        Py_XDECREF(sample);
+        return -1;
+    }
+    Py_DECREF(key);
+    *sample_out = sample;
+    *cut_out = cut;
+    return 1;
+}
+
 /* add_run(pins, start, end, decode, layout, by_rule, out) -> (stop, truncated, last)
  *
  * AuditPipeline.__call__'s full-detail part for pins[start:end], in one call (auditlog/pipeline.py take_run):
@@ -340,7 +388,6 @@ static PyObject *Aggregator_add_run(Aggregator *a, PyObject *const *args, Py_ssi
         if (f[i] < 0 || f[i] >= pin_n) goto bad_layout;
     for (int i = 7; i < 13; i++)
         if (f[i] < 0 || f[i] >= sum_n) goto bad_layout;
-    long long bits = f[13], allow = f[14];
     if (start < 0 || end > PyList_GET_SIZE(pins)) {
         PyErr_SetString(PyExc_IndexError, "add_run: start and end must lie within pins");
         return NULL;
@@ -350,40 +397,16 @@ static PyObject *Aggregator_add_run(Aggregator *a, PyObject *const *args, Py_ssi
     PyObject *run_rule = NULL;           /* by_rule counted here for runs of one rule id: flushed on a change */
     long long run_count = 0;
     int failed = 0;
-    for (; i < end; i++) {
-        PyObject *pin = PyList_GET_ITEM(pins, i);
-        if (!PyTuple_Check(pin) || PyTuple_GET_SIZE(pin) != pin_n) break;
-        PyObject *rule_id = PyTuple_GET_ITEM(pin, f[2]), *reg7 = PyTuple_GET_ITEM(pin, f[3]);
-        if (!PyLong_CheckExact(rule_id) || !PyLong_CheckExact(reg7)) break;
-        long long reg7_v = PyLong_AsLongLong(reg7), size;
-        double now;
-        if (reg7_v == -1 && PyErr_Occurred()) { PyErr_Clear(); break; }
-        if (as_count(PyTuple_GET_ITEM(pin, f[4]), &size) < 0 || as_time(PyTuple_GET_ITEM(pin, f[5]), &now) < 0) {
-            PyErr_Clear();
+    /* the list's size read each time, and the packet-in held: decode may run Python code */
+    for (; i < end && i < PyList_GET_SIZE(pins); i++) {
+        PyObject *pin = Py_NewRef(PyList_GET_ITEM(pins, i)), *sample = NULL;
+        int cut = 0, status = add_run_one(a, pin, decode, f, out, &sample, &cut);
+        Py_DECREF(pin);
+        if (status <= 0) {
+            failed = status < 0;
             break;
         }
-        PyObject *summary = PyObject_CallOneArg(decode, PyTuple_GET_ITEM(pin, f[1]));
-        if (summary == NULL) { PyErr_Clear(); break; }
-        if (!PyTuple_Check(summary) || PyTuple_GET_SIZE(summary) != sum_n) { Py_DECREF(summary); break; }
-        int cut = PyObject_IsTrue(PyTuple_GET_ITEM(summary, f[7]));
-        if (cut < 0) { PyErr_Clear(); Py_DECREF(summary); break; }
-        long long disposition_v = reg7_v & bits;
-        PyObject *dst_port = PyTuple_GET_ITEM(summary, f[11]);
-        PyObject *lastf = dst_port != Py_None ? dst_port : PyTuple_GET_ITEM(summary, f[12]);
-        PyObject *disposition = PyLong_FromLongLong(disposition_v), *key = NULL, *sample = NULL;
-        if (disposition != NULL)
-            key = PyTuple_Pack(6, rule_id, disposition, PyTuple_GET_ITEM(summary, f[8]),
-                               PyTuple_GET_ITEM(summary, f[9]), PyTuple_GET_ITEM(summary, f[10]), lastf);
-        Py_XDECREF(disposition);
-        if (key != NULL) sample = PyTuple_Pack(2, pin, summary);
-        Py_DECREF(summary);
-        if (sample == NULL || add_one(a, key, sample, size, now, disposition_v != allow, out) < 0) {
-            Py_XDECREF(key);
-            Py_XDECREF(sample);
-            failed = 1;
-            break;
-        }
-        Py_DECREF(key);
+        PyObject *rule_id = PyTuple_GET_ITEM(PyTuple_GET_ITEM(sample, 0), f[2]);  /* held by sample */
         Py_XSETREF(last, sample);
         truncated += cut;
         if (run_rule != NULL && run_rule != rule_id && PyObject_RichCompareBool(run_rule, rule_id, Py_EQ) != 1) {

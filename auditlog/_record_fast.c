@@ -626,9 +626,11 @@ static PyObject *FastEncoder_encode_run(FastEncoder *self, PyObject *const *args
             if (!ok) PyErr_Clear();
         }
         if (!ok) break;
+        /* the emission held (and with it its pin): the encoder may run Python code */
+        Py_INCREF(e);
         PyObject *pin = PyTuple_GET_ITEM(sample, 0);
         PyObject *packets = PyLong_FromLongLong(v[0] + v[2]), *bytes_ = PyLong_FromLongLong(v[1] + v[3]);
-        PyObject *record = NULL;
+        PyObject *record = NULL, *received = NULL;
         if (packets != NULL && bytes_ != NULL) {
             PyObject *call[7] = {pin, PyTuple_GET_ITEM(sample, 1), packets, bytes_, PyTuple_GET_ITEM(e, 4),
                                  PyTuple_GET_ITEM(e, 5), PyTuple_GET_ITEM(e, 6)};
@@ -636,19 +638,15 @@ static PyObject *FastEncoder_encode_run(FastEncoder *self, PyObject *const *args
         }
         Py_XDECREF(packets);
         Py_XDECREF(bytes_);
-        if (record == NULL) return NULL;
-        if (PyUnicode_CompareWithASCIIString(kind, "aggregate") != 0) {
-            PyObject *received = PyObject_GetAttr(pin, S_received_at);
-            if (received == NULL || PyObject_SetAttr(record, S_received, received) < 0) {
-                Py_XDECREF(received);
-                Py_DECREF(record);
-                return NULL;
-            }
-            Py_DECREF(received);
-        }
-        int appended = PyList_Append(out, record);
-        Py_DECREF(record);
-        if (appended < 0) return NULL;
+        int done = record != NULL;
+        if (done && PyUnicode_CompareWithASCIIString(kind, "aggregate") != 0)
+            done = (received = PyObject_GetAttr(pin, S_received_at)) != NULL
+                 && PyObject_SetAttr(record, S_received, received) == 0;
+        done = done && PyList_Append(out, record) == 0;
+        Py_XDECREF(received);
+        Py_XDECREF(record);
+        Py_DECREF(e);
+        if (!done) return NULL;
     }
     return PyLong_FromSsize_t(i);
 }

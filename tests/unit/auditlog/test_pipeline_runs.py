@@ -194,3 +194,20 @@ def test_a_run_level_stays_full_only_while_full() -> None:
     p(pin("10.0.0.1", 1, 2, 100.0))  # the first packet-in looks at the backlog
     assert p._level == PORTS and not p.takes_runs
     assert p.take_run([pin("10.0.0.1", 1, 3, 100.0)], 0, 1) == 0  # nothing taken while coarse
+
+
+def test_add_run_holds_its_packet_in_and_rereads_the_list_when_the_decoder_changes_it() -> None:
+    from auditlog.pipeline import _RUN_LAYOUT
+    from auditlog.record_fast import frame_decoder
+
+    pins = stream(10)
+    real, calls = frame_decoder(), []
+
+    def decode(frame: bytes) -> Any:
+        calls.append(frame)
+        if len(calls) == 3:
+            pins.clear()  # the third packet-in's only reference is now add_run's own
+        return real(frame)
+
+    stop, _, last = aggregator().add_run(pins, 0, 10, decode, _RUN_LAYOUT, {}, out := [])  # type: ignore[attr-defined]
+    assert stop == 3 and len(out) == 3 and last is not None and last[0].packet == calls[2]
