@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, cast
 from meters.fair_share import FairShare
 from meters.token_bucket import TokenBucket
 from packetin.groups import PacketInGroup
+from packetin.layouts import common_category
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.read_pacing import READ_BATCH_TCP
@@ -101,6 +102,7 @@ class _Subscription:
     task: asyncio.Task[None] | None = None
     fair: FairShare | None = None
     fair_key: Callable[[PacketIn], Hashable] | None = None
+    fair_keys: Callable[[list[PacketIn]], list[Hashable]] | None = None  # a read's keys at once (fair_key.keys)
     in_groups: int = 0  # packet-ins queued in groups beyond one per group: the room they take
     # The handler's begin_batch / end_batch, called around each slice drained (None: it has none).
     begin_batch: Callable[[], None] | None = None
@@ -131,6 +133,7 @@ class Demux:
         self.unroutable: dict[str, int] = dict.fromkeys(UNROUTABLE_REASONS, 0)
         self._errors = error_log or RateLimitedLog(log)
         self._running = False
+        self._common_category = common_category()  # a read's one category at once (None: one by one)
 
     def subscribe(self, category: int, handler: Handler, *, rate: float, burst: float,
                   queue_size: int, now: float, name: str | None = None,
@@ -157,6 +160,7 @@ class Demux:
             sub.fair = FairShare(rate, burst, key_rate=fair.key_rate, key_burst=fair.key_burst,
                                  max_keys=fair.max_keys, now=now)
             sub.fair_key = fair.key
+            sub.fair_keys = getattr(fair.key, "keys", None)
         self._subs[category] = sub
         if self._running:
             sub.task = asyncio.get_running_loop().create_task(self._consume(sub))
@@ -167,7 +171,9 @@ class Demux:
     def dispatch(self, batch: Iterable[PacketIn], now: float) -> None:
         """Admit each packet-in to its category's channel, or count why not.
 
-        Per packet-in this only sorts by category; admission then happens once per
+        Per packet-in this only sorts by category (a read whose packet-ins all carry one
+        subscribed category in their userdata, as a flood's do, is taken whole: packetin/layouts.py
+        common_category); admission then happens once per
         category and batch, with the same outcome as admitting one by one: a packet
         is queued while the channel has room and the bucket has a token; the rest
         count as dropped_queue_full if the channel filled first, else as
@@ -175,18 +181,23 @@ class Demux:
         """
         subs = self._subs
         by_category: dict[int, list[PacketIn]] = {}
-        for pin in batch:
-            category = pin.category
-            group = by_category.get(category)  # type: ignore[arg-type]
-            if group is None:
-                if category is None:
-                    self.unroutable[UNKNOWN_CATEGORY] += 1
-                    continue
-                if category not in subs:
-                    self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += 1
-                    continue
-                group = by_category[category] = []
-            group.append(pin)
+        common = self._common_category
+        one = common(batch) if common is not None and type(batch) is list else None
+        if one is not None and one in subs:
+            by_category[one] = cast("list[PacketIn]", batch)
+        else:
+            for pin in batch:
+                category = pin.category
+                group = by_category.get(category)  # type: ignore[arg-type]
+                if group is None:
+                    if category is None:
+                        self.unroutable[UNKNOWN_CATEGORY] += 1
+                        continue
+                    if category not in subs:
+                        self.unroutable[NO_SUBSCRIBER if category in _KNOWN else UNKNOWN_CATEGORY] += 1
+                        continue
+                    group = by_category[category] = []
+                group.append(pin)
         for category, group in by_category.items():
             sub = subs[category]
             counts = sub.counts
@@ -241,7 +252,8 @@ class Demux:
         key, queue = sub.fair_key, sub.queue
         if sub.fair is None or key is None:
             return
-        kept = self._fair_indexes(sub, map(key, group), len(group), sub.queue_size - len(queue) - sub.in_groups, now)
+        keys = sub.fair_keys(group) if sub.fair_keys is not None else map(key, group)
+        kept = self._fair_indexes(sub, keys, len(group), sub.queue_size - len(queue) - sub.in_groups, now)
         if kept:
             self._hand_over(sub, group if len(kept) == len(group) else [group[i] for i in kept])
 

@@ -26,14 +26,16 @@ from typing import Any, Callable, cast
 
 from packetin.model import Flags, PacketIn
 from packetin.registers import USERDATA_LENGTH, USERDATA_VERSION
-from packetin.wire import Slot, decode_packet_in2
+from packetin.wire import OFPT_EXPERIMENTER, PACKET_IN2_EXPERIMENTER, Slot, decode_packet_in2
 
 try:
     from packetin._layout_fast import LayoutDecoder
+    from packetin._layout_fast import common_category as _c_common_category
     from packetin._layout_fast import logged_run_end as _c_logged_run_end
 except ImportError:  # not built (no compiler at install time): fast_decoder says so
     LayoutDecoder = None  # type: ignore[assignment,misc]
     _c_logged_run_end = None  # type: ignore[assignment]
+    _c_common_category = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 # Set (to anything but "" or "0") to run the per-packet work in pure Python (auditlog/record_fast.py's switch
@@ -187,6 +189,22 @@ def fast_decoder(decoder: PacketIn2Decoder) -> Callable[[bytes, float], PacketIn
     return cast("Callable[[bytes, float], PacketIn]", c.decode)
 
 
+def run_decoder(decode: Callable[[bytes, float], PacketIn]
+                ) -> Callable[[list[bytes], int, float, list[PacketIn]], int] | None:
+    """decode_run(msgs, start, received_at, out) for `decode` (fast_decoder's) when it is the C decoder, else None:
+    the packet-ins of learned layouts from msgs[start] on are read as `decode` reads them and appended to `out`,
+    up to the first message that is anything else (another message, or one to walk or learn: the caller hands it
+    on as before); that message's index. A read's packet-ins in one call (packetin/reader.py)."""
+    c = getattr(decode, "__self__", None)
+    if LayoutDecoder is None or not isinstance(c, LayoutDecoder):
+        return None
+    run = c.decode_run
+
+    def decode_run(msgs: list[bytes], start: int, received_at: float, out: list[PacketIn]) -> int:
+        return run(msgs, start, received_at, out, OFPT_EXPERIMENTER, PACKET_IN2_EXPERIMENTER)
+    return decode_run
+
+
 _LOG, _REJECT = int(Flags.LOG), int(Flags.REJECT)
 _USERDATA_INDEX = PacketIn._fields.index("userdata")
 
@@ -214,3 +232,17 @@ def logged_run_end() -> Callable[[list[Any], int, int], int]:
     def run_end(items: list[Any], start: int, end: int) -> int:
         return c(items, start, end, PacketIn, _USERDATA_INDEX, USERDATA_VERSION, USERDATA_LENGTH, _LOG, _REJECT)
     return run_end
+
+
+def common_category() -> Callable[[list[Any]], int | None] | None:
+    """category_of(items): the category every item of the list has, when each is a packet-in whose userdata is
+    ours (PacketIn.category: its byte 1) and all agree; else None, and the caller sorts them one by one (an empty
+    list, a packet-in the reason code routes, mixed categories). In C (packetin/_layout_fast.c) where built and
+    NPAUDIT_PURE_PYTHON is not set (asked now); else None: no such shortcut."""
+    c = _c_common_category
+    if c is None or pure_python():
+        return None
+
+    def category_of(items: list[Any]) -> int | None:
+        return c(items, PacketIn, _USERDATA_INDEX, USERDATA_VERSION, USERDATA_LENGTH)
+    return category_of

@@ -18,7 +18,7 @@ from typing import Callable
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.groups import PacketInGroup, split_read
-from packetin.layouts import PacketIn2Decoder, fast_decoder
+from packetin.layouts import PacketIn2Decoder, fast_decoder, run_decoder
 from packetin.model import PacketIn
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class PacketInReader:
         self.grouped = 0  # packet-ins handed over in groups
         self.decoder = PacketIn2Decoder()
         self._decode = fast_decoder(self.decoder)  # its learned layouts read in C where the module is built
+        self._decode_run = run_decoder(self._decode)  # and a read's run of them in one call (None: one by one)
 
     def input_pressed(self) -> bool:
         """True while reads keep coming back full (PRESSURE_READS of them over PRESSURE_SUSTAIN), and
@@ -146,10 +147,19 @@ class PacketInReader:
         batch: list[PacketIn] = []
         is_packet_in2 = wire.is_packet_in2
         decode = self._decode
-        for raw in msgs:
+        run = self._decode_run if type(msgs) is list else None
+        i, n = 0, len(msgs)
+        while i < n:
+            raw = msgs[i]
+            i += 1
             if is_packet_in2(raw):
                 if wall is None:
                     wall = self._wall()
+                if run is not None:  # this one and the packet-ins of learned layouts after it, in one call
+                    j = run(msgs, i - 1, wall, batch)
+                    if j >= i:
+                        i = j
+                        continue
                 try:
                     batch.append(decode(raw, wall))
                 except DecodeError as exc:
