@@ -27,6 +27,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *key;     /* NULL once closed */
     PyObject *sample;  /* Py_None until a packet (or offloaded counts given one) names the key; NULL once closed */
+    Py_hash_t hash;    /* the key's: hashed once when the window opens (a tuple does not keep its hash) */
     double deadline, first, last;
     long long packets, bytes, off_packets, off_bytes;
     char announced, live;
@@ -113,7 +114,7 @@ static int emit(PyObject *out, PyObject *key, PyObject *sample, long long packet
 /* _close: the window leaves `open`; its record when it holds anything. The caller holds a reference to w. */
 static int close_window(Aggregator *a, Window *w, PyObject *out) {
     w->live = 0;
-    if (PyDict_DelItem(a->open, w->key) < 0) return -1;
+    if (_PyDict_DelItem_KnownHash(a->open, w->key, w->hash) < 0) return -1;
     int status = 0;
     if (w->packets || w->off_packets) {
         a->held -= w->packets;
@@ -174,8 +175,8 @@ static int advance(Aggregator *a, double *now, PyObject *out) {
 
 /* _open_window: close what is due (a window that saw only its "first" closes silently), evict the soonest if
  * at max_keys, then open the key's window. A new reference, or NULL. */
-static Window *open_window(Aggregator *a, PyObject *key, PyObject *sample, double now, int announced,
-                           PyObject *out) {
+static Window *open_window(Aggregator *a, PyObject *key, Py_hash_t hash, PyObject *sample, double now,
+                           int announced, PyObject *out) {
     while (a->len) {
         Window *due = HEAD(a);
         if (due->live && due->deadline > now) break;
@@ -197,6 +198,7 @@ static Window *open_window(Aggregator *a, PyObject *key, PyObject *sample, doubl
     Window *w = PyObject_New(Window, &WindowType);
     if (w == NULL) return NULL;
     w->key = Py_NewRef(key);
+    w->hash = hash;
     w->sample = Py_NewRef(announced ? sample : Py_None);
     w->deadline = now + a->window;
     w->first = w->last = 0.0;
@@ -207,7 +209,7 @@ static Window *open_window(Aggregator *a, PyObject *key, PyObject *sample, doubl
         Py_DECREF(w);
         return NULL;
     }
-    if (PyDict_SetItem(a->open, key, (PyObject *)w) < 0) {
+    if (_PyDict_SetItem_KnownHash(a->open, key, (PyObject *)w, hash) < 0) {
         w->live = 0;  /* in the ring, not open: dropped when it reaches the head */
         Py_DECREF(w);
         return NULL;
@@ -225,7 +227,9 @@ static int add_one(Aggregator *a, PyObject *key, PyObject *sample, long long siz
         return emit(out, key, sample, 1, size, now, now, 0, 0, S_immediate);
     }
     if (advance(a, &now, out) < 0) return -1;
-    Window *w = (Window *)PyDict_GetItemWithError(a->open, key);
+    Py_hash_t hash = PyObject_Hash(key);
+    if (hash == -1) return -1;
+    Window *w = (Window *)_PyDict_GetItem_KnownHash(a->open, key, hash);
     if (w == NULL && PyErr_Occurred()) return -1;
     if (w != NULL && now < w->deadline) {
         if (w->announced) {
@@ -257,7 +261,7 @@ static int add_one(Aggregator *a, PyObject *key, PyObject *sample, long long siz
             Py_DECREF(w);
             if (status < 0) return -1;
         }
-        Window *opened = open_window(a, key, sample, now, 1, out);
+        Window *opened = open_window(a, key, hash, sample, now, 1, out);
         if (opened == NULL) return -1;
         Py_DECREF(opened);
     }
@@ -530,7 +534,9 @@ static PyObject *Aggregator_add_offloaded(Aggregator *a, PyObject *args, PyObjec
         return out;
     }
     if (advance(a, &now, out) < 0) goto fail;
-    Window *w = (Window *)PyDict_GetItemWithError(a->open, key);
+    Py_hash_t hash = PyObject_Hash(key);
+    if (hash == -1) goto fail;
+    Window *w = (Window *)_PyDict_GetItem_KnownHash(a->open, key, hash);
     if (w == NULL && PyErr_Occurred()) goto fail;
     if (w == NULL || now >= w->deadline) {
         if (w != NULL) {
@@ -539,7 +545,7 @@ static PyObject *Aggregator_add_offloaded(Aggregator *a, PyObject *args, PyObjec
             Py_DECREF(w);
             if (status < 0) goto fail;
         }
-        if ((w = open_window(a, key, sample, now, 0, out)) == NULL) goto fail;
+        if ((w = open_window(a, key, hash, sample, now, 0, out)) == NULL) goto fail;
     } else {
         Py_INCREF(w);
     }
