@@ -154,14 +154,16 @@ static PyObject *LayoutDecoder_decode_run(LayoutDecoder *self, PyObject *const *
         return NULL;
     }
     const char *exp = PyBytes_AS_STRING(args[5]);
-    for (; i < PyList_GET_SIZE(msgs); i++) {  /* the size reread: nothing here runs Python code, but cheap */
+    for (; i < PyList_GET_SIZE(msgs); i++) {  /* the size reread each time: see below */
         PyObject *msg = PyList_GET_ITEM(msgs, i);
         if (!PyBytes_CheckExact(msg) || PyBytes_GET_SIZE(msg) < 16) break;
         const unsigned char *m = (const unsigned char *)PyBytes_AS_STRING(msg);
         if (m[1] != msg_type || memcmp(m + 8, exp, 8) != 0) break;
         Layout *l = layout_of(self, msg);
         if (l == NULL) break;
+        Py_INCREF(msg);  /* held: building the PacketIn allocates, and a collection may run Python code */
         PyObject *pin = read_layout(self, l, msg, args[2]);
+        Py_DECREF(msg);
         if (pin == NULL) return NULL;
         int status = PyList_Append(out, pin);
         Py_DECREF(pin);
