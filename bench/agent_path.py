@@ -19,6 +19,8 @@ With --base DIR (another checkout of this tree), each round runs the same measur
 process on DIR's code and then on this one, alternating the order per round; the JSON gives the
 minimum per side (other work on the machine only ever makes a run slower). Nothing here times
 wake-ups, syscalls of the socket or the window timer: bench/agent_cpu.py measures the real path.
+With --front only the reader and the demux run (decoding, the sort by category, admission and its fair-share
+keys), the policy handler taking each read's packet-ins and doing nothing with them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0,
+def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0, front: bool = False,
             keep: Path | None = None, fair: bool = False) -> dict:
     """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
     fixed event ids, destination ports that repeat (aggregate records too), and the files' digest. With `keep`
@@ -120,8 +122,14 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
                                                                                        ovs_netns=""),
                                      suppress=suppress, may_suppress=tags.any_known)
         demux = Demux(inline_max=INLINE_MAX)
-        admission.subscribe(demux, {Category.POLICY: dispatcher}, PacketInConfig(), direction=lambda r: "ingress",
-                            now=time.monotonic())
+        class Taken:  # --front: the read's packet-ins are taken, nothing done with them
+            def __call__(self, pin: object) -> None:
+                pass
+
+            def handle_run(self, items: list, start: int, end: int, failed: object) -> tuple[int, int]:
+                return end, 0
+        admission.subscribe(demux, {Category.POLICY: Taken() if front else dispatcher}, PacketInConfig(),
+                            direction=lambda r: "ingress", now=time.monotonic())
         for sub in demux._subs.values():  # admission is policy, not capacity: as bench/agent_cpu.py opens it
             sub.bucket = type(sub.bucket)(1e12, 1e12, time.monotonic())
             if sub.fair is not None:
@@ -163,10 +171,12 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
     return asyncio.run(run())
 
 
-def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False) -> dict:
+def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False,
+          front: bool = False) -> dict:
     # This script, run on `root`'s code (a base checkout may not have it).
     out = subprocess.run([sys.executable, __file__, "--compare-one" if compare else "--one", str(root), str(n),
-                          str(per_read), "--idle-ms", str(idle_ms), *(["--fair-share"] if fair else [])],
+                          str(per_read), "--idle-ms", str(idle_ms), *(["--fair-share"] if fair else []),
+                          *(["--front"] if front else [])],
                          cwd=root, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -185,6 +195,9 @@ def main() -> int:
                     help="with --base: the same stream (fixed clock and ids) through both; are the files identical")
     ap.add_argument("--fair-share", action="store_true",
                     help="keep the agent's default fair shares on (default: off, as bench/agent_cpu.py --no-fair-share)")
+    ap.add_argument("--front", action="store_true",
+                    help="the reader and the demux only (decoding, the sort by category, admission with its keys): "
+                         "the policy handler takes each read's packet-ins and does nothing with them")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--compare-one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -193,13 +206,13 @@ def main() -> int:
         root = Path(one[0])
         sys.path.insert(0, str(root))
         print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one),
-                                 idle=float(args.idle_ms) / 1000, fair=args.fair_share)))
+                                 idle=float(args.idle_ms) / 1000, fair=args.fair_share, front=args.front)))
         return 0
     if args.compare:
         return compare(HERE, Path(args.base).resolve(), args.packet_ins, args.per_read)
     sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
     result: dict = {"benchmark": "agent_path", "packet_ins": args.packet_ins, "rounds": args.rounds,
-                    "fair_share": args.fair_share,
+                    "fair_share": args.fair_share, "front_only": args.front,
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
     idles = [float(x) for x in args.idle_ms.split(",")]
     for per_read, idle_ms in [(int(x), i) for x in args.per_read.split(",") for i in idles]:
@@ -208,7 +221,8 @@ def main() -> int:
         runs: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                runs[side].append(child(sides[side], args.packet_ins, per_read, idle_ms=idle_ms, fair=args.fair_share))
+                runs[side].append(child(sides[side], args.packet_ins, per_read, idle_ms=idle_ms, fair=args.fair_share,
+                                        front=args.front))
         row = {side: {"us_per_packet_in_min": min(x["us_per_packet_in"] for x in got),
                       "us_per_packet_in_runs": [x["us_per_packet_in"] for x in got],
                       "records_every_run": sorted({x["records"] for x in got})} for side, got in runs.items()}
