@@ -44,8 +44,14 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
     (a directory), the audit files written are moved there (bench/gzip_codec.py compresses them). With `fair`, the
     agent's default fair shares stay on (one key: within the opened category it always borrows)."""
     import asyncio
+    import importlib
     import tempfile
     import time
+
+    for package in ("packetin", "auditlog", "policy_agent", "meters"):  # imported from `root`, or no A/B
+        where = Path(importlib.import_module(package).__file__ or "").resolve()
+        if not where.is_relative_to(root.resolve()):
+            raise RuntimeError(f"{package} was imported from {where}, not from the checkout measured ({root})")
 
     try:  # the agent's aggregator: in C where built (a base checkout may have only the Python class)
         from auditlog.record_fast import aggregator
@@ -182,8 +188,6 @@ def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: flo
 
 
 def main() -> int:
-    from packetin.demux import INLINE_MAX
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packet-ins", type=int, default=20000)
     ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
@@ -216,6 +220,8 @@ def main() -> int:
                     "load_average_start": os.getloadavg(), "by_per_read": {}}
     idles = [float(x) for x in args.idle_ms.split(",")]
     for per_read, idle_ms in [(int(x), i) for x in args.per_read.split(",") for i in idles]:
+        from packetin.demux import INLINE_MAX  # only here: a child (--one) imports the code of the tree it measures
+
         if per_read > INLINE_MAX:  # a bigger read goes to the demux task, which runs after the timed loop
             ap.error(f"--per-read above {INLINE_MAX} would not be timed")
         runs: dict[str, list[dict]] = {side: [] for side in sides}
