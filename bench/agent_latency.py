@@ -13,7 +13,9 @@ and notes when the line of each port became readable. Latency = readable - sent,
 The floor, in the same run, once the agent is stopped (OVS keeps its flows, fail_mode=secure): a bare
 OpenFlow reader on the bridge's .mgmt socket (bench/_of_floor.py --append) that, per packet-in, finds the
 UDP destination port in the frame and appends it as a line to a file, watched the same way. That is what
-the sender, the kernel, OVS and any reader that writes a line cost before the agent's own work.
+the sender, the kernel, OVS and any reader that writes a line cost before the agent's own work. The floor
+reads over that unix socket; the agent over its default transport for an OVS in a namespace of its own, TCP
+(--transport unix: the agent too over a unix socket, punix:<rundir>/br-int.npaudit).
 
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
 this is one round of each: compare them within one run only.
@@ -25,6 +27,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -101,6 +104,14 @@ def record_port(line: bytes) -> int | None:
     return port if isinstance(port, int) else None
 
 
+def agent_transport(log: Path) -> str:
+    """What the agent connected over, from its log's "OpenFlow connected to <target>": tcp or unix."""
+    found = re.findall(r"OpenFlow connected to (\S+)", log.read_text(errors="replace"))
+    if not found:
+        raise RuntimeError(f"{log} does not say where the agent connected")
+    return "tcp" if found[-1].startswith("tcp:") else "unix"
+
+
 def floor_port(line: bytes) -> int | None:
     return int(line) if line.strip().isdigit() else None
 
@@ -130,6 +141,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=17.0, help="packets/s (issue 22: 17)")
     ap.add_argument("--no-fair-share", action="store_true",
                     help="fair shares off (default: on, the agent's default)")
+    ap.add_argument("--transport", choices=("auto", "tcp", "unix"), default="auto",
+                    help="the agent's openflow.transport (auto, its default here: tcp)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload
@@ -137,6 +150,8 @@ def main() -> int:
                                     queue_size=PacketInConfig().policy.queue_size,
                                     marks=(marks.high_mark, marks.peers_mark, marks.low_mark),
                                     fair_share=not args.no_fair_share)
+    if args.transport != "auto":
+        cluster.config.write_text(cluster.config.read_text() + f"openflow:\n  transport: {args.transport}\n")
     load0 = os.getloadavg()
     floor_proc = None
     try:
@@ -144,6 +159,7 @@ def main() -> int:
         netns, ip = start_flood_pods(cluster)
         settled(cluster)
         encoder = build_info(cluster.metrics_port)["record_encoder"]  # type: ignore[attr-defined]
+        transport = agent_transport(cluster.dir / "agent.log")
         agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
         cluster.stop_agent()
         floor_file = work / "floor.lines"
@@ -167,6 +183,8 @@ def main() -> int:
                      "readable": "inotify IN_MODIFY on the file, the line read and parsed, stamped on wake-up",
                      "record_encoder": encoder,
                      "fair_share": not args.no_fair_share,
+                     "agent_openflow_transport": transport,
+                     "floor_openflow_transport": "unix (br-int.mgmt)",
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "agent": agent,
