@@ -276,3 +276,99 @@ def test_a_whole_read_is_admitted_as_one_by_one_admission_would(reads, rate, bur
         now += step
         assert batch.admit_read(iter(keys), now, room) == _admit_one_by_one(single, keys, now, room)
         assert _state(batch) == _state(single)
+
+
+one_key_reads = st.lists(st.tuples(st.integers(0, 3),                        # the read's one key
+                                   st.integers(1, 400),                      # how many packet-ins it brings (a
+                                                                             # short read: key by key)
+                                   st.floats(-0.05, 0.5),                    # clock step (backwards too)
+                                   st.integers(-1, 450)),                    # the channel's room
+                         min_size=1, max_size=25)
+
+
+@settings(max_examples=400, deadline=None)
+@given(reads=one_key_reads, rate=st.sampled_from([3.0, 77.7, 1e6]), burst=st.sampled_from([4.0, 30.5, 250.0]),
+       key_rate=st.sampled_from([0.3, 20.0, 333.3]), key_burst=st.sampled_from([1.0, 2.75, 120.0]),
+       max_keys=st.integers(1, 3), reserve=st.sampled_from([None, 0.0, 2.5, 0.1]))
+def test_a_read_of_one_key_judged_at_once_is_judged_as_one_by_one(reads, rate, burst, key_rate, key_burst, max_keys,
+                                                                   reserve) -> None:
+    """A flood's read (a list of one key) takes _judge_run's one step: the same indexes, drops by reason,
+    buckets, LRU and counters as the reference one key at a time, through every phase (within the share,
+    the category empty, borrowing down to the reserve, fair-share drops, the room running out)."""
+    from meters import fair_share
+
+    judged_at_once = 0
+    real = fair_share._judge_run
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        nonlocal judged_at_once
+        judged_at_once += 1
+        return real(*args)
+
+    batch = FairShare(rate, burst, key_rate=key_rate, key_burst=key_burst, max_keys=max_keys, now=0.0,
+                      reserve=reserve)
+    single = FairShare(rate, burst, key_rate=key_rate, key_burst=key_burst, max_keys=max_keys, now=0.0,
+                       reserve=reserve)
+    now, expected_runs = 0.0, 0
+    fair_share._judge_run = counted
+    try:
+        for key, n, step, room, in reads:
+            now += step
+            one = (key, "pod")  # one object, as the C keys give a run
+            expected_runs += room > 0 and n >= fair_share._RUN_MIN
+            assert batch.admit_read([one] * n, now, room) == _admit_one_by_one(single, [(key, "pod")] * n, now, room)
+            assert _state(batch) == _state(single)
+    finally:
+        fair_share._judge_run = real
+    assert judged_at_once == expected_runs  # every read with room took the one step
+
+
+def test_a_read_of_one_key_steps_through_each_phase_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worked by hand: 3 tokens of the key's own, 10 in the category, reserve 4 (a key past its share borrows
+    while the category holds reserve + 1 = 5 or more). Reads this short are judged at once here."""
+    from meters import fair_share
+    monkeypatch.setattr(fair_share, "_RUN_MIN", 1)
+    fs = FairShare(1.0, 10.0, key_rate=1.0, key_burst=3.0, max_keys=4, now=0.0, reserve=4.0)
+    key = (7, "pod")
+    # 3 within the share (10 -> 7), 3 borrowed (at 7, 6 and 5: 5 -> 4), then the category is down to its
+    # reserve: 3 fair drops.
+    assert fs.admit_read([key] * 9, 0.0, 100) == ([0, 1, 2, 3, 4, 5], 9, 0, 3)
+    assert fs._tokens == 4.0 and fs._keys[key][0] == 0.0 and fs.borrowed == 3
+    # The room runs out after 2: the rest are not judged.
+    fs2 = FairShare(1.0, 10.0, key_rate=1.0, key_burst=3.0, max_keys=4, now=0.0, reserve=4.0)
+    assert fs2.admit_read([key] * 9, 0.0, 2) == ([0, 1], 2, 0, 0)
+    # The category empties first, the key still within its share: category drops, nothing taken from the key.
+    fs3 = FairShare(1.0, 2.0, key_rate=1.0, key_burst=3.0, max_keys=4, now=0.0, reserve=0.5)
+    assert fs3.admit_read([key] * 5, 0.0, 100) == ([0, 1], 5, 3, 0)
+    assert fs3._keys[key][0] == 1.0
+
+
+def test_a_read_of_one_key_borrows_as_many_as_one_by_one_where_the_guess_rounds() -> None:
+    """6.3 - 1.3 is 5.0 in floats, which would allow 6 borrowed packet-ins; one at a time the sixth finds
+    6.3 - 5 = 1.2999999999999998 < 1.3 left and is dropped. The one step borrows 5, as one by one does."""
+    from meters import fair_share
+    assert 20 >= fair_share._RUN_MIN  # judged at once
+    def twin() -> FairShare:
+        fs = FairShare(1.0, 10.0, key_rate=1.0, key_burst=1.0, max_keys=4, now=0.0, reserve=0.3)
+        fs._tokens = 7.3  # the key's one token takes it to 6.3
+        return fs
+
+    batch, single = twin(), twin()
+    key = (1, "pod")
+    out = batch.admit_read([key] * 20, 0.0, 100)
+    assert out == _admit_one_by_one(single, [key] * 20, 0.0, 100)
+    assert out == (list(range(6)), 20, 0, 14) and batch.borrowed == 5
+    assert _state(batch) == _state(single)
+
+
+def test_a_short_read_of_one_key_is_judged_key_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below _RUN_MIN keys (a lone packet-in's read above all) the one step would cost more than it saves."""
+    from meters import fair_share
+
+    def must_not_run(*args):  # type: ignore[no-untyped-def]
+        raise AssertionError("a short read was judged as a run")
+
+    monkeypatch.setattr(fair_share, "_judge_run", must_not_run)
+    fs = FairShare(10.0, 10.0, key_rate=1.0, key_burst=3.0, max_keys=4, now=0.0)
+    assert fs.admit_read([(1, "pod")] * (fair_share._RUN_MIN - 1), 0.0, 100)[1] == fair_share._RUN_MIN - 1
+    assert fs.admit_read([(1, "pod")], 0.0, 100)[1] == 1
