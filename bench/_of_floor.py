@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The floor of bench/agent_cpu.py: a bare OpenFlow reader that only counts packet-ins.
 
-Run as `python bench/_of_floor.py <unix socket>` (the bridge's .mgmt socket): it sends OFPT_HELLO
+Run as `python bench/_of_floor.py <unix socket>` (the bridge's .mgmt socket), or with tcp:HOST:PORT (the agent's
+own controller target over TCP, once the agent is stopped; from the namespace it listens in): it sends OFPT_HELLO
 (OpenFlow 1.5), OFPT_SET_CONFIG with miss_send_len 0xffff (a .mgmt client gets no packet-ins
 before it, DESIGN.md §10) and NXT_SET_PACKET_IN_FORMAT NXT_PACKET_IN2 (the agent's format, so both
 read the same bytes), prints "ready", then reads in a loop, counting whole messages, answering
@@ -83,6 +84,18 @@ def scan(buf: bytes | bytearray, on_packet_in: Callable[[bytes], None] | None = 
     return packet_ins, others, replies, pos
 
 
+def connect(target: str) -> socket.socket:
+    """A unix socket path, or tcp:HOST:PORT (TCP_NODELAY, as the agent's own connection)."""
+    if target.startswith("tcp:"):
+        host, port = target[4:].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(target)
+    return sock
+
+
 def main() -> int:
     on_packet_in = None
     if sys.argv[2:3] == ["--append"]:
@@ -92,8 +105,7 @@ def main() -> int:
             port = udp_dst_port(msg)
             if port is not None:
                 os.write(fd, b"%d\n" % port)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sys.argv[1])
+    sock = connect(sys.argv[1])
     sock.sendall(handshake())
     counts = [0, 0]
 

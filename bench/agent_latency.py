@@ -13,9 +13,11 @@ and notes when the line of each port became readable. Latency = readable - sent,
 The floor, in the same run, once the agent is stopped (OVS keeps its flows, fail_mode=secure): a bare
 OpenFlow reader on the bridge's .mgmt socket (bench/_of_floor.py --append) that, per packet-in, finds the
 UDP destination port in the frame and appends it as a line to a file, watched the same way. That is what
-the sender, the kernel, OVS and any reader that writes a line cost before the agent's own work. The floor
-reads over that unix socket; the agent over its default transport for an OVS in a namespace of its own, TCP
-(--transport unix: the agent too over a unix socket, punix:<rundir>/br-int.npaudit).
+the sender, the kernel, OVS and any reader that writes a line cost before the agent's own work. The agent
+reads over its default transport for an OVS in a namespace of its own, TCP (--transport unix: a unix socket,
+punix:<rundir>/br-int.npaudit); the floor over the same transport by default (over TCP: the agent's own
+controller target, which OVS keeps listening on once the agent is stopped, from the namespace OVS runs in), or
+over the bridge's .mgmt unix socket (--floor-transport mgmt, what this bench did before 2026-12-05).
 
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
 this is one round of each: compare them within one run only.
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _latency_probe import LOW_RATE_SENDER, quantiles_ms  # noqa: E402
 from agent_cpu import build_info  # noqa: E402
 
-from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
+from policy_agent.config.loader import AuditConfig, PacketInConfig, loads  # noqa: E402
 from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -112,6 +114,20 @@ def agent_transport(log: Path) -> str:
     return "tcp" if found[-1].startswith("tcp:") else "unix"
 
 
+def floor_reader(config: Path, transport: str) -> tuple[list[str], str]:
+    """The floor reader's command line (without --append) and how it reads: over the agent's transport (`agent`:
+    its controller target, over TCP from the namespace OVS listens in) or the bridge's .mgmt socket (`mgmt`)."""
+    agent = loads(config.read_text(), str(config))
+    floor = [sys.executable, str(HERE / "_of_floor.py")]
+    if transport == "mgmt":
+        return [*floor, str(agent.ovs.ovs_rundir / f"{agent.ovs.bridge}.mgmt")], "unix (the bridge's .mgmt)"
+    target = agent.openflow_target
+    if target.startswith("tcp:"):
+        netns = agent.openflow_netns
+        return [*(["ip", "netns", "exec", netns] if netns else []), *floor, target], "tcp (the agent's target)"
+    return [*floor, target], "unix (the agent's target)"
+
+
 def floor_port(line: bytes) -> int | None:
     return int(line) if line.strip().isdigit() else None
 
@@ -143,6 +159,8 @@ def main() -> int:
                     help="fair shares off (default: on, the agent's default)")
     ap.add_argument("--transport", choices=("auto", "tcp", "unix"), default="auto",
                     help="the agent's openflow.transport (auto, its default here: tcp)")
+    ap.add_argument("--floor-transport", choices=("agent", "mgmt"), default="agent",
+                    help="the floor reads over the agent's transport (default) or the bridge's .mgmt unix socket")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload
@@ -164,8 +182,8 @@ def main() -> int:
         cluster.stop_agent()
         floor_file = work / "floor.lines"
         floor_file.touch()
-        floor_proc = subprocess.Popen([sys.executable, str(HERE / "_of_floor.py"), str(cluster.dir / "ovs" / "br-int.mgmt"),
-                                       "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
+        floor_cmd, floor_transport = floor_reader(cluster.config, args.floor_transport)
+        floor_proc = subprocess.Popen([*floor_cmd, "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
         if floor_proc.stdout is None or floor_proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the floor reader did not start")
         floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port)
@@ -184,7 +202,7 @@ def main() -> int:
                      "record_encoder": encoder,
                      "fair_share": not args.no_fair_share,
                      "agent_openflow_transport": transport,
-                     "floor_openflow_transport": "unix (br-int.mgmt)",
+                     "floor_openflow_transport": floor_transport,
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "agent": agent,

@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.packet_ins import frame, message
 from tests.support.bench_modules import load_bench
 
@@ -50,3 +52,52 @@ def test_percentiles() -> None:
     assert bench.percentiles([]) == {"n": 0}
     got = bench.percentiles([float(x) for x in range(1, 101)])
     assert got["n"] == 100 and got["p50_ms"] == 50.5 and got["max_ms"] == 100.0 and 99 <= got["p99_ms"] <= 100
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"state_dir: {tmp_path / 'state'}\novs:\n  run_dir: {tmp_path / 'ovs'}\n  netns: npe-abc\n"
+                    f"audit:\n  path: {tmp_path / 'audit.jsonl'}\n" + extra)
+    return path
+
+
+def test_the_floor_reads_over_the_agents_transport_unless_told_mgmt(tmp_path: Path) -> None:
+    """The floor's command line: over TCP (the agent's default with OVS in a namespace of its own) from that
+    namespace to the agent's target; over unix to the agent's socket; with mgmt, the bridge's .mgmt socket."""
+    tcp = _config(tmp_path)
+    cmd, said = bench.floor_reader(tcp, "agent")
+    assert cmd[:4] == ["ip", "netns", "exec", "npe-abc"] and cmd[-1] == "tcp:127.0.0.1:6653" and said.startswith("tcp")
+    cmd, said = bench.floor_reader(_config(tmp_path, "openflow:\n  transport: unix\n"), "agent")
+    assert cmd[-1] == str(tmp_path / "ovs" / "br-int.npaudit") and "netns" not in cmd and said.startswith("unix")
+    cmd, said = bench.floor_reader(tcp, "mgmt")
+    assert cmd[-1] == str(tmp_path / "ovs" / "br-int.mgmt") and "netns" not in cmd and ".mgmt" in said
+
+
+def test_the_agents_transport_is_read_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    log.write_text("x\nOpenFlow connected to tcp:127.0.0.1:6653 (dpid 0000000000000001, connect #1, meters yes)\n")
+    assert bench.agent_transport(log) == "tcp"
+    log.write_text(log.read_text() + f"OpenFlow connected to {tmp_path}/ovs/br-int.npaudit (dpid 1, connect #2)\n")
+    assert bench.agent_transport(log) == "unix"  # the last connection
+    log.write_text("nothing yet\n")
+    with pytest.raises(RuntimeError):  # a log without a connection must not pass for one
+        bench.agent_transport(log)
+
+
+def test_the_floor_connects_over_tcp_and_unix(tmp_path: Path) -> None:
+    import socket
+
+    for family, address, target in ((socket.AF_INET, ("127.0.0.1", 0), None),
+                                    (socket.AF_UNIX, str(tmp_path / "s.sock"), str(tmp_path / "s.sock"))):
+        with socket.socket(family, socket.SOCK_STREAM) as server:
+            server.bind(address)
+            server.listen(1)
+            if family == socket.AF_INET:
+                target = f"tcp:127.0.0.1:{server.getsockname()[1]}"
+            with floor.connect(target) as sock:
+                peer, _ = server.accept()
+                with peer:
+                    sock.sendall(b"hello")
+                    assert peer.recv(5) == b"hello"
+                if family == socket.AF_INET:
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
