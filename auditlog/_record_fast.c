@@ -3,7 +3,7 @@
  *
  * FastEncoder(encoder, consts) reads the Python encoder's caches (dicts it fills; never replaced) and builds
  * the record's three texts (chain.RecordText) straight into ASCII strings, computing a new flow's Community ID
- * (SHA-1, base64) itself. Anything else -- a cache miss, a coarse record, a non-ASCII text, a count past
+ * (SHA-1 through OpenSSL, base64) itself. Anything else -- a cache miss, a coarse record, a non-ASCII text, a count past
  * JSON's safe integers, an address it cannot pack -- goes to the Python encoder, which fills the caches,
  * so the text is always the Python encoder's; tests/unit/auditlog/test_record_fast.py compares the two.
  * Decisions are all taken before the event id is drawn, so a fallback never skips an id.
@@ -36,51 +36,15 @@
 #include "_frame_fast.h"
 #include "_scan_fast.h"
 
-/* ---- SHA-1 (FIPS 180-4), for the Community ID only ------------------------------------------------ */
+/* ---- SHA-1, for the Community ID only: OpenSSL's block function (SHA-NI where the CPU has it) --------- */
 
-#define ROL(x, n) (((x) << (n)) | ((x) >> (32 - (n))))
-
-static void sha1_block(uint32_t h[5], const unsigned char *p) {
-    uint32_t w[80], a, b, c, d, e, t;
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 80; i++)
-        w[i] = ROL(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    a = h[0]; b = h[1]; c = h[2]; d = h[3]; e = h[4];
-#define ROUND(f, k) do { t = ROL(a, 5) + (f) + e + (k) + w[i]; e = d; d = c; c = ROL(b, 30); b = a; a = t; } while (0)
-    int i = 0;
-    for (; i < 20; i++) ROUND((b & c) | (~b & d), 0x5A827999);
-    for (; i < 40; i++) ROUND(b ^ c ^ d, 0x6ED9EBA1);
-    for (; i < 60; i++) ROUND((b & c) | (b & d) | (c & d), 0x8F1BBCDC);
-    for (; i < 80; i++) ROUND(b ^ c ^ d, 0xCA62C1D6);
-#undef ROUND
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e;
-}
-
+/* SHA1_Init/Update/Final, as SHA-256 above: OpenSSL 3's one-shot SHA1() goes through EVP and its provider
+ * look-up on every call, slower than this module's own SHA-1 was for a 40-byte tuple. */
 static void sha1(const unsigned char *data, size_t len, unsigned char out[20]) {
-    uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
-    unsigned char block[64];
-    size_t done = 0;
-    for (; len - done >= 64; done += 64)
-        sha1_block(h, data + done);
-    size_t rest = len - done;
-    memset(block, 0, 64);
-    memcpy(block, data + done, rest);
-    block[rest] = 0x80;
-    if (rest >= 56) {
-        sha1_block(h, block);
-        memset(block, 0, 64);
-    }
-    uint64_t bits = (uint64_t)len * 8;
-    for (int i = 0; i < 8; i++)
-        block[63 - i] = (unsigned char)(bits >> (8 * i));
-    sha1_block(h, block);
-    for (int i = 0; i < 5; i++) {
-        out[4 * i] = (unsigned char)(h[i] >> 24);
-        out[4 * i + 1] = (unsigned char)(h[i] >> 16);
-        out[4 * i + 2] = (unsigned char)(h[i] >> 8);
-        out[4 * i + 3] = (unsigned char)h[i];
-    }
+    SHA_CTX ctx;
+    SHA1_Init(&ctx);
+    SHA1_Update(&ctx, data, len);
+    SHA1_Final(out, &ctx);
 }
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
