@@ -17,7 +17,7 @@ setup(ext_modules=[Extension("auditlog._record_fast", ["auditlog/_record_fast.c"
                                                       "auditlog/_aggregate_fast.c", "auditlog/_scan_fast.c"],
                              optional=True, depends=["auditlog/_frame_fast.h", "auditlog/_aggregate_fast.h",
                                                      "auditlog/_scan_fast.h"],
-                             libraries=["crypto"],  # SHA-256 for sealing (seal_run): libssl-dev
+                             libraries=["crypto"],  # SHA-256 (seal_run), SHA-1 (Community ID): libssl-dev
                              extra_compile_args=FLAGS),
                    Extension("packetin._layout_fast", ["packetin/_layout_fast.c"], optional=True,
                              extra_compile_args=FLAGS)])

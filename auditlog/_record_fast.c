@@ -788,7 +788,7 @@ static PyTypeObject FastEncoderType = {
 static PyMethodDef module_methods[] = {
     {"community_id_ported", community_id_ported, METH_VARARGS,
      "community_id_ported(saddr, daddr, proto, sport, dport) -> the '\"community_id\":\"1:...\",' member"},
-    {"sha1", sha1_digest, METH_O, "sha1(data) -> 20-byte digest (this module's own SHA-1, for its tests)"},
+    {"sha1", sha1_digest, METH_O, "sha1(data) -> 20-byte digest (the Community ID's SHA-1 as this module takes it, for its tests)"},
     {"seal_run", (PyCFunction)(void (*)(void))seal_run, METH_FASTCALL,
      "seal_run(records, start, seq, chain, chain_key, lines) -> (end, seq, chain): RecordText.seal for a run"},
     {NULL}};
