@@ -54,8 +54,9 @@ def _judge_run(n: int, own: list[float], category: float, room: int, borrow_from
     if own[0] >= 1:  # the category ran out first: the rest, within their share, find it empty (nothing changes)
         return judged + left, category, room, borrowed, left, fair_drops
     # Past the key's share: borrowed while the category holds borrow_from or more. category - k is exact for a
-    # whole k, but category - borrow_from, which guesses how many, may round up to the next whole number (6.3 -
-    # 1.3 gives 5.0, yet 6.3 - 5 < 1.3), never below a whole number it reaches: the guess is only ever too high.
+    # whole k, but category - borrow_from, which guesses how many, may round up to a whole number (6.3 - 1.3
+    # gives 5.0, yet 6.3 - 5 < 1.3). Rounding never takes it below a whole number the exact difference reaches,
+    # so the guess is only ever too high: it is walked down.
     can = 0
     if category >= borrow_from:
         can = math.floor(category - borrow_from) + 1
