@@ -21,6 +21,10 @@ over the bridge's .mgmt unix socket (--floor-transport mgmt, what this bench did
 
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
 this is one round of each: compare them within one run only.
+
+With --trace, each phase also says where its reader's time went, from the kernel's side (bench/_wake_trace.py: bcc
+on the scheduler and syscall tracepoints of the agent's main thread, then of the floor reader): woken until
+running, the event loop's own turn before it reads, the message's handling until the write, the write itself.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _latency_probe import LOW_RATE_SENDER, quantiles_ms  # noqa: E402
+from _wake_trace import WakeTrace, episodes, timeline  # noqa: E402
 from agent_cpu import build_info  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig, loads  # noqa: E402
@@ -137,17 +142,25 @@ def percentiles(ms: list[float]) -> dict:
 
 
 def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
-          key_of: Callable[[bytes], int | None]) -> dict:
+          key_of: Callable[[bytes], int | None], trace_tid: int | None = None) -> dict:
+    """The sender's `n` datagrams and when each one's line became readable in `watched`; with `trace_tid`, that
+    reader thread's wake-ups over the phase too (bench/_wake_trace.py)."""
     appends = Appends(watched, key_of)
+    tracer = WakeTrace(trace_tid) if trace_tid is not None else None
+    traced: list = []
     try:
         out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", LOW_RATE_SENDER, ip, str(n),
                               str(rate)], capture_output=True, text=True, check=True, timeout=n / rate * 3 + 60).stdout
         time.sleep(1.0)  # the last packet's way through
     finally:
         appends.close()
+        if tracer is not None:
+            traced = tracer.stop()
     sent = {int(port): float(t) for port, t in (line.split() for line in out.splitlines())}
     lat = [(appends.seen[p] - t) * 1000 for p, t in sent.items() if p in appends.seen]
-    return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat)}
+    return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat),
+            **({"wake_timeline": {**timeline(episodes(traced)), "traced_thread": trace_tid,
+                                  "mounted_tracefs": tracer.mounted_tracefs}} if tracer is not None else {})}
 
 
 def main() -> int:
@@ -161,6 +174,9 @@ def main() -> int:
                     help="the agent's openflow.transport (auto, its default here: tcp)")
     ap.add_argument("--floor-transport", choices=("agent", "mgmt"), default="agent",
                     help="the floor reads over the agent's transport (default) or the bridge's .mgmt unix socket")
+    ap.add_argument("--trace", action="store_true",
+                    help="trace the agent's main thread and the floor reader in their phases (bcc, tracefs): where "
+                         "each packet-in's time goes, from wake-up to the line written (bench/_wake_trace.py)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload
@@ -178,7 +194,8 @@ def main() -> int:
         settled(cluster)
         encoder = build_info(cluster.metrics_port)["record_encoder"]  # type: ignore[attr-defined]
         transport = agent_transport(cluster.dir / "agent.log")
-        agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port)
+        agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port,
+                      trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
         cluster.stop_agent()
         floor_file = work / "floor.lines"
         floor_file.touch()
@@ -186,7 +203,8 @@ def main() -> int:
         floor_proc = subprocess.Popen([*floor_cmd, "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
         if floor_proc.stdout is None or floor_proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the floor reader did not start")
-        floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port)
+        floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port,
+                      trace_tid=floor_proc.pid if args.trace else None)
     finally:
         if floor_proc is not None:
             floor_proc.terminate()
