@@ -22,6 +22,10 @@ over the bridge's .mgmt unix socket (--floor-transport mgmt, what this bench did
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
 this is one round of each: compare them within one run only.
 
+With --c-floor, a third phase after the floor's: the same reader in C (bench/_of_floor.c, compiled with gcc at run
+time), over the same transport, watched the same way: what reading and appending cost with no Python, whose
+interpreter a reader pays for again after every quiet spell.
+
 With --trace, each phase also says where its reader's time went, from the kernel's side (bench/_wake_trace.py: bcc
 on the scheduler and syscall tracepoints of the agent's main thread, then of the floor reader): woken until
 running, the event loop's own turn before it reads, the message's handling until the write, the write itself.
@@ -133,6 +137,40 @@ def floor_reader(config: Path, transport: str) -> tuple[list[str], str]:
     return [*floor, target], "unix (the agent's target)"
 
 
+def build_c_floor(work: Path) -> Path:
+    """bench/_of_floor.c compiled with gcc into `work`: the floor reader without Python (--c-floor)."""
+    exe = work / "of_floor"
+    done = subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-o", str(exe), str(HERE / "_of_floor.c")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"gcc could not build bench/_of_floor.c:\n{done.stderr}")
+    return exe
+
+
+def c_floor_command(python_floor: list[str], exe: Path) -> list[str]:
+    """The Python floor's command line (floor_reader's) with the C reader in place of the Python one: the same
+    namespace, the same target."""
+    at = python_floor.index(sys.executable)
+    return [*python_floor[:at], str(exe), *python_floor[at + 2:]]
+
+
+def start_floor(cmd: list[str], lines: Path) -> subprocess.Popen[str]:
+    """A floor reader appending to `lines`, once it says it is ready."""
+    lines.touch()
+    proc = subprocess.Popen([*cmd, str(lines)], stdout=subprocess.PIPE, text=True)
+    if proc.stdout is None or proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError(f"the floor reader {cmd} did not start")
+    return proc
+
+
+def stop_floor(proc: subprocess.Popen[str] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait(10)
+
+
 def floor_port(line: bytes) -> int | None:
     return int(line) if line.strip().isdigit() else None
 
@@ -174,6 +212,9 @@ def main() -> int:
                     help="the agent's openflow.transport (auto, its default here: tcp)")
     ap.add_argument("--floor-transport", choices=("agent", "mgmt"), default="agent",
                     help="the floor reads over the agent's transport (default) or the bridge's .mgmt unix socket")
+    ap.add_argument("--c-floor", action="store_true",
+                    help="a third phase: the same floor reader in C (bench/_of_floor.c, built with gcc): what reading "
+                         "and appending cost without Python")
     ap.add_argument("--trace", action="store_true",
                     help="trace the agent's main thread and the floor reader in their phases (bcc, tracefs): where "
                          "each packet-in's time goes, from wake-up to the line written (bench/_wake_trace.py)")
@@ -187,7 +228,8 @@ def main() -> int:
     if args.transport != "auto":
         cluster.config.write_text(cluster.config.read_text() + f"openflow:\n  transport: {args.transport}\n")
     load0 = os.getloadavg()
-    floor_proc = None
+    floor_proc: subprocess.Popen[str] | None = None
+    c_floor: dict | None = None
     try:
         cluster.start(timeout=120)
         netns, ip = start_flood_pods(cluster)
@@ -198,17 +240,17 @@ def main() -> int:
                       trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
         cluster.stop_agent()
         floor_file = work / "floor.lines"
-        floor_file.touch()
         floor_cmd, floor_transport = floor_reader(cluster.config, args.floor_transport)
-        floor_proc = subprocess.Popen([*floor_cmd, "--append", str(floor_file)], stdout=subprocess.PIPE, text=True)
-        if floor_proc.stdout is None or floor_proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the floor reader did not start")
+        floor_proc = start_floor([*floor_cmd, "--append"], floor_file)
         floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port,
                       trace_tid=floor_proc.pid if args.trace else None)
+        stop_floor(floor_proc)
+        if args.c_floor:
+            floor_proc = start_floor(c_floor_command(floor_cmd, build_c_floor(work)), work / "c_floor.lines")
+            c_floor = phase(netns, ip, args.packets, args.rate, work / "c_floor.lines", floor_port,
+                            trace_tid=floor_proc.pid if args.trace else None)
     finally:
-        if floor_proc is not None:
-            floor_proc.terminate()
-            floor_proc.wait(10)
+        stop_floor(floor_proc)
         cluster.close()
         subprocess.run(["rm", "-rf", str(work)])
     a50, f50 = agent["sent_to_readable"].get("p50_ms"), floor["sent_to_readable"].get("p50_ms")
@@ -226,6 +268,9 @@ def main() -> int:
         "agent": agent,
         "floor_bare_reader_appending": floor,
         "agent_minus_floor_p50_ms": round(a50 - f50, 3) if a50 is not None and f50 is not None else None,
+        **({"floor_c_reader_appending": c_floor,
+            "agent_minus_c_floor_p50_ms": round(a50 - c50, 3) if a50 is not None and
+            (c50 := c_floor["sent_to_readable"].get("p50_ms")) is not None else None} if c_floor is not None else {}),
         "target": {"p50_ms": 0.6, "p99_ms": 1.0},
     }, indent=1))
     return 0

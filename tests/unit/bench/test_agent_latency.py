@@ -101,3 +101,51 @@ def test_the_floor_connects_over_tcp_and_unix(tmp_path: Path) -> None:
                     assert peer.recv(5) == b"hello"
                 if family == socket.AF_INET:
                     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def test_the_c_floor_reader_shakes_hands_answers_echoes_and_appends_each_udp_port(tmp_path: Path) -> None:
+    """bench/_of_floor.c, built as --c-floor builds it, against a switch played over a unix socket: the Python
+    floor's handshake, an echo request answered, each NXT_PACKET_IN2's UDP port a line (others skipped), messages
+    split across reads and packed in one."""
+    import socket
+
+    exe = bench.build_c_floor(tmp_path)
+    path, lines = str(tmp_path / "switch.sock"), tmp_path / "floor.lines"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    proc = bench.start_floor([str(exe), path], lines)  # connected (the listen backlog takes it) and ready
+    conn, _ = server.accept()
+    try:
+        hello = b""
+        while len(hello) < len(floor.handshake()):
+            hello += conn.recv(1024)
+        assert hello == floor.handshake()
+        conn.sendall(bytes([6, 2, 0, 12, 0, 0, 0, 9]) + b"ping")  # OFPT_ECHO_REQUEST, xid 9
+        assert conn.recv(1024) == bytes([6, 3, 0, 12, 0, 0, 0, 9]) + b"ping"
+        first = message(frame("10.0.0.1", "10.0.0.2", "udp", 40123))
+        stream = (first + message(frame("10.0.0.1", "10.0.0.2", "tcp", 443))
+                  + message(frame("10.0.0.1", "10.0.0.2", "udp", 2000)) + message(frame("10.0.0.1", "10.0.0.2", "udp", 7)))
+        conn.sendall(stream[:21])  # a message cut across reads
+        time.sleep(0.05)
+        conn.sendall(stream[21:])
+        deadline = time.monotonic() + 5
+        while lines.read_text().count("\n") < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lines.read_text() == "40123\n2000\n7\n"
+    finally:
+        conn.close()
+        server.close()
+        proc.wait(10)  # the stream's end ends it
+    assert proc.returncode == 0
+
+
+def test_the_c_floor_takes_the_python_floors_place_in_its_command_line(tmp_path: Path) -> None:
+    import sys
+
+    cmd, _ = bench.floor_reader(_config(tmp_path), "agent")
+    assert bench.c_floor_command(cmd, tmp_path / "of_floor") == ["ip", "netns", "exec", "npe-abc",
+                                                                  str(tmp_path / "of_floor"), "tcp:127.0.0.1:6653"]
+    cmd, _ = bench.floor_reader(_config(tmp_path), "mgmt")
+    assert sys.executable not in bench.c_floor_command(cmd, tmp_path / "x")
+    assert bench.c_floor_command(cmd, tmp_path / "x") == [str(tmp_path / "x"), str(tmp_path / "ovs" / "br-int.mgmt")]
