@@ -39,8 +39,11 @@ nothing); each phase then also reports the forwarder process's CPU, counted unti
 phase's last record, per emitted packet-in and added to the agent's: what a node that ships to a SIEM pays.
 
 The floor: the agent is stopped (SIGTERM; fail_mode=secure keeps the flows, the embedded OVS keeps
-running) and bench/_of_floor.py reads the bridge's .mgmt socket at the same rates. If no packet-in
-reaches it with the agent gone, the agent is started again and the floor reader runs beside it
+running) and bench/_of_floor.py reads at the same rates over the agent's own transport (over TCP, the
+agent's controller target, which OVS keeps listening on, from OVS's namespace: bench/_floor_target.py;
+--floor-transport mgmt: the bridge's .mgmt socket, as this bench read before 2026-12-05 05:20 UTC; the JSON
+names both transports). If no packet-in reaches it with the agent gone, the agent is started again and the
+floor reader runs beside it, the two then both controllers of the bridge
 (both reported, nothing subtracted). The machine is 2 cores shared with other work: the
 figures are comparable within one run only.
 
@@ -67,6 +70,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _floor_target import agent_transport, floor_reader  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
@@ -76,7 +80,6 @@ from tests.support.overload_scenario import (FIRST_PORT, PORTS, agent_counts, fl
                                              new_key_flood_cluster, settled, start_flood_pods)
 
 HZ = os.sysconf("SC_CLK_TCK")
-FLOOR = Path(__file__).resolve().parent / "_of_floor.py"
 
 SENDER_C = r"""
 #define _GNU_SOURCE
@@ -350,10 +353,11 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
 
 
 class FloorReader:
-    """bench/_of_floor.py on the bridge's .mgmt socket, started and stopped by pid."""
+    """bench/_of_floor.py run by `cmd` (bench/_floor_target.py floor_reader), started and stopped by pid (an
+    `ip netns exec` in front execs it: the pid is the reader's)."""
 
-    def __init__(self, mgmt: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(FLOOR), str(mgmt)], stdout=subprocess.PIPE, text=True)
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the floor reader did not start")
@@ -544,6 +548,8 @@ def main() -> int:
                     help="forward every record over TCP (the agent's default: a forwarder child process) to a "
                          "receiver on loopback that only reads; the forwarder's CPU per packet-in is reported beside "
                          "the agent's, counted until it has delivered each phase's last record")
+    ap.add_argument("--floor-transport", choices=("agent", "mgmt"), default="agent",
+                    help="the floor reads over the agent's transport (default) or the bridge's .mgmt unix socket")
     ap.add_argument("--py-spy", default="", help="py-spy executable: profile the agent at --profile-rate")
     ap.add_argument("--profile-rate", type=int, default=5000, help="the rate profiled when --py-spy is given")
     args = ap.parse_args()
@@ -571,15 +577,16 @@ def main() -> int:
         records_at_stop = flood_records(audit_path)["records"]
         cluster.stop_agent()
         vswitchd = read_pid(cluster.dir / "ovs" / "ovs-vswitchd.pid")
-        mgmt = cluster.dir / "ovs" / "br-int.mgmt"
-        reader = FloorReader(mgmt)
+        transport = agent_transport(cluster.dir / "agent.log")
+        floor_cmd, floor_transport = floor_reader(cluster.config, args.floor_transport)
+        reader = FloorReader(floor_cmd)
         floor = [floor_rate(cluster, reader, exe, netns, ip, rate, args) for rate in rates]
         floor_mode = "agent stopped (SIGTERM), OVS running with its flows"
         reached = any(f["packet_ins_counted"] for f in floor)
         if not reached:
             cluster.start(timeout=120)
-            floor_mode = ("beside the running agent: with the agent stopped no packet-in reached the .mgmt client; "
-                          "nothing subtracted")
+            floor_mode = ("beside the running agent: with the agent stopped no packet-in reached the floor reader "
+                          f"({floor_transport}); nothing subtracted")
             floor = [floor_rate(cluster, reader, exe, netns, ip, rate, args) for rate in rates]
         flows_kept = len(cluster.flows())
     finally:
@@ -602,12 +609,14 @@ def main() -> int:
                      "syslog": f"{args.syslog}, a forwarder child process, to a receiver on loopback that only reads"
                                if args.syslog else "off",
                      "record_encoder": built["record_encoder"],
+                     "agent_openflow_transport": transport, "floor_openflow_transport": floor_transport,
                      "machine": "2 cores shared with other engineers' work: noisy, compare within this run only",
                      "load_average_start": [round(x, 2) for x in load0],
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "idle_agent_cpu_percent": round(100 * idle, 2),
         "machine_wake_penalty": penalty,
-        "floor": {"mode": floor_mode, "packet_ins_reached_mgmt_with_agent_stopped": reached,
+        "floor": {"mode": floor_mode, "openflow_transport": floor_transport,
+                  "packet_ins_reached_floor_with_agent_stopped": reached,
                   "ovs_vswitchd_pid_after_agent_stop": vswitchd, "flows_after_floor": flows_kept,
                   "agent_records_at_stop": records_at_stop},
         "agent": agent, "floor_phases": floor, "summary": summary(agent, floor, floor_mode)}, indent=2))

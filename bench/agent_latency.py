@@ -37,7 +37,6 @@ import argparse
 import ctypes
 import json
 import os
-import re
 import select
 import subprocess
 import sys
@@ -50,11 +49,12 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _floor_target import agent_transport, floor_reader  # noqa: E402
 from _latency_probe import LOW_RATE_SENDER, quantiles_ms  # noqa: E402
 from _wake_trace import WakeTrace, episodes, timeline  # noqa: E402
 from agent_cpu import build_info  # noqa: E402
 
-from policy_agent.config.loader import AuditConfig, PacketInConfig, loads  # noqa: E402
+from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -113,28 +113,6 @@ def record_port(line: bytes) -> int | None:
         return None
     port = record.get("destination", {}).get("port")
     return port if isinstance(port, int) else None
-
-
-def agent_transport(log: Path) -> str:
-    """What the agent connected over, from its log's "OpenFlow connected to <target>": tcp or unix."""
-    found = re.findall(r"OpenFlow connected to (\S+)", log.read_text(errors="replace"))
-    if not found:
-        raise RuntimeError(f"{log} does not say where the agent connected")
-    return "tcp" if found[-1].startswith("tcp:") else "unix"
-
-
-def floor_reader(config: Path, transport: str) -> tuple[list[str], str]:
-    """The floor reader's command line (without --append) and how it reads: over the agent's transport (`agent`:
-    its controller target, over TCP from the namespace OVS listens in) or the bridge's .mgmt socket (`mgmt`)."""
-    agent = loads(config.read_text(), str(config))
-    floor = [sys.executable, str(HERE / "_of_floor.py")]
-    if transport == "mgmt":
-        return [*floor, str(agent.ovs.ovs_rundir / f"{agent.ovs.bridge}.mgmt")], "unix (the bridge's .mgmt)"
-    target = agent.openflow_target
-    if target.startswith("tcp:"):
-        netns = agent.openflow_netns
-        return [*(["ip", "netns", "exec", netns] if netns else []), *floor, target], "tcp (the agent's target)"
-    return [*floor, target], "unix (the agent's target)"
 
 
 def build_c_floor(work: Path) -> Path:

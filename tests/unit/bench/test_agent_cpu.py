@@ -142,3 +142,34 @@ def test_the_wake_penalty_gives_a_figure_per_sleep_and_the_ratio() -> None:
     assert set(got["us_per_unit_after_a_sleep_of_ms"]) == {"0", "20"}
     assert all(v > 0 for v in got["us_per_unit_after_a_sleep_of_ms"].values())
     assert got["after_20_ms_vs_back_to_back"] > 0
+
+
+def test_the_floor_reader_runs_the_command_its_transport_gives_and_counts_over_it(tmp_path: Path) -> None:
+    """The CPU floor is started from bench/_floor_target.py's command line (the agent's transport by default,
+    the bridge's .mgmt socket with --floor-transport mgmt), and counts the packet-ins it reads there."""
+    import socket
+    import time
+
+    targets = load_bench("_floor_target")
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\novs:\n  run_dir: {tmp_path / 'ovs'}\n"
+                      f"audit:\n  path: {tmp_path / 'audit.jsonl'}\nopenflow:\n  transport: unix\n")
+    (tmp_path / "ovs").mkdir()
+    for transport, socket_name in (("agent", "br-int.npaudit"), ("mgmt", "br-int.mgmt")):
+        cmd, _ = targets.floor_reader(config, transport)
+        assert cmd[-1] == str(tmp_path / "ovs" / socket_name)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(cmd[-1])
+        server.listen(1)
+        reader = bench.FloorReader(cmd)
+        conn, _ = server.accept()
+        try:
+            conn.sendall(message(frame("10.0.0.1", "10.0.0.2", "udp", 1)) * 3)
+            deadline = time.monotonic() + 5
+            while reader.counts()[0] < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert reader.counts() == (3, 0)
+        finally:
+            reader.close()
+            conn.close()
+            server.close()
