@@ -41,7 +41,7 @@ phase's last record, per emitted packet-in and added to the agent's: what a node
 The floor: the agent is stopped (SIGTERM; fail_mode=secure keeps the flows, the embedded OVS keeps
 running) and bench/_of_floor.py reads at the same rates over the agent's own transport (over TCP, the
 agent's controller target, which OVS keeps listening on, from OVS's namespace: bench/_floor_target.py;
---floor-transport mgmt: the bridge's .mgmt socket, as this bench read before 2026-12-05 05:20 UTC; the JSON
+--floor-transport mgmt: the bridge's .mgmt socket, as this bench read before 2026-12-05 05:15 UTC; the JSON
 names both transports). If no packet-in reaches it with the agent gone, the agent is started again and the
 floor reader runs beside it, the two then both controllers of the bridge
 (both reported, nothing subtracted). The machine is 2 cores shared with other work: the
