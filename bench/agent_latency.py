@@ -162,9 +162,10 @@ def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
     """The sender's `n` datagrams and when each one's line became readable in `watched`; with `trace_tid`, that
     reader thread's wake-ups over the phase too (bench/_wake_trace.py)."""
     appends = Appends(watched, key_of)
-    tracer = WakeTrace(trace_tid) if trace_tid is not None else None
+    tracer: WakeTrace | None = None
     traced: list = []
     try:
+        tracer = WakeTrace(trace_tid) if trace_tid is not None else None
         out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", LOW_RATE_SENDER, ip, str(n),
                               str(rate)], capture_output=True, text=True, check=True, timeout=n / rate * 3 + 60).stdout
         time.sleep(1.0)  # the last packet's way through
