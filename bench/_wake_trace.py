@@ -102,8 +102,8 @@ class WakeTrace:
 
         self.mounted_tracefs = ensure_tracefs()
         self.events: list[Event] = []
-        self._bpf: Any = BPF(text=_PROGRAM.replace("TID", str(int(tid))))
-        self._bpf["out"].open_perf_buffer(self._on_event, page_cnt=256)
+        self._bpf: Any = BPF(text=_PROGRAM.replace("TID", str(int(tid))).encode())  # bcc wants bytes
+        self._bpf[b"out"].open_perf_buffer(self._on_event, page_cnt=256)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="wake-trace", daemon=True)
         self._thread.start()
