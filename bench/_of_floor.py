@@ -6,9 +6,12 @@ own controller target over TCP, once the agent is stopped; from the namespace it
 (OpenFlow 1.5), OFPT_SET_CONFIG with miss_send_len 0xffff (a .mgmt client gets no packet-ins
 before it, DESIGN.md §10) and NXT_SET_PACKET_IN_FORMAT NXT_PACKET_IN2 (the agent's format, so both
 read the same bytes), prints "ready", then reads in a loop, counting whole messages, answering
-echo requests. On SIGUSR1 it prints "<packet-ins> <other messages>" on a line. Nothing but the
-standard library, and nothing per packet-in beyond finding the next header: this is what any
-controller pays to receive the packet-ins, the agent's cost is above it.
+echo requests. With `--counts FILE` (bench/agent_cpu.py's floor) it keeps its two counts, packet-ins and other
+messages, as two little-endian u64 at the start of FILE, mapped, updated after each read: the bench reads them
+whenever it likes, and no signal or syscall is involved (a signal that lands just before a blocking recv(2) is
+only handled once more bytes arrive: an idle reader asked by signal could hang the bench). Nothing but the
+standard library, and nothing per packet-in beyond finding the next header: this is what any controller pays
+to receive the packet-ins, the agent's cost is above it.
 
 With `--append FILE` (bench/agent_latency.py's floor) it also appends, per packet-in, the frame's UDP
 destination port as a line to FILE (one write(2) each, unbuffered): the file-append floor of a record.
@@ -16,8 +19,8 @@ destination port as a line to FILE (one write(2) each, unbuffered): the file-app
 
 from __future__ import annotations
 
+import mmap
 import os
-import signal
 import socket
 import struct
 import sys
@@ -96,23 +99,37 @@ def connect(target: str) -> socket.socket:
     return sock
 
 
+COUNTS = struct.Struct("<QQ")
+
+
+def options(argv: list[str]) -> dict[str, str]:
+    """`--append FILE` and `--counts FILE` after the target, in any order."""
+    got: dict[str, str] = {}
+    for i in range(0, len(argv), 2):
+        if argv[i] not in ("--append", "--counts") or i + 1 >= len(argv):
+            raise SystemExit(f"usage: _of_floor.py TARGET [--append FILE] [--counts FILE], not {argv[i:]}")
+        got[argv[i][2:]] = argv[i + 1]
+    return got
+
+
 def main() -> int:
+    opts = options(sys.argv[2:])
     on_packet_in = None
-    if sys.argv[2:3] == ["--append"]:
-        fd = os.open(sys.argv[3], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if "append" in opts:
+        fd = os.open(opts["append"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
         def on_packet_in(msg: bytes) -> None:
             port = udp_dst_port(msg)
             if port is not None:
                 os.write(fd, b"%d\n" % port)
+    shown = None
+    if "counts" in opts:
+        with open(opts["counts"], "r+b") as f:
+            f.truncate(COUNTS.size)
+            shown = mmap.mmap(f.fileno(), COUNTS.size)
     sock = connect(sys.argv[1])
     sock.sendall(handshake())
-    counts = [0, 0]
-
-    def report(signum: int, frame: object) -> None:
-        print(f"{counts[0]} {counts[1]}", flush=True)
-
-    signal.signal(signal.SIGUSR1, report)
+    packet_ins_total = others_total = 0
     print("ready", flush=True)
     pending = bytearray()
     while True:
@@ -121,8 +138,10 @@ def main() -> int:
             return 0
         pending += chunk
         packet_ins, others, replies, used = scan(pending, on_packet_in)
-        counts[0] += packet_ins
-        counts[1] += others
+        packet_ins_total += packet_ins
+        others_total += others
+        if shown is not None:
+            COUNTS.pack_into(shown, 0, packet_ins_total, others_total)
         del pending[:used]
         for reply in replies:
             sock.sendall(reply)

@@ -58,7 +58,7 @@ import argparse
 import json
 import os
 import re
-import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -354,24 +354,35 @@ def agent_rate(cluster: Cluster, exe: Path, netns: str, ip: str, rate: int, args
 
 class FloorReader:
     """bench/_of_floor.py run by `cmd` (bench/_floor_target.py floor_reader), started and stopped by pid (an
-    `ip netns exec` in front execs it: the pid is the reader's)."""
+    `ip netns exec` in front execs it: the pid is the reader's). Its counts are read from the file it keeps
+    them in (--counts), never asked for by signal: a signal landing just before the reader's blocking recv(2)
+    waits there for more bytes, and with none coming the bench waited for ever."""
 
     def __init__(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        fd, name = tempfile.mkstemp(prefix="npab-floor-counts-")
+        os.close(fd)
+        self.counts_path = Path(name)
+        self.proc = subprocess.Popen([*cmd, "--counts", name], stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
+            self.close()
             raise RuntimeError("the floor reader did not start")
 
     def counts(self) -> tuple[int, int]:
-        assert self.proc.stdout is not None
-        self.proc.send_signal(signal.SIGUSR1)
-        packet_ins, others = self.proc.stdout.readline().split()
-        return int(packet_ins), int(others)
+        """(packet-ins, other messages) read so far; two equal reads in a row, so never a torn pair."""
+        last = None
+        while True:
+            data = self.counts_path.read_bytes()
+            got: tuple[int, int] = struct.unpack("<QQ", data) if len(data) == 16 else (0, 0)
+            if got == last:
+                return got
+            last = got
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        self.counts_path.unlink(missing_ok=True)
 
 
 def floor_rate(cluster: Cluster, reader: FloorReader, exe: Path, netns: str, ip: str, rate: int,

@@ -4,6 +4,7 @@ reader's (bench/_of_floor.py) message counting on OpenFlow bytes as OVS 3.1 send
 from __future__ import annotations
 
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,46 @@ def test_the_wake_penalty_gives_a_figure_per_sleep_and_the_ratio() -> None:
     assert set(got["us_per_unit_after_a_sleep_of_ms"]) == {"0", "20"}
     assert all(v > 0 for v in got["us_per_unit_after_a_sleep_of_ms"].values())
     assert got["after_20_ms_vs_back_to_back"] > 0
+
+
+def test_the_floor_readers_counts_are_exact_after_every_chunk_asked_at_once_and_never_wait(tmp_path: Path) -> None:
+    """Counts asked right after each of many chunks (the moment the reader goes back to its blocking recv(2)).
+    Asked by SIGUSR1, a signal that landed just before that recv was only handled once more bytes came, and the
+    bench (and CI) waited for ever; read from the reader's counts file they are there once it has read them."""
+    import random
+    import socket
+    import time
+
+    path = tmp_path / "of.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    reader = bench.FloorReader([sys.executable, str(ROOT / "bench" / "_of_floor.py"), str(path)])
+    conn, _ = server.accept()
+    hello = floor.handshake()
+    assert conn.recv(len(hello), socket.MSG_WAITALL) == hello
+    rng = random.Random(7)
+    packet_in = message(frame("10.0.0.1", "10.0.0.2", "udp", 1))
+    echo = struct.pack("!BBHI", 6, 2, 8, 99)
+    total = others = 0
+    try:
+        for _ in range(1000):
+            n = rng.randint(1, 50)
+            conn.sendall(packet_in * n + echo)
+            total, others = total + n, others + 1
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 0.0002)
+            deadline = time.monotonic() + 10
+            while reader.counts() != (total, others):
+                assert time.monotonic() < deadline, (reader.counts(), total, others)
+                time.sleep(0.0005)
+            # Its echo reply came back: the reader answers as it counts.
+            assert conn.recv(8) == struct.pack("!BBHI", 6, 3, 8, 99)
+    finally:
+        reader.close()
+        conn.close()
+        server.close()
+    assert not getattr(reader, "counts_path", Path("/nonexistent")).exists()
 
 
 def test_the_floor_reader_runs_the_command_its_transport_gives_and_counts_over_it(tmp_path: Path) -> None:
