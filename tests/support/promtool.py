@@ -9,12 +9,13 @@ tests.support.promtool`), and it does nothing once the root is there.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.debs import unpacked
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "promtool"
@@ -23,21 +24,7 @@ PACKAGE = "prometheus"
 
 def fetch(cache: Path = CACHE) -> Path:
     """The path of the unpacked promtool binary: downloaded and unpacked once, then reused."""
-    root, stamp = cache / "root", cache / "root.ok"
-    binary = root / "usr" / "bin" / "promtool"
-    if stamp.exists() and binary.exists():
-        return binary
-    debs = cache / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    if not list(debs.glob(f"{PACKAGE}_*.deb")):
-        subprocess.run(["apt-get", "download", PACKAGE], cwd=debs, check=True, capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
-    for deb in sorted(debs.glob(f"{PACKAGE}_*.deb")):
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-    if not binary.exists():
-        raise RuntimeError(f"{PACKAGE}'s package holds no usr/bin/promtool (looked in {root})")
-    stamp.write_text("".join(f"{d.name}\n" for d in sorted(debs.glob("*.deb"))))
-    return binary
+    return unpacked(cache, (PACKAGE,), "usr/bin/promtool") / "usr" / "bin" / "promtool"
 
 
 def check_metrics(binary: Path, exposition: bytes) -> subprocess.CompletedProcess[str]:

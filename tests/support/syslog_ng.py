@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tests.support.certs import Pki
+from tests.support.debs import unpacked
 from tests.support.rsyslog import free_port, templated
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,20 +35,7 @@ PACKAGES = ("syslog-ng-core", "libivykis0", "libnet1", "libpcre3", "libwrap0")
 
 def fetch(cache: Path = CACHE) -> Path:
     """The private root holding usr/sbin/syslog-ng: downloaded and unpacked once, then reused."""
-    root, stamp = cache / "root", cache / "root.ok"
-    if stamp.exists() and (root / "usr" / "sbin" / "syslog-ng").exists():
-        return root
-    debs = cache / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in PACKAGES if not list(debs.glob(f"{p}_*.deb"))]
-    if missing:
-        # apt drops privileges to _apt for downloads; a directory it can write avoids its warning.
-        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True, capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
-    for deb in sorted(debs.glob("*.deb")):
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-    stamp.write_text("".join(f"{d.name}\n" for d in sorted(debs.glob("*.deb"))))
-    return root
+    return unpacked(cache, PACKAGES, "usr/sbin/syslog-ng")
 
 
 def environment(root: Path) -> dict[str, str]:
