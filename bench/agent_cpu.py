@@ -47,6 +47,13 @@ floor reader runs beside it, the two then both controllers of the bridge
 (both reported, nothing subtracted). The machine is 2 cores shared with other work: the
 figures are comparable within one run only.
 
+--ovn: last, once the agent's cluster is gone, the competitor at the same rates: OVN 23.03's ovn-controller
+(Debian's packages unpacked beside the tree by tests/support/ovn.py, never installed) on a private OVS of its
+own with a logged Drop ACL on the same UDP ports into Pod b, the same C sender in Pod a; per rate its CPU per
+thread, the packet-ins OVS emitted for the ACL's log (its log flows' n_packets), the ACL lines it wrote to its
+log file, OVS's rconn_overflow (packet-ins OVS dropped for a full controller queue), µs per line and per
+emitted packet-in. OVN logs every packet-in a line of its own (no aggregation, no meter unless asked for).
+
 --py-spy PATH (py-spy from PyPI) samples the agent at --profile-rate (from outside, not pausing it; the
 thread holding the GIL only) and adds the share of samples per function, self and inclusive, to that
 rate's phase. Run as root.
@@ -76,6 +83,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from policy_agent.ovs.pids import read_pid  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.ovn import AclLines, OvnStack, fetch as fetch_ovn, version as ovn_version  # noqa: E402
 from tests.support.overload_scenario import (FIRST_PORT, PORTS, agent_counts, flood_records,  # noqa: E402
                                              new_key_flood_cluster, settled, start_flood_pods)
 
@@ -407,6 +415,48 @@ def floor_rate(cluster: Cluster, reader: FloorReader, exe: Path, netns: str, ip:
             "us_per_packet_in": per_packet_in_us(run_s, counted)}
 
 
+def ovn_rates(root: Path, work: Path, exe: Path, rates: list[int], args: argparse.Namespace) -> dict:
+    """OVN's ovn-controller at each rate (tests/support/ovn.py), all its threads; everything stopped again."""
+    stack = OvnStack(root, work / "ovn", f"npab-ovnc{os.getpid()}")
+    phases = []
+    try:
+        stack.up()
+        netns, ip = stack.sender()
+        pid = stack.pid("ovn-controller")
+        assert pid is not None
+        time.sleep(1.0)
+        idle0 = sample_threads(pid)
+        time.sleep(3.0)
+        idle = usage(idle0, sample_threads(pid))["total"]["run_s"] / 3.0
+        lines = AclLines(stack.log)
+        for rate in rates:
+            time.sleep(1.0)
+            lines.new()
+            flows0, overflow0 = stack.acl_log_flow_packets(), stack.rconn_overflow()
+            before, t0 = sample_threads(pid), time.monotonic()
+            sent = send(exe, netns, ip, rate, args.seconds, args.keys)
+            time.sleep(args.tail)
+            after, elapsed = sample_threads(pid), time.monotonic() - t0
+            emitted = stack.acl_log_flow_packets() - flows0
+            written = lines.new()
+            cpu = usage(before, after)
+            run_s = cpu["total"]["run_s"]
+            phases.append({"rate": rate, "sender": sent, "sent_per_s": round(sent["sent"] / sent["seconds"]),
+                           "measured_s": round(elapsed, 3), "packet_ins_ovs_emitted": emitted,
+                           "acl_lines_written": written,
+                           "lost_in_ovs_rconn_overflow": stack.rconn_overflow() - overflow0,
+                           "lines_vs_emitted": round(written / emitted, 4) if emitted else None,
+                           "cpu": cpu, "cpu_percent_of_a_core": round(100 * run_s / elapsed, 1),
+                           "us_per_line": per_packet_in_us(run_s, written),
+                           "us_per_packet_in": per_packet_in_us(run_s, emitted)})
+    finally:
+        stack.down()
+    return {"version": ovn_version(root), "openflow_transport": "unix (the bridge's .mgmt, as OVN reads)",
+            "acl": "to-lport drop, --log --severity=info, no meter, on UDP 1024-65535 into Pod b",
+            "written": "an acl_log line per packet-in in ovn-controller's log file (OVN's ACL logging as shipped)",
+            "idle_cpu_percent": round(100 * idle, 2), "phases": phases}
+
+
 def idle_cpu(pid: int, seconds: float) -> float:
     """The agent's CPU seconds per second with no traffic (nothing scraping it)."""
     before, t0 = sample_threads(pid), time.monotonic()
@@ -473,10 +523,11 @@ def syslog_caught_up(port: int, timeout: float = 120.0) -> float:
     raise RuntimeError(f"the syslog forwarder did not catch up within {timeout:.0f} s")
 
 
-def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
+def summary(agent: list[dict], floor: list[dict], floor_mode: str, ovn: dict | None = None) -> dict:
     by_rate = {}
     for a in agent:
         f = next((f for f in floor if f["rate"] == a["rate"]), None)
+        o = next((o for o in ovn["phases"] if o["rate"] == a["rate"]), None) if ovn is not None else None
         agent_us, floor_us = a["us_per_packet_in"], f["us_per_packet_in"] if f else None
         by_rate[str(a["rate"])] = {
             "agent_us_per_packet_in": agent_us, "agent_us_per_packet_in_idle_taken_off":
@@ -495,6 +546,9 @@ def summary(agent: list[dict], floor: list[dict], floor_mode: str) -> dict:
             "packet_ins_per_read": a["packet_ins_per_read"],
             "machine_busy_percent": a["machine_busy_percent"],
             "ovs_vswitchd_cpu_percent_of_a_core": a["ovs_vswitchd_cpu_percent_of_a_core"],
+            **({"ovn_controller_us_per_packet_in": o["us_per_packet_in"], "ovn_controller_us_per_line": o["us_per_line"],
+                "ovn_lines_vs_emitted": o["lines_vs_emitted"], "ovn_cpu_percent": o["cpu_percent_of_a_core"]}
+               if o is not None else {}),
             **({"syslog_forwarder_us_per_packet_in": a["syslog_forwarder"]["us_per_packet_in"],
                 "agent_and_forwarder_us_per_packet_in": a["syslog_forwarder"]["agent_and_forwarder_us_per_packet_in"]}
                if "syslog_forwarder" in a else {})}
@@ -561,10 +615,15 @@ def main() -> int:
                          "the agent's, counted until it has delivered each phase's last record")
     ap.add_argument("--floor-transport", choices=("agent", "mgmt"), default="agent",
                     help="the floor reads over the agent's transport (default) or the bridge's .mgmt unix socket")
+    ap.add_argument("--ovn", action="store_true",
+                    help="last, OVN 23.03's ovn-controller logging the same Drop at the same rates on a private OVS "
+                         "(tests/support/ovn.py; its packages are downloaded and unpacked beside the tree once)")
     ap.add_argument("--py-spy", default="", help="py-spy executable: profile the agent at --profile-rate")
     ap.add_argument("--profile-rate", type=int, default=5000, help="the rate profiled when --py-spy is given")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
+    ovn_root = fetch_ovn() if args.ovn else None  # before anything starts: a download that fails stops nothing
+    ovn: dict | None = None
 
     work = Path(tempfile.mkdtemp(prefix="npab-agentcpu-", dir="/tmp"))
     marks = AuditConfig().overload
@@ -576,6 +635,7 @@ def main() -> int:
     reader: FloorReader | None = None
     load0 = os.getloadavg()
     penalty = wake_penalty()
+    measured = False
     try:
         exe = compile_sender(work)
         cluster.start(timeout=120)
@@ -600,12 +660,19 @@ def main() -> int:
                           f"({floor_transport}); nothing subtracted")
             floor = [floor_rate(cluster, reader, exe, netns, ip, rate, args) for rate in rates]
         flows_kept = len(cluster.flows())
+        measured = True
     finally:
         if reader is not None:
             reader.close()
         cluster.close()
         if receiver is not None:
             receiver.close()
+        if not measured:
+            subprocess.run(["rm", "-rf", str(work)])
+    try:  # the agent's cluster is gone: OVN's phases have the machine to itself as the others had
+        if ovn_root is not None:
+            ovn = ovn_rates(ovn_root, work, exe, rates, args)
+    finally:
         subprocess.run(["rm", "-rf", str(work)])
     print(json.dumps({
         "benchmark": "agent_cpu",
@@ -630,7 +697,8 @@ def main() -> int:
                   "packet_ins_reached_floor_with_agent_stopped": reached,
                   "ovs_vswitchd_pid_after_agent_stop": vswitchd, "flows_after_floor": flows_kept,
                   "agent_records_at_stop": records_at_stop},
-        "agent": agent, "floor_phases": floor, "summary": summary(agent, floor, floor_mode)}, indent=2))
+        "agent": agent, "floor_phases": floor, "summary": summary(agent, floor, floor_mode, ovn),
+        **({"ovn_controller": ovn} if ovn is not None else {})}, indent=2))
     return 0
 
 

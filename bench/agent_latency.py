@@ -26,9 +26,16 @@ With --c-floor, a third phase after the floor's: the same reader in C (bench/_of
 time), over the same transport, watched the same way: what reading and appending cost with no Python, whose
 interpreter a reader pays for again after every quiet spell.
 
+With --ovn, a last phase once the agent's cluster is gone: OVN's ovn-controller (Debian 12's OVN 23.03, unpacked
+beside the tree by tests/support/ovn.py, never installed) on a private OVS of its own, with a logged Drop ACL on
+UDP 1024-65535 into Pod b, the same sender in Pod a, and its ACL log lines watched the same way in ovn-controller's
+log file: the competitor's latency on the same machine in the same run. It reads over the bridge's .mgmt unix
+socket, as OVN does.
+
 With --trace, each phase also says where its reader's time went, from the kernel's side (bench/_wake_trace.py: bcc
 on the scheduler and syscall tracepoints of the agent's main thread, then of the floor reader): woken until
-running, the event loop's own turn before it reads, the message's handling until the write, the write itself.
+running, the event loop's own turn before it reads, the message's handling until the write, the write itself
+(OVN's phase: its ovn_pinctrl thread, which reads the packet-ins and writes the ACL log lines).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from agent_cpu import build_info  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
 from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
+from tests.support.ovn import OvnStack, acl_drop_port, fetch as fetch_ovn, version as ovn_version  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 IN_MODIFY = 0x2
@@ -180,6 +188,24 @@ def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
                                   "mounted_tracefs": tracer.mounted_tracefs}} if tracer is not None else {})}
 
 
+def ovn_phase(root: Path, work: Path, args: argparse.Namespace) -> dict:
+    """OVN's ovn-controller on the same sender and the same kind of Drop (tests/support/ovn.py), its ACL log lines
+    watched in its log file; everything it started stopped again."""
+    stack = OvnStack(root, work / "ovn", f"npab-ovn{os.getpid()}")
+    try:
+        stack.up()
+        netns, ip = stack.sender()
+        tid = stack.pinctrl_tid() if args.trace else None
+        if args.trace and tid is None:
+            raise RuntimeError("ovn-controller has no ovn_pinctrl thread to trace")
+        got = phase(netns, ip, args.packets, args.rate, stack.log, acl_drop_port, trace_tid=tid)
+    finally:
+        stack.down()
+    return {"version": ovn_version(root), "openflow_transport": "unix (the bridge's .mgmt, as OVN reads)",
+            "readable": "an acl_log line in ovn-controller's log file (OVN's ACL logging as shipped, no meter)",
+            "acl": "to-lport drop, --log --severity=info, on UDP 1024-65535 into Pod b", **got}
+
+
 def main() -> int:
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,7 +223,11 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true",
                     help="trace the agent's main thread and the floor reader in their phases (bcc, tracefs): where "
                          "each packet-in's time goes, from wake-up to the line written (bench/_wake_trace.py)")
+    ap.add_argument("--ovn", action="store_true",
+                    help="a last phase: OVN 23.03's ovn-controller logging the same Drop on a private OVS "
+                         "(tests/support/ovn.py; its packages are downloaded and unpacked beside the tree once)")
     args = ap.parse_args()
+    ovn_root = fetch_ovn() if args.ovn else None  # before anything starts: a download that fails stops nothing
     work = Path(tempfile.mkdtemp(prefix="npab-agentlat-", dir="/tmp"))
     marks = AuditConfig().overload
     cluster = new_key_flood_cluster(meter_rate=1000, overload=marks.enabled,
@@ -209,6 +239,7 @@ def main() -> int:
     load0 = os.getloadavg()
     floor_proc: subprocess.Popen[str] | None = None
     c_floor: dict | None = None
+    measured = False
     try:
         cluster.start(timeout=120)
         netns, ip = start_flood_pods(cluster)
@@ -228,9 +259,15 @@ def main() -> int:
             floor_proc = start_floor(c_floor_command(floor_cmd, build_c_floor(work)), work / "c_floor.lines")
             c_floor = phase(netns, ip, args.packets, args.rate, work / "c_floor.lines", floor_port,
                             trace_tid=floor_proc.pid if args.trace else None)
+        measured = True
     finally:
         stop_floor(floor_proc)
         cluster.close()
+        if not measured:
+            subprocess.run(["rm", "-rf", str(work)])
+    try:  # the agent's cluster is gone: OVN's phase has the machine to itself as the others had
+        ovn = ovn_phase(ovn_root, work, args) if ovn_root is not None else None
+    finally:
         subprocess.run(["rm", "-rf", str(work)])
     a50, f50 = agent["sent_to_readable"].get("p50_ms"), floor["sent_to_readable"].get("p50_ms")
     print(json.dumps({
@@ -250,6 +287,9 @@ def main() -> int:
         **({"floor_c_reader_appending": c_floor,
             "agent_minus_c_floor_p50_ms": round(a50 - c50, 3) if a50 is not None and
             (c50 := c_floor["sent_to_readable"].get("p50_ms")) is not None else None} if c_floor is not None else {}),
+        **({"ovn_controller": ovn,
+            "agent_minus_ovn_p50_ms": round(a50 - o50, 3) if a50 is not None and
+            (o50 := ovn["sent_to_readable"].get("p50_ms")) is not None else None} if ovn is not None else {}),
         "target": {"p50_ms": 0.6, "p99_ms": 1.0},
     }, indent=1))
     return 0
