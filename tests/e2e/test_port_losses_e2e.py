@@ -5,11 +5,14 @@ An unpaced burst from a Pod overflows ovs-vswitchd's packet socket on the Pod's 
 reads it also runs the datapath and its upcalls); with the meters raised every packet is an upcall
 and a packet-in, and the thread falls further behind. Either way the frames it never read are counted
 by the kernel only, and the trail states them (port_socket_overflow, per port) beside what the meters
-and the agent dropped: no datagram that left the Pod is missing from the sum.
+and the agent dropped: no datagram that left the Pod is missing from the sum. With OVS's queue of packet-ins
+for the agent at its smallest, the packet-ins ovs-vswitchd emitted and then dropped there are stated too
+(ovs_queue_overflow), as many as its own counter says.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from typing import Any, Iterator
@@ -27,10 +30,12 @@ BEFORE_PIPELINE = ("port_rx_dropped", "port_socket_overflow", "datapath_drop")
 
 
 
-def flood_cluster(meters: str = "", packetin: str = "") -> Iterator[Cluster]:
+def flood_cluster(meters: str = "", packetin: str = "", ovs: str = "") -> Iterator[Cluster]:
     c = Cluster(extra_config="meters:\n  stats_interval: 0.5\n" + meters)
     if packetin:
         c.add_settings("packetin", packetin)
+    if ovs:
+        c.add_settings("ovs", ovs)
     try:
         c.start()
         yield c
@@ -49,6 +54,21 @@ def raised_meters() -> Iterator[Cluster]:
     yield from flood_cluster("  policy_deny: {rate: 10000000, burst: 10000000}\n",
                              "policy: {rate: 1000000000, burst: 1000000000, queue_size: 65536}\n"
                              "fair_share: {enabled: false}\n")
+
+
+@pytest.fixture
+def small_ovs_queue() -> Iterator[Cluster]:
+    """The meters and admission raised, and OVS's queue of packet-ins for the agent at 1 (OVS allows 1..512): a
+    burst's packet-ins outrun the agent's reads inside ovs-vswitchd, which drops them (rconn_overflow)."""
+    yield from flood_cluster("  policy_deny: {rate: 10000000, burst: 10000000}\n",
+                             "policy: {rate: 1000000000, burst: 1000000000, queue_size: 65536}\n"
+                             "fair_share: {enabled: false}\n", "controller_queue_size: 1\n")
+
+
+def rconn_overflow(cluster: Cluster) -> int:
+    """ovs-vswitchd's own count of the packet-ins it dropped from a full controller queue."""
+    got = re.search(r"^rconn_overflow\s.*total: (\d+)", cluster.ovs_appctl("coverage/show"), re.M)
+    return int(got.group(1)) if got else 0
 
 
 def tally(records: list[dict[str, Any]]) -> tuple[int, dict[str, int], int]:
@@ -124,3 +144,18 @@ def test_with_the_meters_raised_the_frames_the_busy_datapath_never_read_are_stat
     sent = burst(raised_meters, 2.0)
     stated = check_exact(raised_meters, sent)
     assert stated.get("meter", 0) == 0 and stated.get("admission", 0) == 0, stated
+
+
+def test_packet_ins_ovs_dropped_from_the_agents_full_queue_are_stated_in_the_trail(small_ovs_queue: Cluster) -> None:
+    """Packet-ins OVS emitted but never sent, its queue for the agent full, are in no record: the trail states them
+    (ovs_queue_overflow, from OVS's own counter), as many as OVS counted, and the burst still sums exactly."""
+    overflow0 = rconn_overflow(small_ovs_queue)
+    sent = burst(small_ovs_queue, 2.0)
+    recorded, stated, refused = settle(small_ovs_queue, sent)
+    dropped_by_ovs = rconn_overflow(small_ovs_queue) - overflow0
+    print(f"sent {sent}: {recorded} in records, stated lost {stated}, records refused {refused}, "
+          f"rconn_overflow {dropped_by_ovs}")
+    assert dropped_by_ovs > 0, "OVS never dropped a packet-in from the agent's queue: the test shows nothing"
+    assert stated.get("ovs_queue_overflow", 0) == dropped_by_ovs
+    assert refused == 0
+    assert recorded + sum(stated.values()) == sent, (sent, recorded, stated)
