@@ -185,7 +185,8 @@ def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
     lat = [(appends.seen[p] - t) * 1000 for p, t in sent.items() if p in appends.seen]
     return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat),
             **({"wake_timeline": {**timeline(episodes(traced)), "traced_thread": trace_tid,
-                                  "mounted_tracefs": tracer.mounted_tracefs}} if tracer is not None else {})}
+                                  "mounted_tracefs": tracer.mounted_tracefs, "lost_events": tracer.lost}}
+               if tracer is not None else {})}
 
 
 def ovn_phase(root: Path, work: Path, args: argparse.Namespace) -> dict:
