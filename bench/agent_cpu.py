@@ -270,8 +270,7 @@ def send(exe: Path, netns: str, ip: str, rate: int, seconds: float, keys: int) -
 
 def emitted_now(cluster: Cluster) -> tuple[int, int, int]:
     """(controller flows' n_packets, meter band drops, OVS's rconn_overflow: packet-ins lost in its queues)."""
-    overflow = re.search(r"^rconn_overflow\s.*total: (\d+)", cluster.ovs_appctl("coverage/show"), re.M)
-    return cluster.controller_flow_packets(), cluster.meter_band_drops(), int(overflow.group(1)) if overflow else 0
+    return cluster.controller_flow_packets(), cluster.meter_band_drops(), cluster.rconn_overflow()
 
 
 def per_packet_in_us(seconds: float, packet_ins: int) -> float | None:

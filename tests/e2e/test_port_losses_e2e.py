@@ -12,7 +12,6 @@ for the agent at its smallest, the packet-ins ovs-vswitchd emitted and then drop
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from typing import Any, Iterator
@@ -63,12 +62,6 @@ def small_ovs_queue() -> Iterator[Cluster]:
     yield from flood_cluster("  policy_deny: {rate: 10000000, burst: 10000000}\n",
                              "policy: {rate: 1000000000, burst: 1000000000, queue_size: 65536}\n"
                              "fair_share: {enabled: false}\n", "controller_queue_size: 1\n")
-
-
-def rconn_overflow(cluster: Cluster) -> int:
-    """ovs-vswitchd's own count of the packet-ins it dropped from a full controller queue."""
-    got = re.search(r"^rconn_overflow\s.*total: (\d+)", cluster.ovs_appctl("coverage/show"), re.M)
-    return int(got.group(1)) if got else 0
 
 
 def tally(records: list[dict[str, Any]]) -> tuple[int, dict[str, int], int]:
@@ -149,10 +142,10 @@ def test_with_the_meters_raised_the_frames_the_busy_datapath_never_read_are_stat
 def test_packet_ins_ovs_dropped_from_the_agents_full_queue_are_stated_in_the_trail(small_ovs_queue: Cluster) -> None:
     """Packet-ins OVS emitted but never sent, its queue for the agent full, are in no record: the trail states them
     (ovs_queue_overflow, from OVS's own counter), as many as OVS counted, and the burst still sums exactly."""
-    overflow0 = rconn_overflow(small_ovs_queue)
+    overflow0 = small_ovs_queue.rconn_overflow()
     sent = burst(small_ovs_queue, 2.0)
     recorded, stated, refused = settle(small_ovs_queue, sent)
-    dropped_by_ovs = rconn_overflow(small_ovs_queue) - overflow0
+    dropped_by_ovs = small_ovs_queue.rconn_overflow() - overflow0
     print(f"sent {sent}: {recorded} in records, stated lost {stated}, records refused {refused}, "
           f"rconn_overflow {dropped_by_ovs}")
     assert dropped_by_ovs > 0, "OVS never dropped a packet-in from the agent's queue: the test shows nothing"

@@ -103,6 +103,13 @@ def _npaudit(*args: str, env: dict[str, str] | None = None, stdin: bytes | None 
                           capture_output=True, timeout=timeout)
 
 
+
+def coverage_total(coverage_show: str, counter: str) -> int:
+    """A counter's total in `ovs-appctl coverage/show`'s text (0 when OVS has not counted it yet), read apart
+    from the agent's own reader (policy_agent/ovs/coverage.py) so that a test can hold the agent to it."""
+    got = re.search(rf"^{re.escape(counter)}\s.*total: (\d+)", coverage_show, re.M)
+    return int(got.group(1)) if got else 0
+
 @dataclass
 class PodHandle:
     namespace: str
@@ -324,6 +331,10 @@ class Cluster(StartedInWith):
                                         str(timeout), *tgts], stdout=subprocess.PIPE)
                  for src, tgts in targets.items() if tgts}
         return {src: json.loads(proc.communicate(timeout=60)[0]) for src, proc in procs.items()}
+
+    def rconn_overflow(self) -> int:
+        """ovs-vswitchd's own count of the packet-ins it dropped from a full controller queue."""
+        return coverage_total(self.ovs_appctl("coverage/show"), "rconn_overflow")
 
     def ovs_appctl(self, *args: str) -> str:
         """Ask the embedded ovs-vswitchd (e.g. dpctl/dump-conntrack) through its control socket."""

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists
 from policy_agent.ovs.pids import read_pid, stop_pid
+from tests.support.cluster import coverage_total
 from tests.support.debs import unpacked
 from tests.support.podnet import PodNet, create_pod, set_neighbor
 
@@ -187,8 +188,7 @@ class OvnStack:
     def rconn_overflow(self) -> int:
         """OVS's rconn_overflow coverage counter: packet-ins dropped because a controller's queue was full."""
         out = self._run("ovs-appctl", "-t", str(self.ovs.run_dir / "ovs-vswitchd.ctl"), "coverage/show")
-        got = re.search(r"^rconn_overflow\s.*total: (\d+)", out, re.M)
-        return int(got.group(1)) if got else 0
+        return coverage_total(out, "rconn_overflow")
 
     def pinctrl_tid(self) -> int | None:
         """ovn-controller's thread that reads packet-ins and writes the ACL log lines (ovn_pinctrl*)."""

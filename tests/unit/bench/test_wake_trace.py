@@ -96,55 +96,18 @@ def test_a_thread_never_seen_running_since_its_wake_up_has_no_episode() -> None:
     assert wt.episodes(events) == []
 
 
-def test_a_real_thread_reading_a_socket_and_writing_a_file_is_traced() -> None:
-    """bcc on the live tracepoints (root, python3-bpfcc): a thread blocked in recv, woken by a datagram,
-    appending a line to a file, five times."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    ready = threading.Event()
-    tid: list[int] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        fd = os.open(os.path.join(tmp, "lines"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-        def reader() -> None:
-            tid.append(threading.get_native_id())
-            ready.set()
-            for _ in range(5):
-                os.write(fd, b.recv(64) + b"\n")
-
-        thread = threading.Thread(target=reader)
-        thread.start()
-        ready.wait()
-        tracer = wt.WakeTrace(tid[0])
-        try:
-            for i in range(5):
-                threading.Event().wait(0.05)  # it sleeps in recv before each
-                a.send(b"%d" % i)
-            thread.join(5)
-        finally:
-            events = tracer.stop()
-            os.close(fd)
-            a.close()
-            b.close()
-    found = wt.episodes(events)
-    assert len(found) == 5
-    assert all(e["calls"][-1] == "write" and e["read_return"] <= e["write_enter"] for e in found)
-    line = wt.timeline(found)
-    assert line["episodes"] == 5 and line["cpu_to_written_us"]["p50"] > 0
-
-
 def _voluntary_switches(tid: int) -> int:
     status = Path(f"/proc/self/task/{tid}/status").read_text()
     return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
 
 
-def test_the_tracers_own_thread_is_not_woken_per_event_and_loses_none() -> None:
-    """Woken per event (bcc's default), the tracer's reading thread ran Python for every event of the traced
-    thread and, sharing its CPU, preempted it again and again: the tracer bent what it measured. It is woken once
-    per WAKEUP_EVENTS a CPU now, and stop() still hands over every event."""
+def trace_a_reader(n: int, gap: float) -> tuple[list, wt.WakeTrace, int]:
+    """bcc on the live tracepoints (root, python3-bpfcc): a thread blocked in recv, woken by a datagram every `gap`
+    seconds, appending a line to a file, `n` times. Its events, the tracer, and how often the tracer's own reading
+    thread slept and was woken meanwhile."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     ready = threading.Event()
     tid: list[int] = []
-    n = 60
     with tempfile.TemporaryDirectory() as tmp:
         fd = os.open(os.path.join(tmp, "lines"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -163,7 +126,7 @@ def test_the_tracers_own_thread_is_not_woken_per_event_and_loses_none() -> None:
         switches0 = _voluntary_switches(poller)
         try:
             for i in range(n):
-                threading.Event().wait(0.002)
+                threading.Event().wait(gap)  # it sleeps in recv before each
                 a.send(b"%d" % i)
             thread.join(5)
             woken = _voluntary_switches(poller) - switches0
@@ -172,6 +135,24 @@ def test_the_tracers_own_thread_is_not_woken_per_event_and_loses_none() -> None:
             os.close(fd)
             a.close()
             b.close()
+    return events, tracer, woken
+
+
+def test_a_real_thread_reading_a_socket_and_writing_a_file_is_traced() -> None:
+    events, _, _ = trace_a_reader(5, 0.05)
+    found = wt.episodes(events)
+    assert len(found) == 5
+    assert all(e["calls"][-1] == "write" and e["read_return"] <= e["write_enter"] for e in found)
+    line = wt.timeline(found)
+    assert line["episodes"] == 5 and line["cpu_to_written_us"]["p50"] > 0
+
+
+def test_the_tracers_own_thread_is_not_woken_per_event_and_loses_none() -> None:
+    """Woken per event (bcc's default), the tracer's reading thread ran Python for every event of the traced
+    thread and, sharing its CPU, preempted it again and again: the tracer bent what it measured. It is woken once
+    per WAKEUP_EVENTS a CPU now, and stop() still hands over every event."""
+    n = 60
+    events, tracer, woken = trace_a_reader(n, 0.002)
     # Each episode is ~8 events (wake, switches, two syscalls in and out): per event that was ~500 wake-ups. The
     # thread still wakes when its 100 ms poll times out, a few times over the ~0.2 s the episodes take.
     assert len(events) >= 5 * n
