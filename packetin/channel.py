@@ -96,6 +96,9 @@ class OpenFlowChannel(BundleExchange):
         self.connects = 0
         self._pacer: ReadPacer | None = None  # the current connection's (packetin/read_pacing.py)
         self._paced_before = 0  # paced reads of the connections before it
+        self._urgent_before = 0  # and reads not paced because somebody waited for packet-ins
+        # True while somebody waits for packet-ins (the agent: a trace for its copies): no read is paced then.
+        self.read_urgent: Callable[[], bool] = lambda: False
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -184,8 +187,10 @@ class OpenFlowChannel(BundleExchange):
         pace = self.settings.read_pace_max
         if self._pacer is not None:
             self._paced_before += self._pacer.paced_reads
+            self._urgent_before += self._pacer.urgent_reads
         self._pacer = ReadPacer(lambda: self._reader.packet_ins, batch=read_batch(self.settings.target), delay_max=pace,
-                                trickle=self.settings.read_trickle) if pace > 0 else None
+                                trickle=self.settings.read_trickle, urgent=lambda: self.read_urgent()) \
+            if pace > 0 else None
         return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
@@ -392,6 +397,11 @@ class OpenFlowChannel(BundleExchange):
     def paced_reads(self) -> int:
         """Reads followed by a paced pause, over every connection."""
         return self._paced_before + (self._pacer.paced_reads if self._pacer is not None else 0)
+
+    @property
+    def urgent_reads(self) -> int:
+        """Reads a pause would have followed, not paced because somebody waited for packet-ins (read_urgent)."""
+        return self._urgent_before + (self._pacer.urgent_reads if self._pacer is not None else 0)
 
     def _on_control(self, raw: bytes) -> None:
         msg_type = raw[1]

@@ -213,6 +213,8 @@ class Agent:
                                       gateway=self.gateway.plan if self.gateway is not None else None,
                                       cross=self._cross_node())
         self.registry.register(TraceCollector(self.traceflow.stats))
+        # In a flood a trace's copies would wait out a paced pause behind it: not while a trace waits for them.
+        self.channel.read_urgent = self.traceflow.waiting
         # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
         self.offload = DropOffload(config.offload, self.audit, ovs_netns=self.switch.netns,
                                    busy=lambda: self.engine is not None and self.engine.changing)

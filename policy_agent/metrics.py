@@ -81,6 +81,9 @@ class AgentCollector:
         yield CounterMetricFamily("npaudit_openflow_reads_paced", "Reads in a flood of packet-ins followed by a "
                                   "pause so that the next read takes many (openflow.read_pace_max)",
                                   value=ch.paced_reads)
+        yield CounterMetricFamily("npaudit_openflow_reads_urgent", "Reads in a flood of packet-ins a pause would "
+                                  "have followed, read on at once because a trace waited for its copies",
+                                  value=ch.urgent_reads)
         yield CounterMetricFamily("npaudit_openflow_reads_pressed", "Full reads of the OpenFlow socket: "
                                   f"{PRESSURE_MESSAGES} messages or more, the TCP socket left at least "
                                   f"{PRESSURE_BACKLOG:.0%} full (input pressure: holds audit overload on)",

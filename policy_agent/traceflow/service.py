@@ -143,6 +143,11 @@ class TraceService:
         """The node gateway came up after start (its Pod subnet from the Node object)."""
         self._gateway = gateway
 
+    def waiting(self) -> bool:
+        """Whether a trace (this node's, or another node's packet traced here) waits for its copies: the
+        OpenFlow channel then reads every packet-in as it comes, a flood's among them (packetin/read_pacing.py)."""
+        return bool(self._running)
+
     async def warm_up(self) -> None:
         """Import scapy off the loop once, so the first trace does not pay for it."""
         await asyncio.to_thread(build_packet, TraceTag(0, "0.0.0.0", "0.0.0.0", 6, 1, 1), "02:00:00:00:00:01", None)

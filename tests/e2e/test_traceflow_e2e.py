@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from tests.support.cluster import Cluster, PodHandle, _npaudit
+from tests.support.overload_scenario import agent_counts
+from tests.support.ports import free_port
 from tests.support.traceflow_scenario import FLOOD, meter_drops, setup
 
 # Prints one JSON line per IPv4 frame seen on eth0 of the namespace it runs in (AF_PACKET: before any
@@ -181,9 +183,17 @@ def test_two_concurrent_traces_each_get_their_own_answer(cluster: Cluster) -> No
     assert "3 traces since start: delivered 2, dropped 1;" in table, table
 
 
+_METRICS = free_port()
+
+
+@pytest.mark.cluster(metrics_listen=f"127.0.0.1:{_METRICS}")
 def test_twenty_traces_complete_while_a_logged_drop_flood_saturates_the_policy_meter(cluster: Cluster) -> None:
+    """The flood's packet-ins are read in paced batches (packetin/read_pacing.py); a trace's copies must not wait
+    out a pause behind them: while a trace waits, the reads a pause would have followed are read on at once
+    (npaudit_openflow_reads_urgent_total), and only then."""
     pods = setup(cluster)
     before = meter_drops(cluster, 2)
+    urgent0 = agent_counts(_METRICS)["npaudit_openflow_reads_urgent_total"]
     flood = subprocess.Popen(["ip", "netns", "exec", pods["x/b"].netns, sys.executable, "-c", FLOOD,
                               pods["y/d"].ip, "12"], stdout=subprocess.PIPE, text=True)
     try:
@@ -193,10 +203,16 @@ def test_twenty_traces_complete_while_a_logged_drop_flood_saturates_the_policy_m
             code, res = trace(cluster, "--from", "x/a", "--to", "y/b", "--port", "80", "--timeout", "5")
             outcomes.append((code, res["outcome"]["result"], res["outcome"].get("rule", {}).get("name")))
         during = meter_drops(cluster, 2)
+        urgent = agent_counts(_METRICS)["npaudit_openflow_reads_urgent_total"] - urgent0
     finally:
         flood.wait(30)
     assert outcomes == [(1, "dropped", "no-web-from-x")] * 20
     assert during - before > 1000, "the flood did not saturate the policy Drop meter"
+    assert urgent > 0, "no read of the flood was kept from its pause while a trace waited for its copies"
+    counts = agent_counts(_METRICS)
+    time.sleep(1.0)  # no trace now: the flood is over, and nothing more is read on for a trace
+    assert agent_counts(_METRICS)["npaudit_openflow_reads_urgent_total"] == counts["npaudit_openflow_reads_urgent_total"]
+    assert counts["npaudit_openflow_reads_paced_total"] > 0, "the flood was never paced: the test proves nothing"
     records = cluster.audit_records()
     assert any(r.get("destination", {}).get("port") == 9 for r in records), "the flood was not audited"
     assert not [r for r in records if r.get("destination", {}).get("port") == 80]

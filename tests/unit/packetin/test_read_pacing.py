@@ -139,6 +139,37 @@ def test_a_request_during_a_pause_is_answered_at_once(sock_path: str) -> None:  
     run(main())
 
 
+def test_while_someone_waits_for_packet_ins_a_flood_is_read_as_it_comes(sock_path: str) -> None:  # noqa: F811
+    """A trace waits for its packet's copies: in a flood they must not sit out a pause behind it (issue 11:
+    traces under a flood), so while the channel's read_urgent says so no read is followed by a pause; once it
+    no longer does, the flood is paced again."""
+    async def main() -> None:
+        # Pauses of up to 30 s: a packet-in that waits out one never arrives within the test's waits.
+        async with rig(sock_path, read_pace_max=30.0, read_trickle=30.0) as r:
+            waiting = [False]
+            r.chan.read_urgent = lambda: waiting[0]
+            r.fake.send(_packet_in(0))
+            await eventually(lambda: len(r.packet_ins) == 1, 1.0, "the first packet-in")
+            await asyncio.sleep(0.5)
+            r.fake.send(_packet_in(1))
+            await eventually(lambda: len(r.packet_ins) == 2, 1.0, "the second packet-in, then a pause")
+            waiting[0] = True  # a trace begins: its flows go in (the barrier's reply ends the pause)
+            await r.chan.install_flows([flow(0, 10, 1, in_port=5)])
+            for i in (2, 3, 4):  # its copies, and the flood's packet-ins among them
+                await asyncio.sleep(0.01)
+                r.fake.send(_packet_in(i))
+                await eventually(lambda: len(r.packet_ins) == i + 1, 1.0, f"packet-in {i}, read as it came")
+            assert r.chan.paced_reads == 1 and r.chan.urgent_reads >= 2  # the reads a pause would have followed
+            waiting[0] = False  # the trace is over: the flood is paced again
+            r.fake.send(_packet_in(5))
+            await eventually(lambda: len(r.packet_ins) == 6, 1.0, "packet-in 5, then a pause")
+            r.fake.send(_packet_in(6))
+            await asyncio.sleep(0.3)
+            assert len(r.packet_ins) == 6 and r.chan.paced_reads == 2
+            assert [p.packet[0] for p in r.packet_ins] == list(range(6))
+    run(main())
+
+
 def test_without_pacing_every_read_is_handed_over_as_it_comes(sock_path: str) -> None:  # noqa: F811
     async def main() -> None:
         async with rig(sock_path) as r:  # read_pace_max 0: the channel's default outside the agent
