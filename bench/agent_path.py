@@ -10,8 +10,8 @@ securityops Drop. The messages are the agent's own UDP Drop packet-ins as OVS 3.
 (tests/unit/data/agent_udp_drop_packet_in2_stream.bin, 240 bytes), each given a new destination
 port: every packet-in a new audit key and a "first" record, as in bench/agent_cpu.py's flood.
 They are handed to the reader `--per-read` at a time (1: a packet-in a wake-up; 22: what a paced read
-brought at 1k/s on the real path with 20 ms pauses, ~86 with today's 100 ms; 128: what a paced read aims for
-over TCP; 255: the most handled inline). With --idle-ms the path
+brought at 1k/s on the real path with 20 ms pauses, ~86 with 100 ms, ~150 with today's 200 ms; 256: what a paced
+read aims for over TCP; 511: the most handled inline). With --idle-ms the path
 sleeps after each read as the agent does between wake-ups: on this VM a path that has slept runs
 slower, the more so the longer it slept (likely its caches lost while the vCPU was halted).
 
@@ -21,6 +21,16 @@ minimum per side (other work on the machine only ever makes a run slower). Nothi
 wake-ups, syscalls of the socket or the window timer: bench/agent_cpu.py measures the real path.
 With --front only the reader and the demux run (decoding, the sort by category, admission and its fair-share
 keys), the policy handler taking each read's packet-ins and doing nothing with them.
+
+--stages (one child, this checkout, a packet-in a read, --idle-ms between reads): where a lone packet-in's time
+goes, in wall µs from the read's start (perf_counter_ns), median over the reads (the first 5 left out): when the
+demux's dispatch (the packet-in decoded), the pipeline's begin_batch, its emit (the packet-in aggregated: the
+emissions to make records of), the end_batch that hands the record to the writer, the writer's release, its sealing
+and writing, the file write itself (os_write) begin and end, and the read's end. Each stage
+is timed by a wrapper around the agent's own method, which costs a little itself. Then `c_calls`: after the same
+sleep, only the path's calls into C, one after the other on a fresh packet-in, each timed: the learned-layout
+decode, the aggregator's add_run, the encoder's encode_run, the sealer's seal_run and the line's write(2). What the
+lone path would still pay, cold, if nothing but those calls ran between the read and the write.
 """
 
 from __future__ import annotations
@@ -33,12 +43,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
+C_CALLS = 300  # --stages: packet-ins through the C calls alone
 
 
 def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0, front: bool = False,
-            keep: Path | None = None, fair: bool = False) -> dict:
+            keep: Path | None = None, fair: bool = False, stages: bool = False) -> dict:
     """One run on the code of the checkout at `root` (first on sys.path). With `compare`: a fixed clock and
     fixed event ids, destination ports that repeat (aggregate records too), and the files' digest. With `keep`
     (a directory), the audit files written are moved there (bench/gzip_codec.py compresses them). With `fair`, the
@@ -81,7 +93,7 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
     at = bytes(template).find(sample.packet) + 36  # the UDP destination port in the message
     msg = bytearray(template)
     msgs = []
-    for i in range(n):
+    for i in range(n + (C_CALLS if stages else 0)):  # with stages, the C calls' own: ports the path has not had
         port = 1024 + (i * 7919) % 2500 if compare else 1024 + i % 64000
         msg[at:at + 2] = port.to_bytes(2, "big")
         msgs.append(bytes(msg))
@@ -144,15 +156,25 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
             if not fair:
                 sub.fair = None
         demux.start()
+        marks: list[tuple[str, int]] = []
+        if stages:
+            _probe_stages(marks, demux, pipeline, writer)
         reader = PacketInReader(demux.dispatch, lambda m: None, wall_clock=wall)
         settle_heap()
+        reads: list[tuple[int, int, list[tuple[str, int]]]] = []
         c0 = time.process_time()
         for i in range(0, n, per_read):
             clock[0] += 0.0002 * per_read  # a port comes back within its window
+            marks.clear()
+            t0 = time.perf_counter_ns()
             reader.on_messages(msgs[i:i + per_read])
+            if stages:
+                reads.append((t0, time.perf_counter_ns(), list(marks)))
             if idle:
                 time.sleep(idle)  # the path waits for the next read, as the agent does between wake-ups
         cpu = time.process_time() - c0
+        if stages:
+            calls = _c_calls(reader, pipeline, writer, msgs[n:], work, idle)
         writer.flush_wait(60)
         await demux.stop()
         await pipeline.close()
@@ -165,6 +187,8 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
             for f in files:
                 f.rename(keep / f.name)
         subprocess.run(["rm", "-rf", str(work)], check=False)
+        if stages:
+            return {"stages_us": _stage_medians(reads), "c_calls_us": calls, "records": records}
         if compare:
             return {"files": [f.name for f in files], "sha256": digest, "records": records,
                     "pipeline": pipeline.stats,
@@ -175,6 +199,84 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
                 "records": records, "delivered": demux.stats()[Category.POLICY]["delivered"]}
 
     return asyncio.run(run())
+
+
+def _probe_stages(marks: list[tuple[str, int]], demux: Any, pipeline: Any, writer: Any) -> None:
+    """Wrap the lone path's steps (instance attributes, as the agent's objects call them) to note when each begins
+    ("name>") and ends ("<name") in `marks`."""
+    import time
+
+    clock = time.perf_counter_ns
+    handler = writer._handler
+    for obj, name, label in ((demux, "dispatch", "dispatch"), (pipeline, "begin_batch", "begin_batch"),
+                             (pipeline, "_emit", "emit"),
+                             (pipeline, "end_batch", "end_batch"), (writer, "release", "release"),
+                             (writer, "_emit_records", "seal_and_write"), (handler, "do_write", "os_write")):
+        setattr(obj, name, _timed(getattr(obj, name), label, marks, clock))
+
+
+def _timed(f: Any, label: str, marks: list[tuple[str, int]], clock: Any) -> Any:
+    def timed(*args: Any) -> Any:
+        marks.append((label + ">", clock()))
+        try:
+            return f(*args)
+        finally:
+            marks.append(("<" + label, clock()))
+    return timed
+
+
+def _stage_medians(reads: list[tuple[int, int, list[tuple[str, int]]]]) -> dict[str, float]:
+    """Median µs from each read's start to each mark, in the order the marks first came; the read's end last."""
+    import statistics
+
+    at: dict[str, list[float]] = {}
+    for start, end, marks in reads[5:]:
+        for label, t in marks:
+            at.setdefault(label, []).append((t - start) / 1000)
+        at.setdefault("read_end", []).append((end - start) / 1000)
+    return {label: round(statistics.median(v), 1) for label, v in at.items()}
+
+
+def _c_calls(reader: Any, pipeline: Any, writer: Any, msgs: list[bytes], work: Path, idle: float) -> dict[str, float]:
+    """After each sleep of `idle`, a fresh packet-in through the path's C calls only, each timed (median µs)."""
+    import statistics
+    import time
+
+    from auditlog.chain import CHAIN_KEY, GENESIS
+    from auditlog.pipeline import _RUN_LAYOUT
+
+    clock = time.perf_counter_ns
+    seal, decode, add_run = writer._seal_run, reader._decode, pipeline._add_run
+    encode_run = getattr(pipeline.encoder, "encode_run", None)
+    if seal is None or add_run is None or encode_run is None:
+        return {}
+    fd = os.open(work / "c_calls.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    seq, chain = 0, GENESIS
+    took: dict[str, list[float]] = {}
+    try:
+        for i, msg in enumerate(msgs):
+            time.sleep(idle)
+            t0 = clock()
+            pin = decode(msg, time.time())
+            t1 = clock()
+            out: list[Any] = []
+            add_run([pin], 0, 1, pipeline._decode_frame, _RUN_LAYOUT, pipeline.rule_packet_ins, out)
+            t2 = clock()
+            records: list[Any] = []
+            encode_run(out, 0, records)
+            t3 = clock()
+            lines: list[str] = []
+            _, seq, chain = seal(records, 0, seq, chain, CHAIN_KEY, lines)
+            t4 = clock()
+            os.write(fd, (lines[0] + "\n").encode())
+            t5 = clock()
+            if i >= 5:
+                for label, ns in (("decode", t1 - t0), ("add_run", t2 - t1), ("encode_run", t3 - t2),
+                                  ("seal_run", t4 - t3), ("write", t5 - t4), ("all", t5 - t0)):
+                    took.setdefault(label, []).append(ns / 1000)
+    finally:
+        os.close(fd)
+    return {label: round(statistics.median(v), 1) for label, v in took.items()}
 
 
 def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False,
@@ -202,6 +304,9 @@ def main() -> int:
     ap.add_argument("--front", action="store_true",
                     help="the reader and the demux only (decoding, the sort by category, admission with its keys): "
                          "the policy handler takes each read's packet-ins and does nothing with them")
+    ap.add_argument("--stages", action="store_true",
+                    help="where a lone packet-in's time goes (a packet-in a read, --idle-ms between reads; this "
+                         "checkout, one child)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--compare-one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -210,8 +315,11 @@ def main() -> int:
         root = Path(one[0])
         sys.path.insert(0, str(root))
         print(json.dumps(measure(root, int(one[1]), int(one[2]), compare=bool(args.compare_one),
-                                 idle=float(args.idle_ms) / 1000, fair=args.fair_share, front=args.front)))
+                                 idle=float(args.idle_ms) / 1000, fair=args.fair_share, front=args.front,
+                                 stages=args.stages)))
         return 0
+    if args.stages:
+        return stages(args.packet_ins, [float(x) for x in args.idle_ms.split(",")], args.fair_share)
     if args.compare:
         return compare(HERE, Path(args.base).resolve(), args.packet_ins, args.per_read)
     sides = {"this": HERE, **({"base": Path(args.base).resolve()} if args.base else {})}
@@ -235,6 +343,20 @@ def main() -> int:
         if "base" in row:
             row["this_vs_base"] = round(row["this"]["us_per_packet_in_min"] / row["base"]["us_per_packet_in_min"], 3)
         result["by_per_read"][per_read if idles == [0.0] else f"{per_read} every {idle_ms:g} ms"] = row
+    result["load_average_end"] = os.getloadavg()
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def stages(n: int, idles_ms: list[float], fair: bool) -> int:
+    """--stages: one child per idle time, on this checkout."""
+    result: dict = {"benchmark": "agent_path_stages", "reads": n, "fair_share": fair,
+                    "load_average_start": os.getloadavg(), "by_idle_ms": {}}
+    for idle_ms in idles_ms:
+        out = subprocess.run([sys.executable, __file__, "--one", str(HERE), str(n), "1", "--idle-ms", str(idle_ms),
+                              "--stages", *(["--fair-share"] if fair else [])],
+                             cwd=HERE, capture_output=True, text=True, check=True)
+        result["by_idle_ms"][f"{idle_ms:g}"] = json.loads(out.stdout)
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=1))
     return 0

@@ -1,0 +1,26 @@
+"""bench/agent_path.py --stages: the probes meet a lone packet-in's path where the bench says, in order, and the
+path's C calls alone still make the record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.bench_modules import load_bench
+
+bench = load_bench("agent_path")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_stages_of_a_lone_packet_in_come_in_the_paths_order_and_every_record_is_written() -> None:
+    got = bench.measure(ROOT, 12, 1, idle=0.001, stages=True)
+    assert got["records"] == 12
+    stages = list(got["stages_us"])
+    order = ["dispatch>", "begin_batch>", "<begin_batch", "emit>", "<emit", "end_batch>", "release>",
+             "seal_and_write>", "os_write>", "<os_write", "<seal_and_write", "<release", "<end_batch", "<dispatch",
+             "read_end"]
+    assert stages == order, stages  # each probe fired on every read, in this order
+    times = [got["stages_us"][s] for s in order]
+    assert times == sorted(times) and times[0] > 0
+    calls = got["c_calls_us"]
+    assert list(calls) == ["decode", "add_run", "encode_run", "seal_run", "write", "all"]
+    assert calls["all"] >= max(v for k, v in calls.items() if k != "all")
