@@ -61,7 +61,7 @@ _CONSUMER_SLICE = 512
 # aims for READ_BATCH_TCP; twice that means behind; over a unix socket it aims for READ_BATCH, well under
 # this, and a read past twice that is handled here all the same). Handled within the read, they cost no task wake-up
 # (bench/agent_cpu.py: with 64 here, reads of 65-255 went to the task; 255 measured lower at 10k and 20k
-# in both of 2 alternated rounds, by 0.1-4.2 µs a packet-in, bench/RESULTS.md).
+# in both of 2 alternated rounds, by 0.1-4.2 µs a packet-in, bench/RESULTS.md). 511 since the batch became 256.
 INLINE_MAX = 2 * READ_BATCH_TCP - 1
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,13 @@ one after a quiet spell, or a trickle: up to 50 a second) are never paced: each 
 written at once, so the latency of the first packet of anything stays what it was, whatever the
 longest pause. The two are apart on purpose: the longest pause sets what a flood costs (at 1k
 packet-ins/s a pause of 20 ms meant 50 wake-ups a second, each on cold caches; 100 ms, 10), the
-trickle gap what a quiet node's records wait (nothing). A read of READ_BIG bytes or of twice
+trickle gap what a quiet node's records wait (nothing). The default longest pause is 200 ms with
+about 256 packet-ins a read over TCP: at 1k packet-ins/s, against 100 ms and 128, ~150 a read instead
+of ~86 and 12.4-15.5 µs of agent CPU per packet-in instead of 15.8-18.5 (bench/agent_cpu.py, 4 runs
+each; reads come sooner than the pause when the agent sends a request). On this project's machines a
+wake-up after a sleep of 40 ms or more pays for lost caches across the whole batch it handles, yet
+shorter pauses (25-30 ms) measured far dearer at 1k: it is the number of wake-ups that counts. A read
+of READ_BIG bytes or of twice
 `batch` packet-ins or more means we are behind (or near our capacity), and the next read comes at
 once: so a full read keeps meaning what packetin/reader.py's input pressure takes it for, a queue we
 do not keep up with, never a pause we chose.
@@ -25,7 +31,7 @@ do not keep up with, never a pause we chose.
 a unix socket they are charged to ovs-vswitchd's send buffer (about 1 KB of it per packet-in, 208 KiB
 by default), and behind that in its controller queue (100 packet-ins by default); a full queue drops
 packet-ins: READ_BATCH, 64, stays well inside the socket alone. Over TCP (the embedded OVS in a
-namespace of its own) the receiving side's buffer grows to megabytes under load: READ_BATCH_TCP, 128.
+namespace of its own) the receiving side's buffer grows to megabytes under load: READ_BATCH_TCP, 256.
 
 The price is stated: a packet-in is stamped when it is read, so in a flood a record's time can be
 up to the longest pause later than the packet's. Anything the agent sends (a request whose reply it
@@ -43,8 +49,8 @@ import time
 from typing import Callable
 
 READ_BATCH = 64  # packet-ins a paced read aims to bring over a unix socket
-READ_BATCH_TCP = 128  # and over TCP
-READ_DELAY_MAX = 0.1  # seconds: the longest pause (the agent's openflow.read_pace_max default)
+READ_BATCH_TCP = 256  # and over TCP
+READ_DELAY_MAX = 0.2  # seconds: the longest pause (the agent's openflow.read_pace_max default)
 READ_TRICKLE = 0.02  # seconds: packet-ins this far apart or more are read as they come, never paced
 READ_DELAY_MIN = 0.0005  # a pause shorter than this is not worth its timer and two epoll_ctl calls
 READ_BIG = 64 * 1024  # bytes: a read this big means we are behind; read again at once

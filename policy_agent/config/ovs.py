@@ -84,6 +84,6 @@ class OpenFlowConfig:
     # Seconds: in a flood of packet-ins, the longest the agent waits between two reads so that one
     # wake-up handles many (packetin/read_pacing.py). Packet-ins READ_TRICKLE (20 ms) apart or more
     # (up to 50 a second) are read at once; in a flood a record's time can be up to this much later
-    # than the packet's. 0 = off. At most 0.1: the default, and the bound on that lateness.
+    # than the packet's. 0 = off. At most 0.2: the default, and the bound on that lateness.
     read_pace_max: float = field(default=READ_DELAY_MAX, metadata=checked(
         lambda v: None if 0 <= v <= READ_DELAY_MAX else f"must be 0..{READ_DELAY_MAX} seconds, got {v}"))

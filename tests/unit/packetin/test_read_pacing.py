@@ -53,30 +53,31 @@ def test_a_flood_is_read_in_batches_sized_from_its_rate_and_capped() -> None:
 
 
 def test_a_trickle_is_read_as_it_comes_however_long_the_longest_pause() -> None:
-    # The agent's default: pauses of up to 100 ms, yet packet-ins 20 ms apart or more are never paced.
+    # The agent's default: pauses of up to 200 ms, yet packet-ins 20 ms apart or more are never paced.
     assert READ_TRICKLE == 0.02
-    r = Reads(delay_max=0.1)
+    r = Reads(delay_max=0.2)
     assert r.read(1, 200) == 0.0
     assert r.read(1, 200, after=0.08) == 0.0  # 12.5 pps: closer than the longest pause, read at once
+    assert r.read(1, 200, after=0.15) == 0.0
     assert r.read(1, 200, after=0.03) == 0.0
     assert r.read(1, 200, after=0.021) == 0.0  # 47 pps
     assert r.read(3, 600, after=0.061) == 0.0
     assert r.pacer.paced_reads == 0
-    assert r.read(1, 200, after=0.019) == 0.1  # over 50 pps: a flood; 64 would take 1.2 s, capped at 100 ms
+    assert r.read(1, 200, after=0.019) == 0.2  # over 50 pps: a flood; 64 would take 1.2 s, capped at 200 ms
     assert abs(r.read(100, 24_000, after=0.1) - 0.064) < 1e-9  # 1k/s: 64 take 64 ms
     assert r.read(3, 600, after=0.064) == 0.0  # 3 in the 64 ms pause, 47 a second: a trickle again
     assert r.pacer.paced_reads == 2
 
 
 def test_the_batch_a_pause_aims_for_depends_on_the_socket() -> None:
-    assert read_batch("tcp:127.0.0.1:6653") == READ_BATCH_TCP == 128  # TCP buffers grow to megabytes
+    assert read_batch("tcp:127.0.0.1:6653") == READ_BATCH_TCP == 256  # TCP buffers grow to megabytes
     assert read_batch("/run/openvswitch/br-int.npaudit") == read_batch("unix:/x.mgmt") == READ_BATCH == 64
-    r = Reads(batch=READ_BATCH_TCP, delay_max=0.1)
+    r = Reads(batch=READ_BATCH_TCP, delay_max=0.2)
     r.read(1, 200)
-    assert r.read(100, 24_000, after=0.1) == 0.1  # 1k/s: 128 would take 128 ms, capped at 100
-    assert abs(r.read(100, 24_000, after=0.01) - 0.0128) < 1e-9  # 10k/s: 128 take 12.8 ms
-    assert r.read(255, 60_000, after=0.0128) > 0  # under twice the batch: still kept up with
-    assert r.read(256, 60_000, after=0.0128) == 0.0  # twice the batch: near capacity, read at once
+    assert r.read(200, 48_000, after=0.2) == 0.2  # 1k/s: 256 would take 256 ms, capped at 200
+    assert abs(r.read(100, 24_000, after=0.01) - 0.0256) < 1e-9  # 10k/s: 256 take 25.6 ms
+    assert r.read(511, 60_000, after=0.0256) > 0  # under twice the batch: still kept up with
+    assert r.read(512, 60_000, after=0.0256) == 0.0  # twice the batch: near capacity, read at once
 
 
 def test_reads_without_packet_ins_neither_start_nor_size_a_pause() -> None:
