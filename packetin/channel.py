@@ -68,10 +68,12 @@ class OpenFlowChannel(BundleExchange):
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
+                 read_urgent: Callable[[], bool] = lambda: False,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  rng: random.Random | None = None) -> None:
         """`on_groups` and `coarse`: while coarse() is True, the packet-ins of a read that a
-        coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py)."""
+        coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py). `read_urgent`: while
+        it is True no read is followed by a paced pause (somebody waits for packet-ins: packetin/read_pacing.py)."""
         self.settings = settings
         self._reader = PacketInReader(on_packet_ins, self._on_control, on_malformed=on_malformed,
                                       mono_clock=mono_clock, wall_clock=wall_clock, on_groups=on_groups,
@@ -98,7 +100,7 @@ class OpenFlowChannel(BundleExchange):
         self._paced_before = 0  # paced reads of the connections before it
         self._urgent_before = 0  # and reads not paced because somebody waited for packet-ins
         # True while somebody waits for packet-ins (the agent: a trace for its copies): no read is paced then.
-        self.read_urgent: Callable[[], bool] = lambda: False
+        self.read_urgent = read_urgent
 
     # --- lifecycle -------------------------------------------------------------------
 

@@ -145,9 +145,9 @@ class Agent:
                             read_pace_max=config.openflow.read_pace_max),
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
-            # In audit overload, packet-ins a coarse record cannot tell apart come in groups.
+            # In audit overload a read's packet-ins come in groups; while a trace waits for its copies none is paced.
             on_groups=self.demux.dispatch_groups,
-            coarse=lambda: self.audit is not None and self.audit.coarse,
+            coarse=lambda: self.audit is not None and self.audit.coarse, read_urgent=lambda: self.traceflow.waiting(),
         )
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)
         self.registry: CollectorRegistry = build_registry(self.demux, self.channel, self.ovs_counters.read)
@@ -213,8 +213,6 @@ class Agent:
                                       gateway=self.gateway.plan if self.gateway is not None else None,
                                       cross=self._cross_node())
         self.registry.register(TraceCollector(self.traceflow.stats))
-        # In a flood a trace's copies would wait out a paced pause behind it: not while a trace waits for them.
-        self.channel.read_urgent = self.traceflow.waiting
         # Tier 3: XDP on the Pods' veths (loaded in start(); a no-op when disabled or unavailable).
         self.offload = DropOffload(config.offload, self.audit, ovs_netns=self.switch.netns,
                                    busy=lambda: self.engine is not None and self.engine.changing)
