@@ -280,11 +280,11 @@ def _c_calls(reader: Any, pipeline: Any, writer: Any, msgs: list[bytes], work: P
 
 
 def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False,
-          front: bool = False) -> dict:
+          front: bool = False, stages: bool = False) -> dict:
     # This script, run on `root`'s code (a base checkout may not have it).
     out = subprocess.run([sys.executable, __file__, "--compare-one" if compare else "--one", str(root), str(n),
                           str(per_read), "--idle-ms", str(idle_ms), *(["--fair-share"] if fair else []),
-                          *(["--front"] if front else [])],
+                          *(["--front"] if front else []), *(["--stages"] if stages else [])],
                          cwd=root, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -353,10 +353,7 @@ def stages(n: int, idles_ms: list[float], fair: bool) -> int:
     result: dict = {"benchmark": "agent_path_stages", "reads": n, "fair_share": fair,
                     "load_average_start": os.getloadavg(), "by_idle_ms": {}}
     for idle_ms in idles_ms:
-        out = subprocess.run([sys.executable, __file__, "--one", str(HERE), str(n), "1", "--idle-ms", str(idle_ms),
-                              "--stages", *(["--fair-share"] if fair else [])],
-                             cwd=HERE, capture_output=True, text=True, check=True)
-        result["by_idle_ms"][f"{idle_ms:g}"] = json.loads(out.stdout)
+        result["by_idle_ms"][f"{idle_ms:g}"] = child(HERE, n, 1, idle_ms=idle_ms, fair=fair, stages=True)
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=1))
     return 0

@@ -18,8 +18,8 @@ longest pause. The two are apart on purpose: the longest pause sets what a flood
 packet-ins/s a pause of 20 ms meant 50 wake-ups a second, each on cold caches; 100 ms, 10), the
 trickle gap what a quiet node's records wait (nothing). The default longest pause is 200 ms with
 about 256 packet-ins a read over TCP: at 1k packet-ins/s, against 100 ms and 128, ~150 a read instead
-of ~86 and 12.4-15.5 µs of agent CPU per packet-in instead of 15.8-18.5 (bench/agent_cpu.py, 4 runs
-each; reads come sooner than the pause when the agent sends a request). On this project's machines a
+of ~86 and 12.4-15.5 µs of agent CPU per packet-in over 7 runs instead of 15.8-18.5 over 4
+(bench/agent_cpu.py; reads come sooner than the pause when the agent sends a request). On this project's machines a
 wake-up after a sleep of 40 ms or more pays for lost caches across the whole batch it handles, yet
 shorter pauses (25-30 ms) measured far dearer at 1k: it is the number of wake-ups that counts. A read
 of READ_BIG bytes or of twice
