@@ -1,6 +1,7 @@
 """The compiled modules: the audit record encoder's common case (auditlog/_record_fast.c), the chain's sealer
 the frame decoder's common case (auditlog/_frame_fast.c), the aggregator (auditlog/_aggregate_fast.c) and the
-syslog forwarder's split, scan and frames of sealed lines (auditlog/_scan_fast.c);
+syslog forwarder's split, scan and frames of sealed lines (auditlog/_scan_fast.c), the digests and texts of the record
+path (auditlog/_digest_fast.c);
 NXT_PACKET_IN2 decoding by learned layout
 (packetin/_layout_fast.c).
 
@@ -14,10 +15,11 @@ from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 setup(ext_modules=[Extension("auditlog._record_fast", ["auditlog/_record_fast.c", "auditlog/_frame_fast.c",
-                                                      "auditlog/_aggregate_fast.c", "auditlog/_scan_fast.c"],
+                                                      "auditlog/_aggregate_fast.c", "auditlog/_scan_fast.c",
+                                                      "auditlog/_digest_fast.c"],
                              optional=True, depends=["auditlog/_frame_fast.h", "auditlog/_aggregate_fast.h",
-                                                     "auditlog/_scan_fast.h"],
-                             libraries=["crypto"],  # SHA-256 (seal_run), SHA-1 (Community ID): libssl-dev
+                                                     "auditlog/_scan_fast.h", "auditlog/_digest_fast.h"],
+                             libraries=["crypto"],  # SHA-256 without SHA extensions, the forwarder's scan: libssl-dev
                              extra_compile_args=FLAGS),
                    Extension("packetin._layout_fast", ["packetin/_layout_fast.c"], optional=True,
                              extra_compile_args=FLAGS)])

@@ -3,12 +3,12 @@
  *
  * FastEncoder(encoder, consts) reads the Python encoder's caches (dicts it fills; never replaced) and builds
  * the record's three texts (chain.RecordText) straight into ASCII strings, computing a new flow's Community ID
- * (SHA-1 through OpenSSL, base64) itself. Anything else -- a cache miss, a coarse record, a non-ASCII text, a count past
+ * (SHA-1, base64: auditlog/_digest_fast.c) itself. Anything else -- a cache miss, a coarse record, a non-ASCII text, a count past
  * JSON's safe integers, an address it cannot pack -- goes to the Python encoder, which fills the caches,
  * so the text is always the Python encoder's; tests/unit/auditlog/test_record_fast.py compares the two.
  * Decisions are all taken before the event id is drawn, so a fallback never skips an id.
  *
- * seal_run: chain.RecordText.seal for a run of records whose texts are ASCII (OpenSSL's SHA-256), for
+ * seal_run: chain.RecordText.seal for a run of records whose texts are ASCII (SHA-256: auditlog/_digest_fast.c), for
  * auditlog/sealing.py, which seals any other record in Python; tests/unit/auditlog/test_seal_run.py compares.
  *
  * FrameDecoder (auditlog/_frame_fast.c, added to this module at its init): packet.decode_frame's common case.
@@ -25,27 +25,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-/* SHA256_Init/Update/Final: deprecated in OpenSSL 3 in favour of EVP, kept here on purpose. They go straight
- * to the block function (SHA-NI where the CPU has it); EVP looks the digest up through its provider on every
- * init, which is a longer code path, and that is what a lone record pays on a cold CPU (see seal_run). */
-#define OPENSSL_SUPPRESS_DEPRECATED
-#include <openssl/sha.h>
 #include <structmember.h>
 
 #include "_aggregate_fast.h"
+#include "_digest_fast.h"
 #include "_frame_fast.h"
 #include "_scan_fast.h"
-
-/* ---- SHA-1, for the Community ID only: OpenSSL's block function (SHA-NI where the CPU has it) --------- */
-
-/* SHA1_Init/Update/Final, as SHA-256 above: OpenSSL 3's one-shot SHA1() goes through EVP and its provider
- * look-up on every call, slower than this module's own SHA-1 was for a 40-byte tuple. */
-static void sha1(const unsigned char *data, size_t len, unsigned char out[20]) {
-    SHA_CTX ctx;
-    SHA1_Init(&ctx);
-    SHA1_Update(&ctx, data, len);
-    SHA1_Final(out, &ctx);
-}
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -255,14 +240,18 @@ static int timestamp(FastEncoder *self, double t, char *out, size_t *len) {
     long long ms = (long long)nearbyint(x);  /* round half to even, as Python's round() */
     if (ms != self->ms) {
         long long seconds = ms / 1000, millis = ms % 1000;
-        if (seconds != self->second) {
-            time_t s = (time_t)seconds;
-            struct tm tm;
-            if (gmtime_r(&s, &tm) == NULL || strftime(self->second_text, sizeof self->second_text, "%Y-%m-%dT%H:%M:%S", &tm) != 19)
-                return 1;
+        if (seconds != self->second) {  /* gmtime_r and strftime's text, in this module's code (_digest_fast.c) */
+            np_utc_second(seconds, self->second_text);
             self->second = seconds;
         }
-        self->ms_len = (size_t)snprintf(self->ms_text, sizeof self->ms_text, "%s.%03lldZ", self->second_text, millis);
+        /* f"{second}.{millis:03d}Z" */
+        memcpy(self->ms_text, self->second_text, 19);
+        self->ms_text[19] = '.';
+        self->ms_text[20] = (char)('0' + millis / 100);
+        self->ms_text[21] = (char)('0' + millis / 10 % 10);
+        self->ms_text[22] = (char)('0' + millis % 10);
+        self->ms_text[23] = 'Z';
+        self->ms_len = 24;
         self->ms = ms;
     }
     memcpy(out, self->ms_text, self->ms_len);
@@ -283,8 +272,9 @@ static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, 
     int sv6 = memchr(s, ':', sn) != NULL, dv6 = memchr(d, ':', dn) != NULL;
     if (sv6 != dv6) return NULL;
     size_t alen = sv6 ? 16 : 4;
-    if (inet_pton(sv6 ? AF_INET6 : AF_INET, sz, sa) != 1 || inet_pton(dv6 ? AF_INET6 : AF_INET, dz, da) != 1)
-        return NULL;
+    /* a dotted quad read here (the common case, no libc call), anything else by inet_pton */
+    if (!(!sv6 && np_ipv4(s, (size_t)sn, sa)) && inet_pton(sv6 ? AF_INET6 : AF_INET, sz, sa) != 1) return NULL;
+    if (!(!dv6 && np_ipv4(d, (size_t)dn, da)) && inet_pton(dv6 ? AF_INET6 : AF_INET, dz, da) != 1) return NULL;
     int cmp = memcmp(sa, da, alen);
     int forward = cmp < 0 || (cmp == 0 && sport <= dport);
     size_t n = 0;
@@ -296,7 +286,7 @@ static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, 
     data[n++] = (unsigned char)(p1 >> 8); data[n++] = (unsigned char)p1;
     data[n++] = (unsigned char)(p2 >> 8); data[n++] = (unsigned char)p2;
     unsigned char digest[20];
-    sha1(data, n, digest);
+    np_sha1(data, n, digest);
     char text[64] = "\"community_id\":\"1:";
     size_t t = strlen(text);
     t += base64(digest, 20, text + t);
@@ -653,7 +643,7 @@ static PyObject *sha1_digest(PyObject *mod, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     unsigned char digest[20];
-    sha1(view.buf, (size_t)view.len, digest);
+    np_sha1(view.buf, (size_t)view.len, digest);
     PyBuffer_Release(&view);
     return PyBytes_FromStringAndSize((const char *)digest, 20);
 }
@@ -712,7 +702,7 @@ static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
             break;
         }
         char seq_s[24];
-        int seq_n = snprintf(seq_s, sizeof seq_s, "%lld", seq + 1);
+        int seq_n = (int)np_decimal((unsigned long long)(seq + 1), seq_s);
         PyObject *seq_o = PyLong_FromLongLong(seq + 1), *line = NULL;
         int ok = seq_o != NULL;
         /* the hashed text: previous chain, newline, the body */
@@ -721,11 +711,8 @@ static PyObject *seal_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
              && !put(&data, hp, (size_t)hn) && !put(&data, mp, (size_t)mn) && !put(&data, seq_s, (size_t)seq_n)
              && !put(&data, tp, (size_t)tn);
         if (ok) {
-            unsigned char digest[SHA256_DIGEST_LENGTH];
-            SHA256_CTX ctx;
-            SHA256_Init(&ctx);
-            SHA256_Update(&ctx, data.p, data.len);
-            SHA256_Final(digest, &ctx);
+            unsigned char digest[32];
+            np_sha256((const unsigned char *)data.p, data.len, digest);
             for (int k = 0; k < 32; k++) {
                 chain[2 * k] = "0123456789abcdef"[digest[k] >> 4];
                 chain[2 * k + 1] = "0123456789abcdef"[digest[k] & 15];
@@ -816,7 +803,7 @@ PyMODINIT_FUNC PyInit__record_fast(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (frame_decoder_add(m) < 0 || aggregator_add(m) < 0 || sealed_parts_add(m) < 0) {  /* the other C files */
+    if (frame_decoder_add(m) < 0 || aggregator_add(m) < 0 || sealed_parts_add(m) < 0 || digest_add(m) < 0) {  /* the other C files */
         Py_DECREF(m);
         return NULL;
     }

@@ -7,9 +7,10 @@ to RecordEncoder.encode_positional, so the text is the Python encoder's either w
 text from ~4.7 µs of CPU to ~1.8 warm, and the real agent's CPU per packet-in by 1.3-4.7 µs from 5k to 40k
 packet-ins/s (bench/agent_cpu.py against NPAUDIT_PURE_PYTHON=1; bench/RESULTS.md).
 
-`seal_run()` gives the writer the same module's sealer: RecordText.seal for a run of plain records, with
-OpenSSL's SHA-256 called directly (0.76 µs a record in a batch against 1.42 in Python, 1.06 against 3.9 alone,
-warm, on this project's machines).
+`seal_run()` gives the writer the same module's sealer: RecordText.seal for a run of plain records (0.76 µs a record
+in a batch against 1.42 in Python, 1.06 against 3.9 alone, warm, on this project's machines). Its SHA-256, the
+Community ID's SHA-1 and the timestamp's text are the module's own code (auditlog/_digest_fast.c: the CPU's SHA
+extensions where it has them), not OpenSSL's or libc's, whose code a lone record after a quiet spell pays to fetch.
 
 `aggregator()` gives the pipeline auditlog.aggregate.Aggregator in C (auditlog/_aggregate_fast.c): the same windows,
 emissions and counts (test_aggregate.py runs both, and both side by side), a new key's window opened without
