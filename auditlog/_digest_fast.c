@@ -124,6 +124,7 @@ static void sha256_ni_blocks(uint32_t state[8], const unsigned char *data, size_
     for (; blocks; blocks--, data += 64) {
         __m128i abef = s0, cdgh = s1, w[4];
         for (int i = 0; i < 4; i++) w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 16 * i)), swap);
+#pragma GCC unroll 16
         for (int g = 0; g < 16; g++) {  /* four rounds a step; the message words of step g + 4 into g's slot */
             __m128i msg = _mm_add_epi32(w[g & 3], _mm_loadu_si128((const __m128i *)&K256[4 * g]));
             s1 = _mm_sha256rnds2_epu32(s1, s0, msg);
@@ -166,6 +167,7 @@ static void sha1_ni_blocks(uint32_t h[5], const unsigned char *data, size_t bloc
     for (; blocks; blocks--, data += 64) {
         __m128i abcd_save = abcd, e_save = e0, w[4], prev = abcd;
         for (int i = 0; i < 4; i++) w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 16 * i)), swap);
+#pragma GCC unroll 20
         for (int g = 0; g < 20; g++) {
             __m128i e = g == 0 ? _mm_add_epi32(e0, w[0]) : _mm_sha1nexte_epu32(prev, w[g & 3]);
             prev = abcd;
