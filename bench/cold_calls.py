@@ -8,7 +8,9 @@ once (cold), at once again (warm); --rounds times, medians in µs. An empty call
 floor. The steps are the ones a lone record's append made or makes (auditlog/rotation.py,
 auditlog/chain.py): stat(2) of the live file's path, fstat(2), write(2) of a record-sized line straight
 to the file and through a text stream (encode, buffer, flush), SHA-256 of a record through OpenSSL
-(hashlib) and through CPython's own (_sha256), and the ASCII encode alone.
+(hashlib) and through CPython's own (_sha256), and the ASCII encode alone; where auditlog._record_fast is built, the
+digests and the second's text its records take (auditlog/_digest_fast.c: SHA-256 and SHA-1 on the CPU's SHA
+extensions where it has them) against OpenSSL's and time.strftime, as the module took them before.
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ def steps(directory: Path) -> dict[str, Callable[[], object]]:
     }
     if _sha256_lone is not hashlib.sha256:  # CPython 3.11's own, where the writer has it
         out["sha256_cpython_own"] = lambda: _sha256_lone(record.encode("utf-8")).hexdigest()
+    try:  # the C module's digests: what its seal_run and Community ID take (auditlog/_digest_fast.c), and OpenSSL's
+        from auditlog import _record_fast
+    except ImportError:
+        return out
+    data, flow = record.encode("ascii"), b"\0" * 40  # a record's line; the Community ID's 40-byte IPv4 tuple
+    out.update({
+        f"sha256_module_{_record_fast.digest_impl()}": lambda: _record_fast.sha256(data),
+        "sha256_module_openssl": lambda: _record_fast.sha256(data, "openssl"),  # its seal's before 2026-12-05
+        "sha1_module": lambda: _record_fast.sha1(flow),
+        "sha1_openssl": lambda: hashlib.sha1(flow).digest(),  # the Community ID's before 2026-12-05
+        "utc_second_module": lambda: _record_fast.utc_second(1764900000),
+        "utc_second_strftime": lambda: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1764900000)),
+    })
     return out
 
 
