@@ -21,12 +21,16 @@
 
 #include "_digest_fast.h"
 
+#ifndef NP_HAVE_SHA_NI  /* -DNP_HAVE_SHA_NI=0 builds the other path on x86 too */
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#include <immintrin.h>
 #define NP_HAVE_SHA_NI 1
 #else
 #define NP_HAVE_SHA_NI 0
+#endif
+#endif
+#if NP_HAVE_SHA_NI
+#include <cpuid.h>
+#include <immintrin.h>
 #endif
 
 static inline uint32_t rol32(uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
@@ -92,6 +96,7 @@ void np_sha1(const unsigned char *data, size_t len, unsigned char out[20]) { sha
 
 /* ---- SHA-256 with the SHA extensions ---------------------------------------------------------------- */
 
+#if NP_HAVE_SHA_NI
 static const uint32_t K256[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
@@ -104,7 +109,6 @@ static const uint32_t K256[64] = {
 
 static int sha_ni = -1;  /* whether the CPU has the SHA extensions (and SSSE3, SSE4.1 the code also uses) */
 
-#if NP_HAVE_SHA_NI
 static int cpu_has_sha_ni(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 9)) || !(c & (1u << 19))) return 0;  /* SSSE3, SSE4.1 */
