@@ -291,7 +291,8 @@ def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--packet-ins", type=int, default=20000)
+    ap.add_argument("--packet-ins", type=int, default=None,
+                    help="packet-ins a run (default 20,000; with --stages, reads: 300, each followed by --idle-ms)")
     ap.add_argument("--per-read", default="1,5,64", help="packet-ins per read, comma separated")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--idle-ms", default="0", help="ms the path sleeps after each read, comma separated (with "
@@ -310,6 +311,8 @@ def main() -> int:
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--compare-one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.packet_ins is None:  # --stages sleeps after every read: 20,000 of them at 100 ms would take 34 minutes
+        args.packet_ins = 300 if args.stages else 20000
     one = args.one or args.compare_one
     if one:
         root = Path(one[0])
