@@ -22,9 +22,7 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <structmember.h>
 
 #include "_aggregate_fast.h"
@@ -89,11 +87,8 @@ static inline const char *ascii_of(PyObject *s, Py_ssize_t *n) {
 
 /* a non-negative count in decimal (callers hold nothing negative: safe_count, small_int) */
 static int put_ll(Buf *b, long long v) {
-    char tmp[24];
-    size_t i = sizeof tmp;
-    unsigned long long u = (unsigned long long)v;
-    do { tmp[--i] = (char)('0' + u % 10); u /= 10; } while (u);
-    return put(b, tmp + i, sizeof tmp - i);
+    char tmp[20];
+    return put(b, tmp, np_decimal((unsigned long long)v, tmp));
 }
 
 static PyObject *buf_str(Buf *b) {
@@ -115,8 +110,7 @@ typedef struct {
     long long disposition_bits, safe_integer;
     Py_ssize_t max_cached;
     long long ms, second;                         /* the last timestamp made, as record._timestamp keeps it */
-    char second_text[24], ms_text[32];
-    size_t ms_len;
+    char ms_text[24];                             /* its text: the second's (kept while it lasts), .mmmZ */
     Py_ssize_t fast, slow;                        /* records built here, and handed to the Python encoder */
     /* Where RecordText keeps head, mid, tail, seq, verdict and received (its __slots__): a record is then made
      * as RecordText(head, mid, tail) makes it, without the Python __init__ (record_slots). 0: call the class. */
@@ -241,21 +235,19 @@ static int timestamp(FastEncoder *self, double t, char *out, size_t *len) {
     if (ms != self->ms) {
         long long seconds = ms / 1000, millis = ms % 1000;
         if (seconds != self->second) {  /* gmtime_r and strftime's text, in this module's code (_digest_fast.c) */
-            np_utc_second(seconds, self->second_text);
+            np_utc_second(seconds, self->ms_text);
             self->second = seconds;
         }
         /* f"{second}.{millis:03d}Z" */
-        memcpy(self->ms_text, self->second_text, 19);
         self->ms_text[19] = '.';
         self->ms_text[20] = (char)('0' + millis / 100);
         self->ms_text[21] = (char)('0' + millis / 10 % 10);
         self->ms_text[22] = (char)('0' + millis % 10);
         self->ms_text[23] = 'Z';
-        self->ms_len = 24;
         self->ms = ms;
     }
-    memcpy(out, self->ms_text, self->ms_len);
-    *len = self->ms_len;
+    memcpy(out, self->ms_text, sizeof self->ms_text);
+    *len = sizeof self->ms_text;
     return 0;
 }
 
