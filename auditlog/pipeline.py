@@ -164,6 +164,46 @@ class AuditPipeline:
             if (until := self._timer_until) is None or pin.received_at + self._window < until:
                 self._poke_timer()
 
+    def lone(self, pin: PacketIn) -> bool:
+        """A read's only packet-in, as begin_batch, __call__ and end_batch take it (the same records, counts and
+        window timer), its record written first: when it makes one record the writer can write now, that write
+        begins before the bookkeeping (this pipeline's, and that of the demux and the reader, who call this). After
+        a quiet spell every step before a lone packet-in's write costs its latency tens of µs (bench/agent_path.py
+        --stages). False, nothing done, unless at full detail, with the C aggregator and a batching writer, and no
+        look at the backlog due at this packet-in."""
+        add_run, overload = self._add_run, self._overload
+        if add_run is None or self._batching is None or self._level or (overload is not None and self._countdown <= 1):
+            return False
+        out: list[Emission] = []
+        stop, truncated, last = add_run([pin], 0, 1, self._decode_frame, _RUN_LAYOUT, self.rule_packet_ins, out)
+        if not stop:  # not taken (__call__ says what is wrong with it)
+            self.begin_batch()
+            try:
+                self(pin)
+            finally:
+                self.end_batch()
+            return True
+        stats = self.stats
+        stats["packet_ins"] += 1
+        stats["decode_truncated"] += truncated
+        if overload is not None:
+            self._countdown -= 1
+        self._decoded = last
+        first: bool | None = None  # None: first() raised (as emit would have: not tried again)
+        try:
+            first = self._out.first(out)
+        finally:
+            self.begin_batch()
+            try:
+                if out and first is not None:
+                    if not first:
+                        self._emit(out)
+                    if (until := self._timer_until) is None or pin.received_at + self._window < until:
+                        self._poke_timer()
+            finally:
+                self.end_batch()
+        return True
+
     @property
     def takes_runs(self) -> bool:
         """Whether take_run can take packet-ins now: the aggregator has add_run and the level is full detail."""

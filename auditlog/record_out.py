@@ -46,6 +46,7 @@ class RecordOut:
         self._run: Callable[[list[Emission], int, list[RecordText]], int] | None = getattr(encoder, "encode_run",
                                                                                           None)
         self._writer = writer
+        self._write_now: Callable[[list[RecordText]], bool] | None = getattr(writer, "write_now", None)
         self._submit_many: Callable[[list[RecordText]], int] | None = getattr(writer, "submit_many", None)
         self.stats, self.rule_refused, self._distinct = stats, rule_refused, distinct
         self._drops = RateLimitedLog(log, 10.0)
@@ -69,6 +70,23 @@ class RecordOut:
             if j < n:
                 self._emit_each(emissions[j:j + 1])
             i = j + 1
+
+    def first(self, emissions: list[Emission]) -> bool:
+        """emit(emissions) for a lone packet-in's one emission, its record written now where the writer can write
+        it now (write_now), not in its read's batch (auditlog/pipeline.py AuditPipeline.lone): True once handled,
+        written or else submitted as emit submits it; False, nothing done, unless it is one full-detail emission
+        the C encoder takes. An encoder error raises as in emit, nothing made."""
+        run, write_now = self._run, self._write_now
+        if run is None or write_now is None or len(emissions) != 1:
+            return False
+        records: list[RecordText] = []
+        if run(emissions, 0, records) != 1:
+            return False
+        if write_now(records):
+            self.stats["records"] += 1
+        else:
+            self._submit_run(emissions, 0, records)
+        return True
 
     def _submit_run(self, emissions: list[Emission], start: int, records: list[RecordText]) -> None:
         """records[k] is emissions[start + k]'s (a full-detail key)."""

@@ -113,6 +113,16 @@ class FairShare:
         kept, _, category_drops, _ = self.admit_read((key,), now, 1)
         return ADMITTED if kept else DROPPED_CATEGORY if category_drops else DROPPED_FAIR_SHARE
 
+    def admits_any(self, now: float) -> bool:
+        """Whether a packet of any key is admitted at `now` (nothing taken): the category holds its reserve and one
+        token more, so a key past its share may borrow and one within it finds a token."""
+        category = self._tokens
+        if now - self._last > 0:
+            category += (now - self._last) * self.rate
+            if category > self.burst:
+                category = self.burst
+        return category >= self.reserve + 1
+
     def admit_read(self, keys: Iterable[Hashable], now: float, room: int) -> tuple[list[int], int, int, int]:
         """Each key of one read, in order, all at `now`, while `room` lasts: (the indexes admitted, how many
         keys were judged, how many of those were DROPPED_CATEGORY and how many DROPPED_FAIR_SHARE). The keys

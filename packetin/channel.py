@@ -29,7 +29,7 @@ from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.read_pacing import READ_TRICKLE, ReadPacer, read_batch
-from packetin.reader import GroupSink, PacketInReader, PacketInSink
+from packetin.reader import GroupSink, LoneSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
@@ -70,14 +70,16 @@ class OpenFlowChannel(BundleExchange):
                  on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
                  read_urgent: Callable[[], bool] = lambda: False,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 rng: random.Random | None = None) -> None:
-        """`on_groups` and `coarse`: while coarse() is True, the packet-ins of a read that a
-        coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py). `read_urgent`: while
-        it is True no read is followed by a paced pause (somebody waits for packet-ins: packetin/read_pacing.py)."""
+                 rng: random.Random | None = None, on_lone: LoneSink | None = None) -> None:
+        """`on_lone`: a read's only packet-in, taken (True) with its output before the read's bookkeeping
+        (PacketInReader.lone; the demux's lone). `on_groups` and `coarse`: while coarse() is True, the packet-ins
+        of a read that a coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py).
+        `read_urgent`: while it is True no read is followed by a paced pause (somebody waits for packet-ins:
+        packetin/read_pacing.py)."""
         self.settings = settings
         self._reader = PacketInReader(on_packet_ins, self._on_control, on_malformed=on_malformed,
                                       mono_clock=mono_clock, wall_clock=wall_clock, on_groups=on_groups,
-                                      coarse=coarse)
+                                      coarse=coarse, lone_sink=on_lone)
         self._mono = mono_clock
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -193,7 +195,8 @@ class OpenFlowChannel(BundleExchange):
         self._pacer = ReadPacer(lambda: self._reader.packet_ins, batch=read_batch(self.settings.target), delay_max=pace,
                                 trickle=self.settings.read_trickle, urgent=lambda: self.read_urgent()) \
             if pace > 0 else None
-        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer)
+        return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer,
+                              self._reader.lone if self._reader.lone_sink is not None else None)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
         # Fail waiting requests now: a handshake or replay must not sit out its timeout.

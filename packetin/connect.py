@@ -89,9 +89,13 @@ class OpenFlowStream(asyncio.Protocol):
     the poll set, and it goes back when a read is not followed by a pause (or brought nothing)."""
 
     def __init__(self, target: str, on_messages: MessagesSink,
-                 on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None) -> None:
+                 on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None,
+                 lone: Callable[[bytes], bool] | None = None) -> None:
         self._target = target
         self._on_messages = on_messages
+        # A read of exactly one whole message, nothing buffered before it: lone(message) may take it (True), as
+        # on_messages([message]) would, but with its output first (packetin/reader.py PacketInReader.lone).
+        self._lone = lone
         self._on_lost = on_lost
         self._framer = wire.Framer()
         self._pacer = pacer
@@ -108,6 +112,11 @@ class OpenFlowStream(asyncio.Protocol):
             self._tcp = sock
 
     def data_received(self, data: bytes) -> None:
+        lone = self._lone
+        if lone is not None and len(data) >= wire.OFP_HEADER_LEN and (data[2] << 8 | data[3]) == len(data) \
+                and self._framer.empty and lone(data):
+            self._after_read(len(data))
+            return
         # A big read (READ_BIG: we are behind, or near it) is asked how full it left the socket: two
         # syscalls, never for a lone packet-in's read. Asked before the messages are handled, which
         # lets more arrive.
@@ -125,8 +134,12 @@ class OpenFlowStream(asyncio.Protocol):
             except DecodeError as exc:
                 self._broken(exc)
                 return
+        self._after_read(len(data))
+
+    def _after_read(self, size: int) -> None:
+        """A read of `size` bytes is handled: with a pacer, pause reading for as long as it says."""
         if self._pacer is not None:
-            delay = self._pacer.after_read(len(data))
+            delay = self._pacer.after_read(size)
             transport = self.transport
             if delay and transport is not None and not transport.is_closing() and self._resume is None:
                 if transport.is_reading():  # not when this read came from _paced_read's timer

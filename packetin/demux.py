@@ -110,6 +110,8 @@ class _Subscription:
     # The handler's handle_run (None: it has none): a slice's packet-ins in one call, see _drain_runs.
     run_handler: RunHandler | None = None
     failed: Callable[[], None] | None = None  # logs a packet-in the handler failed on (from inside its except)
+    # The handler's lone (None: it has none): a read's only packet-in, its output before the bookkeeping (`lone`).
+    lone: Callable[[PacketIn], bool] | None = None
 
 
 def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
@@ -154,6 +156,7 @@ class Demux:
             begin_batch=getattr(handler, "begin_batch", None),
             end_batch=getattr(handler, "end_batch", None),
             run_handler=getattr(handler, "handle_run", None),
+            lone=getattr(handler, "lone", None),
         )
         sub.failed = partial(self._handler_failed, sub)
         if fair is not None:
@@ -214,6 +217,40 @@ class Demux:
                 counts[DROPPED_QUEUE if limited_by_queue else DROPPED_RATE] += n - admitted
             if admitted:
                 self._hand_over(sub, group if admitted == n else group[:admitted])
+
+    def lone(self, pin: PacketIn, now: float) -> bool:
+        """dispatch([pin], now) for a read whose only packet-in the channel admits whatever its key (an empty
+        channel handled inline; its bucket, or its fair shares' category above the reserve, holding a token):
+        its handler's `lone` takes it, which puts its output (the audit record) first, and the counts and
+        admission come after, as dispatch leaves them. False, nothing done, when the handler has no lone or
+        declines, or admission is not certain."""
+        category = pin.category
+        sub = self._subs.get(category) if category is not None else None
+        if sub is None or sub.lone is None or sub.queue or sub.task is None or self._inline_max < 1 \
+                or sub.in_groups >= sub.queue_size:
+            return False
+        fair = sub.fair
+        if not (fair.admits_any(now) and sub.fair_key is not None if fair is not None else sub.bucket.tokens(now) >= 1):
+            return False
+        failed = False
+        try:
+            if not sub.lone(pin):
+                return False
+        except Exception:  # taken, failed: as a batch of one counts it
+            failed = True
+            self._handler_failed(sub)
+        counts = sub.counts
+        counts[RECEIVED] += 1
+        if fair is not None:
+            keys = sub.fair_keys([pin]) if sub.fair_keys is not None else [sub.fair_key(pin)]  # type: ignore[misc]
+            admitted = len(self._fair_indexes(sub, keys, 1, sub.queue_size - sub.in_groups, now))
+        else:
+            admitted = sub.bucket.take_up_to(now, 1)
+        if not admitted:  # not expected: admission was certain before the handler ran
+            self._errors.log(logging.ERROR, f"lone-{sub.category}", "subscriber %s: a lone packet-in was handled "
+                             "but not admitted after (category %d)", sub.name, sub.category)
+        counts[HANDLER_ERROR if failed else DELIVERED] += 1
+        return True
 
     def dispatch_groups(self, groups: Iterable[PacketInGroup], now: float) -> None:
         """Admit groups of packet-ins as `dispatch` admits their packet-ins, in order: each

@@ -24,6 +24,8 @@ from packetin.model import PacketIn
 log = logging.getLogger(__name__)
 
 PacketInSink = Callable[[list[PacketIn], float], None]
+# A read's only packet-in and the read's time: True once taken (output first, counts after: Demux.lone).
+LoneSink = Callable[[PacketIn, float], bool]
 GroupSink = Callable[[list[PacketInGroup], float], None]
 
 # Input pressure: full reads one after another, at least PRESSURE_READS of them over
@@ -76,8 +78,10 @@ class PacketInReader:
                  on_malformed: Callable[[int], None] = lambda n: None,
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
-                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False) -> None:
+                 on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
+                 lone_sink: LoneSink | None = None) -> None:
         self._sink = sink
+        self.lone_sink = lone_sink
         self._on_control = on_control
         self._on_malformed = on_malformed
         self._mono = mono_clock
@@ -123,6 +127,27 @@ class PacketInReader:
         if batch:
             self.packet_ins += len(batch)
             self._sink(batch, now)
+
+    def lone(self, raw: bytes) -> bool:
+        """on_messages([raw]) for a read whose one message `raw` is an NXT_PACKET_IN2, its packet-in handed to
+        `lone_sink` (the demux's lone), which writes its record before the bookkeeping: this read's counts come
+        after it. False, nothing done, without a lone_sink, or when the packet-in cannot be decoded here (the read
+        then goes to on_messages, which says why) or the sink declines it."""
+        sink = self.lone_sink
+        if sink is None or not wire.is_packet_in2(raw):
+            return False
+        now = self._mono()
+        try:
+            pin = self._decode(raw, self._wall())
+        except DecodeError:
+            return False
+        if not sink(pin, now):
+            return False
+        self.last_rx = now
+        self.reads += 1
+        self._full_since = None
+        self.packet_ins += 1
+        return True
 
     def _grouped(self, msgs: list[bytes], now: float) -> None:
         wall = self._wall()

@@ -54,6 +54,11 @@ class Framer:
         self._error: DecodeError | None = None
 
     @property
+    def empty(self) -> bool:
+        """True while nothing is buffered (no part of a message) and the stream can be framed."""
+        return not self._buf and self._error is None
+
+    @property
     def failed(self) -> bool:
         """True once the stream cannot be framed any more (drop the connection)."""
         return self._error is not None

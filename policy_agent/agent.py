@@ -145,8 +145,8 @@ class Agent:
                             read_pace_max=config.openflow.read_pace_max),
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
-            # In audit overload a read's packet-ins come in groups; while a trace waits for its copies none is paced.
-            on_groups=self.demux.dispatch_groups,
+            # Overload: a read's packet-ins in groups; a lone one: its record first (Demux.lone); no pacing in a trace.
+            on_groups=self.demux.dispatch_groups, on_lone=self.demux.lone,
             coarse=lambda: self.audit is not None and self.audit.coarse, read_urgent=lambda: self.traceflow.waiting(),
         )
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)

@@ -273,3 +273,28 @@ def test_after_a_slow_inline_write_records_go_through_the_thread_for_a_while(liv
     assert seen.by(THREAD) == ["e0", "e3", "e4"]
     assert w.stats["inline_backoffs"] == 1  # npaudit_audit_writer_total{event="inline_backoffs"}: said, not only logged
     assert ids(live) == [f"e{i}" for i in range(6)]
+
+
+def test_write_now_writes_as_a_released_batch_would_and_otherwise_leaves_everything_to_the_caller(live, make_writer):
+    """write_now (a lone packet-in's record, auditlog/pipeline.py AuditPipeline.lone): written on the caller's thread
+    when hold, submit_many and release would have written it inline; else False with nothing queued, pending or
+    written (the caller then submits): while a batch is held, with more records than the queue takes, while the
+    thread writes, and with inline writes off."""
+    w = make_writer(live, inline_gap=0.0, monotonic=frozen, queue_size=3)
+    seen = WriteThreads(w)
+    assert w.submit(record(0)) and w.flush_wait(HANG_GUARD)  # the first write learns the file's size: thread
+    assert w.write_now([record(1), record(2)])
+    assert ids(live) == ["e0", "e1", "e2"] and seen.by(MAIN) == ["e1", "e2"]
+    w.hold()
+    assert not w.write_now([record(3)])
+    assert w.release() == 0
+    assert not w.write_now([record(i) for i in range(3, 7)])  # more than the queue takes
+    with w._io_lock:  # the thread writing
+        assert not w.write_now([record(3)])
+    assert ids(live) == ["e0", "e1", "e2"] and w.queued == 0 and not w._pending
+    assert w.write_now([record(3)]) and ids(live)[-1] == "e3"
+    assert w.stats["written"] == 4 and verify([live]).ok
+
+    never = make_writer(live.with_name("other.jsonl"), inline_gap=None)
+    assert never.submit(record(0)) and never.flush_wait(HANG_GUARD)
+    assert not never.write_now([record(1)]) and never.queued == 0
