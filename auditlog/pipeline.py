@@ -16,11 +16,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Callable, Sequence, cast
+from typing import Callable, cast
 
 from auditlog.aggregate import AggregateKey, Aggregation, AggregatorStats, Emission
-from auditlog.overload import FULL, LEVEL_NAMES, PEERS, Overload, OverloadStats
+from auditlog.coarse_keys import CoarseKeys
+from auditlog.overload import FULL, Overload, OverloadStats
 from auditlog.packet import PacketSummary, decode_frame, flow_key, group_lasts
 from auditlog.record import RecordContext, RecordEncoder
 from auditlog.record_fast import fast_encoder, frame_decoder
@@ -80,7 +80,7 @@ def _second(group: PacketInGroup) -> tuple[PacketIn, PacketSummary]:
     return pin, decode_frame(pin.packet)
 
 
-class AuditPipeline:
+class AuditPipeline(CoarseKeys):
     def __init__(self, ctx: RecordContext, writer: RecordSink, aggregator: Aggregation,
                  wall_clock: Callable[[], float] = time.time, overload: Overload | None = None,
                  window_slack: float = 0.0) -> None:
@@ -243,21 +243,6 @@ class AuditPipeline:
                 self._emit(out)
                 self._poke_timer()  # once a run: it looks at whether the soonest window now closes sooner
 
-    def _coarse(self, pin: PacketIn) -> None:
-        """Account one packet-in under the coarser key of the current overload level."""
-        summary = self._decode_frame(pin.packet)
-        self._decoded = (pin, summary)
-        stats = self.stats
-        if summary.truncated:
-            stats["decode_truncated"] += 1
-        stats["packet_ins"] += 1
-        by_rule = self.rule_packet_ins
-        by_rule[pin.rule_id] = by_rule.get(pin.rule_id, 0) + 1
-        key, prefix = self._coarse_key(pin, summary)
-        emissions = self._agg.add(key, (pin, summary), pin.total_len, pin.received_at, True)
-        last = summary.dst_port if summary.dst_port is not None else summary.icmp_type
-        self._coarse_counted(key, emissions, prefix, (last,))
-
     def handle_group(self, group: PacketInGroup) -> None:
         """Packet-ins the reader grouped in overload (packetin/groups.py): the same records and
         counts as one call per packet-in under the current coarse key, for one decoded frame.
@@ -282,49 +267,6 @@ class AuditPipeline:
         emissions = self._agg.add_many(key, (sample, summary), len(lasts), sample.total_len, sample.received_at,
                                        lambda: _second(group))
         self._coarse_counted(key, emissions, prefix, lasts)
-
-    def _coarse_key(self, pin: PacketIn, summary: PacketSummary) -> tuple[tuple, tuple]:
-        """(the aggregation key at the current level, the full-detail key without its last field)."""
-        rule_id = pin.rule_id
-        disposition = pin.reg7 & DISPOSITION_BITS
-        src, dst, protocol = summary.src_ip, summary.dst_ip, summary.protocol
-        prefix = (rule_id, disposition, src, dst, protocol)
-        level = self._level
-        if level == PEERS:
-            # Keep the end the rule protects (the applied-to Pod), drop the other.
-            direction = self._direction(rule_id)
-            src = src if direction == "egress" else None
-            dst = dst if direction == "ingress" else None
-        return (LEVEL_NAMES[level], rule_id, disposition, src, dst, protocol), prefix
-
-    def _coarse_counted(self, key: tuple, emissions: list[Emission], prefix: tuple, lasts: Sequence) -> None:
-        """Write what the packet-ins' add closed; note their full-detail keys (but the "first"
-        packet's, which has a record of its own) among those the key's open window covers."""
-        if emissions:
-            self._emit(emissions)
-            self._poke_timer()
-            if any(e.key is key and e.kind == "first" for e in emissions):
-                lasts = lasts[1:]
-        if lasts:
-            distinct = self._distinct.get(key)
-            if distinct is None:
-                distinct = self._distinct[key] = set()
-            if len(lasts) == 1:
-                distinct.add((*prefix, lasts[0]))
-            else:
-                distinct.update(zip(*(repeat(v) for v in prefix), lasts))
-
-    def _direction(self, rule_id: int) -> str:
-        direction = self._directions.get(rule_id)
-        if direction is None:
-            rule = self._rules.get(rule_id) if rule_id else None
-            value = getattr(rule, "direction", None) if rule is not None else None
-            direction = str(getattr(value, "value", value) or "").lower()
-            if rule is not None:
-                if len(self._directions) >= 4096:
-                    self._directions.clear()
-                self._directions[rule_id] = direction
-        return direction
 
     def begin_batch(self) -> None:
         """The packet-ins up to `end_batch` came in one read: their records go to the writer together, and the

@@ -182,7 +182,7 @@ class AuditWriter:
         if self._holding or not pending:
             return 0
         self._pending = []
-        if self._inline_gap is not None and self._write_now(pending):
+        if self.write_now(pending):
             return len(pending)
         self._queue.extend(pending)
         if not self._wake.is_set():
@@ -190,16 +190,11 @@ class AuditWriter:
         return len(pending)
 
     def write_now(self, records: list[RecordText]) -> bool:
-        """What hold, submit_many(records) and release do when release writes them inline, without the batch: True
-        once they are written (or handed to the thread by a failed write, as release hands them), False with
-        nothing done but the submit time noted (the caller then submits them in a batch). A lone packet-in's
-        record comes here first (auditlog/pipeline.py AuditPipeline.lone): its write begins before the
-        bookkeeping of its read."""
+        """hold, submit_many(records) and release, when release writes inline (as it does): True once written (or
+        handed to the thread by a failed write), else False, nothing done but the submit time noted. A lone
+        packet-in's record comes here first (AuditPipeline.lone), its write before its read's bookkeeping."""
         if self._inline_gap is None or self._holding or self._pending or len(records) > self.queue_size:
             return False
-        return self._write_now(records)
-
-    def _write_now(self, records: list[RecordText]) -> bool:
         now = self._monotonic()
         self._last_submit = now
         return now >= self._inline_from and not self._queue and self._write_inline(records)

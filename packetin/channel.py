@@ -378,25 +378,14 @@ class OpenFlowChannel(BundleExchange):
         """True while reads keep coming back with PRESSURE_MESSAGES or more (packetin/reader.py)."""
         return self._reader.input_pressed()
 
-    @property
-    def packet_ins(self) -> int:
-        return self._reader.packet_ins
-
-    @property
-    def malformed(self) -> int:
-        return self._reader.malformed
-
-    @property
-    def grouped(self) -> int:
-        return self._reader.grouped
-
-    @property
-    def pressed_reads(self) -> int:
-        return self._reader.pressed_reads
-
-    @property
-    def reads(self) -> int:
-        return self._reader.reads
+    # The reader's counters (one reader over every connection).
+    packet_ins = property(lambda self: self._reader.packet_ins, doc="Packet-ins read")
+    malformed = property(lambda self: self._reader.malformed, doc="Messages that could not be decoded")
+    grouped = property(lambda self: self._reader.grouped, doc="Packet-ins handed over in groups (overload)")
+    pressed_reads = property(lambda self: self._reader.pressed_reads, doc="Full reads (input pressure)")
+    reads = property(lambda self: self._reader.reads, doc="Reads of the socket")
+    lone_reads = property(lambda self: self._reader.lone_reads, doc="Reads of one packet-in taken by the lone "
+                          "path (PacketInReader.lone)")
 
     @property
     def paced_reads(self) -> int:

@@ -26,6 +26,9 @@ from typing import Any, Callable, Iterable, cast
 
 from meters.fair_share import FairShare
 from meters.token_bucket import TokenBucket
+from packetin.demux_counts import (DELIVERED, DROPPED_FAIR, DROPPED_QUEUE, DROPPED_RATE, HANDLER_ERROR, MALFORMED,
+                                   NO_SUBSCRIBER, OUTCOMES, RECEIVED, UNKNOWN_CATEGORY, UNROUTABLE_REASONS,
+                                   FairShareSettings, FairShareStats)
 from packetin.groups import PacketInGroup
 from packetin.layouts import common_category
 from packetin.model import Category, PacketIn
@@ -37,21 +40,6 @@ Handler = Callable[[PacketIn], None]
 # handle_run(items, start, end, failed) -> (stop, failures): items[start:stop] handled as the handler would have
 # each one by one, stop at the first PacketInGroup (or end); `failed` called inside each failure's except.
 RunHandler = Callable[[list[Any], int, int, Callable[[], None]], tuple[int, int]]
-
-# Outcomes counted per category (exported as npaudit_packetin_total{category,outcome}).
-RECEIVED = "received"
-DELIVERED = "delivered"
-DROPPED_RATE = "dropped_rate_limit"
-DROPPED_QUEUE = "dropped_queue_full"
-HANDLER_ERROR = "handler_error"
-DROPPED_FAIR = "dropped_fair_share"  # past its key's fair share while the category was down to its reserve
-OUTCOMES = (RECEIVED, DELIVERED, DROPPED_RATE, DROPPED_QUEUE, HANDLER_ERROR, DROPPED_FAIR)
-
-# Packet-ins that never reach a category (npaudit_packetin_unroutable_total{reason}).
-UNKNOWN_CATEGORY = "unknown_category"
-NO_SUBSCRIBER = "no_subscriber"
-MALFORMED = "malformed"
-UNROUTABLE_REASONS = (UNKNOWN_CATEGORY, NO_SUBSCRIBER, MALFORMED)
 
 _KNOWN = frozenset(int(c) for c in Category)
 
@@ -65,27 +53,6 @@ _CONSUMER_SLICE = 512
 INLINE_MAX = 2 * READ_BATCH_TCP - 1
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FairShareSettings:
-    """Fair admission between keys of one category (meters/fair_share.py).
-
-    `key` runs on every packet-in of the category before admission: it must be cheap
-    (the agent gives (rule id, applied-to Pod) from reg6, in_port and the frame).
-    """
-
-    key: Callable[[PacketIn], Hashable]
-    key_rate: float
-    key_burst: float
-    max_keys: int
-
-
-@dataclass(frozen=True)
-class FairShareStats:
-    keys: int      # keys tracked now
-    evicted: int   # keys dropped from the LRU to stay within max_keys
-    borrowed: int  # packet-ins admitted past their key's share, from the category's excess
 
 
 @dataclass(slots=True)

@@ -95,6 +95,7 @@ class PacketInReader:
         self.packet_ins = 0
         self.malformed = 0
         self.reads = 0
+        self.lone_reads = 0  # reads of one packet-in taken by `lone` (its record written before the read's counts)
         self.pressed_reads = 0  # full reads (PRESSURE_MESSAGES or more, the socket left PRESSURE_BACKLOG full)
         self.grouped = 0  # packet-ins handed over in groups
         self.decoder = PacketIn2Decoder()
@@ -145,6 +146,7 @@ class PacketInReader:
             return False
         self.last_rx = now
         self.reads += 1
+        self.lone_reads += 1
         self._full_since = None
         self.packet_ins += 1
         return True

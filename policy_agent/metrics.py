@@ -78,6 +78,8 @@ class AgentCollector:
                                   value=ch.malformed)
         yield CounterMetricFamily("npaudit_openflow_reads", "Reads of the OpenFlow socket (agent wake-ups for it)",
                                   value=ch.reads)
+        yield CounterMetricFamily("npaudit_openflow_reads_lone", "Reads that brought one packet-in, taken by the "
+                                  "lone path: its record written before the read's bookkeeping", value=ch.lone_reads)
         yield CounterMetricFamily("npaudit_openflow_reads_paced", "Reads in a flood of packet-ins followed by a "
                                   "pause so that the next read takes many (openflow.read_pace_max)",
                                   value=ch.paced_reads)

@@ -15,9 +15,9 @@ def test_the_stages_of_a_lone_packet_in_come_in_the_paths_order_and_every_record
     got = bench.measure(ROOT, 12, 1, idle=0.001, stages=True)
     assert got["records"] == 12
     stages = list(got["stages_us"])
-    order = ["dispatch>", "begin_batch>", "<begin_batch", "emit>", "<emit", "end_batch>", "release>",
-             "seal_and_write>", "os_write>", "<os_write", "<seal_and_write", "<release", "<end_batch", "<dispatch",
-             "read_end"]
+    # The lone path (Demux.lone): the record's write first, then the read's batch (its bookkeeping) after it
+    order = ["lone>", "write_inline>", "seal_and_write>", "os_write>", "<os_write", "<seal_and_write", "<write_inline",
+             "begin_batch>", "<begin_batch", "end_batch>", "release>", "<release", "<end_batch", "<lone", "read_end"]
     assert stages == order, stages  # each probe fired on every read, in this order
     times = [got["stages_us"][s] for s in order]
     assert times == sorted(times) and times[0] > 0
