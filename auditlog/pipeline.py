@@ -188,7 +188,8 @@ class AuditPipeline(CoarseKeys):
         stats["decode_truncated"] += truncated
         if overload is not None:
             self._countdown -= 1
-        self._decoded = last
+        if last is not None:
+            self._decoded = last
         first: bool | None = None  # None: first() raised (as emit would have: not tried again)
         try:
             first = self._out.first(out)

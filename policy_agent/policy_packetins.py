@@ -97,19 +97,21 @@ class PolicyPacketIns:
 
     def lone(self, pin: PacketIn) -> bool:
         """A read's only packet-in, taken as the demux takes a batch of one (begin_batch, __call__, end_batch) when
-        it is a plain logged packet-in that only the audit pipeline acts on now (no trace packet lately, the offload
-        idle, no tap): the pipeline's lone, which writes its record before the bookkeeping. False, nothing done,
-        otherwise."""
+        it is a plain logged packet-in and no trace packet came lately (no tap: the pipeline is _runs): the
+        pipeline's lone, which writes its record before the bookkeeping, then the offload where it runs, as
+        __call__ calls them. False, nothing done, otherwise."""
         pipeline = self._runs
         if pipeline is None or self._batched != self._run_alone or self._run_end([pin], 0, 1) != 1:
             return False
         if self._suppress is not None and (self._may_suppress is None or self._may_suppress()):
             return False
         offload = self._offload
-        if (self._logged_idle_offload if offload is not None and not offload.active else self._logged) \
-                != self._run_alone:
+        acting = self._logged_idle_offload if offload is not None and not offload.active else self._logged
+        if acting[0] is not pipeline or not pipeline.lone(pin):
             return False
-        return bool(pipeline.lone(pin))
+        for handler in acting[1:]:  # the offload (never a tap here), after the pipeline as in __call__
+            handler(pin)
+        return True
 
     def handle_run(self, items: list[Any], start: int, end: int, failed: Callable[[], None]) -> tuple[int, int]:
         """items[start:end] one read's, in order, as the demux would hand each to __call__, up to the first
