@@ -107,7 +107,8 @@ class PolicyPacketIns:
             return False
         offload = self._offload
         acting = self._logged_idle_offload if offload is not None and not offload.active else self._logged
-        if acting[0] is not pipeline or not pipeline.lone(pin):
+        take = pipeline.lone
+        if acting[0] is not pipeline or not take(pin):
             return False
         for handler in acting[1:]:  # the offload (never a tap here), after the pipeline as in __call__
             handler(pin)
