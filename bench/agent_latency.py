@@ -19,6 +19,9 @@ punix:<rundir>/br-int.npaudit); the floor over the same transport by default (ov
 controller target, which OVS keeps listening on once the agent is stopped, from the namespace OVS runs in), or
 over the bridge's .mgmt unix socket (--floor-transport mgmt, what this bench did before 2026-12-05).
 
+The agent's phase also says how many reads of the OpenFlow socket it took and how many of them its lone path took
+(a read of one plain logged packet-in, its record written before the read's bookkeeping: packetin/reader.py).
+
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
 this is one round of each: compare them within one run only.
 
@@ -62,7 +65,7 @@ from _wake_trace import WakeTrace, episodes, timeline  # noqa: E402
 from agent_cpu import build_info  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
-from tests.support.overload_scenario import new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
+from tests.support.overload_scenario import agent_counts, new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
 from tests.support.ovn import OvnStack, acl_drop_port, fetch as fetch_ovn, version as ovn_version  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -247,8 +250,13 @@ def main() -> int:
         settled(cluster)
         encoder = build_info(cluster.metrics_port)["record_encoder"]  # type: ignore[attr-defined]
         transport = agent_transport(cluster.dir / "agent.log")
+        before = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
         agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port,
                       trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
+        after = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
+        agent["reads"], agent["lone_reads"] = (  # reads of the phase, and those the lone path took (record first)
+            round(after.get(k, 0.0) - before.get(k, 0.0)) for k in ("npaudit_openflow_reads_total",
+                                                                     "npaudit_openflow_reads_lone_total"))
         cluster.stop_agent()
         floor_file = work / "floor.lines"
         floor_cmd, floor_transport = floor_reader(cluster.config, args.floor_transport)
