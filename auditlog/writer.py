@@ -190,9 +190,9 @@ class AuditWriter:
         return len(pending)
 
     def write_now(self, records: list[RecordText]) -> bool:
-        """hold, submit_many(records) and release, when release writes inline (as it does): True once written (or
-        handed to the thread by a failed write), else False, nothing done but the submit time noted. A lone
-        packet-in's record comes here first (AuditPipeline.lone), its write before its read's bookkeeping."""
+        """Write `records` inline as release writes a held batch (release calls this): True once written (or handed
+        to the thread by a failed write), else False, nothing done but the submit time noted. A lone packet-in's
+        record comes here first (AuditPipeline.lone), its write before its read's bookkeeping."""
         if self._inline_gap is None or self._holding or self._pending or len(records) > self.queue_size:
             return False
         now = self._monotonic()

@@ -10,7 +10,8 @@ told where each slice of its channel starts and ends (so it can hand its output 
 once per slice). Grouped packet-ins (packetin/groups.py, read in overload) go
 through `dispatch_groups`: a group is one item of its channel but takes as much of
 its room as it holds packet-ins, and goes to the handler's `handle_group`, or one
-by one to a handler without it; every count stays per packet-in.
+by one to a handler without it; every count stays per packet-in. A read of one packet-in may come through `lone`
+instead: its handler's output (the audit record) first, the same counts after.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ packet-in sink on the event-loop thread; any other message goes to the channel's
 handler. While the consumer says it is coarse (the audit pipeline in overload), the
 packet-ins a coarse record cannot tell apart are handed over as groups instead, only the
 first of each decoded (packetin/groups.py). The reader also measures input pressure: reads
-that keep bringing many messages at once mean OVS's queue towards us stays full.
+that keep bringing many messages at once mean OVS's queue towards us stays full. A read of one packet-in may go
+to `lone` first (the stream offers it): its record is written before this read's counts.
 """
 
 from __future__ import annotations
