@@ -30,7 +30,9 @@ and writing, the file write itself (os_write) begin and end, and the read's end.
 is timed by a wrapper around the agent's own method, which costs a little itself. Then `c_calls`: after the same
 sleep, only the path's calls into C, one after the other on a fresh packet-in, each timed: the learned-layout
 decode, the aggregator's add_run, the encoder's encode_run, the sealer's seal_run and the line's write(2). What the
-lone path would still pay, cold, if nothing but those calls ran between the read and the write.
+lone path would still pay, cold, if nothing but those calls ran between the read and the write. Every other
+packet-in takes the same calls from one C function instead (bench/_c_chain.c, built with gcc at run time:
+`one_call_*`): no Python bytecode between them, what the pieces themselves cost a lone path written in C.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
-C_CALLS = 300  # --stages: packet-ins through the C calls alone
+C_CALLS = 300  # --stages: packet-ins through the C calls alone (every other one from one C function)
 
 
 def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: float = 0.0, front: bool = False,
@@ -256,12 +258,20 @@ def _c_calls(reader: Any, pipeline: Any, writer: Any, msgs: list[bytes], work: P
     encode_run = getattr(pipeline.encoder, "encode_run", None)
     if seal is None or add_run is None or encode_run is None:
         return {}
+    one_call = _c_chain(work).chain
     fd = os.open(work / "c_calls.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     seq, chain = 0, GENESIS
     took: dict[str, list[float]] = {}
     try:
         for i, msg in enumerate(msgs):
             time.sleep(idle)
+            if i % 2:  # the same calls from one C function, nothing between them (bench/_c_chain.c)
+                ns, (_, seq, chain) = one_call(decode, msg, time.time, add_run, pipeline._decode_frame, _RUN_LAYOUT,
+                                               pipeline.rule_packet_ins, encode_run, seal, seq, chain, CHAIN_KEY, fd)
+                if i >= 5:
+                    for label, v in zip(_C_CALL_STEPS, ns):
+                        took.setdefault("one_call_" + label, []).append(v / 1000)
+                continue
             t0 = clock()
             pin = decode(msg, time.time())
             t1 = clock()
@@ -277,12 +287,33 @@ def _c_calls(reader: Any, pipeline: Any, writer: Any, msgs: list[bytes], work: P
             os.write(fd, (lines[0] + "\n").encode())
             t5 = clock()
             if i >= 5:
-                for label, ns in (("decode", t1 - t0), ("add_run", t2 - t1), ("encode_run", t3 - t2),
-                                  ("seal_run", t4 - t3), ("write", t5 - t4), ("all", t5 - t0)):
-                    took.setdefault(label, []).append(ns / 1000)
+                for label, t in zip(_C_CALL_STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
+                    took.setdefault(label, []).append(t / 1000)
     finally:
         os.close(fd)
     return {label: round(statistics.median(v), 1) for label, v in took.items()}
+
+
+_C_CALL_STEPS = ("decode", "add_run", "encode_run", "seal_run", "write", "all")
+
+
+def _c_chain(work: Path) -> Any:
+    """bench/_c_chain.c built with gcc into `work` (an extension of this interpreter) and imported."""
+    import importlib.util
+    import sysconfig
+
+    so = work / ("_c_chain" + str(sysconfig.get_config_var("EXT_SUFFIX")))
+    done = subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                           "-o", str(so), str(Path(__file__).resolve().parent / "_c_chain.c")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"gcc could not build bench/_c_chain.c:\n{done.stderr}")
+    spec = importlib.util.spec_from_file_location("_c_chain", so)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {so}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def child(root: Path, n: int, per_read: int, compare: bool = False, idle_ms: float = 0.0, fair: bool = False,
