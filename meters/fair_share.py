@@ -116,12 +116,16 @@ class FairShare:
     def admits_any(self, now: float) -> bool:
         """Whether a packet of any key is admitted at `now` (nothing taken): the category holds its reserve and one
         token more, so a key past its share may borrow and one within it finds a token."""
+        return self._category_at(now) >= self.reserve + 1
+
+    def _category_at(self, now: float) -> float:
+        """The category's tokens refilled to `now`, nothing taken (a clock going backwards adds none)."""
         category = self._tokens
         if now - self._last > 0:
             category += (now - self._last) * self.rate
             if category > self.burst:
                 category = self.burst
-        return category >= self.reserve + 1
+        return category
 
     def admit_read(self, keys: Iterable[Hashable], now: float, room: int) -> tuple[list[int], int, int, int]:
         """Each key of one read, in order, all at `now`, while `room` lasts: (the indexes admitted, how many
@@ -137,12 +141,8 @@ class FairShare:
         lookup, to_end = table.get, table.move_to_end
         key_rate, key_burst, max_keys = self.key_rate, self.key_burst, self.max_keys
         borrow_from = self.reserve + 1
-        category = self._tokens
+        category = self._category_at(now)
         refilled = now - self._last > 0
-        if refilled:
-            category += (now - self._last) * self.rate
-            if category > self.burst:
-                category = self.burst
         judged = category_drops = fair_drops = evicted = borrowed = 0
         last_key: Hashable = _NO_KEY
         own: list[float] = []

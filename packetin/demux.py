@@ -198,7 +198,8 @@ class Demux:
                 or sub.in_groups >= sub.queue_size:
             return False
         fair = sub.fair
-        if not (fair.admits_any(now) and sub.fair_key is not None if fair is not None else sub.bucket.tokens(now) >= 1):
+        certain = sub.bucket.tokens(now) >= 1 if fair is None else sub.fair_key is not None and fair.admits_any(now)
+        if not certain:
             return False
         failed = False
         try:

@@ -131,10 +131,11 @@ class PacketInReader:
             self._sink(batch, now)
 
     def lone(self, raw: bytes) -> bool:
-        """on_messages([raw]) for a read whose one message `raw` is an NXT_PACKET_IN2, its packet-in handed to
-        `lone_sink` (the demux's lone), which writes its record before the bookkeeping: this read's counts come
-        after it. False, nothing done, without a lone_sink, or when the packet-in cannot be decoded here (the read
-        then goes to on_messages, which says why) or the sink declines it."""
+        """on_messages([raw]) for a read whose one message `raw` is an NXT_PACKET_IN2: its packet-in handed to
+        `lone_sink` (the demux's lone), which writes its record before the bookkeeping, this read's counts after
+        it; one the lone sink declines goes to the batch sink as on_messages hands it, decoded once. False,
+        nothing done, without a lone_sink, or when it is no packet-in decoded here (the read then goes to
+        on_messages, which says why)."""
         sink = self.lone_sink
         if sink is None or not wire.is_packet_in2(raw):
             return False
@@ -143,13 +144,15 @@ class PacketInReader:
             pin = self._decode(raw, self._wall())
         except DecodeError:
             return False
-        if not sink(pin, now):
-            return False
+        taken = sink(pin, now)
         self.last_rx = now
         self.reads += 1
-        self.lone_reads += 1
         self._full_since = None
         self.packet_ins += 1
+        if taken:
+            self.lone_reads += 1
+        else:
+            self._sink([pin], now)
         return True
 
     def _grouped(self, msgs: list[bytes], now: float) -> None:

@@ -57,8 +57,12 @@ def test_a_lone_read_leaves_the_reader_as_on_messages_does_and_a_refused_one_lea
         assert got["lone"] == got["read"] and lone.lone_reads == lone_reads and read.lone_reads == 0
 
 
-def test_a_declined_packet_in_changes_nothing_and_goes_to_on_messages() -> None:
+def test_a_declined_packet_in_goes_to_the_batch_sink_decoded_once_and_counted_as_on_messages_counts_it() -> None:
     taken: list[Any] = []
+    decoded: list[bytes] = []
     r = PacketInReader(lambda batch, now: taken.extend(batch), lambda raw: None, lone_sink=lambda pin, now: False)
-    assert not r.lone(packet_in(9))
-    assert (r.reads, r.packet_ins, r.lone_reads, taken) == (0, 0, 0, [])
+    real = r._decode
+    r._decode = lambda raw, wall: (decoded.append(raw), real(raw, wall))[1]  # type: ignore[method-assign]
+    assert r.lone(packet_in(9))
+    assert (r.reads, r.packet_ins, r.lone_reads) == (1, 1, 0)
+    assert [p.total_len for p in taken] == [len(frame("10.0.0.1", "10.0.0.2", "udp", 9))] and len(decoded) == 1

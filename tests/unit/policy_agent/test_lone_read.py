@@ -87,7 +87,6 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
         reader = PacketInReader(demux.dispatch, lambda raw: None, on_malformed=demux.count_malformed,
                                 mono_clock=lambda: mono[0], wall_clock=lambda: wall[0],
                                 lone_sink=demux.lone if lone else None)
-        taken = 0
         for kind, port, step in steps:
             wall[0] += step
             mono[0] += step
@@ -108,9 +107,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
                 if kind == "starve":  # the channel's tokens spent: admission not certain
                     for _ in range(8):
                         demux.dispatch([reader._decode(msg("drop", port), wall[0])], mono[0])
-                if lone and reader.lone(raw):
-                    taken += 1
-                else:
+                if not (lone and reader.lone(raw)):  # as OpenFlowStream.data_received
                     reader.on_messages([raw])
             finally:
                 if busy is not None:
@@ -130,7 +127,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
             "pipeline": (dict(pipeline.stats), dict(pipeline.rule_packet_ins), overload.level, overload.entered),
             "writer": {k: v for k, v in writer.stats.items() if k != "batches"},
             "dispatcher": (dispatcher.answered, dispatcher.unanswerable), "offload": list(offload.seen),
-            "taken": taken,
+            "taken": reader.lone_reads,
         }
 
     return asyncio.run(run())
