@@ -1,5 +1,11 @@
 """`npaudit cluster`'s node agents as processes: started detached, found again by pid file and command line,
-asked whether they are ready, and, for one that ended while `up` waited, how it ended."""
+asked whether they are ready, and, for one that ended while `up` waited, how it ended.
+
+`up` keeps the Popen of each agent it started (`_STARTED`): a Popen dropped while its child runs goes to
+subprocess's own list, and the next Popen of the process (any `ip netns ...`) reaps the child if it has ended,
+so its exit status was lost and `up` could say only that it "exited". Held, the child is reaped here and
+nowhere else, and whether it still runs is its own status, not a look at /proc that can fail for other
+reasons."""
 
 from __future__ import annotations
 
@@ -31,14 +37,28 @@ def agent_pid(node: NodePlan) -> int | None:
     return pid if str(node.config_path).encode() in cmdline and b"agent" in cmdline else None
 
 
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}  # pid -> the agent this process started (module docstring)
+
+
 def start_agent(node: NodePlan) -> int:
     """`npaudit agent --config DIR/<node>/npaudit.yaml`, detached (a session of its own), output to its log."""
     with open(node.log_path, "ab") as log, open(os.devnull, "rb") as null:
         proc = subprocess.Popen([sys.executable, "-m", "policy_agent.cli.main", "agent", "--config",
                                  str(node.config_path)], stdin=null, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
+    _STARTED[proc.pid] = proc
     node.pid_path.write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def started_here_running(node: NodePlan) -> bool | None:
+    """Whether the agent this process started for `node` (the pid in its pid file) still runs, by its own
+    status (reaped here when it has ended); None when this process did not start it."""
+    try:
+        proc = _STARTED.get(int(node.pid_path.read_text().strip()))
+    except (OSError, ValueError):
+        return None
+    return None if proc is None else proc.poll() is None
 
 
 def readiness(node: NodePlan, timeout: float = 2.0) -> tuple[bool, str]:
@@ -64,8 +84,17 @@ def how_it_ended(node: NodePlan) -> str:
     it, reaped here; "" if it is not known (not our child, still running, no pid file)."""
     try:
         pid = int(node.pid_path.read_text().strip())
+    except (OSError, ValueError):
+        return ""
+    proc = _STARTED.get(pid)
+    if proc is not None:
+        code = proc.poll()
+        if code is None:
+            return ""
+        return f" (ended by {signal.Signals(-code).name})" if code < 0 else f" (exit status {code})"
+    try:
         done, status = os.waitpid(pid, os.WNOHANG)
-    except (OSError, ValueError):  # ChildProcessError: not ours to reap
+    except ChildProcessError:  # not ours to reap
         return ""
     if done != pid:
         return ""

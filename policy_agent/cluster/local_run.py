@@ -28,7 +28,8 @@ from policy_agent.cluster.local import (
     NODE_UNDERLAY_IF, RECORD, UNDERLAY_BRIDGE, ClusterPlan, NodePlan, PlanError, PodPlan, check_requested_ip,
     kubeconfig, netconf,
     node_config_yaml, node_objects, plan_cluster, plan_pod, pod_object, shared_name, teardown)
-from policy_agent.cluster.local_agents import agent_pid, how_it_ended, log_tail, readiness, start_agent
+from policy_agent.cluster.local_agents import (agent_pid, how_it_ended, log_tail, readiness, start_agent,
+                                              started_here_running)
 from policy_agent.errors import AgentError
 from policy_agent.ovs.embedded import EmbeddedOvs, netns_exists
 from policy_agent.ovs.pids import stop_pid
@@ -106,7 +107,8 @@ def wait_ready(plan: ClusterPlan, timeout: float, say: Say) -> None:
     why: dict[str, str] = {}
     while waiting:
         for name, node in list(waiting.items()):
-            if agent_pid(node) is None:
+            running = started_here_running(node)  # our own child's status, when we started it
+            if running is False or (running is None and agent_pid(node) is None):
                 raise ClusterError(f"node {name}: the agent exited{how_it_ended(node)}; {node.log_path} ends:\n"
                                    f"{log_tail(node)}")
             ok, why[name] = readiness(node)

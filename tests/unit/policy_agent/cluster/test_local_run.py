@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from policy_agent.cluster.local import ClusterPlan, plan_cluster
-from policy_agent.cluster.local_agents import agent_pid, how_it_ended
+from policy_agent.cluster.local_agents import agent_pid, how_it_ended, start_agent, started_here_running
 from policy_agent.cluster.local_run import ClusterError, apply_shared, down, load_record, save_record
 
 POLICY = """apiVersion: networking.k8s.io/v1
@@ -144,6 +144,44 @@ def test_an_agent_that_ended_during_up_is_said_to_have_ended_how(plan: ClusterPl
     assert agent_pid(node) is None
     assert how_it_ended(node) == said
     proc.returncode = 0  # reaped above: Popen must not wait for it again
+
+
+def test_an_agent_up_started_says_how_it_ended_though_another_popen_ran_after_it_ended(plan: ClusterPlan) -> None:
+    """`up` starts each node's agent and then runs `ip` for the next: an agent that ended in between was reaped by
+    that Popen's clean-up when start_agent let go of its own, and `up` said only "the agent exited"."""
+    node = plan.nodes[0]  # no config written: the agent exits at once, saying why in its log
+    pid = start_agent(node)
+    for _ in range(1000):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] == "Z":
+            break
+        time.sleep(0.01)
+    subprocess.run(["true"], check=True)  # what `up` does next: any Popen polls the ones let go of
+    assert started_here_running(node) is False
+    said = how_it_ended(node)
+    assert said.startswith(" (exit status ") and said != " (exit status 0)", said
+    assert node.log_path.read_text().strip()
+
+
+def test_an_agent_up_started_is_running_while_it_runs_whatever_proc_says(plan: ClusterPlan,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether an agent `up` started still runs is its own status, not a look at /proc (which says "not alive"
+    when it cannot read it)."""
+    import policy_agent.cluster.local_agents as agents
+
+    node = plan.nodes[1]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        monkeypatch.setitem(agents._STARTED, proc.pid, proc)
+        node.pid_path.write_text(f"{proc.pid}\n")
+        monkeypatch.setattr(agents, "pid_alive", lambda pid: False)  # as /proc read with EMFILE says
+        assert agent_pid(node) is None
+        assert started_here_running(node) is True
+        assert how_it_ended(node) == ""
+    finally:
+        proc.kill()
+        proc.wait()
+    assert started_here_running(node) is False
+    assert how_it_ended(node) == " (ended by SIGKILL)"
 
 
 def test_how_it_ended_says_nothing_of_a_running_process_or_one_not_ours(plan: ClusterPlan) -> None:
