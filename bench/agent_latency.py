@@ -23,7 +23,11 @@ The agent's phase also says how many reads of the OpenFlow socket it took and ho
 (a read of one plain logged packet-in, its record written before the read's bookkeeping: packetin/reader.py).
 
 The sender sends --packets per phase; the agent phase comes first (the floor needs the agent stopped), so
-this is one round of each: compare them within one run only.
+this is one round of each: compare them within one run only. The machine's own latency drifts by a tenth of a
+millisecond from one minute to the next, as much as the agent's own part: with --rounds N the agent is started
+again after each floor phase and the two alternate N times. The agent's and the floor's figures are then pooled
+over the rounds, each round's are in `rounds`, and agent minus floor is the median of the rounds' own differences
+(each a pair measured a minute apart).
 
 With --c-floor, a third phase after the floor's: the same reader in C (bench/_of_floor.c, compiled with gcc at run
 time), over the same transport, watched the same way: what reading and appending cost with no Python, whose
@@ -48,6 +52,7 @@ import ctypes
 import json
 import os
 import select
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +70,7 @@ from _wake_trace import WakeTrace, episodes, timeline  # noqa: E402
 from agent_cpu import build_info  # noqa: E402
 
 from policy_agent.config.loader import AuditConfig, PacketInConfig  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.overload_scenario import agent_counts, new_key_flood_cluster, settled, start_flood_pods  # noqa: E402
 from tests.support.ovn import OvnStack, acl_drop_port, fetch as fetch_ovn, version as ovn_version  # noqa: E402
 
@@ -186,7 +192,7 @@ def phase(netns: str, ip: str, n: int, rate: float, watched: Path,
             traced = tracer.stop()
     sent = {int(port): float(t) for port, t in (line.split() for line in out.splitlines())}
     lat = [(appends.seen[p] - t) * 1000 for p, t in sent.items() if p in appends.seen]
-    return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat),
+    return {"sent": len(sent), "readable": len(lat), "sent_to_readable": percentiles(lat), "_ms": lat,
             **({"wake_timeline": {**timeline(episodes(traced)), "traced_thread": trace_tid,
                                   "mounted_tracefs": tracer.mounted_tracefs, "lost_events": tracer.lost}}
                if tracer is not None else {})}
@@ -210,11 +216,72 @@ def ovn_phase(root: Path, work: Path, args: argparse.Namespace) -> dict:
             "acl": "to-lport drop, --log --severity=info, on UDP 1024-65535 into Pod b", **got}
 
 
+def one_round(cluster: Cluster, netns: str, ip: str, args: argparse.Namespace, work: Path, floor_cmd: list[str],
+              c_exe: Path | None) -> dict:
+    """The agent's phase (the agent running), then the agent stopped and the floor's phase (and the C floor's)."""
+    work.mkdir(parents=True)
+    before = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
+    agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port,
+                  trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
+    after = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
+    agent["reads"], agent["lone_reads"] = (  # reads of the phase, and those the lone path took (record first)
+        round(after.get(k, 0.0) - before.get(k, 0.0)) for k in ("npaudit_openflow_reads_total",
+                                                                 "npaudit_openflow_reads_lone_total"))
+    cluster.stop_agent()
+    floor_proc: subprocess.Popen[str] | None = None
+    c_floor: dict | None = None
+    try:
+        floor_proc = start_floor([*floor_cmd, "--append"], work / "floor.lines")
+        floor = phase(netns, ip, args.packets, args.rate, work / "floor.lines", floor_port,
+                      trace_tid=floor_proc.pid if args.trace else None)
+        stop_floor(floor_proc)
+        if c_exe is not None:
+            floor_proc = start_floor(c_floor_command(floor_cmd, c_exe), work / "c_floor.lines")
+            c_floor = phase(netns, ip, args.packets, args.rate, work / "c_floor.lines", floor_port,
+                            trace_tid=floor_proc.pid if args.trace else None)
+    finally:
+        stop_floor(floor_proc)
+    a50, f50 = agent["sent_to_readable"].get("p50_ms"), floor["sent_to_readable"].get("p50_ms")
+    return {"agent": agent, "floor": floor, "c_floor": c_floor,
+            "agent_minus_floor_p50_ms": round(a50 - f50, 3) if a50 is not None and f50 is not None else None}
+
+
+def pooled(phases: list[dict]) -> dict:
+    """One phase's figures over rounds: counts summed, latencies pooled (each round's own wake trace stays in it)."""
+    if len(phases) == 1:
+        out = dict(phases[0])
+        out.pop("_ms")
+        return out
+    lat = [ms for p in phases for ms in p["_ms"]]
+    out = {"sent": sum(p["sent"] for p in phases), "readable": sum(p["readable"] for p in phases),
+           "sent_to_readable": percentiles(lat)}
+    for k in ("reads", "lone_reads"):
+        if k in phases[0]:
+            out[k] = sum(p[k] for p in phases)
+    return out
+
+
+def answering(metrics_port: int, timeout: float = 60.0) -> None:
+    """Until a restarted agent answers on its metrics port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            agent_counts(metrics_port)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main() -> int:
     warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packets", type=int, default=600, help="per phase")
     ap.add_argument("--rate", type=float, default=17.0, help="packets/s (issue 22: 17)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the agent's phase and the floor's, alternated, the agent started again for each "
+                         "(agent minus floor: the median of the rounds' own)")
     ap.add_argument("--no-fair-share", action="store_true",
                     help="fair shares off (default: on, the agent's default)")
     ap.add_argument("--transport", choices=("auto", "tcp", "unix"), default="auto",
@@ -241,8 +308,7 @@ def main() -> int:
     if args.transport != "auto":
         cluster.config.write_text(cluster.config.read_text() + f"openflow:\n  transport: {args.transport}\n")
     load0 = os.getloadavg()
-    floor_proc: subprocess.Popen[str] | None = None
-    c_floor: dict | None = None
+    rounds: list[dict] = []
     measured = False
     try:
         cluster.start(timeout=120)
@@ -250,27 +316,16 @@ def main() -> int:
         settled(cluster)
         encoder = build_info(cluster.metrics_port)["record_encoder"]  # type: ignore[attr-defined]
         transport = agent_transport(cluster.dir / "agent.log")
-        before = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-        agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port,
-                      trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
-        after = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-        agent["reads"], agent["lone_reads"] = (  # reads of the phase, and those the lone path took (record first)
-            round(after.get(k, 0.0) - before.get(k, 0.0)) for k in ("npaudit_openflow_reads_total",
-                                                                     "npaudit_openflow_reads_lone_total"))
-        cluster.stop_agent()
-        floor_file = work / "floor.lines"
         floor_cmd, floor_transport = floor_reader(cluster.config, args.floor_transport)
-        floor_proc = start_floor([*floor_cmd, "--append"], floor_file)
-        floor = phase(netns, ip, args.packets, args.rate, floor_file, floor_port,
-                      trace_tid=floor_proc.pid if args.trace else None)
-        stop_floor(floor_proc)
-        if args.c_floor:
-            floor_proc = start_floor(c_floor_command(floor_cmd, build_c_floor(work)), work / "c_floor.lines")
-            c_floor = phase(netns, ip, args.packets, args.rate, work / "c_floor.lines", floor_port,
-                            trace_tid=floor_proc.pid if args.trace else None)
+        c_exe = build_c_floor(work) if args.c_floor else None
+        for r in range(args.rounds):
+            if r:  # the agent again, as it was: its OVS kept running, its Pods and policy in its state
+                cluster.start(timeout=120)
+                answering(cluster.metrics_port)  # type: ignore[attr-defined]
+                settled(cluster)
+            rounds.append(one_round(cluster, netns, ip, args, work / f"r{r}", floor_cmd, c_exe))
         measured = True
     finally:
-        stop_floor(floor_proc)
         cluster.close()
         if not measured:
             subprocess.run(["rm", "-rf", str(work)])
@@ -278,7 +333,16 @@ def main() -> int:
         ovn = ovn_phase(ovn_root, work, args) if ovn_root is not None else None
     finally:
         subprocess.run(["rm", "-rf", str(work)])
+    agent, floor = pooled([rd["agent"] for rd in rounds]), pooled([rd["floor"] for rd in rounds])
+    c_floor = pooled([rd["c_floor"] for rd in rounds]) if rounds[0]["c_floor"] is not None else None
+    diffs = [d for rd in rounds if (d := rd["agent_minus_floor_p50_ms"]) is not None]
+    for rd in rounds:
+        for k in ("agent", "floor", "c_floor"):
+            if rd.get(k) is not None:
+                rd[k].pop("_ms")
     a50, f50 = agent["sent_to_readable"].get("p50_ms"), floor["sent_to_readable"].get("p50_ms")
+    if ovn is not None:
+        ovn.pop("_ms", None)
     print(json.dumps({
         "benchmark": "agent_latency",
         "settings": {"packets_per_phase": args.packets, "rate_per_s": args.rate,
@@ -292,7 +356,10 @@ def main() -> int:
                      "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "agent": agent,
         "floor_bare_reader_appending": floor,
-        "agent_minus_floor_p50_ms": round(a50 - f50, 3) if a50 is not None and f50 is not None else None,
+        "agent_minus_floor_p50_ms": round(statistics.median(diffs), 3) if diffs else None,
+        **({"rounds": rounds, "agent_minus_floor_p50_ms_rounds": diffs,
+            "agent_minus_floor_p50_ms_pooled": round(a50 - f50, 3) if a50 is not None and f50 is not None else None}
+           if len(rounds) > 1 else {}),
         **({"floor_c_reader_appending": c_floor,
             "agent_minus_c_floor_p50_ms": round(a50 - c50, 3) if a50 is not None and
             (c50 := c_floor["sent_to_readable"].get("p50_ms")) is not None else None} if c_floor is not None else {}),

@@ -149,3 +149,22 @@ def test_the_c_floor_takes_the_python_floors_place_in_its_command_line(tmp_path:
     cmd, _ = bench.floor_reader(_config(tmp_path), "mgmt")
     assert sys.executable not in bench.c_floor_command(cmd, tmp_path / "x")
     assert bench.c_floor_command(cmd, tmp_path / "x") == [str(tmp_path / "x"), str(tmp_path / "ovs" / "br-int.mgmt")]
+
+
+def _phase(ms: list[float], reads: int | None = None) -> dict:
+    got = {"sent": len(ms) + 1, "readable": len(ms), "sent_to_readable": bench.percentiles(ms), "_ms": list(ms),
+           "wake_timeline": {"episodes": len(ms)}}
+    return got if reads is None else {**got, "reads": reads, "lone_reads": reads - 1}
+
+
+def test_rounds_pool_their_latencies_and_sum_their_counts() -> None:
+    """--rounds: the agent's (and the floor's) phases of every round as one phase: the samples pooled, the counts
+    summed; a round's own wake trace stays in the round. One round is that round's phase as it was."""
+    one = _phase([1.0, 2.0, 3.0], reads=4)
+    got = bench.pooled([one])
+    assert got == {k: v for k, v in one.items() if k != "_ms"} and "_ms" in one
+    got = bench.pooled([_phase([1.0, 2.0, 3.0], reads=4), _phase([10.0, 20.0], reads=3)])
+    assert got["sent"] == 7 and got["readable"] == 5 and got["reads"] == 7 and got["lone_reads"] == 5
+    assert got["sent_to_readable"] == bench.percentiles([1.0, 2.0, 3.0, 10.0, 20.0])
+    assert "wake_timeline" not in got and "_ms" not in got
+    assert "reads" not in bench.pooled([_phase([1.0]), _phase([2.0])])
