@@ -312,13 +312,92 @@ static long small_int(PyObject *o) {
     return v;
 }
 
+/* ---- a record's texts from its parts ----------------------------------------------------------------- */
+
+/* An ASCII text: where its bytes are and how many (a Python str's, or a copy kept in C). */
+typedef struct { const char *p; size_t n; } Text;
+
+/* What a record takes from its rule, its Pods, its network and OVS members, the flow's Community ID and the
+ * record.py / chain.py constants: texts the encoder's caches hold, none made per packet. */
+typedef struct {
+    Text said0, said1, proto, src_pre, src_ep, dst_pre, dst_ep;     /* the message's */
+    Text ts_key, dst_head, after_dst, prefix, after_start;           /* head */
+    Text comm, net_before, net_after;
+    Text mid_head, frag, ovs, priority, seq_key;                     /* mid */
+    Text tail_head, trunc, tail_rest, src_head;                      /* tail */
+} RecordTexts;
+
+/* What a record takes from its packet(s): counts, ports, flags, times and its event id. */
+typedef struct {
+    long long packets, bytes, offloaded;
+    long src_port, dst_port, icmp_type, icmp_code;  /* -1: none */
+    int fragment, truncated;
+    char first[32], last[32];
+    size_t first_n, last_n;
+    char id[16];
+} RecordValues;
+
+#define BPUT(b, t) do { if (put((b), (t).p, (t).n) < 0) return -1; } while (0)
+#define BLIT(b, lit) do { if (PUT_LIT((b), lit) < 0) return -1; } while (0)
+#define BNUM(b, v) do { if (put_ll((b), (v)) < 0) return -1; } while (0)
+#define BRAW(b, s, n) do { if (put((b), (s), (n)) < 0) return -1; } while (0)
+
+/* The record's head, mid and tail texts (chain.RecordText's) into hb, mb and tb, and its message into msg;
+ * 0, or -1 with MemoryError set. The one place a record's text is laid out in C. */
+static int build_record(const RecordTexts *t, const RecordValues *v, Buf *hb, Buf *mb, Buf *tb, Buf *msg) {
+    /* message: said, the transport, both ends, ICMP, the count, the rule */
+    BPUT(msg, t->said0); BPUT(msg, t->proto); BLIT(msg, " ");
+    if (v->src_port >= 0) { BPUT(msg, t->src_pre); BNUM(msg, v->src_port); } else BPUT(msg, t->src_ep);
+    BLIT(msg, " -> ");
+    if (v->dst_port >= 0) { BPUT(msg, t->dst_pre); BNUM(msg, v->dst_port); } else BPUT(msg, t->dst_ep);
+    if (v->icmp_type >= 0) {
+        BLIT(msg, " type "); BNUM(msg, v->icmp_type);
+        if (v->icmp_code >= 0) { BLIT(msg, " code "); BNUM(msg, v->icmp_code); }
+    }
+    BLIT(msg, ", ");
+    if (v->packets == 1) BLIT(msg, "1 packet"); else { BNUM(msg, v->packets); BLIT(msg, " packets"); }
+    BPUT(msg, t->said1);
+
+    /* head: @timestamp, destination, ecs, event, labels, message, network, npaudit up to its aggregate */
+    BPUT(hb, t->ts_key); BRAW(hb, v->first, v->first_n); BLIT(hb, "\"");
+    BPUT(hb, t->dst_head);
+    if (v->dst_port >= 0) { BLIT(hb, ",\"port\":"); BNUM(hb, v->dst_port); }
+    BLIT(hb, "}");
+    BPUT(hb, t->after_dst); BRAW(hb, v->last, v->last_n);
+    BLIT(hb, "\",\"id\":\""); BPUT(hb, t->prefix); BRAW(hb, v->id, sizeof v->id);
+    BLIT(hb, "\",\"kind\":\"event\",\"outcome\":\"success\",\"start\":\"");
+    BRAW(hb, v->first, v->first_n); BPUT(hb, t->after_start); BRAW(hb, msg->p, msg->len); BLIT(hb, "\"");
+    BLIT(hb, ",\"network\":{\"bytes\":"); BNUM(hb, v->bytes); BLIT(hb, ",");
+    BPUT(hb, t->comm); BPUT(hb, t->net_before); BLIT(hb, "\"packets\":"); BNUM(hb, v->packets);
+    BPUT(hb, t->net_after);
+    BLIT(hb, "},\"npaudit\":{\"aggregate\":{\"bytes\":"); BNUM(hb, v->bytes);
+    BLIT(hb, ",\"first\":\""); BRAW(hb, v->first, v->first_n);
+    BLIT(hb, "\",\"last\":\""); BRAW(hb, v->last, v->last_n);
+    BLIT(hb, "\",\"offloaded_packets\":"); BNUM(hb, v->offloaded);
+    BLIT(hb, ",\"packets\":"); BNUM(hb, v->packets); BLIT(hb, "},");
+
+    /* mid: chain_format, the destination Pod, disposition, fragment, icmp, ovs, priority, "seq": */
+    BPUT(mb, t->mid_head);
+    if (v->fragment) BPUT(mb, t->frag);
+    if (v->icmp_type >= 0) {
+        BLIT(mb, "\"icmp\":{");
+        if (v->icmp_code >= 0) { BLIT(mb, "\"code\":"); BNUM(mb, v->icmp_code); BLIT(mb, ","); }
+        BLIT(mb, "\"type\":"); BNUM(mb, v->icmp_type); BLIT(mb, "},");
+    }
+    BPUT(mb, t->ovs); BPUT(mb, t->priority); BPUT(mb, t->seq_key);
+
+    /* tail: the source Pod, tier, truncated, observer, orchestrator, related, rule, source */
+    BPUT(tb, t->tail_head);
+    if (v->truncated) BPUT(tb, t->trunc);
+    BPUT(tb, t->tail_rest); BPUT(tb, t->src_head);
+    if (v->src_port >= 0) { BLIT(tb, ",\"port\":"); BNUM(tb, v->src_port); }
+    BLIT(tb, "}}");
+    return 0;
+}
+
 #define FALL_BACK(...) do { status = 1; goto done; } while (0)
 #define FAIL() do { status = -1; goto done; } while (0)
 #define ASCII(var, obj) do { if (!((var##_p) = ascii_of((obj), &(var##_n)))) FALL_BACK(); } while (0)
-#define PUTS(b, var) do { if (put((b), (var##_p), (size_t)(var##_n)) < 0) FAIL(); } while (0)
-#define PUTL(b, lit) do { if (PUT_LIT((b), lit) < 0) FAIL(); } while (0)
-#define PUTN(b, v) do { if (put_ll((b), (v)) < 0) FAIL(); } while (0)
-#define PUTC(b, s, n) do { if (put((b), (s), (n)) < 0) FAIL(); } while (0)
 #define STR(var) const char *var##_p = NULL; Py_ssize_t var##_n = 0
 
 /* encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened="", keys=0): as
@@ -442,79 +521,37 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
     size_t first_n, last_n;
     if (timestamp(self, first, first_s, &first_n) || timestamp(self, last, last_s, &last_n)) FALL_BACK();
 
-    STR(dst_pod); STR(src_pod); STR(dst_head); STR(src_head); STR(src_ep); STR(src_pre); STR(dst_ep);
-    STR(dst_pre); STR(mid_head); STR(tail_head); STR(tail_rest);
-    ASCII(dst_head, PyTuple_GET_ITEM(pair, 4)); ASCII(src_head, PyTuple_GET_ITEM(pair, 5));
-    ASCII(src_ep, PyTuple_GET_ITEM(pair, 6)); ASCII(src_pre, PyTuple_GET_ITEM(pair, 7));
-    ASCII(dst_ep, PyTuple_GET_ITEM(pair, 8)); ASCII(dst_pre, PyTuple_GET_ITEM(pair, 9));
-    ASCII(mid_head, PyTuple_GET_ITEM(pair, 10)); ASCII(tail_head, PyTuple_GET_ITEM(pair, 11));
-    ASCII(tail_rest, PyTuple_GET_ITEM(pair, 12));
-    (void)dst_pod_p; (void)dst_pod_n; (void)src_pod_p; (void)src_pod_n;
-    STR(after_dst); STR(after_start); STR(priority); STR(said0); STR(said1); STR(comm); STR(net_before);
-    STR(net_after); STR(ovs); STR(ts_key); STR(seq_key); STR(frag); STR(trunc); STR(prefix);
-    ASCII(after_dst, after_dst); ASCII(after_start, after_start); ASCII(priority, priority);
+    RecordTexts tx;
+    RecordValues vx;
+#define TXT(field, obj) do { Py_ssize_t n_; if (!(tx.field.p = ascii_of((obj), &n_))) FALL_BACK(); \
+                             tx.field.n = (size_t)n_; } while (0)
+    TXT(dst_head, PyTuple_GET_ITEM(pair, 4)); TXT(src_head, PyTuple_GET_ITEM(pair, 5));
+    TXT(src_ep, PyTuple_GET_ITEM(pair, 6)); TXT(src_pre, PyTuple_GET_ITEM(pair, 7));
+    TXT(dst_ep, PyTuple_GET_ITEM(pair, 8)); TXT(dst_pre, PyTuple_GET_ITEM(pair, 9));
+    TXT(mid_head, PyTuple_GET_ITEM(pair, 10)); TXT(tail_head, PyTuple_GET_ITEM(pair, 11));
+    TXT(tail_rest, PyTuple_GET_ITEM(pair, 12));
+    TXT(after_dst, after_dst); TXT(after_start, after_start); TXT(priority, priority);
     if (!PyTuple_CheckExact(said) || PyTuple_GET_SIZE(said) != 2) FALL_BACK();
-    ASCII(said0, PyTuple_GET_ITEM(said, 0)); ASCII(said1, PyTuple_GET_ITEM(said, 1));
-    ASCII(comm, community); ASCII(net_before, PyTuple_GET_ITEM(net, 0)); ASCII(net_after, PyTuple_GET_ITEM(net, 1));
-    ASCII(ovs, ovs); ASCII(ts_key, self->timestamp_key); ASCII(seq_key, self->seq_key);
-    ASCII(frag, self->fragment); ASCII(trunc, self->truncated); ASCII(prefix, self->id_prefix);
+    TXT(said0, PyTuple_GET_ITEM(said, 0)); TXT(said1, PyTuple_GET_ITEM(said, 1));
+    TXT(comm, community); TXT(net_before, PyTuple_GET_ITEM(net, 0)); TXT(net_after, PyTuple_GET_ITEM(net, 1));
+    TXT(ovs, ovs); TXT(ts_key, self->timestamp_key); TXT(seq_key, self->seq_key);
+    TXT(frag, self->fragment); TXT(trunc, self->truncated); TXT(prefix, self->id_prefix);
+    tx.proto.p = proto_p; tx.proto.n = (size_t)proto_n;
+#undef TXT
     int fragment = PyObject_IsTrue(PyTuple_GET_ITEM(s, 12)), truncated = PyObject_IsTrue(PyTuple_GET_ITEM(s, 13));
     if (fragment < 0 || truncated < 0) FAIL();
+    vx.packets = packets; vx.bytes = bytes_; vx.offloaded = offloaded;
+    vx.src_port = src_port; vx.dst_port = dst_port; vx.icmp_type = icmp_type; vx.icmp_code = icmp_code;
+    vx.fragment = fragment; vx.truncated = truncated;
+    memcpy(vx.first, first_s, first_n); vx.first_n = first_n;
+    memcpy(vx.last, last_s, last_n); vx.last_n = last_n;
 
     /* Everything is known: from here on the record is built here (the event id is drawn). */
     if (!(id = PyObject_CallNoArgs(self->id_next))) FAIL();
     unsigned long long id_v = PyLong_AsUnsignedLongLong(id);
     if (id_v == (unsigned long long)-1 && PyErr_Occurred()) FAIL();
-    char id_text[16];  /* f"{n:016x}" */
-    for (int i = 15; i >= 0; i--, id_v >>= 4) id_text[i] = "0123456789abcdef"[id_v & 15];
-    int id_n = 16;
-
-    /* message: said, the transport, both ends, ICMP, the count, the rule */
-    PUTS(&msg, said0); PUTS(&msg, proto); PUTL(&msg, " ");
-    if (src_port >= 0) { PUTS(&msg, src_pre); PUTN(&msg, src_port); } else PUTS(&msg, src_ep);
-    PUTL(&msg, " -> ");
-    if (dst_port >= 0) { PUTS(&msg, dst_pre); PUTN(&msg, dst_port); } else PUTS(&msg, dst_ep);
-    if (icmp_type >= 0) {
-        PUTL(&msg, " type "); PUTN(&msg, icmp_type);
-        if (icmp_code >= 0) { PUTL(&msg, " code "); PUTN(&msg, icmp_code); }
-    }
-    PUTL(&msg, ", ");
-    if (packets == 1) PUTL(&msg, "1 packet"); else { PUTN(&msg, packets); PUTL(&msg, " packets"); }
-    PUTS(&msg, said1);
-
-    /* head: @timestamp, destination, ecs, event, labels, message, network, npaudit up to its aggregate */
-    PUTS(&hb, ts_key); PUTC(&hb, first_s, first_n); PUTL(&hb, "\"");
-    PUTS(&hb, dst_head);
-    if (dst_port >= 0) { PUTL(&hb, ",\"port\":"); PUTN(&hb, dst_port); }
-    PUTL(&hb, "}");
-    PUTS(&hb, after_dst); PUTC(&hb, last_s, last_n);
-    PUTL(&hb, "\",\"id\":\""); PUTS(&hb, prefix); PUTC(&hb, id_text, (size_t)id_n);
-    PUTL(&hb, "\",\"kind\":\"event\",\"outcome\":\"success\",\"start\":\"");
-    PUTC(&hb, first_s, first_n); PUTS(&hb, after_start); PUTC(&hb, msg.p, msg.len); PUTL(&hb, "\"");
-    PUTL(&hb, ",\"network\":{\"bytes\":"); PUTN(&hb, bytes_); PUTL(&hb, ",");
-    PUTS(&hb, comm); PUTS(&hb, net_before); PUTL(&hb, "\"packets\":"); PUTN(&hb, packets); PUTS(&hb, net_after);
-    PUTL(&hb, "},\"npaudit\":{\"aggregate\":{\"bytes\":"); PUTN(&hb, bytes_);
-    PUTL(&hb, ",\"first\":\""); PUTC(&hb, first_s, first_n);
-    PUTL(&hb, "\",\"last\":\""); PUTC(&hb, last_s, last_n);
-    PUTL(&hb, "\",\"offloaded_packets\":"); PUTN(&hb, offloaded);
-    PUTL(&hb, ",\"packets\":"); PUTN(&hb, packets); PUTL(&hb, "},");
-
-    /* mid: chain_format, the destination Pod, disposition, fragment, icmp, ovs, priority, "seq": */
-    PUTS(&mb, mid_head);
-    if (fragment) PUTS(&mb, frag);
-    if (icmp_type >= 0) {
-        PUTL(&mb, "\"icmp\":{");
-        if (icmp_code >= 0) { PUTL(&mb, "\"code\":"); PUTN(&mb, icmp_code); PUTL(&mb, ","); }
-        PUTL(&mb, "\"type\":"); PUTN(&mb, icmp_type); PUTL(&mb, "},");
-    }
-    PUTS(&mb, ovs); PUTS(&mb, priority); PUTS(&mb, seq_key);
-
-    /* tail: the source Pod, tier, truncated, observer, orchestrator, related, rule, source */
-    PUTS(&tb, tail_head);
-    if (truncated) PUTS(&tb, trunc);
-    PUTS(&tb, tail_rest); PUTS(&tb, src_head);
-    if (src_port >= 0) { PUTL(&tb, ",\"port\":"); PUTN(&tb, src_port); }
-    PUTL(&tb, "}}");
+    for (int i = 15; i >= 0; i--, id_v >>= 4) vx.id[i] = "0123456789abcdef"[id_v & 15];  /* f"{n:016x}" */
+    if (build_record(&tx, &vx, &hb, &mb, &tb, &msg) < 0) FAIL();
 
     if (!(head = buf_str(&hb)) || !(mid = buf_str(&mb)) || !(tail = buf_str(&tb))) FAIL();
     if (!(result = new_record(self, head, mid, tail, verdict))) FAIL();
