@@ -119,10 +119,16 @@ typedef struct {
      * current rule asked once (rule id -> rule), instead of a Python call of each per record. Neither changes
      * while a read is handled: both are swapped on the event loop, between reads. NULL outside a batch. */
     PyObject *batch_table, *batch_rules;
+    /* The lone path's compact state (encode_raw): per template key, the texts of the records encode built for
+     * it, copied into C memory. NULL until the first. */
+    struct Template **tmpl;
+    Py_ssize_t tmpl_len;
 } FastEncoder;
 
 static PyObject *S_rule, *S_after_dst, *S_after_start, *S_said, *S_priority, *S_verdict, *S_network_direction,
     *S_pairs_of, *S_received, *S_received_at;
+
+static void templates_clear(FastEncoder *self);
 
 static void FastEncoder_dealloc(FastEncoder *self) {
     Py_XDECREF(self->encoder); Py_XDECREF(self->fallback);
@@ -133,6 +139,8 @@ static void FastEncoder_dealloc(FastEncoder *self) {
     Py_XDECREF(self->timestamp_key); Py_XDECREF(self->seq_key); Py_XDECREF(self->fragment);
     Py_XDECREF(self->truncated);
     Py_XDECREF(self->batch_table); Py_XDECREF(self->batch_rules);
+    templates_clear(self);
+    PyMem_Free(self->tmpl);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -395,10 +403,292 @@ static int build_record(const RecordTexts *t, const RecordValues *v, Buf *hb, Bu
     return 0;
 }
 
+/* ---- the lone path's compact state ------------------------------------------------------------------
+ *
+ * A record of one new key's first packet (a lone packet-in after a quiet spell) is built by encode_raw from the
+ * NXT_PACKET_IN2's bytes and what is kept here: no Python object is made or read on the way but the few it
+ * is given. After a quiet spell a record's cost is the memory its making touches; the caches encode reads
+ * (dicts of tuples, the rule's and the Pods' text objects) are spread over the heap, a template is one block.
+ *
+ * A template is keyed by what a record's texts depend on beyond its packet: the rule id and disposition, both
+ * IPv4 addresses, the protocol (TCP or UDP) and the packet-in's OVS place (cookie, table, in_port); it holds
+ * the texts encode worked out for that key (the Community ID aside: per flow) with the rule and the Pod table
+ * they were worked out for. encode stores one whenever it builds such a record itself. */
+#define TMPL_CAP 1024          /* slots; emptied when half full, as record._cache empties a full cache */
+#define IN_PORT_NONE 0xFFFFFFFFFFULL
+
+typedef struct {
+    uint64_t cookie, in_port;  /* in_port: IN_PORT_NONE when the packet-in named none */
+    uint32_t rule_id, disposition, src, dst;
+    uint8_t protocol, table_id;
+} TKey;
+
+typedef struct Template {
+    TKey key;
+    PyObject *rule, *table, *verdict;  /* held: the rule and Pod table the texts are for, the record's verdict */
+    RecordTexts tx;                     /* pointing into `text`; tx.comm unused */
+    char text[];
+} Template;
+
+static uint64_t tkey_hash(const TKey *k) {
+    uint64_t h = k->cookie * 0x9E3779B97F4A7C15ULL;
+    h ^= ((uint64_t)k->rule_id << 32 | k->disposition) + 0x632BE59BD9B4E019ULL + (h << 6) + (h >> 2);
+    h ^= ((uint64_t)k->src << 32 | k->dst) + 0x85EBCA77C2B2AE63ULL + (h << 6) + (h >> 2);
+    h ^= (k->in_port << 16 | (uint64_t)k->protocol << 8 | k->table_id) + (h << 6) + (h >> 2);
+    return h ^ (h >> 29);
+}
+
+static int tkey_eq(const TKey *a, const TKey *b) {
+    return a->cookie == b->cookie && a->in_port == b->in_port && a->rule_id == b->rule_id &&
+           a->disposition == b->disposition && a->src == b->src && a->dst == b->dst && a->protocol == b->protocol &&
+           a->table_id == b->table_id;
+}
+
+static void template_free(Template *t) {
+    Py_XDECREF(t->rule); Py_XDECREF(t->table); Py_XDECREF(t->verdict);
+    PyMem_Free(t);
+}
+
+static void templates_clear(FastEncoder *self) {
+    if (self->tmpl == NULL) return;
+    for (Py_ssize_t i = 0; i < TMPL_CAP; i++)
+        if (self->tmpl[i] != NULL) { template_free(self->tmpl[i]); self->tmpl[i] = NULL; }
+    self->tmpl_len = 0;
+}
+
+/* The slot of `k`: its template's, or the empty one where it would go. */
+static Template **template_slot(FastEncoder *self, const TKey *k) {
+    size_t i = (size_t)tkey_hash(k) & (TMPL_CAP - 1);
+    while (self->tmpl[i] != NULL && !tkey_eq(&self->tmpl[i]->key, k)) i = (i + 1) & (TMPL_CAP - 1);
+    return &self->tmpl[i];
+}
+
+/* Keep the texts of a record encode built (tx, its comm aside) under `k`; 0, or -1 with MemoryError set. */
+static int template_store(FastEncoder *self, const TKey *k, PyObject *rule, PyObject *table, PyObject *verdict,
+                          const RecordTexts *tx) {
+    if (self->tmpl == NULL && !(self->tmpl = PyMem_Calloc(TMPL_CAP, sizeof(Template *)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Template **slot = template_slot(self, k);
+    if (*slot != NULL) {  /* worked out again: for another rule or Pod table */
+        if ((*slot)->rule == rule && (*slot)->table == table) return 0;
+        template_free(*slot);
+        *slot = NULL;
+        self->tmpl_len--;
+    } else if (self->tmpl_len >= TMPL_CAP / 2) {
+        templates_clear(self);
+        slot = template_slot(self, k);
+    }
+    const Text *src = (const Text *)tx;
+    size_t count = sizeof(RecordTexts) / sizeof(Text), size = 0;
+    for (size_t i = 0; i < count; i++) size += src[i].n;
+    Template *t = PyMem_Malloc(sizeof(Template) + size + 1);
+    if (t == NULL) { PyErr_NoMemory(); return -1; }
+    t->key = *k;
+    t->rule = Py_NewRef(rule); t->table = Py_NewRef(table); t->verdict = Py_NewRef(verdict);
+    Text *dst = (Text *)&t->tx;
+    char *w = t->text;
+    for (size_t i = 0; i < count; i++) {
+        if (src[i].n) memcpy(w, src[i].p, src[i].n);
+        dst[i].p = w; dst[i].n = src[i].n;
+        w += src[i].n;
+    }
+    *slot = t;
+    self->tmpl_len++;
+    return 0;
+}
+
+/* What encode_raw reads of an NXT_PACKET_IN2 (packetin/wire.py decode_packet_in2's walk, same checks). */
+typedef struct {
+    uint64_t cookie, in_port;
+    uint32_t rule_id, reg7, total_len;
+    uint8_t table_id;
+    const unsigned char *packet;
+    size_t packet_len;
+} RawPin;
+
+/* 0, or 1 when it is not a well-formed NXT_PACKET_IN2 (decode_packet_in2 would raise: the caller declines). */
+static int raw_pin(const unsigned char *m, size_t end, RawPin *out) {
+    if (end < 16 || ((size_t)m[2] << 8 | m[3]) != end) return 1;
+    memset(out, 0, sizeof *out);
+    out->in_port = IN_PORT_NONE;
+    long long total_len = -1;
+    size_t off = 16;
+    while (off < end) {
+        if (end - off < 4) return 1;
+        size_t plen = (size_t)m[off + 2] << 8 | m[off + 3], pend = off + plen;
+        if (plen < 4 || pend > end) return 1;
+        unsigned ptype = (unsigned)m[off] << 8 | m[off + 1];
+        if (ptype == 0) {  /* packet */
+            out->packet = m + off + 4;
+            out->packet_len = plen - 4;
+        } else if (ptype == 6) {  /* metadata: OXM entries */
+            size_t o = off + 4;
+            while (o < pend) {
+                if (pend - o < 4) return 1;
+                size_t length = m[o + 3], v = o + 4;
+                if (v + length > pend) return 1;
+                unsigned oclass = (unsigned)m[o] << 8 | m[o + 1], field = m[o + 2] >> 1;
+                size_t vlen = m[o + 2] & 1 ? length >> 1 : length;
+                if (oclass == 0x8000) {
+                    if (field == 0 && vlen == 4)
+                        out->in_port = (uint64_t)m[v] << 24 | (uint64_t)m[v + 1] << 16 | m[v + 2] << 8 | m[v + 3];
+                } else if (oclass == 0x8001) {
+                    if (field == 3 && vlen == 8) {  /* xreg3: reg6 (rule id), reg7 */
+                        out->rule_id = (uint32_t)m[v] << 24 | (uint32_t)m[v + 1] << 16 | m[v + 2] << 8 | m[v + 3];
+                        out->reg7 = (uint32_t)m[v + 4] << 24 | (uint32_t)m[v + 5] << 16 | m[v + 6] << 8 | m[v + 7];
+                    }
+                } else if (oclass == 0x0001 && vlen == 4) {
+                    uint32_t x = (uint32_t)m[v] << 24 | (uint32_t)m[v + 1] << 16 | m[v + 2] << 8 | m[v + 3];
+                    if (field == 6) out->rule_id = x;
+                    else if (field == 7) out->reg7 = x;
+                }
+                o = v + length;
+            }
+        } else if (ptype == 4) {  /* cookie, after 4 bytes of padding */
+            if (plen < 16) return 1;
+            uint64_t c = 0;
+            for (int i = 0; i < 8; i++) c = c << 8 | m[off + 8 + i];
+            out->cookie = c;
+        } else if (ptype == 3) {
+            if (plen < 5) return 1;
+            out->table_id = m[off + 4];
+        } else if (ptype == 5) {
+            if (plen < 5) return 1;
+        } else if (ptype == 1) {
+            if (plen < 8) return 1;
+            total_len = (long long)((uint32_t)m[off + 4] << 24 | (uint32_t)m[off + 5] << 16 | m[off + 6] << 8 |
+                                    m[off + 7]);
+        }
+        off += (plen + 7) & ~(size_t)7;
+    }
+    out->total_len = total_len < 0 ? (uint32_t)out->packet_len : (uint32_t)total_len;
+    return 0;
+}
+
 #define FALL_BACK(...) do { status = 1; goto done; } while (0)
 #define FAIL() do { status = -1; goto done; } while (0)
 #define ASCII(var, obj) do { if (!((var##_p) = ascii_of((obj), &(var##_n)))) FALL_BACK(); } while (0)
 #define STR(var) const char *var##_p = NULL; Py_ssize_t var##_n = 0
+
+/* An int of at most `max`, or -1 (no exception) if `o` is none such. */
+static long long bounded(PyObject *o, unsigned long long max) {
+    if (!PyLong_CheckExact(o)) return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    return v > max ? -1 : (long long)v;
+}
+
+/* encode has built a record itself: keep its texts as a template when encode_raw can build its key's records
+ * (an untagged IPv4 frame, TCP or UDP, a rule id); 0, or -1 with an exception. */
+static int lone_template(FastEncoder *self, PyObject *pin, PyObject *s, long long reg7, PyObject *rule,
+                         PyObject *table, PyObject *verdict, const RecordTexts *tx) {
+    PyObject *proto = PyTuple_GET_ITEM(s, 5), *transport = PyTuple_GET_ITEM(s, 6);
+    long long eth = bounded(PyTuple_GET_ITEM(s, 0), 0xFFFF), version = bounded(PyTuple_GET_ITEM(s, 2), 255);
+    long long protocol = bounded(proto, 255), rule_id = bounded(PyTuple_GET_ITEM(pin, 4), 0xFFFFFFFFULL);
+    long long table_id = bounded(PyTuple_GET_ITEM(pin, 1), 255);
+    if (eth != 0x0800 || PyTuple_GET_ITEM(s, 1) != Py_None || version != 4 || rule_id <= 0 || table_id < 0 ||
+        !(protocol == 6 || protocol == 17) || !PyUnicode_CheckExact(transport) ||
+        PyUnicode_CompareWithASCIIString(transport, protocol == 6 ? "tcp" : "udp") != 0)
+        return 0;
+    PyObject *cookie = PyTuple_GET_ITEM(pin, 2), *in_port = PyTuple_GET_ITEM(pin, 3);
+    if (!PyLong_CheckExact(cookie)) return 0;
+    unsigned long long c = PyLong_AsUnsignedLongLong(cookie);
+    if (c == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    long long port = in_port == Py_None ? (long long)IN_PORT_NONE : bounded(in_port, 0xFFFFFFFFULL);
+    Py_ssize_t sn, dn;
+    const char *src = ascii_of(PyTuple_GET_ITEM(s, 3), &sn), *dst = ascii_of(PyTuple_GET_ITEM(s, 4), &dn);
+    unsigned char sa[4], da[4];
+    if (port < 0 || !src || !dst || !np_ipv4(src, (size_t)sn, sa) || !np_ipv4(dst, (size_t)dn, da)) return 0;
+    TKey k = {.cookie = c, .in_port = (uint64_t)port, .rule_id = (uint32_t)rule_id,
+              .disposition = (uint32_t)(reg7 & self->disposition_bits),
+              .src = (uint32_t)sa[0] << 24 | (uint32_t)sa[1] << 16 | sa[2] << 8 | sa[3],
+              .dst = (uint32_t)da[0] << 24 | (uint32_t)da[1] << 16 | da[2] << 8 | da[3],
+              .protocol = (uint8_t)protocol, .table_id = (uint8_t)table_id};
+    return template_store(self, &k, rule, table, verdict, tx);
+}
+
+/* encode_raw(message, received_at, event_id, rules, table) -> RecordText | None: what encode(pin, summary, 1,
+ * pin.total_len, received_at, received_at, 0) makes of this NXT_PACKET_IN2 (pin and summary decoded from it,
+ * the event id `event_id`, `received` set to received_at as encode_run sets it), from the message's bytes and
+ * a template alone; None, nothing done, unless the frame is decode_frame's fast path (an untagged IPv4 frame
+ * without options, not a fragment, UDP or TCP), a template holds the key's texts, and `rules` (the rule
+ * registry's mapping) and `table` (the Pod table now) are what it was worked out for. */
+static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyBytes_CheckExact(args[0]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "encode_raw(message: bytes, received_at, event_id, rules: dict, table)");
+        return NULL;
+    }
+    double wall = PyFloat_AsDouble(args[1]);
+    if (wall == -1.0 && PyErr_Occurred()) return NULL;
+    unsigned long long id_v = PyLong_AsUnsignedLongLong(args[2]);
+    if (id_v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    RawPin r;
+    if (self->tmpl == NULL ||
+        raw_pin((const unsigned char *)PyBytes_AS_STRING(args[0]), (size_t)PyBytes_GET_SIZE(args[0]), &r))
+        Py_RETURN_NONE;
+    const unsigned char *f = r.packet;
+    size_t n = r.packet_len;
+    if (n < 42 || ((f[12] << 8) | f[13]) != 0x0800 || f[14] != 0x45 || (((f[20] << 8) | f[21]) & 0x3FFF))
+        Py_RETURN_NONE;
+    int proto = f[23];
+    if (!(proto == 17 || (proto == 6 && n >= 54)) || r.rule_id == 0 || (long long)r.total_len > self->safe_integer)
+        Py_RETURN_NONE;
+    TKey k = {.cookie = r.cookie, .in_port = r.in_port, .rule_id = r.rule_id,
+              .disposition = (uint32_t)(r.reg7 & self->disposition_bits),
+              .src = (uint32_t)f[26] << 24 | (uint32_t)f[27] << 16 | f[28] << 8 | f[29],
+              .dst = (uint32_t)f[30] << 24 | (uint32_t)f[31] << 16 | f[32] << 8 | f[33],
+              .protocol = (uint8_t)proto, .table_id = r.table_id};
+    Template *t = *template_slot(self, &k);
+    if (t == NULL || t->table != args[4]) Py_RETURN_NONE;
+    PyObject *rule_id = PyLong_FromUnsignedLong(r.rule_id);
+    if (rule_id == NULL) return NULL;
+    PyObject *current = PyDict_GetItemWithError(args[3], rule_id);
+    Py_DECREF(rule_id);
+    if (current != t->rule) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    RecordValues v;
+    v.packets = 1; v.bytes = r.total_len; v.offloaded = 0;
+    v.src_port = (f[34] << 8) | f[35]; v.dst_port = (f[36] << 8) | f[37];
+    v.icmp_type = v.icmp_code = -1;
+    v.fragment = 0;
+    v.truncated = proto == 6 && n - 34 < (size_t)((f[46] >> 4) * 4);
+    if (timestamp(self, wall, v.first, &v.first_n)) Py_RETURN_NONE;
+    memcpy(v.last, v.first, v.first_n); v.last_n = v.first_n;
+    for (int i = 15; i >= 0; i--, id_v >>= 4) v.id[i] = "0123456789abcdef"[id_v & 15];
+    /* the flow's Community ID (community_text, from the frame's addresses) */
+    unsigned char data[16], digest[20];
+    int cmp = memcmp(f + 26, f + 30, 4), forward = cmp < 0 || (cmp == 0 && v.src_port <= v.dst_port);
+    memcpy(data, forward ? f + 26 : f + 30, 4); memcpy(data + 4, forward ? f + 30 : f + 26, 4);
+    long p1 = forward ? v.src_port : v.dst_port, p2 = forward ? v.dst_port : v.src_port;
+    unsigned char in[40] = {0, 0};
+    memcpy(in + 2, data, 8);
+    in[10] = (unsigned char)proto; in[11] = 0;
+    in[12] = (unsigned char)(p1 >> 8); in[13] = (unsigned char)p1; in[14] = (unsigned char)(p2 >> 8);
+    in[15] = (unsigned char)p2;
+    np_sha1(in, 16, digest);
+    char comm[64] = "\"community_id\":\"1:";
+    size_t cn = strlen(comm);
+    cn += base64(digest, 20, comm + cn);
+    memcpy(comm + cn, "\",", 2);
+    cn += 2;
+    RecordTexts tx = t->tx;
+    tx.comm.p = comm; tx.comm.n = cn;
+    Buf hb, mb, tb, msg;
+    buf_init(&hb); buf_init(&mb); buf_init(&tb); buf_init(&msg);
+    PyObject *head = NULL, *mid = NULL, *tail = NULL, *record = NULL, *received = NULL;
+    int ok = build_record(&tx, &v, &hb, &mb, &tb, &msg) == 0 && (head = buf_str(&hb)) && (mid = buf_str(&mb)) &&
+             (tail = buf_str(&tb)) && (record = new_record(self, head, mid, tail, t->verdict)) &&
+             (received = PyFloat_FromDouble(wall)) && PyObject_SetAttr(record, S_received, received) == 0;
+    if (!ok) Py_CLEAR(record);
+    buf_free(&hb); buf_free(&mb); buf_free(&tb); buf_free(&msg);
+    Py_XDECREF(head); Py_XDECREF(mid); Py_XDECREF(tail); Py_XDECREF(received);
+    if (record != NULL) self->fast++;
+    return record;
+}
 
 /* encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened="", keys=0): as
  * RecordEncoder.encode_positional, whose result it is whenever it cannot build the record itself. */
@@ -555,6 +845,7 @@ static PyObject *FastEncoder_encode(FastEncoder *self, PyObject *const *args, Py
 
     if (!(head = buf_str(&hb)) || !(mid = buf_str(&mb)) || !(tail = buf_str(&tb))) FAIL();
     if (!(result = new_record(self, head, mid, tail, verdict))) FAIL();
+    if (lone_template(self, pin, s, reg7_v, rule, table, verdict, &tx) < 0) FAIL();
 
 done:
     buf_free(&hb); buf_free(&mb); buf_free(&tb); buf_free(&msg);
@@ -782,6 +1073,9 @@ static PyMethodDef FastEncoder_methods[] = {
      "encode(pin, summary, packets, bytes_, first, last, offloaded_packets, coarsened='', keys=0) -> RecordText"},
     {"encode_run", (PyCFunction)(void (*)(void))FastEncoder_encode_run, METH_FASTCALL,
      "encode_run(emissions, start, out) -> stop: the records of a run of full-detail emissions, into out"},
+    {"encode_raw", (PyCFunction)(void (*)(void))FastEncoder_encode_raw, METH_FASTCALL,
+     "encode_raw(message, received_at, event_id, rules, table) -> RecordText | None: a lone packet-in's record from "
+     "its NXT_PACKET_IN2 bytes and a template of the texts encode worked out for its key"},
     {"begin_batch", (PyCFunction)FastEncoder_begin_batch, METH_NOARGS,
      "begin_batch(): until end_batch (one read's records), the Pod table and each rule asked once, not per record"},
     {"end_batch", (PyCFunction)FastEncoder_end_batch, METH_NOARGS, "end_batch(): ask them per record again"},
