@@ -611,7 +611,8 @@ static int lone_template(FastEncoder *self, PyObject *pin, PyObject *s, long lon
 
 /* encode_raw(message, received_at, event_id, rules, table) -> RecordText | None: what encode(pin, summary, 1,
  * pin.total_len, received_at, received_at, 0) makes of this NXT_PACKET_IN2 (pin and summary decoded from it,
- * the event id `event_id`, `received` set to received_at as encode_run sets it), from the message's bytes and
+ * the event id `event_id`, or the next one drawn as encode draws it when None, `received` set to received_at as
+ * encode_run sets it), from the message's bytes and
  * a template alone; None, nothing done, unless the frame is decode_frame's fast path (an untagged IPv4 frame
  * without options, not a fragment, UDP or TCP), a template holds the key's texts, and `rules` (the rule
  * registry's mapping) and `table` (the Pod table now) are what it was worked out for. */
@@ -622,8 +623,10 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
     }
     double wall = PyFloat_AsDouble(args[1]);
     if (wall == -1.0 && PyErr_Occurred()) return NULL;
-    unsigned long long id_v = PyLong_AsUnsignedLongLong(args[2]);
-    if (id_v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    unsigned long long id_v = 0;
+    if (args[2] != Py_None && (id_v = PyLong_AsUnsignedLongLong(args[2])) == (unsigned long long)-1 &&
+        PyErr_Occurred())
+        return NULL;
     RawPin r;
     if (self->tmpl == NULL ||
         raw_pin((const unsigned char *)PyBytes_AS_STRING(args[0]), (size_t)PyBytes_GET_SIZE(args[0]), &r))
@@ -658,6 +661,13 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
     v.truncated = proto == 6 && n - 34 < (size_t)((f[46] >> 4) * 4);
     if (timestamp(self, wall, v.first, &v.first_n)) Py_RETURN_NONE;
     memcpy(v.last, v.first, v.first_n); v.last_n = v.first_n;
+    if (args[2] == Py_None) {  /* everything is known: the event id drawn now, as encode draws it */
+        PyObject *id = PyObject_CallNoArgs(self->id_next);
+        if (id == NULL) return NULL;
+        id_v = PyLong_AsUnsignedLongLong(id);
+        Py_DECREF(id);
+        if (id_v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    }
     for (int i = 15; i >= 0; i--, id_v >>= 4) v.id[i] = "0123456789abcdef"[id_v & 15];
     /* the flow's Community ID (community_text, from the frame's addresses) */
     unsigned char data[16], digest[20];

@@ -142,3 +142,15 @@ def test_templates_outlive_being_emptied() -> None:
         raw = message(frame(f"10.20.{i // 250}.{i % 250 + 1}", V4[1], "udp", 80), reg6=0x1001, reg7=1)
         expected, event_id = _primed(fast, raw, T0 + i)
         assert _texts(fast.encode_raw(raw, T0 + i, event_id, rules._rules, pods.ip_table())) == _texts(expected)
+
+
+def test_without_an_event_id_the_next_is_drawn_once_the_record_is_certain() -> None:
+    """event_id None: encode_raw draws the encoder's next id, as encode does, and only when it builds the record."""
+    rules, pods, fast = _stack()
+    raw = message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1)
+    _, last = _primed(fast, raw, T0)
+    assert fast.encode_raw(message(frame(V4[1], V4[0], "udp", 1), reg6=0x1001, reg7=1), T0, None, rules._rules,
+                           pods.ip_table()) is None  # no template: no id drawn
+    got = fast.encode_raw(raw, T0, None, rules._rules, pods.ip_table())
+    assert got is not None and _ID.search(got.head).group(1) == f"{last + 1:016x}"  # type: ignore[union-attr]
+    assert _by_encode(fast, raw, T0)[1] == last + 2
