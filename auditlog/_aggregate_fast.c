@@ -60,6 +60,7 @@ typedef struct {
     long long held, off_held, packets_in, packets_out, records_out, off_in, off_out, evicted, clock_steps;
 } Aggregator;
 
+static PyTypeObject AggregatorType;
 static PyTypeObject *EmissionType;  /* auditlog.aggregate.Emission, a NamedTuple of 9 fields */
 static PyObject *S_first, *S_aggregate, *S_immediate;
 
@@ -268,6 +269,25 @@ static int add_one(Aggregator *a, PyObject *key, PyObject *sample, long long siz
     a->records_out++;
     a->packets_out++;
     return emit(out, key, sample, 1, size, now, now, 0, 0, S_first);
+}
+
+int aggregator_first_only(PyObject *agg, PyObject *key, double now, int aggregate) {
+    if (!PyObject_TypeCheck(agg, &AggregatorType)) return 0;  /* a subclass adds no state (record_fast.py) */
+    Aggregator *a = (Aggregator *)agg;
+    if (!aggregate || a->window == 0) return 1;  /* "immediate" */
+    if (!(now >= a->latest)) return 0;           /* clamped or stepped back: not `now`, or more emissions */
+    int has = PyDict_Contains(a->open, key);
+    if (has != 0) return has < 0 ? -1 : 0;      /* open: counted into its window, or closed first */
+    Py_ssize_t closing = 0;                       /* live windows due now, each closing silently */
+    for (Py_ssize_t i = 0; i < a->len; i++) {
+        Window *w = a->ring[(a->head + i) & (a->cap - 1)];
+        if (w->live && w->deadline > now) break;
+        if (w->live) {
+            if (w->packets || w->off_packets) return 0;  /* its "aggregate" record */
+            closing++;
+        }
+    }
+    return PyDict_GET_SIZE(a->open) - closing < a->max_keys;  /* else one is evicted (its record early) */
 }
 
 static int as_count(PyObject *o, long long *v) {

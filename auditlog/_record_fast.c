@@ -504,8 +504,8 @@ typedef struct {
     uint64_t cookie, in_port;
     uint32_t rule_id, reg7, total_len;
     uint8_t table_id;
-    const unsigned char *packet;
-    size_t packet_len;
+    const unsigned char *packet, *userdata;
+    size_t packet_len, userdata_len;
 } RawPin;
 
 /* 0, or 1 when it is not a well-formed NXT_PACKET_IN2 (decode_packet_in2 would raise: the caller declines). */
@@ -546,6 +546,9 @@ static int raw_pin(const unsigned char *m, size_t end, RawPin *out) {
                 }
                 o = v + length;
             }
+        } else if (ptype == 7) {  /* userdata */
+            out->userdata = m + off + 4;
+            out->userdata_len = plen - 4;
         } else if (ptype == 4) {  /* cookie, after 4 bytes of padding */
             if (plen < 16) return 1;
             uint64_t c = 0;
@@ -617,8 +620,9 @@ static int lone_template(FastEncoder *self, PyObject *pin, PyObject *s, long lon
  * without options, not a fragment, UDP or TCP), a template holds the key's texts, and `rules` (the rule
  * registry's mapping) and `table` (the Pod table now) are what it was worked out for. */
 static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyBytes_CheckExact(args[0]) || !PyDict_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "encode_raw(message: bytes, received_at, event_id, rules: dict, table)");
+    if ((nargs != 5 && nargs != 9) || !PyBytes_CheckExact(args[0]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "encode_raw(message: bytes, received_at, event_id, rules: dict, table"
+                                         "[, aggregator, userdata_version, log_bit, reject_bit])");
         return NULL;
     }
     double wall = PyFloat_AsDouble(args[1]);
@@ -645,14 +649,38 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
               .protocol = (uint8_t)proto, .table_id = r.table_id};
     Template *t = *template_slot(self, &k);
     if (t == NULL || t->table != args[4]) Py_RETURN_NONE;
+    if (nargs == 9) {  /* ours, for the policy subscriber, plain logged: LOG set, REJECT clear */
+        long version = PyLong_AsLong(args[6]), log_bit = PyLong_AsLong(args[7]), reject_bit = PyLong_AsLong(args[8]);
+        if ((version == -1 || log_bit == -1 || reject_bit == -1) && PyErr_Occurred()) return NULL;
+        const unsigned char *u = r.userdata;
+        if (u == NULL || r.userdata_len < 7 || u[0] != version || u[1] != 0 || !(u[2] & log_bit) ||
+            (u[2] & reject_bit))
+            Py_RETURN_NONE;
+    }
     PyObject *rule_id = PyLong_FromUnsignedLong(r.rule_id);
     if (rule_id == NULL) return NULL;
     PyObject *current = PyDict_GetItemWithError(args[3], rule_id);
-    Py_DECREF(rule_id);
     if (current != t->rule) {
+        Py_DECREF(rule_id);
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
+    if (nargs == 9) {  /* the aggregator makes this packet-in's "first" and nothing else */
+        char sa[16], da[16];
+        snprintf(sa, sizeof sa, "%u.%u.%u.%u", f[26], f[27], f[28], f[29]);
+        snprintf(da, sizeof da, "%u.%u.%u.%u", f[30], f[31], f[32], f[33]);
+        PyObject *key = Py_BuildValue("(NkNNii)", rule_id, (unsigned long)k.disposition, PyUnicode_FromString(sa),
+                                      PyUnicode_FromString(da), proto, (f[36] << 8) | f[37]);
+        rule_id = NULL;  /* stolen by the key (N) */
+        if (key == NULL) return NULL;
+        int only = aggregator_first_only(args[5], key, wall, k.disposition != 0);
+        Py_DECREF(key);
+        if (only <= 0) {
+            if (only < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    Py_XDECREF(rule_id);
     RecordValues v;
     v.packets = 1; v.bytes = r.total_len; v.offloaded = 0;
     v.src_port = (f[34] << 8) | f[35]; v.dst_port = (f[36] << 8) | f[37];

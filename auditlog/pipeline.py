@@ -62,6 +62,7 @@ class PipelineStats:
     aggregator: AggregatorStats
     coarsened: int = 0  # of `records`, those written with a coarser key in overload
     overload: OverloadStats | None = None
+    early: int = 0  # of `records`, those made from a lone packet-in's bytes before it was decoded (RecordOut.early)
 
 
 def aggregate_key(pin: PacketIn, summary: PacketSummary) -> AggregateKey:
@@ -127,7 +128,8 @@ class AuditPipeline(CoarseKeys):
         self.rule_packet_ins: dict[int, int] = {}
         self.rule_refused: dict[int, int] = {}
         # Emissions -> records -> the writer (auditlog/record_out.py): the same stats, refusals and coarse keys
-        self._out = RecordOut(self.encoder, writer, self.stats, self.rule_refused, self._distinct)
+        self._out = RecordOut(self.encoder, writer, self.stats, self.rule_refused, self._distinct,
+                              lone_texts=(getattr(ctx.rules, "mapping", None), getattr(ctx.pods, "ip_table", None)))
         self._emit = self._out.emit
 
     def __call__(self, pin: PacketIn) -> None:
@@ -163,6 +165,14 @@ class AuditPipeline(CoarseKeys):
             # stepped back (received_at shows it): poke the timer only then, or when it sleeps towards nothing.
             if (until := self._timer_until) is None or pin.received_at + self._window < until:
                 self._poke_timer()
+
+    def early(self, raw: bytes, wall: float) -> None:
+        """Before a lone packet-in is decoded (received `wall`): its record made from the message's bytes and
+        written now (RecordOut.early), when lone would take it; lone then finds it made."""
+        add_run, overload = self._add_run, self._overload
+        if add_run is None or self._batching is None or self._level or (overload is not None and self._countdown <= 1):
+            return
+        self._out.early(raw, wall, self._agg)
 
     def lone(self, pin: PacketIn) -> bool:
         """A read's only packet-in, as begin_batch, __call__ and end_batch take it (the same records, counts and
@@ -422,7 +432,8 @@ class AuditPipeline(CoarseKeys):
 
     def snapshot(self) -> PipelineStats:
         overload = self._overload.stats(self._clock()) if self._overload is not None else None
-        return PipelineStats(**self.stats, aggregator=self._agg.snapshot(), overload=overload)
+        return PipelineStats(**self.stats, aggregator=self._agg.snapshot(), overload=overload,
+                             early=self._out.early_records)
 
     async def close(self) -> None:
         """Write what the open windows hold, then stop the timer."""

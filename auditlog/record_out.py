@@ -15,10 +15,12 @@ from typing import Any, Callable, Protocol, cast
 from auditlog.aggregate import Emission
 from auditlog.chain import RecordText
 from auditlog.packet import PacketSummary
-from packetin.model import PacketIn
+from packetin.model import Flags, PacketIn
+from packetin.registers import USERDATA_VERSION
 from packetin.ratelimited_log import RateLimitedLog
 
 log = logging.getLogger("auditlog.pipeline")
+LOG, REJECT = int(Flags.LOG), int(Flags.REJECT)
 
 
 class RecordSink(Protocol):
@@ -41,7 +43,8 @@ class RecordOut:
     full-detail keys each coarse key's window holds)."""
 
     def __init__(self, encoder: Any, writer: RecordSink, stats: dict[str, int], rule_refused: dict[int, int],
-                 distinct: dict[tuple, set[tuple]]) -> None:
+                 distinct: dict[tuple, set[tuple]],
+                 lone_texts: tuple[Callable[[], Any] | None, Callable[[], Any] | None] = (None, None)) -> None:
         self._encode = encoder.encode
         self._run: Callable[[list[Emission], int, list[RecordText]], int] | None = getattr(encoder, "encode_run",
                                                                                           None)
@@ -50,11 +53,25 @@ class RecordOut:
         self._submit_many: Callable[[list[RecordText]], int] | None = getattr(writer, "submit_many", None)
         self.stats, self.rule_refused, self._distinct = stats, rule_refused, distinct
         self._drops = RateLimitedLog(log, 10.0)
+        # early(): the C encoder's encode_raw, what says whether the texts it keeps are still right (the rules'
+        # mapping and the Pod table now), and the record early made for first() to find: (record, written).
+        rules, table = lone_texts
+        raw = getattr(encoder, "encode_raw", None)
+        self._raw = (raw, rules, table) if raw is not None and rules is not None and table is not None else None
+        self._early: tuple[RecordText, bool] | None = None
+        self.early_records = 0  # records early() made
 
     def emit(self, emissions: list[Emission]) -> None:
         """The records of `emissions`, in order, to the writer: runs of full-detail ones encoded in one call where
         the C encoder is built (encode_run) and handed over together (the writer's submit_many, when it holds a
         batch), the rest (coarse keys, and all where there is no C encoder) one by one."""
+        if self._early is not None and emissions:  # lone() takes what early() made: not expected here
+            if (early := self._take_early(emissions[0])) is not None:
+                if early[1]:
+                    self.stats["records"] += 1
+                else:
+                    self._submit_run(emissions, 0, [early[0]])
+                emissions = emissions[1:]
         run = self._run
         if run is None:
             self._emit_each(emissions)
@@ -71,12 +88,46 @@ class RecordOut:
                 self._emit_each(emissions[j:j + 1])
             i = j + 1
 
+    def early(self, raw: bytes, wall: float, aggregator: Any) -> None:
+        """A lone packet-in's record made from its NXT_PACKET_IN2 bytes (received `wall`) before it is decoded,
+        and written now where the writer can (encode_raw: the C encoder, from texts it keeps in one block, with
+        the aggregator's word that this packet-in makes its key's "first" and nothing else), for first() to find:
+        after a quiet spell the decode, the aggregator and the encoder's caches cost the record's latency tens of
+        µs each. Nothing done where encode_raw cannot say (it then draws no event id)."""
+        if self._raw is None or self._early is not None:
+            return
+        encode_raw, rules, table = self._raw
+        record = encode_raw(raw, wall, None, rules(), table(), aggregator, USERDATA_VERSION, LOG, REJECT)
+        if record is not None:
+            self.early_records += 1
+            self._early = (record, self._write_now is not None and self._write_now([record]))
+
+    def _take_early(self, e: Emission | None) -> tuple[RecordText, bool] | None:
+        """The early record, when `e` is the emission it was made for (a "first" or "immediate" of one packet,
+        received when the record says); else None, and an early record (not expected) is said."""
+        early, self._early = self._early, None
+        if early is None:
+            return None
+        if e is not None and e.packets == 1 and not e.offloaded_packets and e.first == early[0].received \
+                and e.kind != "aggregate":
+            return early
+        self._drops.log(logging.ERROR, "early", "a record made early (%s) was not the pipeline's next: %s",
+                        "written" if early[1] else "not written", early[0].head[:200])
+        return None
+
     def first(self, emissions: list[Emission]) -> bool:
         """emit(emissions) for a lone packet-in's one emission, its record written now where the writer can write
         it now (write_now), not in its read's batch (auditlog/pipeline.py AuditPipeline.lone): True once handled,
         written or else submitted as emit submits it; False, nothing done, unless it is one full-detail emission
         the C encoder takes. An encoder error raises as in emit, nothing made."""
         run, write_now = self._run, self._write_now
+        early = self._take_early(emissions[0] if len(emissions) == 1 else None) if self._early is not None else None
+        if early is not None:
+            if early[1] or (write_now is not None and write_now([early[0]])):
+                self.stats["records"] += 1
+            else:
+                self._submit_run(emissions, 0, [early[0]])
+            return True
         if run is None or write_now is None or len(emissions) != 1:
             return False
         records: list[RecordText] = []

@@ -70,7 +70,8 @@ class OpenFlowChannel(BundleExchange):
                  on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
                  read_urgent: Callable[[], bool] = lambda: False,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 rng: random.Random | None = None, on_lone: LoneSink | None = None) -> None:
+                 rng: random.Random | None = None, on_lone: LoneSink | None = None,
+                 on_early: Callable[[bytes, float, float], None] | None = None) -> None:
         """`on_lone`: a read's only packet-in, taken (True) with its output before the read's bookkeeping
         (PacketInReader.lone; the demux's lone). `on_groups` and `coarse`: while coarse() is True, the packet-ins
         of a read that a coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py).
@@ -79,7 +80,7 @@ class OpenFlowChannel(BundleExchange):
         self.settings = settings
         self._reader = PacketInReader(on_packet_ins, self._on_control, on_malformed=on_malformed,
                                       mono_clock=mono_clock, wall_clock=wall_clock, on_groups=on_groups,
-                                      coarse=coarse, lone_sink=on_lone)
+                                      coarse=coarse, lone_sink=on_lone, early_sink=on_early)
         self._mono = mono_clock
         self._sleep = sleep
         self._rng = rng or random.Random()

@@ -78,8 +78,9 @@ class _Subscription:
     # The handler's handle_run (None: it has none): a slice's packet-ins in one call, see _drain_runs.
     run_handler: RunHandler | None = None
     failed: Callable[[], None] | None = None  # logs a packet-in the handler failed on (from inside its except)
-    # The handler's lone (None: it has none): a read's only packet-in, its output before the bookkeeping (`lone`).
+    # The handler's lone and early (None: it has none): a read's only packet-in, its output first (`lone`, `early`).
     lone: Callable[[PacketIn], bool] | None = None
+    early: Callable[[bytes, float], None] | None = None
 
 
 def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
@@ -124,7 +125,7 @@ class Demux:
             begin_batch=getattr(handler, "begin_batch", None),
             end_batch=getattr(handler, "end_batch", None),
             run_handler=getattr(handler, "handle_run", None),
-            lone=getattr(handler, "lone", None),
+            lone=getattr(handler, "lone", None), early=getattr(handler, "early", None),
         )
         sub.failed = partial(self._handler_failed, sub)
         if fair is not None:
@@ -186,22 +187,31 @@ class Demux:
             if admitted:
                 self._hand_over(sub, group if admitted == n else group[:admitted])
 
-    def lone(self, pin: PacketIn, now: float) -> bool:
-        """dispatch([pin], now) for a read whose only packet-in the channel admits whatever its key (an empty
-        channel handled inline; its bucket, or its fair shares' category above the reserve, holding a token):
-        its handler's `lone` takes it, which puts its output (the audit record) first, and the counts and
-        admission come after, as dispatch leaves them. False, nothing done, when the handler has no lone or
-        declines, or admission is not certain."""
-        category = pin.category
+    def _lone_sub(self, category: int | None, now: float) -> _Subscription | None:
+        """The subscription `lone` hands a packet-in of `category` to now, else None."""
         sub = self._subs.get(category) if category is not None else None
         if sub is None or sub.lone is None or sub.queue or sub.task is None or self._inline_max < 1 \
                 or sub.in_groups >= sub.queue_size:
+            return None
+        fair = sub.fair  # admitted whatever its key: a token in the bucket, or above the fair shares' reserve
+        return sub if (sub.bucket.tokens(now) >= 1 if fair is None else sub.fair_key is not None
+                       and fair.admits_any(now)) else None
+
+    def early(self, raw: bytes, now: float, wall: float) -> None:
+        """Before a lone read's message is decoded: the policy handler's early (its record made from the bytes)."""
+        sub = self._lone_sub(Category.POLICY, now)
+        if sub is not None and sub.early is not None:
+            sub.early(raw, wall)
+
+    def lone(self, pin: PacketIn, now: float) -> bool:
+        """dispatch([pin], now) for a read whose only packet-in the channel admits whatever its key (an empty
+        channel handled inline, _lone_sub): its handler's `lone` takes it, which puts its output (the audit record)
+        first, and the counts and admission come after, as dispatch leaves them. False, nothing done, when the
+        handler has no lone or declines, or admission is not certain."""
+        sub = self._lone_sub(pin.category, now)
+        if sub is None or sub.lone is None:
             return False
-        fair = sub.fair
-        certain = sub.bucket.tokens(now) >= 1 if fair is None else sub.fair_key is not None and fair.admits_any(now)
-        if not certain:
-            return False
-        failed = False
+        fair, failed = sub.fair, False
         try:
             if not sub.lone(pin):
                 return False

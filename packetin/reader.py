@@ -80,9 +80,11 @@ class PacketInReader:
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
-                 lone_sink: LoneSink | None = None) -> None:
+                 lone_sink: LoneSink | None = None, early_sink: Callable[[bytes, float, float], None] | None = None
+                 ) -> None:
         self._sink = sink
         self.lone_sink = lone_sink
+        self.early_sink = early_sink
         self._on_control = on_control
         self._on_malformed = on_malformed
         self._mono = mono_clock
@@ -139,9 +141,11 @@ class PacketInReader:
         sink = self.lone_sink
         if sink is None or not wire.is_packet_in2(raw):
             return False
-        now = self._mono()
+        now, wall = self._mono(), self._wall()
+        if self.early_sink is not None:  # the record written from the bytes, before the decode (Demux.early)
+            self.early_sink(raw, now, wall)
         try:
-            pin = self._decode(raw, self._wall())
+            pin = self._decode(raw, wall)
         except DecodeError:
             return False
         taken = sink(pin, now)

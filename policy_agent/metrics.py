@@ -197,6 +197,8 @@ class AuditCollector:
         records.add_metric(["queued"], p.records)
         records.add_metric(["dropped_writer_full"], p.writer_full)
         yield records
+        yield CounterMetricFamily("npaudit_audit_records_early", "Of the queued records, those of a lone packet-in "
+                                  "made from its message's bytes before it was decoded", value=p.early)
         w = self._writer.snapshot()
         writer = CounterMetricFamily("npaudit_audit_writer", "Audit writer events (records written, dropped, "
                                      "rotations, compression, write errors)", labels=["event"])

@@ -63,6 +63,11 @@ class RuleRegistry:
     def replace(self, rules: dict[int, RuleInfo]) -> None:
         self._rules = dict(rules)
 
+    def mapping(self) -> dict[int, RuleInfo]:
+        """Rule id -> rule, as it is now: a new dict at each replace, never changed in place (the C record encoder
+        keeps texts while this is the same object and the rule in it the same)."""
+        return self._rules
+
     def get(self, rule_id: int) -> RuleInfo | None:
         return self._rules.get(rule_id)
 

@@ -100,6 +100,11 @@ def test_a_paced_flood_is_read_in_batches_and_every_packet_in_is_recorded(flood_
                                                                                       0.0)
     assert 9 <= lone_reads <= 10
     assert records3["packets"] - records1["packets"] == lone
+    # And made from the message's bytes before the decode (the flood's records left the C encoder the texts of
+    # this rule, these Pods and this OVS place): all the lone path took but where a window could close.
+    early = counts3.get("npaudit_audit_records_early_total", 0.0) - counts2.get("npaudit_audit_records_early_total",
+                                                                                0.0)
+    assert 8 <= early <= lone_reads, (early, lone_reads)
 
     # A packet-in every 80 ms (12.5 a second): closer together than the longest pause (the agent's
     # default read_pace_max, 100 ms), farther than the trickle gap (20 ms): still each read at once.

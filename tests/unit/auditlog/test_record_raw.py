@@ -14,6 +14,7 @@ import pytest
 
 from auditlog import record_fast
 from auditlog.packet import decode_frame
+from packetin.errors import DecodeError
 from packetin.wire import decode_packet_in2
 from policy_agent.policy.rules import RuleRegistry
 from tests.support.fast_records import ODD, PODS, RENAMED, RULES, T0, V4, Pods, encoder
@@ -70,10 +71,10 @@ def test_a_raw_record_is_encodes_record_byte_for_byte() -> None:
         wall = T0 + i * 0.0137
         expected, event_id = _primed(fast, raw, wall)  # stores the key's template (or finds it stored)
         raw2 = _raw(random.Random(i), src, dst)  # another packet: its key may have no template yet
-        got = fast.encode_raw(raw, wall, event_id, rules._rules, pods.ip_table())
+        got = fast.encode_raw(raw, wall, event_id, rules.mapping(), pods.ip_table())
         assert got is not None and _texts(got) == _texts(expected), i
         built += 1
-        later = fast.encode_raw(raw2, wall + 1.0, event_id + 1, rules._rules, pods.ip_table())
+        later = fast.encode_raw(raw2, wall + 1.0, event_id + 1, rules.mapping(), pods.ip_table())
         if later is not None:
             assert _texts(later) == _texts(_by_encode(fast, raw2, wall + 1.0)[0]), i
     assert built == 400
@@ -82,27 +83,27 @@ def test_a_raw_record_is_encodes_record_byte_for_byte() -> None:
 def test_a_raw_record_needs_its_keys_template_and_the_same_rule_and_pods() -> None:
     rules, pods, fast = _stack()
     raw = message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1)
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is None  # no template yet
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is None  # no template yet
     _primed(fast, raw, T0)
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is not None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is not None
     other_port = message(frame(V4[0], V4[1], "udp", 5354), reg6=0x1001, reg7=1)
-    assert fast.encode_raw(other_port, T0, 1, rules._rules, pods.ip_table()) is not None  # the same key
+    assert fast.encode_raw(other_port, T0, 1, rules.mapping(), pods.ip_table()) is not None  # the same key
     for other in (message(frame(V4[1], V4[0], "udp", 5353), reg6=0x1001, reg7=1),  # other addresses
                   message(frame(V4[0], V4[1], "tcp", 5353), reg6=0x1001, reg7=1),  # other protocol
                   message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1003, reg7=1),  # other rule
                   message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=0),  # other disposition
                   message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1, in_port=9),  # other port
                   message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1, cookie=4)):  # other flow
-        assert fast.encode_raw(other, T0, 1, rules._rules, pods.ip_table()) is None
+        assert fast.encode_raw(other, T0, 1, rules.mapping(), pods.ip_table()) is None
     pods.table = MappingProxyType(dict(PODS))  # the same Pods, a new table: worked out again first
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is None
     _primed(fast, raw, T0)
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is not None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is not None
     rules.replace(dict(RENAMED))  # a new rule object for 0x1001: its texts may differ
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is None
     renamed, event_id = _primed(fast, raw, T0)
     assert "deny-renamed" in renamed.tail + renamed.head
-    assert _texts(fast.encode_raw(raw, T0, event_id, rules._rules, pods.ip_table())) == _texts(renamed)
+    assert _texts(fast.encode_raw(raw, T0, event_id, rules.mapping(), pods.ip_table())) == _texts(renamed)
 
 
 @pytest.mark.parametrize("raw", [
@@ -116,19 +117,19 @@ def test_a_raw_record_needs_its_keys_template_and_the_same_rule_and_pods() -> No
 def test_what_encode_does_not_build_itself_has_no_raw_record(raw: bytes) -> None:
     rules, pods, fast = _stack()
     _primed(fast, raw, T0)
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is None
 
 
 def test_a_message_decode_refuses_has_no_raw_record() -> None:
     rules, pods, fast = _stack()
     raw = message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1)
     _primed(fast, raw, T0)
-    assert fast.encode_raw(raw, T0, 1, rules._rules, pods.ip_table()) is not None
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is not None
     for bad in (raw[:-3], raw[:15], raw[:2] + (len(raw) + 8).to_bytes(2, "big") + raw[4:] + bytes(8),
                 raw[:16] + b"\x00\x00\x00\x02" + raw[20:]):  # the packet property claims 2 bytes
-        with pytest.raises(Exception):
+        with pytest.raises(DecodeError):
             decode_packet_in2(bad, T0)
-        assert fast.encode_raw(bad, T0, 1, rules._rules, pods.ip_table()) is None
+        assert fast.encode_raw(bad, T0, 1, rules.mapping(), pods.ip_table()) is None
 
 
 def test_templates_outlive_being_emptied() -> None:
@@ -141,7 +142,7 @@ def test_templates_outlive_being_emptied() -> None:
     for i in range(700):
         raw = message(frame(f"10.20.{i // 250}.{i % 250 + 1}", V4[1], "udp", 80), reg6=0x1001, reg7=1)
         expected, event_id = _primed(fast, raw, T0 + i)
-        assert _texts(fast.encode_raw(raw, T0 + i, event_id, rules._rules, pods.ip_table())) == _texts(expected)
+        assert _texts(fast.encode_raw(raw, T0 + i, event_id, rules.mapping(), pods.ip_table())) == _texts(expected)
 
 
 def test_without_an_event_id_the_next_is_drawn_once_the_record_is_certain() -> None:
@@ -149,8 +150,8 @@ def test_without_an_event_id_the_next_is_drawn_once_the_record_is_certain() -> N
     rules, pods, fast = _stack()
     raw = message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1)
     _, last = _primed(fast, raw, T0)
-    assert fast.encode_raw(message(frame(V4[1], V4[0], "udp", 1), reg6=0x1001, reg7=1), T0, None, rules._rules,
+    assert fast.encode_raw(message(frame(V4[1], V4[0], "udp", 1), reg6=0x1001, reg7=1), T0, None, rules.mapping(),
                            pods.ip_table()) is None  # no template: no id drawn
-    got = fast.encode_raw(raw, T0, None, rules._rules, pods.ip_table())
+    got = fast.encode_raw(raw, T0, None, rules.mapping(), pods.ip_table())
     assert got is not None and _ID.search(got.head).group(1) == f"{last + 1:016x}"  # type: ignore[union-attr]
     assert _by_encode(fast, raw, T0)[1] == last + 2

@@ -26,7 +26,8 @@ from packetin.demux import Demux, FairShareSettings
 from packetin.model import Category, Flags
 from packetin.reader import PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
-from tests.support.audit_pipeline import RULE, Pods
+from tests.support.audit_pipeline import RULE
+from tests.support.fast_records import Pods
 from policy_agent.policy.rules import RuleRegistry
 from tests.support.packet_ins import frame, message
 
@@ -86,7 +87,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
         demux.start()
         reader = PacketInReader(demux.dispatch, lambda raw: None, on_malformed=demux.count_malformed,
                                 mono_clock=lambda: mono[0], wall_clock=lambda: wall[0],
-                                lone_sink=demux.lone if lone else None)
+                                lone_sink=demux.lone if lone else None, early_sink=demux.early if lone else None)
         for kind, port, step in steps:
             wall[0] += step
             mono[0] += step
@@ -127,7 +128,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
             "pipeline": (dict(pipeline.stats), dict(pipeline.rule_packet_ins), overload.level, overload.entered),
             "writer": {k: v for k, v in writer.stats.items() if k != "batches"},
             "dispatcher": (dispatcher.answered, dispatcher.unanswerable), "offload": list(offload.seen),
-            "taken": reader.lone_reads,
+            "taken": reader.lone_reads, "early": pipeline._out.early_records,
         }
 
     return asyncio.run(run())
@@ -135,7 +136,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
 
 def test_a_lone_read_ends_as_a_read_taken_by_on_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_module, "_CHECK_EVERY", 3)  # the backlog looked at every 3rd packet-in, not 64th
-    taken = declined = 0
+    taken = declined = early = 0
     for seed in range(30):
         rng = random.Random(seed)
         steps = [(rng.choice(KINDS), rng.choice((7, 8, 9, 10, 11, 12)), rng.choice((0.0, 0.001, 0.05, 0.3, 1.2)))
@@ -145,13 +146,15 @@ def test_a_lone_read_ends_as_a_read_taken_by_on_messages(tmp_path: Path, monkeyp
             (tmp_path / str(seed) / side).mkdir(parents=True)
         lone = run_stack(steps, tmp_path / str(seed) / "lone", True, fair)
         read = run_stack(steps, tmp_path / str(seed) / "read", False, fair)
-        assert read.pop("taken") == 0
+        assert read.pop("taken") == 0 and read.pop("early") == 0
         n = lone.pop("taken")
+        early += lone.pop("early")
         assert lone == read, f"seed {seed}"
         taken += n
         declined += sum(1 for kind, _, _ in steps if kind not in ("trace", "offload", "overload")) - n
     # Both ways were taken: the lone path wrote records (and the batch path the rest)
     assert taken > 50 and declined > 100, (taken, declined)
+    assert 20 < early <= taken, (early, taken)  # records made from the bytes before the decode (early)
 
 
 def test_a_lone_plain_drop_is_written_before_its_reads_counts(tmp_path: Path) -> None:
