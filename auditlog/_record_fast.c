@@ -123,6 +123,7 @@ typedef struct {
      * it, copied into C memory. NULL until the first. */
     struct Template **tmpl;
     Py_ssize_t tmpl_len;
+    PyObject *tmpl_table;  /* the Pod table every template was worked out for (a new one empties them) */
 } FastEncoder;
 
 static PyObject *S_rule, *S_after_dst, *S_after_start, *S_said, *S_priority, *S_verdict, *S_network_direction,
@@ -141,6 +142,7 @@ static void FastEncoder_dealloc(FastEncoder *self) {
     Py_XDECREF(self->batch_table); Py_XDECREF(self->batch_rules);
     templates_clear(self);
     PyMem_Free(self->tmpl);
+    Py_XDECREF(self->tmpl_table);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -413,7 +415,8 @@ static int build_record(const RecordTexts *t, const RecordValues *v, Buf *hb, Bu
  * A template is keyed by what a record's texts depend on beyond its packet: the rule id and disposition, both
  * IPv4 addresses, the protocol (TCP or UDP) and the packet-in's OVS place (cookie, table, in_port); it holds
  * the texts encode worked out for that key (the Community ID aside: per flow) with the rule and the Pod table
- * they were worked out for. encode stores one whenever it builds such a record itself. */
+ * they were worked out for. encode stores one whenever it builds such a record itself; all are for one Pod table,
+ * and a record worked out for another empties them (an old table is not kept alive by them). */
 #define TMPL_CAP 1024          /* slots; emptied when half full, as record._cache empties a full cache */
 #define IN_PORT_NONE 0xFFFFFFFFFFULL
 
@@ -425,7 +428,7 @@ typedef struct {
 
 typedef struct Template {
     TKey key;
-    PyObject *rule, *table, *verdict;  /* held: the rule and Pod table the texts are for, the record's verdict */
+    PyObject *rule, *verdict;           /* held: the rule the texts are for, the record's verdict */
     RecordTexts tx;                     /* pointing into `text`; tx.comm unused */
     char text[];
 } Template;
@@ -445,7 +448,7 @@ static int tkey_eq(const TKey *a, const TKey *b) {
 }
 
 static void template_free(Template *t) {
-    Py_XDECREF(t->rule); Py_XDECREF(t->table); Py_XDECREF(t->verdict);
+    Py_XDECREF(t->rule); Py_XDECREF(t->verdict);
     PyMem_Free(t);
 }
 
@@ -470,9 +473,13 @@ static int template_store(FastEncoder *self, const TKey *k, PyObject *rule, PyOb
         PyErr_NoMemory();
         return -1;
     }
+    if (table != self->tmpl_table) {  /* the Pods changed: none of the texts kept holds, nor an old table alive */
+        templates_clear(self);
+        Py_XSETREF(self->tmpl_table, Py_NewRef(table));
+    }
     Template **slot = template_slot(self, k);
-    if (*slot != NULL) {  /* worked out again: for another rule or Pod table */
-        if ((*slot)->rule == rule && (*slot)->table == table) return 0;
+    if (*slot != NULL) {  /* worked out again: for another rule */
+        if ((*slot)->rule == rule) return 0;
         template_free(*slot);
         *slot = NULL;
         self->tmpl_len--;
@@ -486,7 +493,7 @@ static int template_store(FastEncoder *self, const TKey *k, PyObject *rule, PyOb
     Template *t = PyMem_Malloc(sizeof(Template) + size + 1);
     if (t == NULL) { PyErr_NoMemory(); return -1; }
     t->key = *k;
-    t->rule = Py_NewRef(rule); t->table = Py_NewRef(table); t->verdict = Py_NewRef(verdict);
+    t->rule = Py_NewRef(rule); t->verdict = Py_NewRef(verdict);
     Text *dst = (Text *)&t->tx;
     char *w = t->text;
     for (size_t i = 0; i < count; i++) {
@@ -648,7 +655,7 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
               .dst = (uint32_t)f[30] << 24 | (uint32_t)f[31] << 16 | f[32] << 8 | f[33],
               .protocol = (uint8_t)proto, .table_id = r.table_id};
     Template *t = *template_slot(self, &k);
-    if (t == NULL || t->table != args[4]) Py_RETURN_NONE;
+    if (t == NULL || self->tmpl_table != args[4]) Py_RETURN_NONE;
     if (nargs == 9) {  /* ours, for the policy subscriber, plain logged: LOG set, REJECT clear */
         long version = PyLong_AsLong(args[6]), log_bit = PyLong_AsLong(args[7]), reject_bit = PyLong_AsLong(args[8]);
         if ((version == -1 || log_bit == -1 || reject_bit == -1) && PyErr_Occurred()) return NULL;

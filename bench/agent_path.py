@@ -162,8 +162,10 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
         if stages:
             _probe_stages(marks, demux, pipeline, writer)
         lone_sink = getattr(demux, "lone", None)  # a read of one packet-in, its record first (a base tree: none)
+        early_sink = getattr(demux, "early", None)  # ... made from its bytes before the decode (a base tree: none)
         reader = PacketInReader(demux.dispatch, lambda m: None, wall_clock=wall,
-                                **({"lone_sink": lone_sink} if lone_sink is not None else {}))
+                                **({"lone_sink": lone_sink} if lone_sink is not None else {}),
+                                **({"early_sink": early_sink} if early_sink is not None else {}))
         lone = getattr(reader, "lone", lambda raw: False)
         settle_heap()
         reads: list[tuple[int, int, list[tuple[str, int]]]] = []

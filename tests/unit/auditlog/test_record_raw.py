@@ -155,3 +155,24 @@ def test_without_an_event_id_the_next_is_drawn_once_the_record_is_certain() -> N
     got = fast.encode_raw(raw, T0, None, rules.mapping(), pods.ip_table())
     assert got is not None and _ID.search(got.head).group(1) == f"{last + 1:016x}"  # type: ignore[union-attr]
     assert _by_encode(fast, raw, T0)[1] == last + 2
+
+
+class _Table(dict):  # type: ignore[type-arg]
+    """A Pod table a weak reference can follow."""
+
+
+def test_a_new_pod_table_empties_the_templates_and_lets_the_old_table_go() -> None:
+    import gc
+    import weakref
+
+    rules, pods, fast = _stack()
+    pods.table = _Table(PODS)
+    raw = message(frame(V4[0], V4[1], "udp", 5353), reg6=0x1001, reg7=1)
+    _primed(fast, raw, T0)
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is not None
+    old = weakref.ref(pods.table)
+    pods.table = _Table(PODS)
+    _primed(fast, message(frame(V4[1], V4[0], "udp", 53), reg6=0x1001, reg7=1), T0)  # kept for the new table
+    gc.collect()
+    assert old() is None  # no template keeps the old table alive
+    assert fast.encode_raw(raw, T0, 1, rules.mapping(), pods.ip_table()) is None  # its texts went with it
