@@ -15,8 +15,9 @@ def test_the_stages_of_a_lone_packet_in_come_in_the_paths_order_and_every_record
     got = bench.measure(ROOT, 12, 1, idle=0.001, stages=True)
     assert got["records"] == 12
     stages = list(got["stages_us"])
-    # The lone path (Demux.lone): the record's write first, then the read's batch (its bookkeeping) after it
-    order = ["lone>", "write_inline>", "seal_and_write>", "os_write>", "<os_write", "<seal_and_write", "<write_inline",
+    # The lone path: the record made from the message's bytes and written before the decode (Demux.early, once the
+    # first reads left the C encoder its texts), then Demux.lone and the read's batch (its bookkeeping) after it
+    order = ["write_inline>", "seal_and_write>", "os_write>", "<os_write", "<seal_and_write", "<write_inline", "lone>",
              "begin_batch>", "<begin_batch", "end_batch>", "release>", "<release", "<end_batch", "<lone", "read_end"]
     assert stages == order, stages  # each probe fired on every read, in this order
     times = [got["stages_us"][s] for s in order]
