@@ -24,9 +24,9 @@ keys), the policy handler taking each read's packet-ins and doing nothing with t
 
 --stages (one child, this checkout, a packet-in a read, --idle-ms between reads): where a lone packet-in's time
 goes, in wall µs from the read's start (perf_counter_ns), median over the reads (the first 5 left out): when the
-demux's dispatch (the packet-in decoded), the pipeline's begin_batch, its emit (the packet-in aggregated: the
-emissions to make records of), the end_batch that hands the record to the writer, the writer's release, its sealing
-and writing, the file write itself (os_write) begin and end, and the read's end. Each stage
+record made from the message's bytes (the early path, once the first reads left the C encoder its texts) is written
+inline, sealed and written (os_write: the file write itself), begin and end; then the demux's lone (the packet-in
+decoded), the pipeline's begin_batch and end_batch, the writer's release, and the read's end. Each stage
 is timed by a wrapper around the agent's own method, which costs a little itself. Then `c_calls`: after the same
 sleep, only the path's calls into C, one after the other on a fresh packet-in, each timed: the learned-layout
 decode, the aggregator's add_run, the encoder's encode_run, the sealer's seal_run and the line's write(2). What the
