@@ -261,22 +261,11 @@ static int timestamp(FastEncoder *self, double t, char *out, size_t *len) {
     return 0;
 }
 
-/* The Community ID member of a TCP/UDP/SCTP flow (community_id._ported), or NULL with no exception to fall
- * back (an address inet_pton refuses, two IP versions), or NULL with an exception. */
-static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, long sport, long dport) {
-    Py_ssize_t sn = 0, dn = 0;
-    const char *s = ascii_of(src_ip, &sn), *d = ascii_of(dst_ip, &dn);
-    char sz[64], dz[64];
-    unsigned char sa[16], da[16], data[40];
-    if (!s || !d || sn >= 64 || dn >= 64) return NULL;
-    memcpy(sz, s, sn); sz[sn] = 0;
-    memcpy(dz, d, dn); dz[dn] = 0;
-    int sv6 = memchr(s, ':', sn) != NULL, dv6 = memchr(d, ':', dn) != NULL;
-    if (sv6 != dv6) return NULL;
-    size_t alen = sv6 ? 16 : 4;
-    /* a dotted quad read here (the common case, no libc call), anything else by inet_pton */
-    if (!(!sv6 && np_ipv4(s, (size_t)sn, sa)) && inet_pton(sv6 ? AF_INET6 : AF_INET, sz, sa) != 1) return NULL;
-    if (!(!dv6 && np_ipv4(d, (size_t)dn, da)) && inet_pton(dv6 ? AF_INET6 : AF_INET, dz, da) != 1) return NULL;
+/* The Community ID member ("community_id":"1:...",) of a TCP/UDP/SCTP flow between the packed addresses `sa`
+ * and `da` (`alen` bytes each) into `out`; its length. community_id._ported's bytes, hashed and encoded. */
+static size_t community_member(const unsigned char *sa, const unsigned char *da, size_t alen, long proto, long sport,
+                               long dport, char out[64]) {
+    unsigned char data[40];
     int cmp = memcmp(sa, da, alen);
     int forward = cmp < 0 || (cmp == 0 && sport <= dport);
     size_t n = 0;
@@ -289,11 +278,31 @@ static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, 
     data[n++] = (unsigned char)(p2 >> 8); data[n++] = (unsigned char)p2;
     unsigned char digest[20];
     np_sha1(data, n, digest);
-    char text[64] = "\"community_id\":\"1:";
-    size_t t = strlen(text);
-    t += base64(digest, 20, text + t);
-    memcpy(text + t, "\",", 2);
-    t += 2;
+    static const char head[] = "\"community_id\":\"1:";
+    size_t t = sizeof head - 1;
+    memcpy(out, head, t);
+    t += base64(digest, 20, out + t);
+    memcpy(out + t, "\",", 2);
+    return t + 2;
+}
+
+/* The Community ID member of a TCP/UDP/SCTP flow (community_id._ported), or NULL with no exception to fall
+ * back (an address inet_pton refuses, two IP versions), or NULL with an exception. */
+static PyObject *community_text(PyObject *src_ip, PyObject *dst_ip, long proto, long sport, long dport) {
+    Py_ssize_t sn = 0, dn = 0;
+    const char *s = ascii_of(src_ip, &sn), *d = ascii_of(dst_ip, &dn);
+    char sz[64], dz[64];
+    unsigned char sa[16], da[16];
+    if (!s || !d || sn >= 64 || dn >= 64) return NULL;
+    memcpy(sz, s, sn); sz[sn] = 0;
+    memcpy(dz, d, dn); dz[dn] = 0;
+    int sv6 = memchr(s, ':', sn) != NULL, dv6 = memchr(d, ':', dn) != NULL;
+    if (sv6 != dv6) return NULL;
+    /* a dotted quad read here (the common case, no libc call), anything else by inet_pton */
+    if (!(!sv6 && np_ipv4(s, (size_t)sn, sa)) && inet_pton(sv6 ? AF_INET6 : AF_INET, sz, sa) != 1) return NULL;
+    if (!(!dv6 && np_ipv4(d, (size_t)dn, da)) && inet_pton(dv6 ? AF_INET6 : AF_INET, dz, da) != 1) return NULL;
+    char text[64];
+    size_t t = community_member(sa, da, sv6 ? 16 : 4, proto, sport, dport, text);
     return PyUnicode_FromStringAndSize(text, (Py_ssize_t)t);
 }
 
@@ -704,22 +713,9 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
         if (id_v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     }
     for (int i = 15; i >= 0; i--, id_v >>= 4) v.id[i] = "0123456789abcdef"[id_v & 15];
-    /* the flow's Community ID (community_text, from the frame's addresses) */
-    unsigned char data[16], digest[20];
-    int cmp = memcmp(f + 26, f + 30, 4), forward = cmp < 0 || (cmp == 0 && v.src_port <= v.dst_port);
-    memcpy(data, forward ? f + 26 : f + 30, 4); memcpy(data + 4, forward ? f + 30 : f + 26, 4);
-    long p1 = forward ? v.src_port : v.dst_port, p2 = forward ? v.dst_port : v.src_port;
-    unsigned char in[40] = {0, 0};
-    memcpy(in + 2, data, 8);
-    in[10] = (unsigned char)proto; in[11] = 0;
-    in[12] = (unsigned char)(p1 >> 8); in[13] = (unsigned char)p1; in[14] = (unsigned char)(p2 >> 8);
-    in[15] = (unsigned char)p2;
-    np_sha1(in, 16, digest);
-    char comm[64] = "\"community_id\":\"1:";
-    size_t cn = strlen(comm);
-    cn += base64(digest, 20, comm + cn);
-    memcpy(comm + cn, "\",", 2);
-    cn += 2;
+    /* the flow's Community ID, from the frame's addresses (as community_text from their texts) */
+    char comm[64];
+    size_t cn = community_member(f + 26, f + 30, 4, proto, v.src_port, v.dst_port, comm);
     RecordTexts tx = t->tx;
     tx.comm.p = comm; tx.comm.n = cn;
     Buf hb, mb, tb, msg;
