@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 from auditlog.aggregate import AggregateKey, Aggregation, AggregatorStats, Emission
 from auditlog.coarse_keys import CoarseKeys
@@ -169,10 +169,18 @@ class AuditPipeline(CoarseKeys):
     def early(self, raw: bytes, wall: float) -> None:
         """Before a lone packet-in is decoded (received `wall`): its record made from the message's bytes and
         written now (RecordOut.early), when lone would take it; lone then finds it made."""
-        add_run, overload = self._add_run, self._overload
-        if add_run is None or self._batching is None or self._level or (overload is not None and self._countdown <= 1):
-            return
-        self._out.early(raw, wall, self._agg)
+        if self._early_takes():
+            self._out.early(raw, wall, self._agg)
+
+    def early_arm(self) -> tuple[Any, ...] | None:
+        """What early would use for a lone packet-in now (RecordOut.early_arm: the event loop's quiet wait), else
+        None."""
+        return self._out.early_arm(self._agg) if self._early_takes() else None
+
+    def _early_takes(self) -> bool:
+        overload = self._overload
+        return not (self._add_run is None or self._batching is None or self._level
+                    or (overload is not None and self._countdown <= 1))
 
     def lone(self, pin: PacketIn) -> bool:
         """A read's only packet-in, as begin_batch, __call__ and end_batch take it (the same records, counts and

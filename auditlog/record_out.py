@@ -102,6 +102,25 @@ class RecordOut:
             self.early_records += 1
             self._early = (record, self._write_now is not None and self._write_now([record]))
 
+    def early_arm(self, aggregator: Any) -> tuple[Any, ...] | None:
+        """What the event loop's quiet wait needs to make a lone packet-in's record as early makes it, and write it
+        (packetin/quiet.py): (took_early, encode_raw, the rules' mapping, the Pod table, `aggregator`, the userdata
+        version and bits, the writer's lone_arm), None where early would do nothing."""
+        if self._raw is None or self._early is not None:
+            return None
+        encode_raw, rules, table = self._raw
+        lone_arm = getattr(self._writer, "lone_arm", None) if self._write_now is not None else None
+        return (self.took_early, encode_raw, rules(), table(), aggregator, USERDATA_VERSION, LOG, REJECT,
+                lone_arm() if lone_arm is not None else None)
+
+    def took_early(self, early: tuple[Any, ...]) -> None:
+        """The record the quiet wait made (packetin/_quiet_fast.c), for first() to find as early's: its write
+        finished by the writer where the wait began it (the writer's lock, which it then holds, let go)."""
+        record, locked, line, written, errno = early[3:8]
+        done = bool(locked) and self._writer.lone_written([record], line, written, errno)  # type: ignore[attr-defined]
+        self.early_records += 1
+        self._early = (record, done)
+
     def _take_early(self, e: Emission | None) -> tuple[RecordText, bool] | None:
         """The early record, when `e` is the emission it was made for (a "first" or "immediate" of one packet,
         received when the record says); else None, and an early record (not expected) is said."""

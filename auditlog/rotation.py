@@ -34,6 +34,8 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
     strayed_kept = True  # that file still had a name (moved away), or not (removed)
     strayed_moved = 0  # records written to a live file found moved away after the write, all told (`write_lines`)
     strayed_removed = 0  # records of live files found removed, every one they held: lost with them
+    # (line, bytes of it and its newline written, errno): what the event loop's quiet wait wrote of the next line
+    prewritten: tuple[str, int, int] | None = None
 
     def write_lines(self, text: str) -> None:
         """Append `text` (whole lines, the last without its newline): a plain append while it can be
@@ -69,10 +71,8 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         ours: the writer owns its set) so costs the one write after it: `strayed` counts its records (a
         removed file: every record it held, all lost with it), `strayed_kept` says whether the file still
         has a name, and the next append goes to emit."""
-        size = self.size
-        stream = self.stream
-        if (size is None or (self.maxBytes > 0 and size >= self.maxBytes) or stream is None or stream.closed
-                or not self._actual_keep_log_stream_open):  # (never off on Linux: the file stays open)
+        size, stream = self.size, self.stream
+        if size is None or stream is None or not self.appends():
             return False
         self.size = None  # unknown if the write fails part way
         self.do_write(text)
@@ -92,6 +92,12 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
             self.strayed += written if self.strayed_kept else max(written, _lines_in(stream.fileno()))
         return True
 
+    def appends(self) -> bool:
+        """Whether `append` would append now (no rotation due, the live file open)."""
+        size, stream = self.size, self.stream
+        return not (size is None or (self.maxBytes > 0 and size >= self.maxBytes) or stream is None or stream.closed
+                    or not self._actual_keep_log_stream_open)  # (never off on Linux: the file stays open)
+
     def do_write(self, msg: str) -> None:
         """`msg` and a newline straight to the file with write(2), not through the text stream and its
         buffer (every path writes here, so nothing ever waits in that buffer)."""
@@ -103,6 +109,13 @@ class JsonlHandler(ConcurrentRotatingFileHandler):
         except UnicodeError:  # as the library does: in a form the encoding takes, by its error policy
             data = text.encode(self.encoding or "ascii", self.unicode_error_policy)
         fd, left = self.stream.fileno(), memoryview(data)
+        if (pre := self.prewritten) is not None:  # the quiet wait wrote it, or part of it (AuditWriter.lone_written)
+            self.prewritten = None
+            if pre[0] == msg:
+                left = left[pre[1]:]
+            else:  # never: sealed again, it is the same line
+                log.error("audit log %s: a record the event loop's wait wrote was sealed again differently: both "
+                          "lines are in the file", self.baseFilename)
         while left:  # a short write (a signal, the disk's last free block) leaves the rest to write
             left = left[os.write(fd, left):]
         if not self._actual_keep_log_stream_open:

@@ -20,6 +20,7 @@ from auditlog.loss_note import CarriedLoss
 from auditlog.rotation import JsonlHandler, finish_interrupted_rotation, prune_rotated
 from auditlog.record_fast import seal_run
 from auditlog.sealing import chunk_bounds, seal_records
+from auditlog.writer_inline import InlineWrites, _WriteFailed
 from auditlog.writer_resume import resume_point
 from auditlog.writer_dir import DIR_MODE, AuditWriterError, prepare_directory, take_ownership  # noqa: F401
 from auditlog.writer_stats import LOSS_KEYS, STAT_KEYS, WriterEvents, WriterStats  # noqa: F401 (re-exported)
@@ -36,19 +37,9 @@ _MAX_CHUNK = MiB             # bytes per write; rotation is checked between writ
 # the thread idle, is written by the submitting thread itself: a lone record then waits for
 # no thread wake-up. Closer records go through the queue and the thread, which batches them.
 INLINE_GAP = 0.001
-# An inline write that took longer than this (s; the disk throttling dirty pages, say: longer
-# than a preemption on a busy node, which is not the disk's doing) leaves
-# the writing to the thread for INLINE_BACKOFF seconds: the submitting thread is the event loop.
-INLINE_SLOW, INLINE_BACKOFF = 0.01, 1.0
 
 
-class _WriteFailed(Exception):
-    def __init__(self, unwritten: list[RecordText], cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.unwritten = unwritten
-
-
-class AuditWriter:
+class AuditWriter(InlineWrites):
     """Seals records into the hash chain and appends them to a rotating JSONL file from one thread.
 
     `submit` never blocks: a full queue returns False and counts. The thread takes
@@ -188,49 +179,6 @@ class AuditWriter:
         if not self._wake.is_set():
             self._wake.set()
         return len(pending)
-
-    def write_now(self, records: list[RecordText]) -> bool:
-        """Write `records` inline as release writes a held batch (release calls this): True once written (or handed
-        to the thread by a failed write), else False, nothing done but the submit time noted. A lone packet-in's
-        record comes here first (AuditPipeline.lone), its write before its read's bookkeeping."""
-        if self._inline_gap is None or self._holding or self._pending or len(records) > self.queue_size:
-            return False
-        now = self._monotonic()
-        self._last_submit = now
-        return now >= self._inline_from and not self._queue and self._write_inline(records)
-
-    def _write_inline(self, records: list[RecordText]) -> bool:
-        """Seal and append `records` now, on the caller's thread; False (nothing done) unless the
-        writer is running and idle, nothing is queued or held, and the write is a plain append
-        (no rotation due, no fsync). A failed write goes to the thread, which resynchronises
-        with the disk and retries it as it does its own."""
-        handler = self._handler
-        if (handler is None or self.fsync or self._held or handler.size is None
-                or 0 < self.max_bytes <= handler.size or self._files_lock.locked()):
-            return False
-        if not self._io_lock.acquire(blocking=False):
-            return False  # the thread is writing: the record queues behind what it holds
-        try:
-            # Checked under the lock: the thread takes records and exits only while holding it.
-            if self._queue or self._closing or not self._thread_running:
-                return False
-            start = self._monotonic()
-            try:
-                self._emit_records(records)
-                if (took := self._monotonic() - start) > INLINE_SLOW:
-                    self._inline_from = start + took + INLINE_BACKOFF
-                    self._counts["inline_backoffs"] += 1
-                    self._errors.log(logging.INFO, "inline-slow", "audit log %s: a write took %.1f ms; records "
-                                     "go through the writer thread for %.0f s", self.path, took * 1000, INLINE_BACKOFF)
-            except _WriteFailed as failed:
-                self._held = failed.unwritten
-                self._held_cause = failed.__cause__
-                self._wake.set()
-                return True
-            self._carried.settle(self._written_seq)
-            return True
-        finally:
-            self._io_lock.release()
 
     def flush_wait(self, timeout: float = 5.0) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""

@@ -47,11 +47,12 @@ WAKEUP_EVENTS = 1024
 
 WAKE, SWITCH_IN, SWITCH_OUT, ENTER, EXIT = 1, 2, 3, 4, 5
 # x86_64 syscall numbers of what a reader does.
-READ, WRITE, RECVFROM, RECVMSG = 0, 1, 45, 47
-NAMES = {0: "read", 1: "write", 7: "poll", 9: "mmap", 11: "munmap", 23: "select", 25: "mremap", 44: "sendto",
+READ, WRITE, WRITEV, RECVFROM, RECVMSG = 0, 1, 20, 45, 47
+NAMES = {0: "read", 1: "write", 7: "poll", 20: "writev", 9: "mmap", 11: "munmap", 23: "select", 25: "mremap", 44: "sendto",
          45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 202: "futex", 232: "epoll_wait", 281: "epoll_pwait",
          441: "epoll_pwait2"}
 READS = (READ, RECVFROM, RECVMSG)
+WRITES = (WRITE, WRITEV)  # writev: the agent's quiet wait (packetin/_quiet_fast.c) writes a line and its newline
 WAITS = (*READS, 7, 23, 232, 281, 441)  # where a reader sleeps until its next message: a read, poll, select, epoll
 
 _PROGRAM = r"""
@@ -162,14 +163,14 @@ def episodes(events: list[Event]) -> list[dict[str, Any]]:
         elif e.kind == ENTER:
             current["in"] = e.nr
             current["calls"].append(NAMES.get(e.nr, str(e.nr)))
-            if e.nr == WRITE and "read_return" in current:
+            if e.nr in WRITES and "read_return" in current:
                 current["write_enter"] = e.ts
         elif e.kind == EXIT:
             current["in"] = None
             current.setdefault("wait_return", e.ts)  # the first return running: the call it slept in
             if e.nr in READS and e.ret > 0:
                 current.setdefault("read_return", e.ts)
-            elif e.nr == WRITE and e.ret > 0 and "write_enter" in current:
+            elif e.nr in WRITES and e.ret > 0 and "write_enter" in current:
                 current["written"] = e.ts
                 out.append(current)
                 current = None

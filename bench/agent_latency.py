@@ -224,9 +224,11 @@ def one_round(cluster: Cluster, netns: str, ip: str, args: argparse.Namespace, w
     agent = phase(netns, ip, args.packets, args.rate, cluster.dir / "audit" / "audit.jsonl", record_port,
                   trace_tid=cluster.agent.pid if args.trace and cluster.agent is not None else None)
     after = agent_counts(cluster.metrics_port)  # type: ignore[attr-defined]
-    agent["reads"], agent["lone_reads"] = (  # reads of the phase, and those the lone path took (record first)
+    # reads of the phase, those the lone path took (record first), and of those the quiet wait's (packetin/quiet.py)
+    agent["reads"], agent["lone_reads"], agent["quiet_reads"] = (
         round(after.get(k, 0.0) - before.get(k, 0.0)) for k in ("npaudit_openflow_reads_total",
-                                                                 "npaudit_openflow_reads_lone_total"))
+                                                                 "npaudit_openflow_reads_lone_total",
+                                                                 "npaudit_openflow_reads_quiet_total"))
     cluster.stop_agent()
     floor_proc: subprocess.Popen[str] | None = None
     c_floor: dict | None = None
@@ -255,7 +257,7 @@ def pooled(phases: list[dict]) -> dict:
     lat = [ms for p in phases for ms in p["_ms"]]
     out = {"sent": sum(p["sent"] for p in phases), "readable": sum(p["readable"] for p in phases),
            "sent_to_readable": percentiles(lat)}
-    for k in ("reads", "lone_reads"):
+    for k in ("reads", "lone_reads", "quiet_reads"):
         if k in phases[0]:
             out[k] = sum(p[k] for p in phases)
     return out

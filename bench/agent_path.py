@@ -162,7 +162,8 @@ def measure(root: Path, n: int, per_read: int, compare: bool = False, idle: floa
         if stages:
             _probe_stages(marks, demux, pipeline, writer)
         lone_sink = getattr(demux, "lone", None)  # a read of one packet-in, its record first (a base tree: none)
-        early_sink = getattr(demux, "early", None)  # ... made from its bytes before the decode (a base tree: none)
+        # ... made from its bytes before the decode (a base tree: none; before the quiet wait: the demux's early alone)
+        early_sink = demux if hasattr(demux, "early_arm") else getattr(demux, "early", None)
         reader = PacketInReader(demux.dispatch, lambda m: None, wall_clock=wall,
                                 **({"lone_sink": lone_sink} if lone_sink is not None else {}),
                                 **({"early_sink": early_sink} if early_sink is not None else {}))

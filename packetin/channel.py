@@ -29,7 +29,7 @@ from packetin.connect import OpenFlowStream, open_target
 from packetin.desired_state import DesiredState, settle
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.read_pacing import READ_TRICKLE, ReadPacer, read_batch
-from packetin.reader import GroupSink, LoneSink, PacketInReader, PacketInSink
+from packetin.reader import EarlySink, GroupSink, LoneSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
 from packetin.tasks import cancel_and_wait
 
@@ -71,7 +71,7 @@ class OpenFlowChannel(BundleExchange):
                  read_urgent: Callable[[], bool] = lambda: False,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  rng: random.Random | None = None, on_lone: LoneSink | None = None,
-                 on_early: Callable[[bytes, float, float], None] | None = None) -> None:
+                 on_early: EarlySink | None = None) -> None:
         """`on_lone`: a read's only packet-in, taken (True) with its output before the read's bookkeeping
         (PacketInReader.lone; the demux's lone). `on_groups` and `coarse`: while coarse() is True, the packet-ins
         of a read that a coarse record cannot tell apart go to on_groups as PacketInGroups (packetin/groups.py).
@@ -197,7 +197,7 @@ class OpenFlowChannel(BundleExchange):
                                 trickle=self.settings.read_trickle, urgent=lambda: self.read_urgent()) \
             if pace > 0 else None
         return OpenFlowStream(self.settings.target, self._reader.on_messages, self._stream_lost, self._pacer,
-                              self._reader.lone if self._reader.lone_sink is not None else None)
+                              self._reader.lone if self._reader.lone_sink is not None else None, self._reader)
 
     def _stream_lost(self, stream: OpenFlowStream) -> None:
         # Fail waiting requests now: a handshake or replay must not sit out its timeout.
@@ -387,6 +387,8 @@ class OpenFlowChannel(BundleExchange):
     reads = property(lambda self: self._reader.reads, doc="Reads of the socket")
     lone_reads = property(lambda self: self._reader.lone_reads, doc="Reads of one packet-in taken by the lone "
                           "path (PacketInReader.lone)")
+    quiet_reads = property(lambda self: self._reader.quiet_reads, doc="Of those, reads the event loop's quiet wait "
+                           "made, their record written there (packetin/quiet.py)")
 
     @property
     def paced_reads(self) -> int:

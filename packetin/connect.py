@@ -9,11 +9,12 @@ import logging
 import socket
 import struct
 import termios
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from packetin import wire
 from packetin.errors import DecodeError
 from packetin.netns_socket import socket_in_netns
+from packetin.quiet import Early, selector_of
 from packetin.read_pacing import READ_BIG, ReadPacer
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,14 @@ P = TypeVar("P", bound=asyncio.Protocol)
 
 # The messages of one read, and how full the TCP socket still was after it (None: not asked, or not TCP).
 MessagesSink = Callable[[list[bytes], "float | None"], None]
+
+
+class QuietReader(Protocol):
+    """The reader as the event loop's quiet wait needs it (packetin/reader.py PacketInReader)."""
+
+    last_rx: float  # time.monotonic() of the last read
+
+    def quiet_arm(self) -> tuple[Any, ...] | None: ...
 
 
 def tcp_backlog(sock: Any) -> float | None:
@@ -90,7 +99,8 @@ class OpenFlowStream(asyncio.Protocol):
 
     def __init__(self, target: str, on_messages: MessagesSink,
                  on_lost: Callable[["OpenFlowStream"], None], pacer: ReadPacer | None = None,
-                 lone: Callable[[bytes], bool] | None = None) -> None:
+                 lone: Callable[[bytes, "tuple[float, float] | None"], bool] | None = None,
+                 quiet: QuietReader | None = None) -> None:
         self._target = target
         self._on_messages = on_messages
         # A read of exactly one whole message, nothing buffered before it: lone(message) may take it (True), as
@@ -104,17 +114,25 @@ class OpenFlowStream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._tcp: Any = None  # the socket, when it is TCP (its backlog is asked after big reads)
         self.closed: asyncio.Future[None] = self._loop.create_future()
+        # The event loop's quiet wait (packetin/quiet.py), where the loop has one: this stream is its source.
+        self._quiet = selector_of(self._loop) if lone is not None and quiet is not None else None
+        self._quiet_reader = quiet
+        self._armed: tuple[Any, ...] | None = None  # the last arm given to the wait
+        self.fd = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             self._tcp = sock
+        if self._quiet is not None and sock is not None:
+            self.fd = sock.fileno()
+            self._quiet.source = self
 
     def data_received(self, data: bytes) -> None:
         lone = self._lone
         if lone is not None and len(data) >= wire.OFP_HEADER_LEN and (data[2] << 8 | data[3]) == len(data) \
-                and self._framer.empty and lone(data):
+                and self._framer.empty and lone(data, None):
             self._after_read(len(data))
             return
         # A big read (READ_BIG: we are behind, or near it) is asked how full it left the socket: two
@@ -135,6 +153,39 @@ class OpenFlowStream(asyncio.Protocol):
                 self._broken(exc)
                 return
         self._after_read(len(data))
+
+    # --- the event loop's quiet wait (packetin/quiet.py QuietSource) ---
+
+    def may_arm(self) -> bool:
+        transport = self.transport
+        return transport is not None and self._resume is None and transport.is_reading() and not transport.is_closing()
+
+    def last_read(self) -> float:
+        return self._quiet_reader.last_rx if self._quiet_reader is not None else 0.0
+
+    def arm(self) -> tuple[Any, ...] | None:
+        reader = self._quiet_reader
+        self._armed = reader.quiet_arm() if reader is not None and self._framer.empty else None
+        return self._armed
+
+    def quiet_read(self, early: Early) -> None:
+        """The read the wait made: exactly one message, its record made (and written, or begun: took_early
+        finishes it), then handled as data_received would hand it, at the times it was read."""
+        arm, self._armed = self._armed, None
+        try:
+            if arm is None:  # never: the wait was armed through arm()
+                raise RuntimeError("the quiet wait read the OpenFlow socket without an arm")
+            arm[0](early)  # RecordOut.took_early: lets the writer's lock go
+            raw = early[0]
+            if self._lone is not None and len(raw) == (raw[2] << 8 | raw[3]) and self._lone(raw, (early[2], early[1])):
+                self._after_read(len(raw))
+            else:
+                self.data_received(raw)
+        except Exception:  # as asyncio's transport takes a failed data_received
+            log.exception("OpenFlow stream from %s: a read the event loop's wait made failed; reconnecting",
+                          self._target)
+            if self.transport is not None:
+                self.transport.abort()
 
     def _after_read(self, size: int) -> None:
         """A read of `size` bytes is handled: with a pacer, pause reading for as long as it says."""
@@ -176,6 +227,8 @@ class OpenFlowStream(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._quiet is not None and self._quiet.source is self:
+            self._quiet.source = None
         if self._resume is not None:
             self._resume.cancel()
             self._resume = None

@@ -31,16 +31,12 @@ from packetin.demux_counts import (DELIVERED, DROPPED_FAIR, DROPPED_QUEUE, DROPP
                                    NO_SUBSCRIBER, OUTCOMES, RECEIVED, UNKNOWN_CATEGORY, UNROUTABLE_REASONS,
                                    FairShareSettings, FairShareStats)
 from packetin.groups import PacketInGroup
+from packetin.handlers import Handler, RunHandler, chain_handlers, one_by_one  # noqa: F401 (chain_handlers: agent.py's)
 from packetin.layouts import common_category
 from packetin.model import Category, PacketIn
 from packetin.ratelimited_log import RateLimitedLog
 from packetin.read_pacing import READ_BATCH_TCP
 from packetin.tasks import cancel_and_wait
-
-Handler = Callable[[PacketIn], None]
-# handle_run(items, start, end, failed) -> (stop, failures): items[start:stop] handled as the handler would have
-# each one by one, stop at the first PacketInGroup (or end); `failed` called inside each failure's except.
-RunHandler = Callable[[list[Any], int, int, Callable[[], None]], tuple[int, int]]
 
 _KNOWN = frozenset(int(c) for c in Category)
 
@@ -83,13 +79,6 @@ class _Subscription:
     early: Callable[[bytes, float], None] | None = None
 
 
-def _one_by_one(handler: Handler) -> Callable[[PacketInGroup], None]:
-    def handle_group(group: PacketInGroup) -> None:
-        for pin in group.packet_ins():
-            handler(pin)
-    return handle_group
-
-
 class Demux:
     """Routes packet-ins to one subscriber per category."""
 
@@ -121,7 +110,7 @@ class Demux:
             handler=handler,
             bucket=TokenBucket(rate, burst, now),
             queue_size=queue_size,
-            group_handler=getattr(handler, "handle_group", None) or _one_by_one(handler),
+            group_handler=getattr(handler, "handle_group", None) or one_by_one(handler),
             begin_batch=getattr(handler, "begin_batch", None),
             end_batch=getattr(handler, "end_batch", None),
             run_handler=getattr(handler, "handle_run", None),
@@ -202,6 +191,13 @@ class Demux:
         sub = self._lone_sub(Category.POLICY, now)
         if sub is not None and sub.early is not None:
             sub.early(raw, wall)
+
+    def early_arm(self, now: float) -> tuple[Any, ...] | None:
+        """What the policy handler's early would use for a lone read now (its early_arm: the event loop's quiet
+        wait, packetin/quiet.py), else None."""
+        sub = self._lone_sub(Category.POLICY, now)
+        arm = getattr(sub.handler, "early_arm", None) if sub is not None and sub.early is not None else None
+        return arm() if arm is not None else None
 
     def lone(self, pin: PacketIn, now: float) -> bool:
         """dispatch([pin], now) for a read whose only packet-in the channel admits whatever its key (an empty
@@ -438,13 +434,3 @@ class Demux:
                 if sub.queue:
                     await asyncio.sleep(0)  # let the reader in between slices
 
-
-def chain_handlers(first: Handler, then: Handler | None) -> Handler:
-    """One subscriber calling `first`, then `then` (a debug tap) when there is one."""
-    if then is None:
-        return first
-
-    def both(pin: PacketIn) -> None:
-        first(pin)
-        then(pin)
-    return both

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from packetin import wire
 from packetin.errors import DecodeError
@@ -28,6 +28,15 @@ PacketInSink = Callable[[list[PacketIn], float], None]
 # A read's only packet-in and the read's time: True once taken (output first, counts after: Demux.lone).
 LoneSink = Callable[[PacketIn, float], bool]
 GroupSink = Callable[[list[PacketInGroup], float], None]
+
+
+class EarlySink(Protocol):
+    """Before a lone read's message is decoded (the demux): its record made from the bytes (`early`), or what that
+    would use now (`early_arm`: the event loop's quiet wait, packetin/quiet.py)."""
+
+    def early(self, raw: bytes, now: float, wall: float) -> None: ...
+
+    def early_arm(self, now: float) -> tuple[Any, ...] | None: ...
 
 # Input pressure: full reads one after another, at least PRESSURE_READS of them over
 # PRESSURE_SUSTAIN seconds or more, mean OVS's queue towards us (the socket, then its rconn queue
@@ -80,7 +89,7 @@ class PacketInReader:
                  mono_clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  on_groups: GroupSink | None = None, coarse: Callable[[], bool] = lambda: False,
-                 lone_sink: LoneSink | None = None, early_sink: Callable[[bytes, float, float], None] | None = None
+                 lone_sink: LoneSink | None = None, early_sink: EarlySink | None = None
                  ) -> None:
         self._sink = sink
         self.lone_sink = lone_sink
@@ -99,6 +108,7 @@ class PacketInReader:
         self.malformed = 0
         self.reads = 0
         self.lone_reads = 0  # reads of one packet-in taken by `lone` (its record written before the read's counts)
+        self.quiet_reads = 0  # of those, reads the event loop's quiet wait made, its record written there
         self.pressed_reads = 0  # full reads (PRESSURE_MESSAGES or more, the socket left PRESSURE_BACKLOG full)
         self.grouped = 0  # packet-ins handed over in groups
         self.decoder = PacketIn2Decoder()
@@ -132,18 +142,28 @@ class PacketInReader:
             self.packet_ins += len(batch)
             self._sink(batch, now)
 
-    def lone(self, raw: bytes) -> bool:
+    def quiet_arm(self) -> tuple[Any, ...] | None:
+        """What a lone read's early record would use now (the early sink's early_arm), for the event loop's quiet
+        wait (packetin/quiet.py); None without a lone and an early sink."""
+        early = self.early_sink
+        return early.early_arm(self._mono()) if early is not None and self.lone_sink is not None else None
+
+    def lone(self, raw: bytes, read_at: tuple[float, float] | None = None) -> bool:
         """on_messages([raw]) for a read whose one message `raw` is an NXT_PACKET_IN2: its packet-in handed to
         `lone_sink` (the demux's lone), which writes its record before the bookkeeping, this read's counts after
         it; one the lone sink declines goes to the batch sink as on_messages hands it, decoded once. False,
         nothing done, without a lone_sink, or when it is no packet-in decoded here (the read then goes to
-        on_messages, which says why)."""
+        on_messages, which says why). `read_at`: (monotonic, wall) of a read the quiet wait made, its record made
+        there (packetin/quiet.py), else now and the early sink first."""
         sink = self.lone_sink
         if sink is None or not wire.is_packet_in2(raw):
             return False
-        now, wall = self._mono(), self._wall()
-        if self.early_sink is not None:  # the record written from the bytes, before the decode (Demux.early)
-            self.early_sink(raw, now, wall)
+        if read_at is not None:
+            now, wall = read_at
+        else:
+            now, wall = self._mono(), self._wall()
+            if self.early_sink is not None:  # the record written from the bytes, before the decode (Demux.early)
+                self.early_sink.early(raw, now, wall)
         try:
             pin = self._decode(raw, wall)
         except DecodeError:
@@ -155,6 +175,7 @@ class PacketInReader:
         self.packet_ins += 1
         if taken:
             self.lone_reads += 1
+            self.quiet_reads += read_at is not None
         else:
             self._sink([pin], now)
         return True

@@ -146,7 +146,7 @@ class Agent:
             self.demux.dispatch,
             on_malformed=self.demux.count_malformed,
             # Overload: a read's packet-ins in groups; a lone one: its record first (Demux.lone); no pacing in a trace.
-            on_groups=self.demux.dispatch_groups, on_lone=self.demux.lone, on_early=self.demux.early,
+            on_groups=self.demux.dispatch_groups, on_lone=self.demux.lone, on_early=self.demux,
             coarse=lambda: self.audit is not None and self.audit.coarse, read_urgent=lambda: self.traceflow.waiting(),
         )
         self.ovs_counters = CoverageReader(config.ovs.ovs_rundir)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from packetin.quiet import new_event_loop
 from policy_agent.config import loader as config_mod
 from policy_agent.agent import Agent
 from policy_agent.policy.manifests import load_path
@@ -175,7 +176,8 @@ def run_demo(duration: float = 0.0, keep: bool = False) -> int:
 
     start = time.monotonic()
     try:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:  # the agent's own loop (packetin/quiet.py)
+            runner.run(main())
         verdict = subprocess.run([sys.executable, "-m", "policy_agent.cli.main", "verify", str(audit_path.parent)],
                                  capture_output=True, text=True)
         log.info("npaudit verify %s: %s", audit_path.parent, verdict.stdout.strip().splitlines()[0]

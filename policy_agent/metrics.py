@@ -23,6 +23,7 @@ from auditlog.writer import WriterStats
 from meters.stats import Dropped
 from packetin.channel import OpenFlowChannel
 from packetin.demux import Demux
+from packetin import quiet
 from packetin.model import Category
 from packetin.reader import PRESSURE_BACKLOG, PRESSURE_MESSAGES
 from policy_agent.ovs.supervisor import SupervisorStats
@@ -80,6 +81,9 @@ class AgentCollector:
                                   value=ch.reads)
         yield CounterMetricFamily("npaudit_openflow_reads_lone", "Reads that brought one packet-in, taken by the "
                                   "lone path: its record written before the read's bookkeeping", value=ch.lone_reads)
+        yield CounterMetricFamily("npaudit_openflow_reads_quiet", "Of the lone reads, those the event loop's wait "
+                                  "made after a quiet spell, their record written before any Python ran",
+                                  value=ch.quiet_reads)
         yield CounterMetricFamily("npaudit_openflow_reads_paced", "Reads in a flood of packet-ins followed by a "
                                   "pause so that the next read takes many (openflow.read_pace_max)",
                                   value=ch.paced_reads)
@@ -119,11 +123,12 @@ def _distribution_version(name: str) -> str:
 
 def build_versions() -> dict[str, str]:
     """What npaudit_build_info carries: the versions of npaudit, Python, and the os-ken and ovs libraries it runs
-    on, whether its records are built in C or, slower, in pure Python (auditlog/record_fast.py), and whether
-    rotated audit files are gzipped with ISA-L or, slower, zlib (auditlog/compressor.py)."""
+    on, whether its records are built in C or, slower, in pure Python (auditlog/record_fast.py), whether
+    rotated audit files are gzipped with ISA-L or, slower, zlib (auditlog/compressor.py), and whether its event
+    loop's wait writes a lone record after a quiet spell ("c") or not ("off": packetin/quiet.py)."""
     return {"version": _distribution_version("npaudit"), "python": platform.python_version(),
             "os_ken": _distribution_version("os-ken"), "ovs": _distribution_version("ovs"),
-            "record_encoder": record_fast.mode(), "audit_gzip": gzip_codec()[0]}
+            "record_encoder": record_fast.mode(), "audit_gzip": gzip_codec()[0], "quiet_wait": quiet.QUIET}
 
 
 class BuildInfoCollector:
@@ -135,8 +140,9 @@ class BuildInfoCollector:
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("npaudit_build_info", "Always 1; the labels say which npaudit, Python, os-ken "
                                  "and ovs (Python library) versions this agent runs, record_encoder whether "
-                                 "its records are built in C or pure Python, and audit_gzip whether rotated "
-                                 "audit files are gzipped with isal or zlib", labels=list(self._versions))
+                                 "its records are built in C or pure Python, audit_gzip whether rotated "
+                                 "audit files are gzipped with isal or zlib, and quiet_wait whether a lone "
+                                 "record is written from the event loop's wait (c, off)", labels=list(self._versions))
         info.add_metric(list(self._versions.values()), 1)
         yield info
 

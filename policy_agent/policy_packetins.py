@@ -118,14 +118,22 @@ class PolicyPacketIns:
         """Before a lone packet-in is decoded: the pipeline's early (its record written from the message's bytes)
         when lone would hand it to the pipeline, as far as this can tell without the packet-in (the C encoder
         checks that it is a plain logged one)."""
+        if (pipeline := self._early_pipeline()) is not None:
+            pipeline.early(raw, wall)
+
+    def early_arm(self) -> tuple[Any, ...] | None:
+        """What early would use now (AuditPipeline.early_arm: the event loop's quiet wait), else None."""
+        pipeline = self._early_pipeline()
+        return pipeline.early_arm() if pipeline is not None else None
+
+    def _early_pipeline(self) -> Any:
         pipeline = self._runs
         if pipeline is None or self._batched != self._run_alone or (
                 self._suppress is not None and (self._may_suppress is None or self._may_suppress())):
-            return
+            return None
         offload = self._offload
         acting = self._logged_idle_offload if offload is not None and not offload.active else self._logged
-        if acting[0] is pipeline:
-            self._runs.early(raw, wall)
+        return pipeline if acting[0] is pipeline else None
 
     def handle_run(self, items: list[Any], start: int, end: int, failed: Callable[[], None]) -> tuple[int, int]:
         """items[start:end] one read's, in order, as the demux would hand each to __call__, up to the first

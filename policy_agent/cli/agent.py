@@ -70,6 +70,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from auditlog.errors import AuditLogError
     from packetin.demux import Handler
     from packetin.model import Category
+    from packetin.quiet import new_event_loop
     from policy_agent.agent import Agent
     from policy_agent.policy_packetins import JsonTap
     from policy_agent.sources import kubernetes_own_node as own_node
@@ -95,7 +96,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
             tap_file = sys.stdout if tap_path == "-" else open_private(tap_path)
             tap = JsonTap(tap_file)
             handlers = {Category.POLICY: tap, Category.TRACEFLOW: tap}
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:  # its wait arms a lone record (packetin/quiet.py)
+            runner.run(main())
     except Exception as exc:  # one line for the operator; the traceback only at debug level
         log.debug("agent stopped by an error", exc_info=True)
         known = isinstance(exc, (AgentError, AuditLogError))

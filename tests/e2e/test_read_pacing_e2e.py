@@ -105,6 +105,11 @@ def test_a_paced_flood_is_read_in_batches_and_every_packet_in_is_recorded(flood_
     early = counts3.get("npaudit_audit_records_early_total", 0.0) - counts2.get("npaudit_audit_records_early_total",
                                                                                 0.0)
     assert 8 <= early <= lone_reads, (early, lone_reads)
+    # And read from inside the event loop's wait, after the quiet spell before each (packetin/quiet.py): the record
+    # made, sealed and appended before any Python ran.
+    quiet_reads = counts3.get("npaudit_openflow_reads_quiet_total", 0.0) - counts2.get(
+        "npaudit_openflow_reads_quiet_total", 0.0)
+    assert 8 <= quiet_reads <= early, (quiet_reads, early)
 
     # A packet-in every 80 ms (12.5 a second): closer together than the longest pause (the agent's
     # default read_pace_max, 100 ms), farther than the trickle gap (20 ms): still each read at once.

@@ -63,6 +63,7 @@ def agent_counts(port: int) -> dict[str, float]:
                             "npaudit_openflow_reads_pressed_total", "npaudit_openflow_packetins_grouped_total",
                             "npaudit_openflow_reads_total", "npaudit_openflow_reads_paced_total",
                             "npaudit_openflow_reads_urgent_total", "npaudit_openflow_reads_lone_total",
+                            "npaudit_openflow_reads_quiet_total",
                             "npaudit_audit_records_early_total",
                             "npaudit_audit_overload_entered_total", "npaudit_audit_overload_entered_pressed_total"):
                 out[s.name] = s.value

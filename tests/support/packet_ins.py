@@ -73,3 +73,19 @@ def message(packet: bytes, *, in_port: int = 1, reg6: int = 7, reg7: int = 1, fl
     props += [prop(3, b"\x28"), prop(4, b"\0" * 4 + struct.pack("!Q", cookie)), prop(5, b"\0"),
               prop(6, metadata), prop(7, Userdata(category=0, flags=flags, rule_id=reg6).encode())]
     return packet_in2(props, xid)
+
+
+def lone_message(kind: str, port: int) -> bytes:
+    """One NXT_PACKET_IN2 from 10.0.0.1 to 10.0.0.2 (UDP to `port`) of a kind the lone path's tests send: drop (a
+    plain logged Drop), cut (its TCP frame truncated), allow, reject, unlogged, malformed (a property cut short)."""
+    packet = frame("10.0.0.1", "10.0.0.2", "tcpcut" if kind == "cut" else "udp", port)  # cut: a truncated frame
+    if kind == "allow":
+        return message(packet, reg7=0, ct_tp_dst=port)
+    if kind == "reject":
+        return message(packet, flags=int(Flags.REJECT | Flags.LOG), ct_tp_dst=port)
+    if kind == "unlogged":
+        return message(packet, flags=0, ct_tp_dst=port)
+    if kind == "malformed":
+        whole = message(packet, ct_tp_dst=port)
+        return whole[:2] + len(whole[:40]).to_bytes(2, "big") + whole[4:40]  # a property cut short
+    return message(packet, ct_tp_dst=port)

@@ -19,7 +19,7 @@ def test_only_a_read_of_one_whole_message_is_offered_to_lone() -> None:
         offered: list[bytes] = []
         reads: list[list[bytes]] = []
 
-        def lone(raw: bytes) -> bool:
+        def lone(raw: bytes, read_at: object = None) -> bool:
             offered.append(raw)
             return raw[7] % 2 == 1  # odd xids taken
 

@@ -23,31 +23,17 @@ from auditlog.record import EventIds, RecordContext
 from auditlog.record_fast import aggregator
 from auditlog.writer import AuditWriter
 from packetin.demux import Demux, FairShareSettings
-from packetin.model import Category, Flags
+from packetin.model import Category
 from packetin.reader import PacketInReader
 from policy_agent.policy_packetins import PolicyPacketIns
 from tests.support.audit_pipeline import RULE
 from tests.support.fast_records import Pods
 from policy_agent.policy.rules import RuleRegistry
-from tests.support.packet_ins import frame, message
+from tests.support.packet_ins import lone_message as msg
 
 POLICY = int(Category.POLICY)
 KINDS = ("drop", "drop", "drop", "drop", "cut", "allow", "reject", "unlogged", "malformed", "tick", "trace", "offload",
          "busy", "starve", "overload")
-
-
-def msg(kind: str, port: int) -> bytes:
-    packet = frame("10.0.0.1", "10.0.0.2", "tcpcut" if kind == "cut" else "udp", port)  # cut: a truncated frame
-    if kind == "allow":
-        return message(packet, reg7=0, ct_tp_dst=port)
-    if kind == "reject":
-        return message(packet, flags=int(Flags.REJECT | Flags.LOG), ct_tp_dst=port)
-    if kind == "unlogged":
-        return message(packet, flags=0, ct_tp_dst=port)
-    if kind == "malformed":
-        whole = message(packet, ct_tp_dst=port)
-        return whole[:2] + len(whole[:40]).to_bytes(2, "big") + whole[4:40]  # a property cut short
-    return message(packet, ct_tp_dst=port)
 
 
 class Offload:
@@ -87,7 +73,7 @@ def run_stack(steps: list[tuple[str, int, float]], tmp: Path, lone: bool, fair: 
         demux.start()
         reader = PacketInReader(demux.dispatch, lambda raw: None, on_malformed=demux.count_malformed,
                                 mono_clock=lambda: mono[0], wall_clock=lambda: wall[0],
-                                lone_sink=demux.lone if lone else None, early_sink=demux.early if lone else None)
+                                lone_sink=demux.lone if lone else None, early_sink=demux if lone else None)
         for kind, port, step in steps:
             wall[0] += step
             mono[0] += step

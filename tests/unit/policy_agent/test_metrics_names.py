@@ -13,11 +13,13 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 def test_build_info_is_one_gauge_with_the_versions_that_matter(scrape) -> None:
     kind, labels, samples = scrape["npaudit_build_info"]
-    assert kind == "gauge" and labels == {"version", "python", "os_ken", "ovs", "record_encoder", "audit_gzip"}
+    assert kind == "gauge" and labels == {"version", "python", "os_ken", "ovs", "record_encoder", "audit_gzip",
+                                          "quiet_wait"}
     ((name, values),) = samples
     assert name == "npaudit_build_info" and all(values.values())
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", values["python"])
     assert values["record_encoder"] == "c"  # make setup builds auditlog/_record_fast.c
+    assert values["quiet_wait"] == "c"  # and packetin/_quiet_fast.c
     assert values["audit_gzip"] == "isal"  # make setup installs the isal wheel
 
 

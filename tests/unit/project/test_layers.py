@@ -59,8 +59,6 @@ SOFT_LINES = 450
 LONG_MODULES: dict[str, str] = {
     "policy_agent/policy/compiler.py": "one pure pass from cluster state to flows; layout() (~80 lines) is the "
                                        "part to move out next",
-    "auditlog/writer.py": "one class: the writer thread's queue, batching, rotation, retention and loss "
-                          "carry-over share its locks and file state",
     "auditlog/verify.py": "one walk over the files: damage, look-ahead and the per-node chains share its "
                           "position; the per-node bookkeeping is already in verify_nodes.py",
     "policy_agent/engine.py": "the transaction (plan, bundle, store, roll back) in one place",
