@@ -438,6 +438,7 @@ typedef struct {
 typedef struct Template {
     TKey key;
     PyObject *rule, *verdict;           /* held: the rule the texts are for, the record's verdict */
+    PyObject *src_ip, *dst_ip;          /* held: the addresses' texts, for the aggregator's key (encode_raw) */
     RecordTexts tx;                     /* pointing into `text`; tx.comm unused */
     char text[];
 } Template;
@@ -457,7 +458,7 @@ static int tkey_eq(const TKey *a, const TKey *b) {
 }
 
 static void template_free(Template *t) {
-    Py_XDECREF(t->rule); Py_XDECREF(t->verdict);
+    Py_XDECREF(t->rule); Py_XDECREF(t->verdict); Py_XDECREF(t->src_ip); Py_XDECREF(t->dst_ip);
     PyMem_Free(t);
 }
 
@@ -477,7 +478,7 @@ static Template **template_slot(FastEncoder *self, const TKey *k) {
 
 /* Keep the texts of a record encode built (tx, its comm aside) under `k`; 0, or -1 with MemoryError set. */
 static int template_store(FastEncoder *self, const TKey *k, PyObject *rule, PyObject *table, PyObject *verdict,
-                          const RecordTexts *tx) {
+                          PyObject *src_ip, PyObject *dst_ip, const RecordTexts *tx) {
     if (self->tmpl == NULL && !(self->tmpl = PyMem_Calloc(TMPL_CAP, sizeof(Template *)))) {
         PyErr_NoMemory();
         return -1;
@@ -503,6 +504,7 @@ static int template_store(FastEncoder *self, const TKey *k, PyObject *rule, PyOb
     if (t == NULL) { PyErr_NoMemory(); return -1; }
     t->key = *k;
     t->rule = Py_NewRef(rule); t->verdict = Py_NewRef(verdict);
+    t->src_ip = Py_NewRef(src_ip); t->dst_ip = Py_NewRef(dst_ip);
     Text *dst = (Text *)&t->tx;
     char *w = t->text;
     for (size_t i = 0; i < count; i++) {
@@ -625,7 +627,7 @@ static int lone_template(FastEncoder *self, PyObject *pin, PyObject *s, long lon
               .src = (uint32_t)sa[0] << 24 | (uint32_t)sa[1] << 16 | sa[2] << 8 | sa[3],
               .dst = (uint32_t)da[0] << 24 | (uint32_t)da[1] << 16 | da[2] << 8 | da[3],
               .protocol = (uint8_t)protocol, .table_id = (uint8_t)table_id};
-    return template_store(self, &k, rule, table, verdict, tx);
+    return template_store(self, &k, rule, table, verdict, PyTuple_GET_ITEM(s, 3), PyTuple_GET_ITEM(s, 4), tx);
 }
 
 /* encode_raw(message, received_at, event_id, rules, table) -> RecordText | None: what encode(pin, summary, 1,
@@ -682,13 +684,26 @@ static PyObject *FastEncoder_encode_raw(FastEncoder *self, PyObject *const *args
         Py_RETURN_NONE;
     }
     if (nargs == 9) {  /* the aggregator makes this packet-in's "first" and nothing else */
-        char sa[16], da[16];
-        snprintf(sa, sizeof sa, "%u.%u.%u.%u", f[26], f[27], f[28], f[29]);
-        snprintf(da, sizeof da, "%u.%u.%u.%u", f[30], f[31], f[32], f[33]);
-        PyObject *key = Py_BuildValue("(NkNNii)", rule_id, (unsigned long)k.disposition, PyUnicode_FromString(sa),
-                                      PyUnicode_FromString(da), proto, (f[36] << 8) | f[37]);
-        rule_id = NULL;  /* stolen by the key (N) */
-        if (key == NULL) return NULL;
+        /* the Python key, (rule_id, disposition, src, dst, protocol, port), with the addresses' texts the template
+         * holds: no formatting (after a quiet spell a call into libc's printf costs µs), their hashes known */
+        PyObject *key = PyTuple_New(6);
+        if (key == NULL) {
+            Py_DECREF(rule_id);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, 0, rule_id);
+        rule_id = NULL;  /* the key's now */
+        PyTuple_SET_ITEM(key, 2, Py_NewRef(t->src_ip));
+        PyTuple_SET_ITEM(key, 3, Py_NewRef(t->dst_ip));
+        PyObject *d = PyLong_FromUnsignedLong(k.disposition), *p = PyLong_FromLong(proto),
+                 *port = PyLong_FromLong((f[36] << 8) | f[37]);
+        if (d) PyTuple_SET_ITEM(key, 1, d);
+        if (p) PyTuple_SET_ITEM(key, 4, p);
+        if (port) PyTuple_SET_ITEM(key, 5, port);
+        if (!d || !p || !port) {
+            Py_DECREF(key);
+            return NULL;
+        }
         int only = aggregator_first_only(args[5], key, wall, k.disposition != 0);
         Py_DECREF(key);
         if (only <= 0) {
