@@ -69,6 +69,14 @@ class Overload:
             self.level = new
         return new
 
+    def stays_full(self) -> bool:
+        """Whether update() now would keep full detail, asked without update's side effects: at FULL, the backlog
+        under high_mark, and no input pressure (a `pressed` that can say so without side effects: its `quiet`)."""
+        if self.level != FULL or self._backlog() >= self.high_mark:
+            return False
+        quiet = getattr(self._pressed, "quiet", None)
+        return self._pressed is None or (quiet is not None and quiet())
+
     def stats(self, now: float) -> OverloadStats:
         ongoing = max(0.0, now - self._since) if self._since is not None else 0.0
         return OverloadStats(self.level, self.entered, self._seconds + ongoing, self.entered_pressed)

@@ -173,14 +173,14 @@ class AuditPipeline(CoarseKeys):
             self._out.early(raw, wall, self._agg)
 
     def early_arm(self) -> tuple[Any, ...] | None:
-        """What early would use for a lone packet-in now (RecordOut.early_arm: the event loop's quiet wait), else
-        None."""
+        """What early would use now (RecordOut.early_arm: the event loop's quiet wait), else None."""
         return self._out.early_arm(self._agg) if self._early_takes() else None
 
     def _early_takes(self) -> bool:
+        # No look at the backlog due that could change the level (lone declines one: RecordOut.emit takes the record)
         overload = self._overload
         return not (self._add_run is None or self._batching is None or self._level
-                    or (overload is not None and self._countdown <= 1))
+                    or (overload is not None and self._countdown <= 1 and not overload.stays_full()))
 
     def lone(self, pin: PacketIn) -> bool:
         """A read's only packet-in, as begin_batch, __call__ and end_batch take it (the same records, counts and

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import select
 import selectors
 import time
 import weakref
@@ -116,13 +117,12 @@ class QuietSelector(selectors.EpollSelector):
                 continue
             key = keys.get(fd)
             if key is not None:
-                mask = (selectors.EVENT_WRITE if event & ~_EPOLLIN else 0) | \
-                       (selectors.EVENT_READ if event & ~_EPOLLOUT else 0)
+                mask = (selectors.EVENT_WRITE if event & ~select.EPOLLIN else 0) | \
+                       (selectors.EVENT_READ if event & ~select.EPOLLOUT else 0)  # as EpollSelector.select
                 ready.append((key, mask & key.events))
         return ready
 
 
-_EPOLLIN, _EPOLLOUT = 0x001, 0x004
 _SELECTORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, QuietSelector] = weakref.WeakKeyDictionary()
 
 

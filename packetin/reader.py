@@ -71,6 +71,11 @@ class InputPressure:
         self._seen = admission_drops()
         self._limited_at = -float("inf")
 
+    def quiet(self) -> bool:
+        """True when __call__ now would say False without looking further (reads not coming back full): no side
+        effects (auditlog/overload.py Overload.stays_full)."""
+        return not self._pressed()
+
     def __call__(self) -> bool:
         # Called per packet-in while coarse: nothing more than the pressure check unless pressed.
         if not self._pressed():

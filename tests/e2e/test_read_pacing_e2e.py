@@ -101,15 +101,16 @@ def test_a_paced_flood_is_read_in_batches_and_every_packet_in_is_recorded(flood_
     assert 9 <= lone_reads <= 10
     assert records3["packets"] - records1["packets"] == lone
     # And made from the message's bytes before the decode (the flood's records left the C encoder the texts of
-    # this rule, these Pods and this OVS place): all the lone path took but where a window could close.
+    # this rule, these Pods and this OVS place), the one where the pipeline looks at its backlog too (the batch
+    # path then takes the record made): all but where a window could close.
     early = counts3.get("npaudit_audit_records_early_total", 0.0) - counts2.get("npaudit_audit_records_early_total",
                                                                                 0.0)
-    assert 8 <= early <= lone_reads, (early, lone_reads)
+    assert 8 <= early <= lone, (early, lone)
     # And read from inside the event loop's wait, after the quiet spell before each (packetin/quiet.py): the record
     # made, sealed and appended before any Python ran.
     quiet_reads = counts3.get("npaudit_openflow_reads_quiet_total", 0.0) - counts2.get(
         "npaudit_openflow_reads_quiet_total", 0.0)
-    assert 8 <= quiet_reads <= early, (quiet_reads, early)
+    assert 8 <= quiet_reads <= min(early, lone_reads), (quiet_reads, early, lone_reads)
 
     # A packet-in every 80 ms (12.5 a second): closer together than the longest pause (the agent's
     # default read_pace_max, 100 ms), farther than the trickle gap (20 ms): still each read at once.

@@ -24,6 +24,7 @@ from auditlog.overload import FULL, PEERS, PORTS, Overload  # noqa: E402
 from auditlog.pipeline import AuditPipeline  # noqa: E402
 from auditlog.writer import AuditWriter  # noqa: E402
 from packetin.model import PacketIn  # noqa: E402
+from packetin.reader import InputPressure  # noqa: E402
 from policy_agent.config.loader import ConfigError, loads  # noqa: E402
 from tests.support.audit_pipeline import Writer  # noqa: E402
 from tests.support.audit_overload import Backlog, DROP, context, overload, pin  # noqa: E402
@@ -185,3 +186,22 @@ def test_the_schema_wants_coarsened_and_keys_together() -> None:
         del broken["npaudit"]["aggregate"][member]
         with pytest.raises(jsonschema.ValidationError):
             VALIDATOR.validate(broken)
+
+
+def test_stays_full_says_what_update_would_keep_without_its_side_effects() -> None:
+    """Overload.stays_full (the lone path's record made before a look at the backlog is due): True only at full
+    detail, the backlog under the high mark, and no input pressure that can say so without side effects."""
+    fill, reads_full, drops = [0.1], [False], [0]
+    pressure = InputPressure(lambda: reads_full[0], lambda: drops[0])
+    overload = Overload(lambda: fill[0], high_mark=0.5, peers_mark=0.9, low_mark=0.2, pressed=pressure)
+    assert overload.stays_full() and overload.update(1.0) == FULL
+    reads_full[0] = True  # reads coming back full: the pressure may hold the level up
+    assert not overload.stays_full() and overload.pressed_updates == 0  # asked, nothing counted
+    reads_full[0] = False
+    fill[0] = 0.6
+    assert not overload.stays_full() and overload.update(2.0) != FULL
+    fill[0] = 0.1
+    assert not overload.stays_full()  # coarse: update would bring full detail back, a level change
+    assert overload.update(3.0) == FULL and overload.stays_full()
+    assert not Overload(lambda: 0.0, high_mark=0.5, peers_mark=0.9, low_mark=0.2, pressed=lambda: False).stays_full()
+    assert Overload(lambda: 0.0, high_mark=0.5, peers_mark=0.9, low_mark=0.2).stays_full()
