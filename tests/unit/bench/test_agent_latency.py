@@ -168,3 +168,7 @@ def test_rounds_pool_their_latencies_and_sum_their_counts() -> None:
     assert got["sent_to_readable"] == bench.percentiles([1.0, 2.0, 3.0, 10.0, 20.0])
     assert "wake_timeline" not in got and "_ms" not in got
     assert "reads" not in bench.pooled([_phase([1.0]), _phase([2.0])])
+    steady = [{**_phase([9.0, 1.0]), "_steady_ms": [1.0]}, {**_phase([8.0, 3.0]), "_steady_ms": [3.0]}]
+    got = bench.pooled(steady)  # each phase's first packets (the encoders learning) left out of the steady figure
+    assert got["sent_to_readable_steady"] == bench.percentiles([1.0, 3.0]) and "_steady_ms" not in got
+    assert "_steady_ms" not in bench.pooled(steady[:1])
