@@ -114,16 +114,18 @@ class InlineWrites:
 
     def lone_arm(self) -> tuple[Any, ...] | None:
         """What the event loop's quiet wait needs to seal and append a lone record itself (packetin/_quiet_fast.c):
-        (the writer's lock, the writer, seq and chain now, the live file's descriptor, the C sealer, the chain's key),
+        (the writer's lock, the writer, seq and chain now, the live file's descriptor, the C sealer, the chain's key,
+        the queue, the handler and its stream),
         when write_now would write a record inline now, the lock aside; else None. The wait takes the lock without
-        waiting and checks the seq and the queue again under it."""
+        waiting and checks the queue, the seq, the handler and its stream again under it."""
         handler = self._appendable()
         stream = handler.stream if handler is not None else None
         if handler is None or stream is None or self._seal_run is None or self._inline_gap is None \
                 or self._holding or self._pending or self._queue or self._closing or not self._thread_running \
                 or self._monotonic() < self._inline_from or not handler.appends():
             return None
-        return self._io_lock, self, self._seq, self._chain, stream.fileno(), self._seal_run, CHAIN_KEY
+        return (self._io_lock, self, self._seq, self._chain, stream.fileno(), self._seal_run, CHAIN_KEY, self._queue,
+                handler, stream)
 
     def lone_written(self, records: list[RecordText], line: str, written: int, errno: int) -> bool:
         """The quiet wait sealed records[0] as `line` and appended `written` bytes of it and its newline (`errno`:

@@ -15,9 +15,10 @@
  * arm: (finish, encode_raw, rules, table, aggregator, userdata_version, log_bit, reject_bit, writer_arm), the
  * state that the layers above say, before the wait, a lone read would find (RecordOut.early_arm); the wait itself
  * runs nothing else on the loop's thread, so it stays true. `finish` is not called here.
- * writer_arm: None, or (io_lock, writer, seq, chain, fd, seal_run, chain_key) (AuditWriter.lone_arm): the lock is
- * taken with acquire(False); the writer's `_seq` must still be `seq` and its `_queue` empty under it (nothing was
- * written or queued by another thread since the arm), else it is let go and nothing is written here.
+ * writer_arm: None, or (io_lock, writer, seq, chain, fd, seal_run, chain_key, queue, handler, stream)
+ * (AuditWriter.lone_arm): the lock is taken with acquire(False); under it the queue must be empty, the writer's
+ * `_seq` still `seq`, its `_handler` still `handler` and that one's `stream` still `stream` (nothing was written,
+ * queued or reopened by another thread since the arm), else it is let go and nothing is written here.
  *
  * events: [(fd, mask), ...] as select.epoll.poll gives them. early: None (nothing done: the loop reads the socket
  * as ever), else (message, wall, mono, record, locked, line, written, errno): the message taken off the socket, the
@@ -41,9 +42,9 @@
 #define PEEK_MAX 16384  /* a lone packet-in is far smaller; a read this big is no lone read */
 #define EVENTS_MAX 256
 #define ARM_N 9
-#define WRITER_ARM_N 7
+#define WRITER_ARM_N 10
 
-static PyObject *S_acquire, *S_release, *S_seq, *S_queue;
+static PyObject *S_acquire, *S_release, *S_seq, *S_handler, *S_stream;
 
 static double clock_of(clockid_t id) {
     struct timespec ts;
@@ -67,12 +68,18 @@ static int lone_write(PyObject *warm, PyObject *record, PyObject **line, Py_ssiz
     int locked = got == Py_True;
     Py_DECREF(got);
     if (!locked) return 0;
-    PyObject *seq = PyObject_GetAttr(writer, S_seq), *queue = seq ? PyObject_GetAttr(writer, S_queue) : NULL;
-    Py_ssize_t queued = queue ? PyObject_Length(queue) : -1;
-    int same = queued == 0 ? PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(warm, 2), Py_EQ) : 0;
+    /* nothing queued, the chain's head and the live file's stream still the armed ones (a stream reopened after a
+     * failed write could hold another descriptor, or this one another file) */
+    Py_ssize_t queued = PyObject_Length(PyTuple_GET_ITEM(warm, 7));
+    PyObject *seq = queued == 0 ? PyObject_GetAttr(writer, S_seq) : NULL;
+    PyObject *handler = seq ? PyObject_GetAttr(writer, S_handler) : NULL;
+    PyObject *stream = handler ? PyObject_GetAttr(handler, S_stream) : NULL;
+    int same = stream ? PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(warm, 2), Py_EQ) : 0;
+    if (same > 0) same = handler == PyTuple_GET_ITEM(warm, 8) && stream == PyTuple_GET_ITEM(warm, 9);
     Py_XDECREF(seq);
-    Py_XDECREF(queue);
-    if (queued < 0 || same < 0) goto fail;
+    Py_XDECREF(handler);
+    Py_XDECREF(stream);
+    if (queued < 0 || same < 0 || (queued == 0 && stream == NULL)) goto fail;
     if (!same) {
         release(lock);
         return 0;
@@ -201,7 +208,7 @@ static PyObject *quiet_wait(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         PyObject *warm = PyTuple_GET_ITEM(arm, 8);
         if (!PyDict_CheckExact(PyTuple_GET_ITEM(arm, 2)) ||
             (warm != Py_None && (!PyTuple_CheckExact(warm) || PyTuple_GET_SIZE(warm) != WRITER_ARM_N))) {
-            PyErr_SetString(PyExc_TypeError, "wait: arm[2] must be a dict, arm[8] None or a tuple of 7");
+            PyErr_SetString(PyExc_TypeError, "wait: arm[2] must be a dict, arm[8] None or a tuple of 10");
             return NULL;
         }
     }
@@ -256,7 +263,8 @@ PyMODINIT_FUNC PyInit__quiet_fast(void) {
     S_acquire = PyUnicode_InternFromString("acquire");
     S_release = PyUnicode_InternFromString("release");
     S_seq = PyUnicode_InternFromString("_seq");
-    S_queue = PyUnicode_InternFromString("_queue");
-    if (!S_acquire || !S_release || !S_seq || !S_queue) return NULL;
+    S_handler = PyUnicode_InternFromString("_handler");
+    S_stream = PyUnicode_InternFromString("stream");
+    if (!S_acquire || !S_release || !S_seq || !S_handler || !S_stream) return NULL;
     return PyModule_Create(&module);
 }

@@ -110,7 +110,7 @@ def test_what_the_wait_wrote_of_a_line_is_not_written_again_and_the_rest_is(tmp_
         time.sleep(0.002)
         arm = writer.lone_arm()
         assert arm is not None
-        lock, _, seq, chain, fd, seal_run, key = arm
+        lock, _, seq, chain, fd, seal_run, key, _, _, _ = arm
         assert lock.acquire(blocking=False)
         record = RecordText.of({"message": "second", "event": {"kind": "state"}})
         lines: list[str] = []

@@ -200,8 +200,8 @@ def test_the_wait_writes_the_record_itself_and_nothing_when_the_writer_moved_on(
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The record is appended from inside the wait (the writer's lone_written then finds the line written and writes
     nothing twice). When, while the loop waited armed, another thread's record was written (the chain's head moved)
-    or queued, or the writer's thread holds its lock, the wait writes nothing: the record follows as it would have,
-    and the chain holds."""
+    or queued, the writer's thread holds its lock, or the live file's stream was opened anew, the wait writes
+    nothing: the record follows as it would have, and the chain holds."""
     monkeypatch.setattr(quiet, "QUIET_AFTER", 0.002)
     clock = Clock()
     start = (time.monotonic(), time.time())
@@ -224,7 +224,7 @@ def test_the_wait_writes_the_record_itself_and_nothing_when_the_writer_moved_on(
             sock=ours)
 
         def send() -> None:
-            for i, case in enumerate(("teach", "teach", "quiet", "moved", "queued", "busy")):
+            for i, case in enumerate(("teach", "teach", "quiet", "moved", "queued", "busy", "reopened")):
                 time.sleep(0.012)  # the loop waits armed now
                 if case == "moved":  # written by this thread meanwhile (inline): seq and chain moved
                     assert writer.submit(RecordText.of({"message": "moved", "event": {"kind": "state"}}))
@@ -233,6 +233,12 @@ def test_the_wait_writes_the_record_itself_and_nothing_when_the_writer_moved_on(
                     writer._queue.append(RecordText.of({"message": "queued", "event": {"kind": "state"}}))
                 elif case == "busy":
                     writer._io_lock.acquire()
+                elif case == "reopened":  # the live file's stream opened anew (as after a failed write), seq as it was
+                    with writer._io_lock:
+                        handler = writer._handler
+                        assert handler is not None and handler.stream is not None
+                        handler.stream.close()
+                        handler.stream = handler.do_open()
                 theirs.sendall(msg("drop", 100 + i))
                 deadline = time.monotonic() + 5
                 while reader.reads < i + 1 and time.monotonic() < deadline:
@@ -248,9 +254,10 @@ def test_the_wait_writes_the_record_itself_and_nothing_when_the_writer_moved_on(
         out, quiet_reads = runner.run(run())
     lines = out["lines"][0].decode().splitlines()
     # The first two reads teach the encoders (Python's caches, then the C encoder's texts); the wait made the rest.
-    assert quiet_reads == 4
+    assert quiet_reads == 5
     assert finished == [(lines[2], len(lines[2]) + 1, 0)]  # written whole from inside the wait, and once
-    order = ['"port":100', '"port":101', '"port":102', '"moved"', '"port":103', '"queued"', '"port":104', '"port":105']
+    order = ['"port":100', '"port":101', '"port":102', '"moved"', '"port":103', '"queued"', '"port":104', '"port":105',
+             '"port":106']
     assert [next(m for m in order if m in line) for line in lines] == order
     result = verify([tmp_path])
-    assert result.ok and (result.records, result.first_seq, result.last_seq) == (8, 1, 8)
+    assert result.ok and (result.records, result.first_seq, result.last_seq) == (9, 1, 9)
