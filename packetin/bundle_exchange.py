@@ -20,6 +20,7 @@ from packetin import bundles, messages
 from packetin.desired_state import DesiredState
 from packetin.errors import ChannelClosed, OpenFlowError
 from packetin.refusals import raise_first, refusal
+from packetin.tasks import within
 
 # Bundles of at most this many flows are encoded on the event loop (a few µs each with the
 # struct encoder, bench/flow_encoder.py: less than a thread hop); bigger ones in a thread.
@@ -117,7 +118,7 @@ class BundleExchange:
         try:
             self._send_raw(b"".join(messages.serialize(msg, xid) for msg, xid in zip(requests, xids)) + raw +
                            messages.serialize(messages.barrier(), xids[-1]))
-            return [await asyncio.wait_for(fut, self.settings.request_timeout) for fut in futs][:-1]
+            return [await within(fut, self.settings.request_timeout) for fut in futs][:-1]
         finally:
             for xid, fut in zip(xids, futs):
                 self._pending.pop(xid, None)

@@ -31,7 +31,7 @@ from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.read_pacing import READ_TRICKLE, ReadPacer, read_batch
 from packetin.reader import EarlySink, GroupSink, LoneSink, PacketInReader, PacketInSink
 from packetin.refusals import add_or_modify, meter_exists, raise_first, refusal
-from packetin.tasks import cancel_and_wait
+from packetin.tasks import cancel_and_wait, within
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class OpenFlowChannel(BundleExchange):
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until connected, handshaken and replayed."""
-        await asyncio.wait_for(self._ready.wait(), timeout)
+        await within(self._ready.wait(), timeout)
 
     @property
     def ready(self) -> bool:
@@ -150,7 +150,7 @@ class OpenFlowChannel(BundleExchange):
         # The switch sends its HELLO as soon as it accepts: be ready for it before connecting.
         self._hello = asyncio.get_running_loop().create_future()
         try:
-            proto = await asyncio.wait_for(
+            proto = await within(
                 open_target(self.settings.target, self.settings.netns, self._new_stream),
                 self.settings.request_timeout)
         except BaseException:
@@ -159,7 +159,7 @@ class OpenFlowChannel(BundleExchange):
         self._proto = proto
         self._reader.last_rx = self._mono()
         self._send(messages.hello())
-        version = await asyncio.wait_for(self._hello, self.settings.request_timeout)
+        version = await within(self._hello, self.settings.request_timeout)
         if version < ofp.OFP_VERSION:
             raise ChannelClosed(f"switch offers OpenFlow version {version}; need 0x06 (1.5): "
                                 "set protocols=OpenFlow15 on the bridge")
@@ -299,7 +299,7 @@ class OpenFlowChannel(BundleExchange):
         fut = asyncio.get_running_loop().create_future()
         self._pending[xid] = fut
         try:
-            return await asyncio.wait_for(fut, self.settings.request_timeout)
+            return await within(fut, self.settings.request_timeout)
         finally:
             self._pending.pop(xid, None)
 
@@ -314,7 +314,7 @@ class OpenFlowChannel(BundleExchange):
         fut = asyncio.get_running_loop().create_future()
         self._pending[xid] = fut
         try:
-            await asyncio.wait_for(fut, self.settings.request_timeout)
+            await within(fut, self.settings.request_timeout)
             return self._multipart[xid]
         finally:
             self._pending.pop(xid, None)

@@ -1,36 +1,61 @@
-"""Stopping an asyncio task and waiting until it has really stopped, or leaving one behind; threads the
-kernel knows by name."""
+"""Stopping an asyncio task and waiting until it has really stopped, or leaving one behind; waiting with a
+time limit that never swallows a cancel; threads the kernel knows by name.
+
+Not asyncio.wait_for anywhere in the agent: on Python 3.11 it swallows a cancellation that arrives while what it
+waits for is finishing (it returns that result instead of raising). A task looping around it then never stops,
+and whoever awaits that task's end waits for ever: the agent once stayed up 35 s after SIGTERM, its loss
+accounting task still ticking (a channel request's reply and the stop's cancel in the same loop turn). `within`
+and `wait_event` wait in the calling task itself under asyncio.timeout, which tells its own expiry from a cancel;
+tests/unit/project/test_no_wait_for.py keeps wait_for out.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from contextlib import suppress
-from typing import Any
+from typing import Any, Awaitable, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Seconds a cancelled task is given to end before it is cancelled again (and an ERROR says it did not end).
+CANCEL_AGAIN_AFTER = 1.0
 
 OS_NAME_MAX = 15  # bytes of a thread's name the kernel keeps (TASK_COMM_LEN - 1)
 _PREFIX = "npaudit-"
 
 
-async def cancel_and_wait(task: "asyncio.Task[object] | None") -> None:
-    """Cancel `task` (if any) and wait for it to finish; its cancellation is not re-raised."""
+async def cancel_and_wait(task: "asyncio.Task[object] | None", again_after: float = CANCEL_AGAIN_AFTER) -> None:
+    """Cancel `task` (if any) and wait for it to finish; its cancellation is not re-raised, an exception it
+    ended with is. A task still running `again_after` seconds after its cancel swallowed it somewhere (a
+    library's wait_for, say): an ERROR names it and it is cancelled again, until it ends, so a stop that
+    waits for it ends too."""
     if task is None:
         return
     task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+    while not task.done():
+        await asyncio.wait({task}, timeout=again_after)
+        if not task.done():
+            log.error("task %r still running %g s after it was cancelled (its cancel was swallowed): "
+                      "cancelled again", task.get_name(), again_after)
+            task.cancel()
+    if not task.cancelled():
+        task.result()  # what it failed with, if it did
+
+
+async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """`awaitable`'s result, or TimeoutError after `timeout` seconds (None: no limit); asyncio.wait_for without
+    its swallowed cancel (above). It waits in the calling task: a future or task it waits for is cancelled
+    with it, as wait_for's is."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait for `event` at most `timeout` seconds: True if it is set, False on timeout.
-
-    Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives while the
-    event's waiter is finishing (it returns the waiter's result instead of raising), and a
-    loop around it then never stops (a test caught the audit window timer doing so).
-    asyncio.timeout waits in the calling task itself and tells its own expiry from a cancel.
-    """
+    """Wait for `event` at most `timeout` seconds: True if it is set, False on timeout. Not wait_for (above): a
+    test caught the audit window timer's loop around it never stopping."""
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

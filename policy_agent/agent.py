@@ -23,7 +23,7 @@ from packetin.demux import INLINE_MAX, Demux, Handler, chain_handlers
 from packetin.gctune import settle_heap
 from packetin.model import Category
 from packetin.reader import InputPressure
-from packetin.tasks import forget
+from packetin.tasks import forget, within
 from policy_agent import status
 from policy_agent.state_dir import make_state_dir
 from policy_agent.audit_trail import AuditTrail
@@ -354,7 +354,7 @@ class Agent:
             self.subnet.subscribe(self._gateway_for)
         self.k8s.start()
         try:
-            await asyncio.wait_for(self.k8s.synced.wait(), kc.sync_timeout)
+            await within(self.k8s.synced.wait(), kc.sync_timeout)
         except asyncio.TimeoutError:
             log.warning("Kubernetes API not fully listed after %.0fs (%s); serving CNI anyway: "
                         "Pods wait up to %.0fs for their labels", kc.sync_timeout, self.k8s.stats, kc.pod_wait)

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from packetin import messages
 from packetin.frames import l3_offset
-from packetin.tasks import cancel_and_wait, forget
+from packetin.tasks import cancel_and_wait, forget, within
 from policy_agent.cluster.nodes import PeerNode
 from policy_agent.config.cluster import ClusterConfig
 from policy_agent.errors import one_line
@@ -228,7 +228,7 @@ class NodeRoutes:
                 loop = asyncio.get_running_loop()
                 due = self._refreshed + self._refresh - loop.time()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, min(due, self._retry) if self.unresolved
+                    await within(self._wake.wait(), max(0.0, min(due, self._retry) if self.unresolved
                                                                   else due))
                 except asyncio.TimeoutError:
                     try:  # every peer when the refresh is due, else only those that did not answer

@@ -19,6 +19,7 @@ from policy_agent.cni.ofports import OfportPool
 from policy_agent.cni.state import ATTACHED, READY, ContainerState, ContainerStates, PodInterfaceInfo
 from policy_agent.cni.wire import ERR_INTERNAL, ERR_INVALID_ENV, ERR_UNKNOWN_CONTAINER, CniError, CniRequest
 from policy_agent.ovs.bridge import Ovsdb
+from packetin.tasks import within
 
 __all__ = ["PodHooks", "PodInterfaceInfo", "PodInterfaces"]
 
@@ -282,7 +283,7 @@ class PodInterfaces:
         deadline = loop.time() + timeout
         while True:
             try:
-                return await asyncio.wait_for(asyncio.shield(numbered), min(0.5, max(0.0, deadline - loop.time())))
+                return await within(asyncio.shield(numbered), min(0.5, max(0.0, deadline - loop.time())))
             except asyncio.TimeoutError:
                 pass
             now = await _blocking(self._netdevs.ofport, host_if)

@@ -18,6 +18,7 @@ from policy_agent.cni.wire import (
     write_response,
 )
 from policy_agent.errors import AgentError
+from packetin.tasks import within
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class CniServer:
         command, started = "?", time.monotonic()
         req: CniRequest | None = None
         try:
-            req = await asyncio.wait_for(read_request(reader), self._read_timeout)
+            req = await within(read_request(reader), self._read_timeout)
             command = req.command
             async with self._slots:
                 result = await self._dispatch(req)

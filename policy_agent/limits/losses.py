@@ -43,7 +43,7 @@ from packetin import messages
 from packetin.demux import DROPPED_QUEUE, DROPPED_RATE
 from packetin.errors import ChannelClosed, DecodeError, OpenFlowError
 from packetin.ratelimited_log import RateLimitedLog
-from packetin.tasks import cancel_and_wait
+from packetin.tasks import cancel_and_wait, within
 from policy_agent.limits.rule_flows import RuleFlowTotals, parse_flow_packets, parse_logged_flows, policy_flows_request
 from policy_agent.limits.rule_losses import RuleLoss, RuleLossLedger
 from policy_agent.ovs.port_stats import RX_DROPPED, SOCKET_DROPPED, PortDropTotals
@@ -374,7 +374,7 @@ class LossAccounting:
         await cancel_and_wait(self._task)
         self._task = None
         try:
-            await asyncio.wait_for(self.tick(), bound)
+            await within(self.tick(), bound)
         except TimeoutError:
             log.error("last loss accounting window not read within %.0f s: losses since the previous window "
                       "(at most %.0f s) are not stated in the audit trail", bound, self.interval)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
 from packetin.ratelimited_log import RateLimitedLog
-from packetin.tasks import cancel_and_wait
+from packetin.tasks import cancel_and_wait, within
 from policy_agent.errors import AgentError
 from policy_agent.ovs.death_notice import DeathNotices
 from policy_agent.ovs.pids import PidUnknown
@@ -202,7 +202,7 @@ class OvsSupervisor:
             await asyncio.sleep(self._interval)
             return
         try:
-            await asyncio.wait_for(notices.ended.wait(), max(self._interval, SAFETY_LOOK))
+            await within(notices.ended.wait(), max(self._interval, SAFETY_LOOK))
         except asyncio.TimeoutError:
             pass
         notices.ended.clear()

@@ -34,6 +34,7 @@ from policy_agent.sources.kubernetes_watch import (
     Absent, Clock, Event, Item, ListCall, ResourceWatcher, Snapshot, Wait,
 )
 from policy_agent.sources.sink import PolicySink
+from packetin.tasks import within
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class KubernetesSource:
                 await asyncio.sleep(0.01)
 
         try:
-            await asyncio.wait_for(ended(), timeout)
+            await within(ended(), timeout)
         except asyncio.TimeoutError:
             # A thread inside a list call ends at its read timeout; it is a daemon.
             log.debug("kubernetes source closed with watch threads still finishing")

@@ -38,6 +38,7 @@ from policy_agent.traceflow.report import Report, decode_report, encode_report, 
 from policy_agent.traceflow.request import PodDirectory, TraceRequest, TraceUsageError, parse
 from policy_agent.traceflow.result import NO_REPORT, OUTCOMES, Copy, Destination, complete, decode
 from policy_agent.traceflow.tags import TagRegistry, TagsExhausted, TraceTag, identity, packet_ports
+from packetin.tasks import within
 
 if TYPE_CHECKING:
     from policy_agent.ovs.gateway import GatewayPlan
@@ -230,7 +231,7 @@ class TraceService:
                 await self._switch.install_flows(flows)
                 self._switch.send_nowait(messages.packet_out_to_pipeline(mine, cross.tunnel_ofport))
                 try:
-                    await asyncio.wait_for(running.done.wait(), RECEIVED_TIMEOUT)
+                    await within(running.done.wait(), RECEIVED_TIMEOUT)
                     timed_out = False
                 except asyncio.TimeoutError:
                     timed_out = True
@@ -378,7 +379,7 @@ class TraceService:
             else:
                 self._switch.send_nowait(messages.packet_out_to_pipeline(frame, req.source.ofport))
             try:
-                await asyncio.wait_for(running.done.wait(), max(req.timeout - (installed - started), 0.001))
+                await within(running.done.wait(), max(req.timeout - (installed - started), 0.001))
                 timed_out = False
             except asyncio.TimeoutError:
                 timed_out = True
@@ -388,7 +389,7 @@ class TraceService:
             tunneled = peer is not None and bool(result.observations) and result.observations[-1]["action"] == "tunnel"
             if tunneled and running.report is None:
                 try:
-                    await asyncio.wait_for(running.reported.wait(), max(req.timeout - (self._clock() - started), 0))
+                    await within(running.reported.wait(), max(req.timeout - (self._clock() - started), 0))
                 except asyncio.TimeoutError:
                     pass
         finally:

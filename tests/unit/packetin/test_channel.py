@@ -310,7 +310,9 @@ def test_reconnect_backoff_doubles_to_its_cap_with_jitter_and_starts_over_after_
             await sleep.wake()
             await chan.wait_ready(2.0)
             assert chan.connects == 1
-            connected = len(sleep.delays)  # the keepalive's first interval is waiting now
+            # The keepalive's first interval (ready may be told a loop turn before it starts waiting).
+            await eventually(lambda: sleep.delays[-1] == chan.settings.echo_interval, 2.0, "the keepalive's wait")
+            connected = len(sleep.delays)
             await fake.stop()
             await eventually(lambda: len(sleep.delays) >= connected + 5, 2.0, "the reconnect attempts")
             # A lost connection starts the backoff over.
@@ -348,6 +350,29 @@ def test_requests_while_disconnected_raise_channel_closed(sock_path: str) -> Non
             await chan.close()
         with pytest.raises(ChannelClosed):  # closed
             await chan.install_flows([flow(0, 1, 1)])
+    run(main())
+
+
+def test_a_request_cancelled_as_its_reply_arrives_is_cancelled_not_answered(sock_path: str) -> None:
+    """The stop's cancel of the loss accounting task landed in the loop turn that brought its meter reply:
+    wait_for returned the reply, the task ticked on, and the agent stayed up after SIGTERM."""
+    async def main() -> None:
+        async with rig(sock_path) as r:
+            replies: list[asyncio.Future[Any]] = []
+
+            class CancelOnReply(dict):  # the channel's pending replies: each reply's arrival cancels the request
+                def __setitem__(self, xid: int, reply: asyncio.Future[Any]) -> None:
+                    reply.add_done_callback(lambda _: request.cancel())  # in the reply's own loop turn
+                    replies.append(reply)
+                    super().__setitem__(xid, reply)
+
+            r.chan._pending = CancelOnReply(r.chan._pending)
+            request = asyncio.create_task(r.chan.request(messages.barrier()))
+            await asyncio.wait({request}, timeout=5.0)
+            [reply] = replies
+            assert reply.done() and not reply.cancelled()  # the switch did answer
+            assert request.cancelled(), f"the cancel was swallowed: the request returned {request.result()!r}"
+            assert r.chan._pending == {}
     run(main())
 
 

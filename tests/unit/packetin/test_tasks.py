@@ -1,15 +1,19 @@
-"""wait_event: a cancel is never swallowed, whatever the event does at the same moment; AgentThread's kernel name."""
+"""wait_event and within: a cancel is never swallowed, whatever the awaited thing does at the same moment;
+cancel_and_wait ends a task that swallowed one all the same; AgentThread's kernel name."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from packetin.tasks import AgentThread, cancel_and_wait, os_thread_name, wait_event
+import pytest
+
+from packetin.tasks import AgentThread, cancel_and_wait, os_thread_name, wait_event, within
 
 
 async def _wait_with_wait_for(event: asyncio.Event, timeout: float) -> bool:
@@ -96,6 +100,102 @@ def test_the_window_timer_stops_at_close_right_after_its_first_packet():
         return closing in done
 
     assert asyncio.run(run()), "close() hung: the window timer swallowed its cancel"
+
+
+def _request_loop_stops_when_cancelled_as_its_reply_lands(wait: Callable[[asyncio.Future[str], float], Awaitable[str]]) -> bool:
+    """True when a task looping around `wait(reply, timeout)` (the loss accounting's ticks, each a channel request)
+    stops on a cancel that arrives in the same loop turn as a reply."""
+    async def run() -> bool:
+        replies: list[asyncio.Future[str]] = []
+
+        async def ticks() -> None:
+            while True:
+                reply = asyncio.get_running_loop().create_future()
+                replies.append(reply)
+                await wait(reply, 5.0)
+
+        task = asyncio.create_task(ticks())
+        await asyncio.sleep(0.01)  # it waits for its first reply
+        replies[-1].set_result("meter stats")  # the reply, as the channel's reader hands it over
+        task.cancel()  # and the stop's cancel in the same turn
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        stopped = task in done
+        while not task.done():  # swallowed: stop the runaway loop so the test itself ends
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+        return stopped
+
+    return asyncio.run(run())
+
+
+def test_a_cancel_arriving_with_a_reply_stops_a_loop_around_within():
+    assert _request_loop_stops_when_cancelled_as_its_reply_lands(within)
+
+
+def test_the_reply_race_is_real_with_wait_for_on_this_python():
+    # Why within exists: the loss accounting task went on ticking after the agent's stop cancelled it.
+    assert not _request_loop_stops_when_cancelled_as_its_reply_lands(asyncio.wait_for)
+
+
+def test_within_returns_the_result_or_raises_timeout_and_cancels_what_it_waited_for():
+    async def run() -> tuple[str, bool]:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.call_soon(ready.set_result, "reply")
+        got = await within(ready, 5.0)
+        never = loop.create_future()
+        with pytest.raises(TimeoutError):
+            await within(never, 0.01)
+        unbounded = loop.create_future()
+        loop.call_later(0.01, unbounded.set_result, "late")
+        assert await within(unbounded, None) == "late"
+        return got, never.cancelled()
+
+    assert asyncio.run(run()) == ("reply", True)
+
+
+def test_cancel_and_wait_ends_a_task_that_swallowed_its_cancel_and_says_so(caplog):
+    async def run() -> tuple[bool, int]:
+        swallowed = 0
+
+        async def stubborn() -> None:
+            nonlocal swallowed
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    if swallowed:  # the second cancel ends it
+                        raise
+                    swallowed += 1  # what wait_for did to the first
+
+        task = asyncio.create_task(stubborn(), name="loss-accounting")
+        await asyncio.sleep(0.01)
+        ended = asyncio.create_task(cancel_and_wait(task, again_after=0.05))
+        done, _ = await asyncio.wait({ended}, timeout=5.0)  # the test's own limit: a hang fails, not hangs
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+        return ended in done and task.cancelled(), swallowed
+
+    with caplog.at_level(logging.ERROR, logger="packetin.tasks"):
+        assert asyncio.run(run()) == (True, 1)
+    assert "task 'loss-accounting' still running 0.05 s after it was cancelled" in caplog.text, caplog.text
+
+
+def test_cancel_and_wait_raises_what_the_task_failed_with():
+    async def run() -> None:
+        async def failing() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                raise OSError("socket gone")
+
+        task = asyncio.create_task(failing())
+        await asyncio.sleep(0.01)
+        with pytest.raises(OSError, match="socket gone"):
+            await cancel_and_wait(task)
+
+    asyncio.run(run())
 
 
 def _kernel_names() -> dict[int, str]:
