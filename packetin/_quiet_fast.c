@@ -9,7 +9,7 @@
  * Pod table and aggregator. A record made is sealed and appended to the audit file here, where the arm names the
  * writer and its lock can be taken without waiting, and only then is the message taken off the socket. No Python
  * bytecode runs from the wake-up to the write: after a quiet spell each line of it costs a lone record's latency
- * tens of microseconds (bench/RESULTS.md). After the write the thread yields the CPU once (sched_yield), so that a
+ * tens of microseconds (bench/RESULTS.md). After the write the thread sleeps a moment (AFTER_WRITE_NS), so that a
  * reader the write woke runs before the read's bookkeeping.
  *
  * arm: (finish, encode_raw, rules, table, aggregator, userdata_version, log_bit, reject_bit, writer_arm), the
@@ -32,7 +32,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -43,6 +42,7 @@
 #define EVENTS_MAX 256
 #define ARM_N 9
 #define WRITER_ARM_N 10
+#define AFTER_WRITE_NS 30000L  /* the pause after a write, below */
 
 static PyObject *S_acquire, *S_release, *S_seq, *S_handler, *S_stream;
 
@@ -131,10 +131,19 @@ static int lone_write(PyObject *warm, PyObject *record, PyObject **line, Py_ssiz
         done += (size_t)w;
     }
     *written = (Py_ssize_t)done;
-    /* The record is in the file: a reader it woke (inotify, a tailer) is often queued on this CPU, where the kernel
-     * puts a task its waker woke. A floor reader sleeps after its write and so lets it run; we have the read's
-     * bookkeeping still to do, in Python, on cold caches: let it run first (bench/RESULTS.md, 2026-12-06). */
-    if (done == n + 1) sched_yield();
+    /* The record is in the file: a reader it woke (inotify, a tailer, the syslog forwarder) is often queued on this
+     * CPU, where the kernel puts a task its waker woke. A floor reader sleeps after its write and so lets it run at
+     * once; we have the read's bookkeeping still to do, in Python, on cold caches (~0.3 ms). So the thread sleeps
+     * AFTER_WRITE_NS, the GIL let go (the kernel's timer slack adds up to 50 µs): a reader queued here runs first.
+     * A sched_yield here left 10-13 % of lone records 0.2-0.4 ms late, the reader not always run before the
+     * bookkeeping; the sleep, 0.5-1.5 % (bench/RESULTS.md, 2026-12-06). Only after a quiet spell (a flood never
+     * arms the wait), so it costs a packet-in that follows within the sleep that much, and the agent a wake-up. */
+    if (done == n + 1) {
+        struct timespec pause = {0, AFTER_WRITE_NS};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&pause, NULL);  /* a signal may end it early: no matter, it is handled as the wait returns */
+        Py_END_ALLOW_THREADS
+    }
     return 1;
 fail:
     release(lock);

@@ -11,11 +11,11 @@ nothing for QUIET_AFTER, each wait first asks its source (the OpenFlow stream, p
 would find (`arm`: the C encoder's rules, Pod table and aggregator, the audit writer's chain head and file; None
 when any layer would not take the read early), then waits in C (packetin/_quiet_fast.c): a wake-up that brings
 the OpenFlow socket exactly one whole message has it encoded (encode_raw: nothing done unless it is a plain logged
-packet-in whose record the layers would make), sealed and appended to the audit file before any Python runs, and
-the CPU yielded once to a reader the write woke. Then, still inside the wait and before any other callback, the
-source finishes the write (AuditWriter.lone_written) and handles the read as its lone read (PacketInReader.lone:
-the decode, counts and aggregation, at the times it was read). What the C wait declines is read by the loop as
-ever.
+packet-in whose record the layers would make), sealed and appended to the audit file before any Python runs, then
+the thread asleep for 30 µs so that a reader the write woke runs first. Then, still inside the wait and before any
+other callback, the source finishes the write (AuditWriter.lone_written) and handles the read as its lone read
+(PacketInReader.lone: the decode, counts and aggregation, at the times it was read). What the C wait declines is
+read by the loop as ever.
 
 The arm stays true while the loop waits: nothing else runs on the loop's thread, admission only refills with
 time, and the writer's state is checked again under its lock. Without the C module (no compiler) the loop is
