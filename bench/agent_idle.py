@@ -5,9 +5,9 @@ two Pods, one logged Drop), no traffic, nothing scraping it. Prints JSON.
 For each source tree given (--trees: this one by default; give main's checkout beside it for an A/B in
 one run), in alternation over --rounds, the cluster is started from that tree (its .venv's python, its
 tests/support), left to settle (--settle seconds after the first policy), then measured for --seconds:
-- CPU % of a core, user + sys, of the whole process from /proc/<pid>/stat (threads that ended during
-  the window count: a thread started per reading would hide from a per-thread sum), and per live thread
-  from schedstat;
+- CPU % of a core, user + sys, of the whole process from its CPU clock (bench/agent_cpu.py process_cpu_ns:
+  threads that ended during the window count, a thread started per reading would hide from a per-thread
+  sum), and per live thread from schedstat;
 - wake-ups/s: voluntary + involuntary context switches of the threads alive at both ends (a thread that
   ended is not counted: its CPU shows as ended_threads_cpu_percent);
 - the load average beside each figure (2 shared cores: compare within one run, alternate A/B).
@@ -19,10 +19,13 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-HZ = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_cpu import process_cpu_ns  # noqa: E402
+
 HERE = Path(__file__).resolve().parent.parent
 
 # Run with cwd = the tree measured: starts its cluster, prints the agent's pid, holds until stdin closes.
@@ -46,11 +49,6 @@ finally:
 """
 
 
-def process_cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime: of every thread, ended ones included
-
-
 def threads(pid: int) -> dict[int, tuple[str, int, int]]:
     """{tid: (name, run ns, context switches)} of the live threads."""
     out = {}
@@ -69,14 +67,14 @@ def threads(pid: int) -> dict[int, tuple[str, int, int]]:
 
 def measure(pid: int, seconds: float) -> dict:
     load0 = os.getloadavg()[0]
-    t0, cpu0, th0 = time.monotonic(), process_cpu_ticks(pid), threads(pid)
+    t0, th0, cpu0 = time.monotonic(), threads(pid), process_cpu_ns(pid)
     time.sleep(seconds)
-    t1, cpu1, th1 = time.monotonic(), process_cpu_ticks(pid), threads(pid)
+    t1, th1, cpu1 = time.monotonic(), threads(pid), process_cpu_ns(pid)
     elapsed = t1 - t0
     both = [tid for tid in th1 if tid in th0]
     live_ns = sum(th1[t][1] - th0[t][1] for t in both)
     switches = sum(th1[t][2] - th0[t][2] for t in both)
-    total = (cpu1 - cpu0) / HZ
+    total = (cpu1 - cpu0) / 1e9
     per_thread = sorted(({"tid": t, "name": th1[t][0], "cpu_percent": round(100 * (th1[t][1] - th0[t][1]) / 1e9
                                                                              / elapsed, 3),
                           "wakeups_per_s": round((th1[t][2] - th0[t][2]) / elapsed, 2)} for t in both),

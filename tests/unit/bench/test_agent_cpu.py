@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,8 @@ def test_usage_is_per_thread_differences_busiest_first_and_their_total() -> None
               3: t("gone", 1, 1, 1, 1, 1)}
     after = {1: t("main", 130, 60, 1_900_000_000, 40, 7), 2: t("writer", 10, 5, 150_000_000, 53, 0),
              4: t("born", 2, 1, 30_000_000, 4, 1), 5: t("idle", 0, 0, 0, 0, 0)}
-    # The process's ticks grew by 55: the live threads' 48 and 7 of threads that ended in between.
-    got = bench.usage((before, 1000), (after, 1055), hz=100)
+    # The process's CPU time grew by 0.55 s: the live threads' 0.48 and 0.07 of threads that ended in between.
+    got = bench.usage((before, 10_000_000_000), (after, 10_550_000_000), hz=100)
     assert [(x["tid"], x["user_s"], x["sys_s"], x["run_s"], x["voluntary_switches"], x["involuntary_switches"])
             for x in got["threads"]] == [(1, 0.3, 0.1, 0.4, 30, 5), (2, 0.05, 0.0, 0.05, 50, 0),
                                          (4, 0.02, 0.01, 0.03, 4, 1)]
@@ -50,15 +51,42 @@ def test_usage_is_per_thread_differences_busiest_first_and_their_total() -> None
 
 def test_no_ended_thread_cpu_when_the_live_threads_account_for_the_process() -> None:
     t = bench.ThreadSample
-    got = bench.usage(({1: t("main", 10, 10, 0, 0, 0)}, 20), ({1: t("main", 20, 12, 120_000_000, 0, 0)}, 32), hz=100)
+    got = bench.usage(({1: t("main", 10, 10, 0, 0, 0)}, 0), ({1: t("main", 20, 12, 120_000_000, 0, 0)}, 120_000_000),
+                      hz=100)
     assert got["total"]["ended_threads_s"] == 0.0 and got["total"]["run_s"] == 0.12
+
+
+def test_ticks_rounded_apart_make_no_ended_thread_cpu() -> None:
+    """The main thread's ticks say 0.01 s, the process's would have said 0.03: only the ns counts are compared."""
+    t = bench.ThreadSample
+    got = bench.usage(({1: t("main", 0, 0, 0, 0, 0)}, 5_000_000),
+                      ({1: t("main", 1, 0, 24_000_000, 0, 0)}, 29_000_000), hz=100)
+    assert got["total"]["ended_threads_s"] == 0.0 and got["total"]["run_s"] == 0.024
 
 
 def test_a_real_thread_sample_reads_this_process() -> None:
     import os
 
-    threads, ticks = bench.sample_threads(os.getpid())
-    assert os.getpid() in threads and threads[os.getpid()].run_ns > 0 and ticks >= 0
+    threads, cpu_ns = bench.sample_threads(os.getpid())
+    assert os.getpid() in threads and threads[os.getpid()].run_ns > 0
+    assert cpu_ns >= sum(x.run_ns for x in threads.values())  # read after the threads: theirs and more
+
+
+def test_the_process_cpu_clock_counts_a_thread_that_ended() -> None:
+    import os
+    import threading
+
+    def spin() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    before = bench.sample_threads(os.getpid())
+    thread = threading.Thread(target=spin)
+    thread.start()
+    thread.join()
+    got = bench.usage(before, bench.sample_threads(os.getpid()))
+    assert got["total"]["ended_threads_s"] >= 0.04, got["total"]  # its 50 ms spin, give or take its start and end
 
 
 def _stream() -> tuple[bytes, int, int, list[bytes]]:
