@@ -25,6 +25,17 @@ async def _wait_with_wait_for(event: asyncio.Event, timeout: float) -> bool:
     return True
 
 
+async def _ended_by_cancel(task: "asyncio.Task[None]", within_s: float = 1.0) -> bool:
+    """Cancel `task`: whether it ended within `within_s`. One that swallowed the cancel is cancelled again until it
+    ends, so that the test itself ends."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=within_s)
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    return task in done
+
+
 def _cancel_as_the_event_is_set(wait: Callable[[asyncio.Event, float], Awaitable[bool]]) -> bool:
     """True when a loop around `wait` stops on a cancel that arrives together with a set()."""
     async def run() -> bool:
@@ -38,14 +49,7 @@ def _cancel_as_the_event_is_set(wait: Callable[[asyncio.Event, float], Awaitable
         task = asyncio.create_task(timer_loop())
         await asyncio.sleep(0.01)  # the loop now waits on the event
         event.set()
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=1.0)
-        stopped = task in done
-        if not stopped:  # swallowed: stop the runaway loop so the test itself ends
-            while not task.done():
-                task.cancel()
-                await asyncio.wait({task}, timeout=0.1)
-        return stopped
+        return await _ended_by_cancel(task)  # the cancel in the same turn as the set
 
     return asyncio.run(run())
 
@@ -117,13 +121,7 @@ def _request_loop_stops_when_cancelled_as_its_reply_lands(wait: Callable[[asynci
         task = asyncio.create_task(ticks())
         await asyncio.sleep(0.01)  # it waits for its first reply
         replies[-1].set_result("meter stats")  # the reply, as the channel's reader hands it over
-        task.cancel()  # and the stop's cancel in the same turn
-        done, _ = await asyncio.wait({task}, timeout=1.0)
-        stopped = task in done
-        while not task.done():  # swallowed: stop the runaway loop so the test itself ends
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.1)
-        return stopped
+        return await _ended_by_cancel(task)  # and the stop's cancel in the same turn
 
     return asyncio.run(run())
 
