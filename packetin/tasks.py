@@ -57,8 +57,7 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     """Wait for `event` at most `timeout` seconds: True if it is set, False on timeout. Not wait_for (above): a
     test caught the audit window timer's loop around it never stopping."""
     try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
+        await within(event.wait(), timeout)
     except TimeoutError:
         return False
     return True
